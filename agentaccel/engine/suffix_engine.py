@@ -1,0 +1,209 @@
+"""SuffixEngine: the Python face of the native suffix speculation core.
+
+Trees: every request has a tree over its own prompt + generated tokens; finished outputs join
+the global tree of their stage (a string tag, "default" when untagged). `speculate` drafts from
+the request tree and the stage tree (or the union of all stages) in one of two modes:
+
+* ``mode="paper"``: SuffixDecoding exactly (pattern lengths p = 1..P, MAX_SPEC = alpha * p,
+  greedy growth by D(N), best SCORE over p and over trees);
+* ``mode="agentaccel"`` (default): one draft grown from a Bayesian mixture of several match
+  lengths and trees, sized by the expected gain per unit of verification cost.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from agentaccel import _core
+from agentaccel.engine.tokens import as_token_array
+
+Draft = _core.Draft
+Mode = Literal["paper", "agentaccel"]
+TreeChoice = Literal["request", "stage", "union"]
+
+_TREE_BITS = {"request": _core.REQUEST_TREE, "stage": _core.STAGE_TREE, "union": _core.UNION_TREE}
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """How drafts are grown. Read once per engine; pass overrides to `speculate` when needed."""
+
+    mode: Mode = "agentaccel"
+    alpha: float = 1.0  # paper: MAX_SPEC = floor(alpha * p)
+    max_pattern: int = 0  # P: longest pattern tried (0 = the engine's max_depth)
+    min_prob: float = 0.1  # nodes whose D(N) is below this are never drafted
+    min_score: float = 0.0  # tau: when the best SCORE is below it, no draft (fallback)
+    tree: bool = True  # False: linear (single path) drafts
+    trees: tuple[TreeChoice, ...] = ("request", "stage")
+    cost: float = 0.0  # agentaccel: verification cost per draft token, in decoding steps
+    max_sources: int = 3  # agentaccel: suffix lengths per tree mixed into one draft
+    length_power: float = 2.0  # agentaccel: prior weight of a source = match_len ** length_power
+
+    def to_native(self, max_tokens: int) -> _core.SpecParams:
+        if max_tokens < 0:
+            raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
+        if self.mode not in ("paper", "agentaccel"):
+            raise ValueError(f"mode must be 'paper' or 'agentaccel', got {self.mode!r}")
+        unknown = [t for t in self.trees if t not in _TREE_BITS]
+        if unknown or not self.trees:
+            raise ValueError(f"trees must be a non-empty subset of {sorted(_TREE_BITS)}, got {self.trees!r}")
+        if self.alpha < 0 or not 0 <= self.min_prob <= 1 or self.cost < 0 or self.max_pattern < 0:
+            raise ValueError("alpha, cost and max_pattern must be >= 0 and min_prob in [0, 1]")
+        p = _core.SpecParams()
+        p.max_tokens = max_tokens
+        p.paper = self.mode == "paper"
+        p.alpha = self.alpha
+        p.max_pattern = self.max_pattern
+        p.min_prob = self.min_prob
+        p.min_score = self.min_score
+        p.tree = self.tree
+        p.trees = sum(_TREE_BITS[t] for t in set(self.trees))
+        p.cost = self.cost
+        p.max_sources = self.max_sources
+        p.length_power = self.length_power
+        return p
+
+
+class SuffixEngine:
+    """Suffix trees over requests and per-stage histories, with speculation and persistence."""
+
+    def __init__(
+        self,
+        max_depth: int = 64,
+        memory_budget_bytes: int = 0,
+        *,
+        vocab_size: int | None = None,
+        evict_slack: float = 0.05,
+        config: SpecConfig | None = None,
+        _native: _core.Engine | None = None,
+    ) -> None:
+        """`memory_budget_bytes` caps the global trees (0 = unlimited); when it would be exceeded
+        the oldest documents are evicted, `evict_slack` x budget beyond the minimum so that the
+        rebuilds this costs stay rare."""
+        if _native is None:
+            if max_depth < 1:
+                raise ValueError(f"max_depth must be >= 1, got {max_depth}")
+            if memory_budget_bytes < 0:
+                raise ValueError(f"memory_budget_bytes must be >= 0, got {memory_budget_bytes}")
+            _native = _core.Engine(max_depth, memory_budget_bytes, evict_slack)
+        self._eng = _native
+        self.vocab_size = vocab_size
+        self.config = config or SpecConfig()
+        self._default_params: dict[int, _core.SpecParams] = {}
+
+    # ------------------------------------------------------------------ global trees
+    def add_document(self, token_ids: Sequence[int] | np.ndarray, stage: str = "default") -> int:
+        """Adds a finished output to `stage`'s global tree; returns its document id."""
+        return self._eng.add_document(_stage(stage), as_token_array(token_ids, self.vocab_size, "add_document"))
+
+    def remove_document(self, doc_id: int) -> None:
+        if not self._eng.remove_document(int(doc_id)):
+            raise KeyError(f"unknown document id: {doc_id}")
+
+    def document_ids(self, stage: str | None = None) -> list[int]:
+        """Live document ids (oldest first), of one stage or of all."""
+        return self._eng.document_ids("" if stage is None else _stage(stage))
+
+    # ------------------------------------------------------------------ requests
+    def start_request(
+        self, req_id: str | int, prompt_token_ids: Sequence[int] | np.ndarray, stage: str = "default"
+    ) -> None:
+        prompt = as_token_array(prompt_token_ids, self.vocab_size, "start_request")
+        self._eng.start_request(_rid(req_id), prompt, _stage(stage))
+
+    def extend(self, req_id: str | int, token_ids: Sequence[int] | np.ndarray) -> None:
+        """Appends tokens the model produced to the request's context."""
+        self._eng.extend(_rid(req_id), as_token_array(token_ids, self.vocab_size, "extend"))
+
+    def speculate(self, req_id: str | int, max_tokens: int = 32, **overrides) -> Draft:
+        """Drafts up to `max_tokens` tokens continuing the request's context.
+
+        `draft.parents[i] == -1` means node i follows the context directly; otherwise it follows
+        node `parents[i]`. Keyword overrides replace fields of the engine's `SpecConfig`."""
+        if overrides:
+            params = _replace(self.config, overrides).to_native(max_tokens)
+        else:
+            params = self._default_params.get(max_tokens)
+            if params is None:
+                params = self._default_params[max_tokens] = self.config.to_native(max_tokens)
+        return self._eng.speculate(_rid(req_id), params)
+
+    def finish_request(self, req_id: str | int, keep_output: bool = True) -> int | None:
+        """Frees the request tree; its output joins its stage's global tree (unless
+        `keep_output` is False). Returns the new document id, or None if nothing was added."""
+        doc = self._eng.finish_request(_rid(req_id), keep_output)
+        return None if doc < 0 else doc
+
+    def request_tokens(self, req_id: str | int) -> list[int]:
+        return self._eng.request_tokens(_rid(req_id))
+
+    def has_request(self, req_id: str | int) -> bool:
+        return self._eng.has_request(_rid(req_id))
+
+    # ------------------------------------------------------------------ introspection
+    def stats(self) -> dict:
+        stages = {
+            s.name: {"tokens": s.tokens, "documents": s.documents, "bytes": s.bytes, "states": s.states,
+                     "edges": s.edges}
+            for s in self._eng.stage_stats()
+        }
+        return {
+            "tokens": sum(s["tokens"] for s in stages.values()),
+            "documents": sum(s["documents"] for s in stages.values()),
+            "bytes": self._eng.global_bytes(),
+            "memory_budget_bytes": self._eng.memory_budget,
+            "evicted_documents": self._eng.evicted_documents(),
+            "requests": self._eng.num_requests(),
+            "request_bytes": self._eng.request_bytes(),
+            "stages": stages,
+        }
+
+    def check_integrity(self, counts: bool = True) -> None:
+        """Verifies the native structure (and, with `counts`, every occurrence count) or raises."""
+        problem = self._eng.check(counts)
+        if problem:
+            raise AssertionError(f"suffix index integrity check failed: {problem}")
+
+    @property
+    def max_depth(self) -> int:
+        return self._eng.max_depth
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, path: str | os.PathLike) -> None:
+        """Writes the global trees (not live requests) atomically to `path`."""
+        self._eng.save(os.fspath(path))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, *, vocab_size: int | None = None,
+             config: SpecConfig | None = None) -> SuffixEngine:
+        """Loads what `save` wrote; a missing, truncated or corrupt file raises ValueError."""
+        return cls(vocab_size=vocab_size, config=config, _native=_core.Engine.load(os.fspath(path)))
+
+
+def _rid(req_id: str | int) -> str:
+    if isinstance(req_id, bool) or not isinstance(req_id, (str, int)):
+        raise ValueError(f"request id must be a str or int, got {type(req_id).__name__}")
+    return str(req_id)
+
+
+def _stage(stage: str) -> str:
+    if not isinstance(stage, str) or not stage:
+        raise ValueError(f"stage must be a non-empty string, got {stage!r}")
+    return stage
+
+
+def _replace(config: SpecConfig, overrides: dict) -> SpecConfig:
+    from dataclasses import fields, replace
+
+    known = {f.name for f in fields(SpecConfig)}
+    unknown = set(overrides) - known
+    if unknown:
+        raise ValueError(f"unknown speculation option(s): {', '.join(sorted(unknown))}")
+    if "trees" in overrides and isinstance(overrides["trees"], str):
+        overrides = {**overrides, "trees": (overrides["trees"],)}
+    return replace(config, **overrides)

@@ -1,0 +1,338 @@
+#include "automaton.h"
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+
+namespace agentaccel {
+
+namespace {
+
+constexpr uint64_t kEmptyKey = ~uint64_t{0};
+
+inline uint64_t edge_key(uint32_t state, uint32_t token) {
+  return (uint64_t{state} << 32) | token;
+}
+
+inline uint64_t mix(uint64_t x) {  // splitmix64 finalizer: spreads (state, token) keys
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  x ^= x >> 31;
+  return x;
+}
+
+// Grows by 1.25x instead of 2x so that capacity (what the memory budget counts) stays close
+// to what is used.
+template <class T>
+inline void push(std::vector<T>& v, const T& x) {
+  if (v.size() == v.capacity()) v.reserve(v.capacity() + std::max<size_t>(v.capacity() / 4, 256));
+  v.push_back(x);
+}
+
+template <class T>
+void put_array(std::string& out, const std::vector<T>& v) {
+  uint64_t n = v.size();
+  out.append(reinterpret_cast<const char*>(&n), 8);
+  out.append(reinterpret_cast<const char*>(v.data()), n * sizeof(T));
+}
+
+template <class T>
+void get_array(const char*& p, const char* end, std::vector<T>& v) {
+  uint64_t n;
+  if (end - p < 8) throw std::runtime_error("truncated array header");
+  std::memcpy(&n, p, 8);
+  p += 8;
+  if (n > uint64_t(end - p) / sizeof(T)) throw std::runtime_error("array longer than the file");
+  v.resize(n);
+  std::memcpy(v.data(), p, n * sizeof(T));
+  p += n * sizeof(T);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- HubIndex
+
+uint32_t HubIndex::find(uint64_t key) const {
+  if (keys_.empty()) return kNil;
+  size_t mask = keys_.size() - 1;
+  for (size_t i = mix(key) & mask;; i = (i + 1) & mask) {
+    if (keys_[i] == key) return vals_[i];
+    if (keys_[i] == kEmptyKey) return kNil;
+  }
+}
+
+void HubIndex::insert(uint64_t key, uint32_t edge) {
+  if ((size_ + 1) * 10 > keys_.size() * 7) grow();
+  size_t mask = keys_.size() - 1;
+  for (size_t i = mix(key) & mask;; i = (i + 1) & mask) {
+    if (keys_[i] == key) {
+      vals_[i] = edge;
+      return;
+    }
+    if (keys_[i] == kEmptyKey) {
+      keys_[i] = key;
+      vals_[i] = edge;
+      ++size_;
+      return;
+    }
+  }
+}
+
+void HubIndex::grow() {
+  std::vector<uint64_t> old_keys;
+  std::vector<uint32_t> old_vals;
+  old_keys.swap(keys_);
+  old_vals.swap(vals_);
+  size_t cap = old_keys.empty() ? 1024 : old_keys.size() * 2;
+  keys_.assign(cap, kEmptyKey);
+  vals_.assign(cap, kNil);
+  size_ = 0;
+  for (size_t i = 0; i < old_keys.size(); ++i)
+    if (old_keys[i] != kEmptyKey) insert(old_keys[i], old_vals[i]);
+}
+
+void HubIndex::clear() {
+  keys_.clear();
+  keys_.shrink_to_fit();
+  vals_.clear();
+  vals_.shrink_to_fit();
+  size_ = 0;
+}
+
+// ---------------------------------------------------------------- Automaton
+
+Automaton::Automaton() { new_state(0, -1, 0); }
+
+uint32_t Automaton::new_state(int32_t len, int32_t link, uint32_t occ) {
+  push(states_, State{len, link, occ, kNil, 0});
+  return uint32_t(states_.size() - 1);
+}
+
+uint32_t Automaton::find_edge(uint32_t from, uint32_t token) const {
+  const State& s = states_[from];
+  if (s.degree > kHubDegree) return hub_.find(edge_key(from, token));
+  for (uint32_t e = s.first; e != kNil; e = edges_[e].next)
+    if (edges_[e].token == token) return e;
+  return kNil;
+}
+
+uint32_t Automaton::next(uint32_t state, uint32_t token) const {
+  uint32_t e = find_edge(state, token);
+  return e == kNil ? kNil : edges_[e].target;
+}
+
+void Automaton::add_edge(uint32_t from, uint32_t token, uint32_t to) {
+  push(edges_, Edge{token, to, states_[from].first});
+  uint32_t e = uint32_t(edges_.size() - 1);
+  State& s = states_[from];
+  s.first = e;
+  ++s.degree;
+  if (s.degree == kHubDegree + 1)
+    index_hub(from);
+  else if (s.degree > kHubDegree + 1)
+    hub_.insert(edge_key(from, token), e);
+}
+
+void Automaton::index_hub(uint32_t state) {
+  for (uint32_t e = states_[state].first; e != kNil; e = edges_[e].next)
+    hub_.insert(edge_key(state, edges_[e].token), e);
+}
+
+void Automaton::rebuild_hub() {
+  hub_.clear();
+  for (uint32_t s = 0; s < states_.size(); ++s)
+    if (states_[s].degree > kHubDegree) index_hub(s);
+}
+
+void Automaton::copy_edges(uint32_t from, uint32_t to) {
+  for (uint32_t e = states_[from].first; e != kNil; e = edges_[e].next) {
+    Edge copy = edges_[e];  // copy first: add_edge may reallocate edges_
+    add_edge(to, copy.token, copy.target);
+  }
+}
+
+void Automaton::extend(uint32_t c) {
+  uint32_t p = last_;
+  uint32_t cur;
+  uint32_t q = next(p, c);
+  if (q != kNil) {
+    // Generalized automaton: this string already exists (another document had it).
+    if (states_[q].len == states_[p].len + 1) {
+      cur = q;
+    } else {
+      uint32_t clone = new_state(states_[p].len + 1, states_[q].link, states_[q].occ);
+      copy_edges(q, clone);
+      for (int32_t v = int32_t(p); v != -1; v = states_[v].link) {
+        uint32_t e = find_edge(uint32_t(v), c);
+        if (e == kNil || edges_[e].target != q) break;
+        edges_[e].target = clone;
+      }
+      states_[q].link = int32_t(clone);
+      cur = clone;
+    }
+  } else {
+    cur = new_state(states_[p].len + 1, 0, 0);
+    int32_t v = int32_t(p);
+    while (v != -1 && next(uint32_t(v), c) == kNil) {
+      add_edge(uint32_t(v), c, cur);
+      v = states_[v].link;
+    }
+    if (v != -1) {
+      q = next(uint32_t(v), c);
+      if (states_[v].len + 1 == states_[q].len) {
+        states_[cur].link = int32_t(q);
+      } else {
+        uint32_t clone = new_state(states_[v].len + 1, states_[q].link, states_[q].occ);
+        copy_edges(q, clone);
+        for (; v != -1; v = states_[v].link) {
+          uint32_t e = find_edge(uint32_t(v), c);
+          if (e == kNil || edges_[e].target != q) break;
+          edges_[e].target = clone;
+        }
+        states_[q].link = int32_t(clone);
+        states_[cur].link = int32_t(clone);
+      }
+    }
+  }
+  last_ = cur;
+  // The new end position belongs to every class on the suffix-link path of the new prefix.
+  for (int32_t v = int32_t(cur); v != -1; v = states_[v].link) ++states_[v].occ;
+}
+
+void Automaton::add_document(uint64_t id, const uint32_t* tokens, size_t n) {
+  push(docs_, DocRecord{id, tokens_.size(), n});
+  last_ = 0;
+  append(tokens, n);
+}
+
+void Automaton::append(const uint32_t* tokens, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    push(tokens_, tokens[i]);
+    extend(tokens[i]);
+  }
+}
+
+void Automaton::children(uint32_t state, std::vector<Child>& out) const {
+  out.clear();
+  for (uint32_t e = states_[state].first; e != kNil; e = edges_[e].next)
+    out.push_back(Child{edges_[e].token, edges_[e].target, states_[edges_[e].target].occ});
+}
+
+void Automaton::step(uint32_t& state, int32_t& matched, uint32_t token) const {
+  for (;;) {
+    uint32_t t = next(state, token);
+    if (t != kNil) {
+      state = t;
+      ++matched;
+      return;
+    }
+    if (state == 0) {
+      matched = 0;
+      return;
+    }
+    state = uint32_t(states_[state].link);
+    matched = states_[state].len;
+  }
+}
+
+uint32_t Automaton::ancestor_for_length(uint32_t state, int32_t len) const {
+  while (states_[state].link != -1 && states_[states_[state].link].len >= len)
+    state = uint32_t(states_[state].link);
+  return state;
+}
+
+size_t Automaton::bytes() const {
+  return sizeof(*this) + states_.capacity() * sizeof(State) + edges_.capacity() * sizeof(Edge) +
+         tokens_.capacity() * sizeof(uint32_t) + docs_.capacity() * sizeof(DocRecord) +
+         hub_.bytes();
+}
+
+void Automaton::compact() {
+  states_.shrink_to_fit();
+  edges_.shrink_to_fit();
+  tokens_.shrink_to_fit();
+  docs_.shrink_to_fit();
+}
+
+std::string Automaton::check() const {
+  const size_t n = states_.size(), m = edges_.size();
+  if (n == 0 || states_[0].link != -1 || states_[0].len != 0) return "bad root state";
+  if (last_ >= n) return "append point out of range";
+  std::vector<uint8_t> seen(m, 0);
+  size_t total_degree = 0;
+  for (size_t s = 0; s < n; ++s) {
+    const State& st = states_[s];
+    if (s > 0) {
+      if (st.link < 0 || size_t(st.link) >= n) return "suffix link out of range at state " + std::to_string(s);
+      if (states_[st.link].len >= st.len) return "suffix link does not shorten at state " + std::to_string(s);
+    }
+    uint32_t count = 0;
+    for (uint32_t e = st.first; e != kNil; e = edges_[e].next) {
+      if (e >= m) return "edge index out of range at state " + std::to_string(s);
+      if (seen[e]++) return "edge shared or cyclic at state " + std::to_string(s);
+      if (edges_[e].target >= n) return "edge target out of range at state " + std::to_string(s);
+      if (states_[edges_[e].target].len < st.len + 1) return "edge does not lengthen at state " + std::to_string(s);
+      if (++count > st.degree) return "edge list longer than degree at state " + std::to_string(s);
+    }
+    if (count != st.degree) return "degree mismatch at state " + std::to_string(s);
+    total_degree += count;
+  }
+  if (total_degree != m) return "orphan edges";
+  for (const DocRecord& d : docs_)
+    if (d.offset > tokens_.size() || d.length > tokens_.size() - d.offset) return "document out of token range";
+  return {};
+}
+
+std::string Automaton::check_counts() const {
+  std::vector<uint64_t> count(states_.size(), 0);
+  auto walk = [&](uint64_t offset, uint64_t length) -> bool {
+    uint32_t s = 0;
+    for (uint64_t i = 0; i < length; ++i) {
+      s = next(s, tokens_[offset + i]);
+      if (s == kNil) return false;
+      ++count[s];
+    }
+    return true;
+  };
+  if (docs_.empty()) {
+    if (!walk(0, tokens_.size())) return "request tokens missing from the index";
+  } else {
+    for (const DocRecord& d : docs_)
+      if (!walk(d.offset, d.length)) return "document " + std::to_string(d.id) + " missing from the index";
+  }
+  std::vector<uint32_t> order(states_.size());
+  for (uint32_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return states_[a].len > states_[b].len; });
+  for (uint32_t s : order)
+    if (states_[s].link >= 0) count[states_[s].link] += count[s];
+  for (uint32_t s = 0; s < states_.size(); ++s)
+    if (count[s] != states_[s].occ)
+      return "count mismatch at state " + std::to_string(s) + ": stored " + std::to_string(states_[s].occ) +
+             ", recounted " + std::to_string(count[s]);
+  return {};
+}
+
+void Automaton::write(std::string& out) const {
+  put_array(out, states_);
+  put_array(out, edges_);
+  put_array(out, tokens_);
+  put_array(out, docs_);
+  out.append(reinterpret_cast<const char*>(&last_), 4);
+}
+
+void Automaton::read(const char*& p, const char* end) {
+  get_array(p, end, states_);
+  get_array(p, end, edges_);
+  get_array(p, end, tokens_);
+  get_array(p, end, docs_);
+  if (end - p < 4) throw std::runtime_error("truncated automaton");
+  std::memcpy(&last_, p, 4);
+  p += 4;
+  std::string problem = check();
+  if (!problem.empty()) throw std::runtime_error("inconsistent automaton: " + problem);
+  rebuild_hub();
+}
+
+}  // namespace agentaccel

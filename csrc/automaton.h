@@ -1,0 +1,122 @@
+// Generalized suffix automaton over a set of token documents: the index behind every
+// "suffix tree" of agentaccel.
+//
+// Why an automaton instead of a path-compressed suffix tree: it is built online in amortized
+// O(1) per token (no per-token walk over D active suffixes), it has at most 2n states and 3n
+// transitions in flat arrays (cheap to save, load and check), and for every string x the
+// state reached by x carries |endpos(x)| = the number of occurrences of x, which is exactly the
+// COUNT of the suffix-tree node for x at any depth. Transitions of the state reached by a
+// pattern are the suffix-tree node's children. Removing a document is a rebuild (see engine).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace agentaccel {
+
+constexpr uint32_t kNil = 0xFFFFFFFFu;
+
+struct State {
+  int32_t len;      // length of the longest string in this end-position class
+  int32_t link;     // suffix link: class of the longest proper suffix outside this class (-1 at root)
+  uint32_t occ;     // |endpos|: occurrences of every string of the class (the paper's COUNT)
+  uint32_t first;   // head of this state's outgoing edge list (kNil when none)
+  uint32_t degree;  // number of outgoing edges (lists longer than kHubDegree are also hashed)
+};
+
+struct Edge {
+  uint32_t token;   // token id labelling the transition
+  uint32_t target;  // destination state
+  uint32_t next;    // next edge of the same source state (kNil ends the list)
+};
+
+struct DocRecord {
+  uint64_t id;      // engine-wide document id (also its age: smaller is older)
+  uint64_t offset;  // start of the document's tokens in the token arena
+  uint64_t length;  // number of tokens
+};
+
+// One child of a state, as the drafter sees it.
+struct Child {
+  uint32_t token;
+  uint32_t target;
+  uint32_t count;
+};
+
+// Open-addressing map (source state, token) -> edge index for states with many edges.
+class HubIndex {
+ public:
+  uint32_t find(uint64_t key) const;
+  void insert(uint64_t key, uint32_t edge);
+  void clear();
+  size_t bytes() const { return keys_.capacity() * 8 + vals_.capacity() * 4; }
+  size_t size() const { return size_; }
+
+ private:
+  void grow();
+  std::vector<uint64_t> keys_;  // kEmptyKey marks a free slot
+  std::vector<uint32_t> vals_;
+  size_t size_ = 0;
+};
+
+class Automaton {
+ public:
+  static constexpr uint32_t kHubDegree = 8;  // above this many edges, lookups go through HubIndex
+
+  Automaton();
+
+  // Appends a whole document and records it (global trees).
+  void add_document(uint64_t id, const uint32_t* tokens, size_t n);
+  // Streams tokens into the single open document (request trees).
+  void append(const uint32_t* tokens, size_t n);
+
+  // Transition lookup; returns kNil when absent.
+  uint32_t next(uint32_t state, uint32_t token) const;
+  // Children of a state (unsorted).
+  void children(uint32_t state, std::vector<Child>& out) const;
+  // Advances a matching-statistics cursor (state, matched length) by one context token.
+  void step(uint32_t& state, int32_t& matched, uint32_t token) const;
+  // State whose class contains the suffix of length `len` of the string ending at `state`.
+  uint32_t ancestor_for_length(uint32_t state, int32_t len) const;
+
+  const State& state(uint32_t s) const { return states_[s]; }
+  uint32_t last() const { return last_; }
+  size_t num_states() const { return states_.size(); }
+  size_t num_edges() const { return edges_.size(); }
+  size_t num_tokens() const { return tokens_.size(); }
+  const std::vector<DocRecord>& docs() const { return docs_; }
+  const std::vector<uint32_t>& tokens() const { return tokens_; }
+  size_t bytes() const;
+  // Releases spare capacity (after a rebuild, so that the budget counts only what is used).
+  void compact();
+
+  // Full structural check; returns an empty string when sound, else the first problem found.
+  std::string check() const;
+  // Recounts every occurrence from the stored tokens and compares with `occ` (tests only: O(n)).
+  std::string check_counts() const;
+
+  // Serialization of the raw arrays (the engine adds framing and checksums).
+  void write(std::string& out) const;
+  // Reads what write() produced from [p, end); advances p. Throws std::runtime_error on
+  // inconsistency; never reads outside the range.
+  void read(const char*& p, const char* end);
+
+ private:
+  void extend(uint32_t token);
+  uint32_t new_state(int32_t len, int32_t link, uint32_t occ);
+  void add_edge(uint32_t from, uint32_t token, uint32_t to);
+  uint32_t find_edge(uint32_t from, uint32_t token) const;
+  void copy_edges(uint32_t from, uint32_t to);
+  void index_hub(uint32_t state);
+  void rebuild_hub();
+
+  std::vector<State> states_;       // states_[0] is the root
+  std::vector<Edge> edges_;         // all transitions, chained per source state
+  std::vector<uint32_t> tokens_;    // token arena: every document, back to back
+  std::vector<DocRecord> docs_;     // documents in insertion order (empty for request trees)
+  HubIndex hub_;                    // fast lookup for high-degree states
+  uint32_t last_ = 0;               // state of the whole current document (append point)
+};
+
+}  // namespace agentaccel

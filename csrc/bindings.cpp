@@ -1,0 +1,101 @@
+// Python bindings (module agentaccel._core). Every call that touches the index releases the GIL.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/unique_ptr.h>
+#include <nanobind/stl/vector.h>
+
+#include "engine.h"
+#include "errors.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+using agentaccel::Draft;
+using agentaccel::Engine;
+using agentaccel::SpecParams;
+
+using Tokens = nb::ndarray<const uint32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using Release = nb::call_guard<nb::gil_scoped_release>;
+
+NB_MODULE(_core, m) {
+  m.doc() = "agentaccel native suffix engine";
+
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const agentaccel::UnknownKey& e) {
+      PyErr_SetString(PyExc_KeyError, e.what());
+    } catch (const agentaccel::InvalidInput& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    }
+  });
+
+  m.attr("REQUEST_TREE") = int(agentaccel::kRequestTree);
+  m.attr("STAGE_TREE") = int(agentaccel::kStageTree);
+  m.attr("UNION_TREE") = int(agentaccel::kUnionTree);
+
+  nb::class_<Draft>(m, "Draft")
+      .def_ro("token_ids", &Draft::tokens)
+      .def_ro("parents", &Draft::parents)
+      .def_ro("probs", &Draft::probs)
+      .def_ro("score", &Draft::score)
+      .def_ro("match_len", &Draft::match_len)
+      .def_ro("source", &Draft::source)
+      .def("__len__", [](const Draft& d) { return d.tokens.size(); })
+      .def("__repr__", [](const Draft& d) {
+        return "Draft(" + std::to_string(d.tokens.size()) + " tokens, score=" + std::to_string(d.score) +
+               ", match_len=" + std::to_string(d.match_len) + ", source='" + d.source + "')";
+      });
+
+  nb::class_<SpecParams>(m, "SpecParams")
+      .def(nb::init<>())
+      .def_rw("max_tokens", &SpecParams::max_tokens)
+      .def_rw("paper", &SpecParams::paper)
+      .def_rw("alpha", &SpecParams::alpha)
+      .def_rw("max_pattern", &SpecParams::max_pattern)
+      .def_rw("min_prob", &SpecParams::min_prob)
+      .def_rw("min_score", &SpecParams::min_score)
+      .def_rw("tree", &SpecParams::tree)
+      .def_rw("trees", &SpecParams::trees)
+      .def_rw("cost", &SpecParams::cost)
+      .def_rw("max_sources", &SpecParams::max_sources)
+      .def_rw("length_power", &SpecParams::length_power);
+
+  nb::class_<agentaccel::StageStats>(m, "StageStats")
+      .def_ro("name", &agentaccel::StageStats::name)
+      .def_ro("tokens", &agentaccel::StageStats::tokens)
+      .def_ro("documents", &agentaccel::StageStats::documents)
+      .def_ro("bytes", &agentaccel::StageStats::bytes)
+      .def_ro("states", &agentaccel::StageStats::states)
+      .def_ro("edges", &agentaccel::StageStats::edges);
+
+  nb::class_<Engine>(m, "Engine")
+      .def(nb::init<int, uint64_t, double>(), "max_depth"_a, "memory_budget_bytes"_a, "evict_slack"_a)
+      .def("add_document",
+           [](Engine& e, const std::string& stage, Tokens t) { return e.add_document(stage, t.data(), t.shape(0)); },
+           "stage"_a, "tokens"_a, Release())
+      .def("remove_document", &Engine::remove_document, "doc_id"_a, Release())
+      .def("document_ids", &Engine::document_ids, "stage"_a, Release())
+      .def("stage_names", &Engine::stage_names, Release())
+      .def("start_request",
+           [](Engine& e, const std::string& rid, Tokens t, const std::string& stage) {
+             e.start_request(rid, t.data(), t.shape(0), stage);
+           },
+           "req_id"_a, "prompt"_a, "stage"_a, Release())
+      .def("extend", [](Engine& e, const std::string& rid, Tokens t) { e.extend(rid, t.data(), t.shape(0)); },
+           "req_id"_a, "tokens"_a, Release())
+      .def("speculate", &Engine::speculate, "req_id"_a, "params"_a, Release())
+      .def("finish_request", &Engine::finish_request, "req_id"_a, "keep_output"_a, Release())
+      .def("request_tokens", &Engine::request_tokens, "req_id"_a, Release())
+      .def("has_request", &Engine::has_request, "req_id"_a, Release())
+      .def("stage_stats", &Engine::stage_stats, Release())
+      .def("global_bytes", &Engine::global_bytes, Release())
+      .def("request_bytes", &Engine::request_bytes, Release())
+      .def("num_requests", &Engine::num_requests, Release())
+      .def("evicted_documents", &Engine::evicted_documents)
+      .def_prop_ro("max_depth", &Engine::max_depth)
+      .def_prop_ro("memory_budget", &Engine::memory_budget)
+      .def("check", &Engine::check, "counts"_a, Release())
+      .def("save", &Engine::save, "path"_a, Release())
+      .def_static("load", &Engine::load, "path"_a, Release());
+}

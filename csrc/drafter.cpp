@@ -1,0 +1,189 @@
+#include "drafter.h"
+
+#include <algorithm>
+#include <queue>
+
+namespace agentaccel {
+
+namespace {
+
+struct Kid {
+  uint32_t token;
+  uint64_t count;      // paper mode: summed COUNT (ties and order use it exactly)
+  double p;            // probability given the parent
+  uint32_t src_begin;  // the kid's sources in the pool
+  uint32_t src_end;
+};
+
+struct Node {
+  int32_t draft_index;  // -1 for the root (the matched context suffix)
+  int32_t depth;
+  double d;
+  std::vector<Kid> kids;  // sorted best first; only kids that can pass min_prob
+  uint32_t next_kid = 0;
+};
+
+struct Candidate {
+  double d;
+  int32_t parent_index;  // draft index of the parent (-1: root)
+  uint32_t token;
+  uint32_t node;         // slot of the parent in `nodes`
+};
+
+// Highest D first; ties: lower parent draft index, then lower token id (the reference's order).
+struct Worse {
+  bool operator()(const Candidate& a, const Candidate& b) const {
+    if (a.d != b.d) return a.d < b.d;
+    if (a.parent_index != b.parent_index) return a.parent_index > b.parent_index;
+    return a.token > b.token;
+  }
+};
+
+struct Entry {
+  uint32_t token;
+  uint32_t source;  // index into the parent's sources
+  uint32_t target;
+  uint32_t count;
+};
+
+class Grower {
+ public:
+  Grower(const GrowLimits& limits) : lim_(limits) {}
+
+  Draft run(const std::vector<Source>& roots, bool* room_hit) {
+    *room_hit = false;
+    uint32_t begin = uint32_t(pool_.size());
+    for (const Source& s : roots) pool_.push_back(s);
+    nodes_.push_back(Node{-1, 0, 1.0, {}, 0});
+    expand(0, begin, uint32_t(pool_.size()), room_hit);
+    return lim_.tree ? grow_tree(room_hit) : grow_path(room_hit);
+  }
+
+ private:
+  // Computes the children of nodes_[slot] from its sources.
+  void expand(uint32_t slot, uint32_t src_begin, uint32_t src_end, bool* room_hit) {
+    Node& node = nodes_[slot];
+    if (node.depth >= lim_.room) {
+      for (uint32_t i = src_begin; i < src_end; ++i)
+        if (pool_[i].automaton->state(pool_[i].state).degree > 0) *room_hit = true;
+      return;
+    }
+    entries_.clear();
+    totals_.assign(src_end - src_begin, 0);
+    for (uint32_t i = src_begin; i < src_end; ++i) {
+      pool_[i].automaton->children(pool_[i].state, scratch_);
+      for (const Child& c : scratch_) {
+        entries_.push_back(Entry{c.token, i - src_begin, c.target, c.count});
+        totals_[i - src_begin] += c.count;
+      }
+    }
+    if (entries_.empty()) return;
+    if (src_end - src_begin > 1)
+      std::sort(entries_.begin(), entries_.end(), [](const Entry& a, const Entry& b) { return a.token < b.token; });
+
+    uint64_t total = 0;
+    double weight_sum = 0.0;
+    for (uint32_t i = src_begin; i < src_end; ++i) {
+      total += totals_[i - src_begin];
+      if (totals_[i - src_begin] > 0) weight_sum += pool_[i].weight;
+    }
+    const double parent_d = node.d;
+    std::vector<Kid> kids;
+    for (size_t a = 0; a < entries_.size();) {
+      size_t b = a;
+      uint64_t count = 0;
+      double p = 0.0;
+      uint32_t kid_begin = uint32_t(pool_.size());
+      for (; b < entries_.size() && entries_[b].token == entries_[a].token; ++b) {
+        const Entry& e = entries_[b];
+        const Source& src = pool_[src_begin + e.source];
+        count += e.count;
+        double share = double(e.count) / double(totals_[e.source]);
+        if (lim_.mixture) p += src.weight / weight_sum * share;
+        pool_.push_back(Source{src.automaton, e.target, src.weight * share});
+      }
+      if (!lim_.mixture) p = double(count) / double(total);
+      if (parent_d * p >= lim_.min_prob)
+        kids.push_back(Kid{entries_[a].token, count, p, kid_begin, uint32_t(pool_.size())});
+      a = b;
+    }
+    std::sort(kids.begin(), kids.end(), [&](const Kid& x, const Kid& y) {
+      if (lim_.mixture ? x.p != y.p : x.count != y.count) return lim_.mixture ? x.p > y.p : x.count > y.count;
+      return x.token < y.token;
+    });
+    nodes_[slot].kids = std::move(kids);
+  }
+
+  bool worth_adding(double d, const Draft& draft) const {
+    if (d < lim_.min_prob) return false;
+    if (lim_.cost <= 0.0) return true;
+    // Adding a node pays off while its acceptance probability exceeds cost x the current
+    // expected speedup (1 + score) / (1 + cost * n): the budgeted greedy rule.
+    double n = double(draft.tokens.size());
+    return d > lim_.cost * (1.0 + draft.score) / (1.0 + lim_.cost * n);
+  }
+
+  uint32_t add(Draft& draft, uint32_t parent_slot, const Kid& kid, double d, bool* room_hit) {
+    int32_t parent_index = nodes_[parent_slot].draft_index;
+    int32_t depth = nodes_[parent_slot].depth + 1;
+    draft.tokens.push_back(kid.token);
+    draft.parents.push_back(parent_index);
+    draft.probs.push_back(d);
+    draft.score += d;
+    nodes_.push_back(Node{int32_t(draft.tokens.size() - 1), depth, d, {}, 0});
+    uint32_t slot = uint32_t(nodes_.size() - 1);
+    expand(slot, kid.src_begin, kid.src_end, room_hit);
+    return slot;
+  }
+
+  Draft grow_tree(bool* room_hit) {
+    Draft draft;
+    std::priority_queue<Candidate, std::vector<Candidate>, Worse> heap;
+    auto push_next_kid = [&](uint32_t slot) {
+      Node& n = nodes_[slot];
+      if (n.next_kid < n.kids.size()) {
+        const Kid& k = n.kids[n.next_kid];
+        heap.push(Candidate{n.d * k.p, n.draft_index, k.token, slot});
+      }
+    };
+    push_next_kid(0);
+    while (!heap.empty() && int(draft.tokens.size()) < lim_.budget) {
+      Candidate c = heap.top();
+      heap.pop();
+      if (!worth_adding(c.d, draft)) break;
+      Kid kid = nodes_[c.node].kids[nodes_[c.node].next_kid++];
+      push_next_kid(c.node);  // the parent's next-best child becomes a candidate
+      uint32_t slot = add(draft, c.node, kid, c.d, room_hit);
+      push_next_kid(slot);
+    }
+    return draft;
+  }
+
+  Draft grow_path(bool* room_hit) {
+    Draft draft;
+    uint32_t slot = 0;
+    while (int(draft.tokens.size()) < lim_.budget && !nodes_[slot].kids.empty()) {
+      Kid kid = nodes_[slot].kids[0];
+      double d = nodes_[slot].d * kid.p;
+      if (!worth_adding(d, draft)) break;
+      slot = add(draft, slot, kid, d, room_hit);
+    }
+    return draft;
+  }
+
+  const GrowLimits& lim_;
+  std::vector<Node> nodes_;
+  std::vector<Source> pool_;
+  std::vector<Entry> entries_;
+  std::vector<uint64_t> totals_;
+  std::vector<Child> scratch_;
+};
+
+}  // namespace
+
+Draft grow_draft(const std::vector<Source>& roots, const GrowLimits& limits, bool* room_hit) {
+  Grower g(limits);
+  return g.run(roots, room_hit);
+}
+
+}  // namespace agentaccel

@@ -1,0 +1,48 @@
+// Draft-tree growth over one or more automaton states.
+//
+// Paper mode (SuffixDecoding): the states' counts are summed (the union of trees behaves as one
+// tree), D(child) = D(parent) * COUNT(child) / sum COUNT(siblings), nodes are added greedily by D
+// until MAX_SPEC nodes or D < min_prob. Mixture mode (agentaccel): every state is a separate
+// source of evidence (another match length or another tree) with a prior weight; a child's
+// probability is the weighted mean of the sources' next-token distributions and the weights
+// are updated by Bayes' rule along each path; growth stops when a node's expected gain no
+// longer pays for its verification cost (DySpec-style budgeted greedy growth).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "automaton.h"
+
+namespace agentaccel {
+
+struct Draft {
+  std::vector<uint32_t> tokens;   // draft token ids, in the order they were added
+  std::vector<int32_t> parents;   // index of each node's parent in `tokens`; -1 follows the context
+  std::vector<double> probs;      // D(N): estimated probability that the node is accepted
+  double score = 0.0;             // sum of probs (expected accepted draft tokens)
+  int32_t match_len = 0;          // length of the context suffix the draft was grown from
+  std::string source;             // "request", "stage", "union", "mixture" or "" when empty
+};
+
+struct Source {
+  const Automaton* automaton;
+  uint32_t state;
+  double weight;  // prior weight (mixture mode); ignored in paper mode
+};
+
+struct GrowLimits {
+  int budget = 32;          // most nodes in the draft
+  int room = 1 << 30;       // deepest node depth allowed (max_depth - pattern length in paper mode)
+  double min_prob = 0.1;    // nodes with D below this are never added
+  double cost = 0.0;        // mixture mode: verification cost of one draft token, in steps
+  bool tree = true;         // false: a single path (linear draft)
+  bool mixture = false;     // false: paper mode (summed counts)
+};
+
+// Grows a draft from `roots`. `room_hit` reports whether the depth limit cut off a candidate
+// (the engine then cannot reuse the draft for shorter patterns of the same state).
+Draft grow_draft(const std::vector<Source>& roots, const GrowLimits& limits, bool* room_hit);
+
+}  // namespace agentaccel

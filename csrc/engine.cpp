@@ -1,0 +1,546 @@
+#include "engine.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+
+#include "errors.h"
+
+namespace agentaccel {
+
+namespace {
+
+// File layout: 40-byte header, then the payload.
+//   magic "AAENGIDX" | u32 version | u32 byte-order mark | u64 payload bytes | u64 checksum | u64 0
+// Payload: i32 max_depth, u64 budget, f64 slack, u64 next_doc_id, u64 evicted, u32 stages,
+//   then per stage: u32 name length, name, u64 generation, automaton arrays.
+constexpr char kMagic[8] = {'A', 'A', 'E', 'N', 'G', 'I', 'D', 'X'};
+constexpr uint32_t kVersion = 1;
+constexpr uint32_t kByteOrder = 0x01020304u;
+constexpr size_t kHeaderBytes = 40;
+
+inline uint64_t rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+
+// xxHash64-style checksum over four independent lanes (several GB/s: loading stays I/O-bound).
+uint64_t checksum(const char* data, size_t n) {
+  constexpr uint64_t P1 = 11400714785074694791ULL, P2 = 14029467366897019727ULL, P3 = 1609587929392839161ULL;
+  uint64_t v[4] = {P1 + P2, P2, 0, 0 - P1};
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32)
+    for (int k = 0; k < 4; ++k) {
+      uint64_t w;
+      std::memcpy(&w, data + i + 8 * k, 8);
+      v[k] = rotl(v[k] + w * P2, 31) * P1;
+    }
+  uint64_t h = rotl(v[0], 1) + rotl(v[1], 7) + rotl(v[2], 12) + rotl(v[3], 18) + n;
+  for (; i < n; ++i) h = rotl(h ^ (uint8_t(data[i]) * P3), 11) * P1;
+  h ^= h >> 33;
+  h *= P2;
+  h ^= h >> 29;
+  return h;
+}
+
+template <class T>
+void put(std::string& out, const T& x) {
+  out.append(reinterpret_cast<const char*>(&x), sizeof(T));
+}
+
+template <class T>
+T get(const char*& p, const char* end) {
+  if (size_t(end - p) < sizeof(T)) throw InvalidInput("truncated payload");
+  T x;
+  std::memcpy(&x, p, sizeof(T));
+  p += sizeof(T);
+  return x;
+}
+
+}  // namespace
+
+Engine::Engine(int max_depth, uint64_t memory_budget_bytes, double evict_slack)
+    : max_depth_(max_depth), budget_(memory_budget_bytes), evict_slack_(evict_slack) {
+  if (max_depth < 1) throw InvalidInput("max_depth must be >= 1");
+  if (evict_slack < 0.0 || evict_slack >= 1.0) throw InvalidInput("evict_slack must be in [0, 1)");
+}
+
+// ---------------------------------------------------------------- global trees
+
+uint32_t Engine::stage_index(const std::string& name) {
+  auto it = stage_by_name_.find(name);
+  if (it != stage_by_name_.end()) return it->second;
+  auto stage = std::make_unique<Stage>();
+  stage->name = name;
+  stages_.push_back(std::move(stage));
+  uint32_t idx = uint32_t(stages_.size() - 1);
+  stage_by_name_[name] = idx;
+  return idx;
+}
+
+uint64_t Engine::add_document(const std::string& stage, const uint32_t* tokens, size_t n) {
+  std::unique_lock lock(stages_mu_);
+  uint32_t idx = stage_index(stage);
+  uint64_t id = next_doc_id_++;
+  Stage& s = *stages_[idx];
+  s.sam.add_document(id, tokens, n);
+  ++s.generation;
+  doc_stage_[id] = idx;
+  enforce_budget_locked();
+  return id;
+}
+
+bool Engine::remove_document(uint64_t doc_id) {
+  std::unique_lock lock(stages_mu_);
+  auto it = doc_stage_.find(doc_id);
+  if (it == doc_stage_.end()) return false;
+  rebuild_without_locked(*stages_[it->second], {doc_id});
+  return true;
+}
+
+void Engine::rebuild_without_locked(Stage& stage, const std::vector<uint64_t>& doomed) {
+  Automaton fresh;
+  const auto& toks = stage.sam.tokens();
+  for (const DocRecord& d : stage.sam.docs()) {
+    if (std::find(doomed.begin(), doomed.end(), d.id) != doomed.end()) continue;
+    fresh.add_document(d.id, toks.data() + d.offset, d.length);
+  }
+  fresh.compact();
+  stage.sam = std::move(fresh);
+  ++stage.generation;
+  for (uint64_t id : doomed) doc_stage_.erase(id);
+}
+
+uint64_t Engine::global_bytes_locked() const {
+  uint64_t total = 0;
+  for (const auto& s : stages_) total += s->sam.bytes();
+  return total;
+}
+
+void Engine::enforce_budget_locked() {
+  if (budget_ == 0) return;  // 0 = unlimited
+  for (;;) {
+    uint64_t used = global_bytes_locked();
+    if (used <= budget_) return;
+    // Evict the globally oldest documents until their estimated share frees the excess plus
+    // some slack (so that rebuilds stay rare), then rebuild the stages that lost documents.
+    double goal = double(used - budget_) + evict_slack_ * double(budget_);
+    std::vector<size_t> cursor(stages_.size(), 0);
+    std::vector<std::vector<uint64_t>> doomed(stages_.size());
+    double freed = 0.0;
+    while (freed < goal) {
+      int pick = -1;
+      for (size_t s = 0; s < stages_.size(); ++s) {
+        const auto& docs = stages_[s]->sam.docs();
+        if (cursor[s] < docs.size() && (pick < 0 || docs[cursor[s]].id < stages_[pick]->sam.docs()[cursor[pick]].id))
+          pick = int(s);
+      }
+      if (pick < 0) break;
+      const Automaton& sam = stages_[pick]->sam;
+      const DocRecord& d = sam.docs()[cursor[pick]++];
+      freed += double(sam.bytes()) * double(d.length + 1) / double(sam.num_tokens() + sam.docs().size());
+      doomed[pick].push_back(d.id);
+    }
+    size_t evicted = 0;
+    for (size_t s = 0; s < stages_.size(); ++s)
+      if (!doomed[s].empty()) {
+        rebuild_without_locked(*stages_[s], doomed[s]);
+        evicted += doomed[s].size();
+      }
+    evicted_docs_ += evicted;
+    if (evicted == 0) return;  // nothing left to evict: the fixed overhead alone is over budget
+  }
+}
+
+std::vector<uint64_t> Engine::document_ids(const std::string& stage) const {
+  std::shared_lock lock(stages_mu_);
+  std::vector<uint64_t> ids;
+  for (const auto& s : stages_)
+    if (stage.empty() || s->name == stage)
+      for (const DocRecord& d : s->sam.docs()) ids.push_back(d.id);
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
+std::vector<std::string> Engine::stage_names() const {
+  std::shared_lock lock(stages_mu_);
+  std::vector<std::string> names;
+  for (const auto& s : stages_) names.push_back(s->name);
+  return names;
+}
+
+// ---------------------------------------------------------------- requests
+
+std::shared_ptr<Engine::Request> Engine::find_request(const std::string& rid) {
+  std::lock_guard lock(requests_mu_);
+  auto it = requests_.find(rid);
+  if (it == requests_.end()) throw UnknownKey("unknown request id: " + rid);
+  return it->second;
+}
+
+void Engine::start_request(const std::string& rid, const uint32_t* prompt, size_t n, const std::string& stage) {
+  auto req = std::make_shared<Request>();
+  req->prompt_len = n;
+  req->sam.append(prompt, n);  // built before taking any lock: prompts can be long
+  {
+    std::unique_lock lock(stages_mu_);
+    req->stage = stage_index(stage);
+  }
+  std::lock_guard lock(requests_mu_);
+  if (!requests_.emplace(rid, std::move(req)).second)
+    throw InvalidInput("request id already started: " + rid);
+}
+
+void Engine::extend(const std::string& rid, const uint32_t* tokens, size_t n) {
+  auto req = find_request(rid);
+  std::lock_guard lock(req->mu);
+  req->sam.append(tokens, n);
+}
+
+int64_t Engine::finish_request(const std::string& rid, bool keep_output) {
+  std::shared_ptr<Request> req;
+  {
+    std::lock_guard lock(requests_mu_);
+    auto it = requests_.find(rid);
+    if (it == requests_.end()) throw UnknownKey("unknown request id: " + rid);
+    req = std::move(it->second);
+    requests_.erase(it);
+  }
+  std::lock_guard rlock(req->mu);
+  const auto& toks = req->sam.tokens();
+  if (!keep_output || toks.size() <= req->prompt_len) return -1;
+  std::string stage;
+  {
+    std::shared_lock lock(stages_mu_);
+    stage = stages_[req->stage]->name;
+  }
+  return int64_t(add_document(stage, toks.data() + req->prompt_len, toks.size() - req->prompt_len));
+}
+
+std::vector<uint32_t> Engine::request_tokens(const std::string& rid) {
+  auto req = find_request(rid);
+  std::lock_guard lock(req->mu);
+  return req->sam.tokens();
+}
+
+bool Engine::has_request(const std::string& rid) {
+  std::lock_guard lock(requests_mu_);
+  return requests_.count(rid) > 0;
+}
+
+const Engine::Match& Engine::match_locked(Request& req, uint32_t stage_idx) {
+  if (req.matches.size() < stages_.size()) req.matches.resize(stages_.size());
+  Match& m = req.matches[stage_idx];
+  const Stage& stage = *stages_[stage_idx];
+  const auto& ctx = req.sam.tokens();
+  if (m.generation != stage.generation) {
+    // The tree changed: re-match the last max_depth tokens (no pattern is longer).
+    m = Match{stage.generation, 0, 0, ctx.size() > size_t(max_depth_) ? ctx.size() - max_depth_ : 0};
+  }
+  for (; m.consumed < ctx.size(); ++m.consumed) stage.sam.step(m.state, m.matched, ctx[m.consumed]);
+  return m;
+}
+
+Draft Engine::speculate(const std::string& rid, const SpecParams& params) {
+  auto req = find_request(rid);
+  std::lock_guard rlock(req->mu);
+  std::shared_lock lock(stages_mu_);
+
+  std::vector<Tree> trees;
+  if (params.trees & kRequestTree)
+    trees.push_back(Tree{"request", {&req->sam}, {req->sam.last()}, {int32_t(req->sam.num_tokens())}});
+  if (params.trees & kStageTree) {
+    const Match& m = match_locked(*req, req->stage);
+    trees.push_back(Tree{"stage", {&stages_[req->stage]->sam}, {m.state}, {m.matched}});
+  }
+  if (params.trees & kUnionTree) {
+    Tree all{"union", {}, {}, {}};
+    for (uint32_t s = 0; s < stages_.size(); ++s) {
+      const Match& m = match_locked(*req, s);
+      all.automata.push_back(&stages_[s]->sam);
+      all.states.push_back(m.state);
+      all.matched.push_back(m.matched);
+    }
+    trees.push_back(std::move(all));
+  }
+
+  Draft best;
+  if (params.paper) {
+    bool have = false;
+    for (const Tree& t : trees) {
+      Draft d = paper_best(t, params);
+      if (!have || d.score > best.score) {  // ties keep the earlier tree
+        best = std::move(d);
+        best.source = t.name;
+        have = true;
+      }
+    }
+  } else {
+    best = mixture(trees, params);
+  }
+  if (best.tokens.empty()) best.source.clear();
+  if (best.score < params.min_score) {  // the paper's fallback: no suffix draft this step
+    best.tokens.clear();
+    best.parents.clear();
+    best.probs.clear();
+    best.source.clear();
+  }
+  return best;
+}
+
+Draft Engine::paper_best(const Tree& tree, const SpecParams& params) const {
+  const int depth = max_depth_;
+  const int longest = params.max_pattern > 0 ? std::min(params.max_pattern, depth) : depth;
+  int32_t max_matched = 0;
+  for (int32_t m : tree.matched) max_matched = std::max(max_matched, m);
+  GrowLimits lim;
+  lim.min_prob = params.min_prob;
+  lim.tree = params.tree;
+
+  auto draft_for = [&](int p, const std::vector<Source>& roots, bool* hit) {
+    lim.budget = std::min(params.max_tokens, int(std::floor(params.alpha * p)));
+    lim.room = depth - p;
+    Draft d = grow_draft(roots, lim, hit);
+    d.match_len = p;
+    return d;
+  };
+
+  Draft best;
+  bool have = false;
+  std::vector<Source> roots;
+  // Patterns p = 1..P, scanned from the longest: all p whose matched states coincide share one
+  // set of counts, and the longest of them has the largest MAX_SPEC, so unless the depth limit
+  // cut its draft it is at least as good as every shorter p of the range (and wins ties).
+  for (int p = std::min(longest, max_matched); p >= 1;) {
+    roots.clear();
+    int lo = 0;
+    for (size_t i = 0; i < tree.automata.size(); ++i) {
+      if (tree.matched[i] < p) {
+        lo = std::max(lo, int(tree.matched[i]));
+        continue;
+      }
+      const Automaton& a = *tree.automata[i];
+      uint32_t st = a.ancestor_for_length(tree.states[i], p);
+      int32_t link = a.state(st).link;
+      lo = std::max(lo, link < 0 ? 0 : int(a.state(link).len));
+      roots.push_back(Source{&a, st, 1.0});
+    }
+    bool hit = false;
+    Draft range_best = draft_for(p, roots, &hit);
+    if (hit)
+      for (int q = p - 1; q > lo; --q) {
+        bool ignored = false;
+        Draft d = draft_for(q, roots, &ignored);
+        if (d.score > range_best.score) range_best = std::move(d);
+      }
+    if (!have || range_best.score > best.score) {  // ties keep the longer pattern
+      best = std::move(range_best);
+      have = true;
+    }
+    p = lo;
+  }
+  return best;
+}
+
+Draft Engine::mixture(const std::vector<Tree>& trees, const SpecParams& params) const {
+  const int longest = params.max_pattern > 0 ? params.max_pattern : max_depth_;
+  std::vector<Source> sources;
+  int32_t match_len = 0;
+  for (const Tree& t : trees)
+    for (size_t i = 0; i < t.automata.size(); ++i) {
+      const Automaton& a = *t.automata[i];
+      int32_t len = std::min<int32_t>(t.matched[i], longest);
+      if (len <= 0) continue;
+      uint32_t st = a.ancestor_for_length(t.states[i], len);
+      // Walk to shorter suffixes; each state that has continuations is one source of evidence.
+      for (int taken = 0; taken < params.max_sources && st != 0;) {
+        if (a.state(st).degree > 0) {
+          sources.push_back(Source{&a, st, std::pow(double(len), params.length_power)});
+          match_len = std::max(match_len, len);
+          ++taken;
+        }
+        st = uint32_t(a.state(st).link);
+        len = a.state(st).len;
+      }
+    }
+  GrowLimits lim;
+  lim.budget = params.max_tokens;
+  lim.min_prob = params.min_prob;
+  lim.cost = params.cost;
+  lim.tree = params.tree;
+  lim.mixture = true;
+  bool ignored = false;
+  Draft d = grow_draft(sources, lim, &ignored);
+  d.match_len = match_len;
+  d.source = "mixture";
+  return d;
+}
+
+// ---------------------------------------------------------------- introspection
+
+std::vector<StageStats> Engine::stage_stats() const {
+  std::shared_lock lock(stages_mu_);
+  std::vector<StageStats> out;
+  for (const auto& s : stages_)
+    out.push_back(StageStats{s->name, s->sam.num_tokens(), s->sam.docs().size(), s->sam.bytes(),
+                             s->sam.num_states(), s->sam.num_edges()});
+  return out;
+}
+
+uint64_t Engine::global_bytes() const {
+  std::shared_lock lock(stages_mu_);
+  return global_bytes_locked();
+}
+
+uint64_t Engine::request_bytes() {
+  std::vector<std::shared_ptr<Request>> live;
+  {
+    std::lock_guard lock(requests_mu_);
+    for (auto& kv : requests_) live.push_back(kv.second);
+  }
+  uint64_t total = 0;
+  for (auto& r : live) {
+    std::lock_guard lock(r->mu);
+    total += r->sam.bytes();
+  }
+  return total;
+}
+
+uint64_t Engine::num_requests() {
+  std::lock_guard lock(requests_mu_);
+  return requests_.size();
+}
+
+std::string Engine::check(bool counts) const {
+  std::shared_lock lock(stages_mu_);
+  size_t docs = 0;
+  for (uint32_t s = 0; s < stages_.size(); ++s) {
+    const Automaton& a = stages_[s]->sam;
+    std::string problem = a.check();
+    if (problem.empty() && counts) problem = a.check_counts();
+    if (!problem.empty()) return "stage '" + stages_[s]->name + "': " + problem;
+    for (const DocRecord& d : a.docs()) {
+      auto it = doc_stage_.find(d.id);
+      if (it == doc_stage_.end() || it->second != s) return "document map out of sync for id " + std::to_string(d.id);
+    }
+    docs += a.docs().size();
+  }
+  if (docs != doc_stage_.size()) return "document map has stale entries";
+  if (budget_ > 0 && global_bytes_locked() > budget_ && docs > 0) return "memory budget exceeded";
+  return {};
+}
+
+// ---------------------------------------------------------------- persistence
+
+void Engine::save(const std::string& path) const {
+  std::string payload;
+  {
+    std::shared_lock lock(stages_mu_);
+    put(payload, int32_t(max_depth_));
+    put(payload, budget_);
+    put(payload, evict_slack_);
+    put(payload, next_doc_id_);
+    put(payload, evicted_docs_);
+    put(payload, uint32_t(stages_.size()));
+    for (const auto& s : stages_) {
+      put(payload, uint32_t(s->name.size()));
+      payload.append(s->name);
+      put(payload, s->generation);
+      s->sam.write(payload);
+    }
+  }
+  std::string header(kMagic, 8);
+  put(header, kVersion);
+  put(header, kByteOrder);
+  put(header, uint64_t(payload.size()));
+  put(header, checksum(payload.data(), payload.size()));
+  put(header, uint64_t(0));
+
+  // Write beside the target and rename: a crash never leaves a half-written index in place.
+  std::string tmp = path + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) throw InvalidInput("cannot write " + path + ": " + std::strerror(errno));
+  bool ok = std::fwrite(header.data(), 1, header.size(), f) == header.size() &&
+            std::fwrite(payload.data(), 1, payload.size(), f) == payload.size();
+  ok = (std::fclose(f) == 0) && ok;
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    throw InvalidInput("cannot write " + path + ": " + std::strerror(errno));
+  }
+}
+
+std::unique_ptr<Engine> Engine::load(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) throw InvalidInput("cannot open " + path + ": " + std::strerror(errno));
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    ::close(fd);
+    throw InvalidInput("cannot stat " + path);
+  }
+  size_t size = size_t(st.st_size);
+  if (size < kHeaderBytes) {
+    ::close(fd);
+    throw InvalidInput(path + " is not an agentaccel index (too short: " + std::to_string(size) + " bytes)");
+  }
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (map == MAP_FAILED) throw InvalidInput("cannot map " + path);
+  ::madvise(map, size, MADV_SEQUENTIAL);
+  struct Unmap {
+    void* p;
+    size_t n;
+    ~Unmap() { ::munmap(p, n); }
+  } unmap{map, size};
+
+  const char* base = static_cast<const char*>(map);
+  const char* p = base + 8;
+  const char* header_end = base + kHeaderBytes;
+  if (std::memcmp(base, kMagic, 8) != 0) throw InvalidInput(path + " is not an agentaccel index (bad magic)");
+  uint32_t version = get<uint32_t>(p, header_end);
+  if (version != kVersion)
+    throw InvalidInput(path + ": unsupported index version " + std::to_string(version) + " (this build reads " +
+                       std::to_string(kVersion) + ")");
+  if (get<uint32_t>(p, header_end) != kByteOrder) throw InvalidInput(path + ": written on a machine of another byte order");
+  uint64_t payload_size = get<uint64_t>(p, header_end);
+  uint64_t sum = get<uint64_t>(p, header_end);
+  if (payload_size != size - kHeaderBytes)
+    throw InvalidInput(path + " is truncated or padded: header promises " + std::to_string(payload_size) +
+                       " payload bytes, file has " + std::to_string(size - kHeaderBytes));
+  p = header_end;
+  const char* end = base + size;
+  if (checksum(p, payload_size) != sum) throw InvalidInput(path + " is corrupt (checksum mismatch)");
+
+  try {
+    int32_t depth = get<int32_t>(p, end);
+    uint64_t budget = get<uint64_t>(p, end);
+    double slack = get<double>(p, end);
+    auto eng = std::make_unique<Engine>(depth, budget, slack);
+    eng->next_doc_id_ = get<uint64_t>(p, end);
+    eng->evicted_docs_ = get<uint64_t>(p, end);
+    uint32_t nstages = get<uint32_t>(p, end);
+    for (uint32_t i = 0; i < nstages; ++i) {
+      uint32_t len = get<uint32_t>(p, end);
+      if (len > size_t(end - p)) throw InvalidInput("stage name longer than the file");
+      std::string name(p, len);
+      p += len;
+      uint32_t idx = eng->stage_index(name);
+      Stage& s = *eng->stages_[idx];
+      s.generation = get<uint64_t>(p, end);
+      s.sam.read(p, end);
+      for (const DocRecord& d : s.sam.docs()) {
+        if (d.id >= eng->next_doc_id_ || !eng->doc_stage_.emplace(d.id, idx).second)
+          throw InvalidInput("document id " + std::to_string(d.id) + " repeated or out of range");
+      }
+    }
+    if (p != end) throw InvalidInput("trailing bytes after the last stage");
+    return eng;
+  } catch (const std::exception& e) {
+    throw InvalidInput(path + " is corrupt: " + e.what());
+  }
+}
+
+}  // namespace agentaccel

@@ -1,0 +1,128 @@
+// The suffix speculation engine: one request tree per live request, one global tree per stage,
+// a memory budget over the global trees, and persistence.
+//
+// Locking: `stages_mu_` (shared) guards every global tree; writers (add/remove/evict/load) take
+// it exclusively, speculation takes it shared. Each request has its own mutex; the request map
+// has another. Order: request mutex, then stages_mu_. All entry points run without the GIL.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "automaton.h"
+#include "drafter.h"
+
+namespace agentaccel {
+
+enum TreeMask : int { kRequestTree = 1, kStageTree = 2, kUnionTree = 4 };
+
+struct SpecParams {
+  int max_tokens = 32;      // most draft tokens
+  bool paper = false;       // true: the paper's algorithm exactly; false: agentaccel's mixture
+  double alpha = 1.0;       // paper: MAX_SPEC = floor(alpha * p)
+  int max_pattern = 0;      // P, longest pattern tried (0: max_depth)
+  double min_prob = 0.1;    // nodes with D below this are never drafted
+  double min_score = 0.0;   // tau: a best SCORE below it gives an empty draft (fallback)
+  bool tree = true;         // false: linear (single path) drafts
+  int trees = kRequestTree | kStageTree;  // which trees to draft from
+  double cost = 0.0;        // mixture: verification cost per draft token, in decoding steps
+  int max_sources = 3;      // mixture: suffix lengths per tree mixed into one draft
+  double length_power = 2.0;  // mixture: prior weight of a source = match_len ^ length_power
+};
+
+struct StageStats {
+  std::string name;
+  uint64_t tokens, documents, bytes, states, edges;
+};
+
+class Engine {
+ public:
+  Engine(int max_depth, uint64_t memory_budget_bytes, double evict_slack);
+
+  // Global trees.
+  uint64_t add_document(const std::string& stage, const uint32_t* tokens, size_t n);
+  bool remove_document(uint64_t doc_id);
+  std::vector<uint64_t> document_ids(const std::string& stage) const;  // "" = every stage, oldest first
+  std::vector<std::string> stage_names() const;
+
+  // Requests.
+  void start_request(const std::string& rid, const uint32_t* prompt, size_t n, const std::string& stage);
+  void extend(const std::string& rid, const uint32_t* tokens, size_t n);
+  Draft speculate(const std::string& rid, const SpecParams& params);
+  // Frees the request; its output (tokens after the prompt) joins its stage's tree unless
+  // `keep_output` is false. Returns the new document id, or -1 when nothing was added.
+  int64_t finish_request(const std::string& rid, bool keep_output);
+  std::vector<uint32_t> request_tokens(const std::string& rid);
+  bool has_request(const std::string& rid);
+
+  // Introspection.
+  std::vector<StageStats> stage_stats() const;
+  uint64_t global_bytes() const;
+  uint64_t request_bytes();
+  uint64_t num_requests();
+  uint64_t evicted_documents() const { return evicted_docs_; }
+  int max_depth() const { return max_depth_; }
+  uint64_t memory_budget() const { return budget_; }
+  std::string check(bool counts) const;
+
+  // Persistence of the global trees (versioned, checksummed; see engine.cpp for the layout).
+  void save(const std::string& path) const;
+  static std::unique_ptr<Engine> load(const std::string& path);
+
+ private:
+  struct Stage {
+    std::string name;
+    Automaton sam;
+    uint64_t generation = 0;  // bumped on every change; invalidates cached request matches
+  };
+  struct Match {  // a request's matching-statistics cursor in one stage tree
+    uint64_t generation = ~uint64_t{0};
+    uint32_t state = 0;
+    int32_t matched = 0;
+    size_t consumed = 0;
+  };
+  struct Request {
+    std::mutex mu;
+    uint32_t stage;
+    size_t prompt_len;
+    Automaton sam;               // request tree over prompt + output
+    std::vector<Match> matches;  // indexed by stage
+  };
+  struct Tree {  // one candidate tree for a speculation: its states and match lengths
+    const char* name;
+    std::vector<const Automaton*> automata;
+    std::vector<uint32_t> states;
+    std::vector<int32_t> matched;
+  };
+
+  uint32_t stage_index(const std::string& name);  // creates; needs stages_mu_ exclusively
+  std::shared_ptr<Request> find_request(const std::string& rid);
+  uint64_t global_bytes_locked() const;
+  void enforce_budget_locked();
+  void rebuild_without_locked(Stage& stage, const std::vector<uint64_t>& doomed);
+  const Match& match_locked(Request& req, uint32_t stage_idx);
+  Draft paper_best(const Tree& tree, const SpecParams& params) const;
+  Draft mixture(const std::vector<Tree>& trees, const SpecParams& params) const;
+
+  const int max_depth_;
+  const uint64_t budget_;
+  const double evict_slack_;
+
+  mutable std::shared_mutex stages_mu_;
+  std::vector<std::unique_ptr<Stage>> stages_;
+  std::unordered_map<std::string, uint32_t> stage_by_name_;
+  std::unordered_map<uint64_t, uint32_t> doc_stage_;  // live document id -> stage index
+  uint64_t next_doc_id_ = 1;
+  uint64_t evicted_docs_ = 0;
+
+  std::mutex requests_mu_;
+  std::unordered_map<std::string, std::shared_ptr<Request>> requests_;
+};
+
+}  // namespace agentaccel
