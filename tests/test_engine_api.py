@@ -1,0 +1,256 @@
+"""Bad input, persistence, corruption and concurrency of SuffixEngine."""
+
+import random
+import threading
+
+import numpy as np
+import pytest
+
+from agentaccel.engine import SuffixEngine
+
+
+def corpus(seed, docs=40, length=200, vocab=50):
+    rng = random.Random(seed)
+    base = [rng.randrange(vocab) for _ in range(length)]
+    out = []
+    for _ in range(docs):  # mutated copies of one text: realistic repetition
+        doc = list(base)
+        for _ in range(10):
+            doc[rng.randrange(length)] = rng.randrange(vocab)
+        out.append(doc)
+    return out
+
+
+def without_bytes(stats):
+    stats = {k: v for k, v in stats.items() if k != "bytes"}
+    stats["stages"] = {n: {k: v for k, v in s.items() if k != "bytes"} for n, s in stats["stages"].items()}
+    return stats
+
+
+def filled(seed=0, **kw):
+    eng = SuffixEngine(max_depth=32, **kw)
+    for i, doc in enumerate(corpus(seed)):
+        eng.add_document(doc, stage=f"s{i % 3}")
+    return eng
+
+
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        ([1, -2, 3], "negative token id"),
+        ([1.5, 2], "must be integers"),
+        (["a"], "must be integers"),
+        (np.array([1.0, 2.0]), "integer dtype"),
+        (np.zeros((2, 2), dtype=np.int64), "1-D"),
+        ([2**40], "out of range"),
+        ("123", "expected a list"),
+    ],
+)
+def test_bad_tokens_raise_value_error_and_change_nothing(bad, match):
+    eng = filled()
+    before = eng.stats()
+    with pytest.raises(ValueError, match=match):
+        eng.add_document(bad)
+    with pytest.raises(ValueError, match=match):
+        eng.start_request("r", bad)
+    assert eng.stats() == before
+    assert not eng.has_request("r")
+    eng.check_integrity()
+
+
+def test_vocab_size_bounds_token_ids():
+    eng = SuffixEngine(vocab_size=100)
+    eng.add_document([0, 99])
+    with pytest.raises(ValueError, match="token id 100 is out of range"):
+        eng.add_document([100])
+
+
+def test_request_errors():
+    eng = filled()
+    with pytest.raises(KeyError, match="unknown request id: nope"):
+        eng.extend("nope", [1])
+    with pytest.raises(KeyError):
+        eng.speculate("nope")
+    with pytest.raises(KeyError):
+        eng.finish_request("nope")
+    eng.start_request("r", [1, 2, 3])
+    with pytest.raises(ValueError, match="already started"):
+        eng.start_request("r", [4])
+    assert eng.request_tokens("r") == [1, 2, 3]  # the duplicate did not clobber it
+    with pytest.raises(ValueError, match="unknown speculation option"):
+        eng.speculate("r", 8, alpah=2)
+    with pytest.raises(ValueError, match="mode"):
+        eng.speculate("r", 8, mode="fast")
+    with pytest.raises(ValueError, match="trees"):
+        eng.speculate("r", 8, trees=("global",))
+    with pytest.raises(ValueError, match="max_tokens"):
+        eng.speculate("r", -1)
+    with pytest.raises(KeyError, match="unknown document id"):
+        eng.remove_document(10**9)
+    with pytest.raises(ValueError, match="request id"):
+        eng.start_request(1.5, [1])
+    with pytest.raises(ValueError, match="stage"):
+        eng.add_document([1], stage="")
+    eng.check_integrity()
+
+
+def test_numpy_inputs_of_any_integer_dtype():
+    eng = SuffixEngine()
+    for dtype in (np.int32, np.int64, np.uint16, np.uint32):
+        eng.add_document(np.array([5, 6, 7, 5, 6, 8], dtype=dtype))
+    eng.start_request("r", np.array([1, 5, 6], dtype=np.int64))
+    assert eng.speculate("r", 4, mode="paper").token_ids[:1] in ([7], [8])
+
+
+def test_save_load_round_trip(tmp_path):
+    eng = filled(memory_budget_bytes=10**8)
+    path = tmp_path / "index.aai"
+    eng.save(path)
+    back = SuffixEngine.load(path)
+    assert without_bytes(back.stats()) == without_bytes(eng.stats())
+    assert back.stats()["bytes"] <= eng.stats()["bytes"]  # loaded arrays carry no spare capacity
+    assert back.document_ids() == eng.document_ids()
+    back.check_integrity()
+    prompt = corpus(0)[3][:50]
+    for e in (eng, back):
+        e.start_request("r", prompt, stage="s1")
+    for mode in ("paper", "agentaccel"):
+        a, b = eng.speculate("r", 16, mode=mode), back.speculate("r", 16, mode=mode)
+        assert (a.token_ids, a.parents, a.probs) == (b.token_ids, b.parents, b.probs)
+        assert len(a.token_ids) > 0
+    # New document ids continue after the loaded ones.
+    assert back.add_document([1, 2]) == eng.add_document([1, 2])
+
+
+def test_corrupt_and_truncated_files_give_clear_errors(tmp_path):
+    eng = filled()
+    path = tmp_path / "index.aai"
+    eng.save(path)
+    data = path.read_bytes()
+    cases = {
+        "empty": b"",
+        "short": data[:20],
+        "truncated": data[: len(data) // 2],
+        "padded": data + b"\0" * 16,
+        "bad magic": b"XXXXXXXX" + data[8:],
+        "flipped byte": data[:-100] + bytes([data[-100] ^ 0xFF]) + data[-99:],
+        "flipped header size": data[:16] + bytes([data[16] ^ 1]) + data[17:],
+    }
+    for name, blob in cases.items():
+        bad = tmp_path / f"{name}.aai"
+        bad.write_bytes(blob)
+        with pytest.raises(ValueError, match=str(bad.name).replace(" ", " ")):
+            SuffixEngine.load(bad)
+    with pytest.raises(ValueError, match="cannot open"):
+        SuffixEngine.load(tmp_path / "missing.aai")
+    assert without_bytes(SuffixEngine.load(path).stats()) == without_bytes(eng.stats())  # good file untouched
+
+
+def test_corrupt_payload_with_valid_checksum_is_rejected(tmp_path):
+    """Structural validation catches damage even when the checksum is recomputed to match."""
+    from agentaccel.engine import persistence_tools
+
+    eng = filled()
+    path = tmp_path / "index.aai"
+    eng.save(path)
+    forged = persistence_tools.forge_link(path.read_bytes())
+    bad = tmp_path / "forged.aai"
+    bad.write_bytes(forged)
+    with pytest.raises(ValueError, match="corrupt"):
+        SuffixEngine.load(bad)
+
+
+def test_save_is_atomic(tmp_path):
+    eng = filled()
+    path = tmp_path / "index.aai"
+    eng.save(path)
+    with pytest.raises(ValueError, match="cannot write"):
+        eng.save(tmp_path / "no-such-dir" / "x.aai")
+    assert without_bytes(SuffixEngine.load(path).stats()) == without_bytes(eng.stats())
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_memory_budget_is_never_exceeded():
+    budget = 400_000
+    eng = SuffixEngine(max_depth=64, memory_budget_bytes=budget)
+    rng = random.Random(3)
+    for i in range(300):
+        eng.add_document([rng.randrange(1000) for _ in range(rng.randrange(1, 400))], stage=f"s{i % 4}")
+        assert eng.stats()["bytes"] <= budget
+    stats = eng.stats()
+    assert stats["evicted_documents"] > 0
+    ids = eng.document_ids()
+    assert ids == list(range(ids[0], 301))  # the survivors are the newest documents
+    eng.check_integrity()
+
+
+def test_document_larger_than_budget_is_dropped_not_stored():
+    eng = SuffixEngine(memory_budget_bytes=50_000)
+    eng.add_document(list(range(100_000)))
+    assert eng.stats()["bytes"] <= 50_000
+    assert eng.stats()["documents"] == 0
+
+
+def test_concurrent_speculation_and_updates():
+    """Many threads speculate while others add documents and stream tokens; the index stays
+    sound and drafts computed afterwards equal a single-threaded rebuild's."""
+    docs = corpus(1, docs=60)
+    eng = SuffixEngine(max_depth=32)
+    for doc in docs[:20]:
+        eng.add_document(doc)
+    errors = []
+
+    def reader(k):
+        try:
+            rid = f"r{k}"
+            eng.start_request(rid, docs[k][:30])
+            for i in range(300):
+                d = eng.speculate(rid, 16, mode="paper" if i % 2 else "agentaccel")
+                assert len(d.token_ids) == len(d.parents)
+                eng.extend(rid, [docs[k][30 + i % 100]])
+            eng.finish_request(rid, keep_output=False)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    def writer():
+        try:
+            for doc in docs[20:]:
+                eng.add_document(doc)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=reader, args=(k,)) for k in range(6)] + [threading.Thread(target=writer)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    eng.check_integrity()
+    serial = SuffixEngine(max_depth=32)
+    for doc in docs:
+        serial.add_document(doc)
+    for e in (eng, serial):
+        e.start_request("x", docs[7][:40])
+    a, b = eng.speculate("x", 16, mode="paper"), serial.speculate("x", 16, mode="paper")
+    assert (a.token_ids, a.probs) == (b.token_ids, b.probs)
+
+
+def test_speculation_releases_the_gil():
+    """A Python thread keeps running while another thread is inside a long native call."""
+    eng = SuffixEngine(max_depth=64)
+    big = np.random.default_rng(0).integers(0, 1000, size=3_000_000)
+    ticks = []
+    done = threading.Event()
+
+    def ticker():
+        while not done.is_set():
+            ticks.append(1)
+
+    t = threading.Thread(target=ticker)
+    t.start()
+    before = len(ticks)
+    eng.add_document(big)  # long native call
+    during = len(ticks) - before
+    done.set()
+    t.join()
+    assert during > 100
