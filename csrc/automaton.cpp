@@ -23,11 +23,11 @@ inline uint64_t mix(uint64_t x) {  // splitmix64 finalizer: spreads (state, toke
   return x;
 }
 
-// Grows by 1.25x instead of 2x so that capacity (what the memory budget counts) stays close
+// Grows by 1.125x instead of 2x so that capacity (what the memory budget counts) stays close
 // to what is used.
 template <class T>
 inline void push(std::vector<T>& v, const T& x) {
-  if (v.size() == v.capacity()) v.reserve(v.capacity() + std::max<size_t>(v.capacity() / 4, 256));
+  if (v.size() == v.capacity()) v.reserve(v.capacity() + std::max<size_t>(v.capacity() / 8, 256));
   v.push_back(x);
 }
 
@@ -54,7 +54,7 @@ void get_array(const char*& p, const char* end, std::vector<T>& v) {
 
 // ---------------------------------------------------------------- HubIndex
 
-uint32_t HubIndex::find(uint64_t key) const {
+EdgeRef HubIndex::find(uint64_t key) const {
   if (keys_.empty()) return kNil;
   size_t mask = keys_.size() - 1;
   for (size_t i = mix(key) & mask;; i = (i + 1) & mask) {
@@ -63,7 +63,7 @@ uint32_t HubIndex::find(uint64_t key) const {
   }
 }
 
-void HubIndex::insert(uint64_t key, uint32_t edge) {
+void HubIndex::insert(uint64_t key, EdgeRef edge) {
   if ((size_ + 1) * 10 > keys_.size() * 7) grow();
   size_t mask = keys_.size() - 1;
   for (size_t i = mix(key) & mask;; i = (i + 1) & mask) {
@@ -103,51 +103,88 @@ void HubIndex::clear() {
 
 // ---------------------------------------------------------------- Automaton
 
-Automaton::Automaton() { new_state(0, -1, 0); }
+Automaton::Automaton(bool cache_top_children) {
+  if (cache_top_children) top_cache_ = std::make_unique<TopCache>();
+  new_state(0, -1, 0);
+}
+
+const TopChildren* Automaton::top_children(uint32_t state) const {
+  if (!top_cache_ || degree_[state] <= kCachedDegree) return nullptr;
+  std::lock_guard lock(top_cache_->mu);
+  auto& slot = top_cache_->by_state[state];
+  if (!slot) {
+    auto top = std::make_unique<TopChildren>();
+    children(state, top->kids);
+    top->total = 0;
+    for (const Child& c : top->kids) top->total += c.count;
+    auto better = [](const Child& a, const Child& b) { return a.count != b.count ? a.count > b.count : a.token < b.token; };
+    size_t k = std::min<size_t>(kTopK, top->kids.size());
+    std::partial_sort(top->kids.begin(), top->kids.begin() + k, top->kids.end(), better);
+    top->kids.resize(k);
+    top->kids.shrink_to_fit();
+    slot = std::move(top);
+  }
+  return slot.get();
+}
 
 uint32_t Automaton::new_state(int32_t len, int32_t link, uint32_t occ) {
-  push(states_, State{len, link, occ, kNil, 0});
+  push(states_, State{len, link, occ, 0, kNil, kNil});
+  push(degree_, uint8_t{0});
   return uint32_t(states_.size() - 1);
 }
 
-uint32_t Automaton::find_edge(uint32_t from, uint32_t token) const {
+EdgeRef Automaton::find_edge(uint32_t from, uint32_t token) const {
   const State& s = states_[from];
-  if (s.degree > kHubDegree) return hub_.find(edge_key(from, token));
-  for (uint32_t e = s.first; e != kNil; e = edges_[e].next)
+  if (degree_[from] > kHubDegree) return hub_.find(edge_key(from, token));
+  if (s.target0 == kNil) return kNil;
+  if (s.token0 == token) return kInlineEdge | from;
+  for (uint32_t e = s.more; e != kNil; e = edges_[e].next)
     if (edges_[e].token == token) return e;
   return kNil;
 }
 
 uint32_t Automaton::next(uint32_t state, uint32_t token) const {
-  uint32_t e = find_edge(state, token);
-  return e == kNil ? kNil : edges_[e].target;
+  EdgeRef e = find_edge(state, token);
+  if (e == kNil) return kNil;
+  return e & kInlineEdge ? states_[e & ~kInlineEdge].target0 : edges_[e].target;
 }
 
 void Automaton::add_edge(uint32_t from, uint32_t token, uint32_t to) {
-  push(edges_, Edge{token, to, states_[from].first});
-  uint32_t e = uint32_t(edges_.size() - 1);
-  State& s = states_[from];
-  s.first = e;
-  ++s.degree;
-  if (s.degree == kHubDegree + 1)
+  EdgeRef ref;
+  if (states_[from].target0 == kNil) {
+    states_[from].token0 = token;
+    states_[from].target0 = to;
+    ref = kInlineEdge | from;
+  } else {
+    push(edges_, Edge{token, to, states_[from].more});
+    ref = uint32_t(edges_.size() - 1);
+    states_[from].more = ref;
+  }
+  uint8_t& deg = degree_[from];
+  if (deg < 255) ++deg;
+  if (deg == kHubDegree + 1)
     index_hub(from);
-  else if (s.degree > kHubDegree + 1)
-    hub_.insert(edge_key(from, token), e);
+  else if (deg > kHubDegree + 1)
+    hub_.insert(edge_key(from, token), ref);
 }
 
 void Automaton::index_hub(uint32_t state) {
-  for (uint32_t e = states_[state].first; e != kNil; e = edges_[e].next)
-    hub_.insert(edge_key(state, edges_[e].token), e);
+  const State& s = states_[state];
+  if (s.target0 == kNil) return;
+  hub_.insert(edge_key(state, s.token0), kInlineEdge | state);
+  for (uint32_t e = s.more; e != kNil; e = edges_[e].next) hub_.insert(edge_key(state, edges_[e].token), e);
 }
 
 void Automaton::rebuild_hub() {
   hub_.clear();
   for (uint32_t s = 0; s < states_.size(); ++s)
-    if (states_[s].degree > kHubDegree) index_hub(s);
+    if (degree_[s] > kHubDegree) index_hub(s);
 }
 
 void Automaton::copy_edges(uint32_t from, uint32_t to) {
-  for (uint32_t e = states_[from].first; e != kNil; e = edges_[e].next) {
+  if (states_[from].target0 == kNil) return;
+  add_edge(to, states_[from].token0, states_[from].target0);
+  for (uint32_t e = states_[from].more; e != kNil; e = edges_[e].next) {
     Edge copy = edges_[e];  // copy first: add_edge may reallocate edges_
     add_edge(to, copy.token, copy.target);
   }
@@ -165,9 +202,9 @@ void Automaton::extend(uint32_t c) {
       uint32_t clone = new_state(states_[p].len + 1, states_[q].link, states_[q].occ);
       copy_edges(q, clone);
       for (int32_t v = int32_t(p); v != -1; v = states_[v].link) {
-        uint32_t e = find_edge(uint32_t(v), c);
-        if (e == kNil || edges_[e].target != q) break;
-        edges_[e].target = clone;
+        EdgeRef e = find_edge(uint32_t(v), c);
+        if (e == kNil || target_of(e) != q) break;
+        target_of(e) = clone;
       }
       states_[q].link = int32_t(clone);
       cur = clone;
@@ -187,9 +224,9 @@ void Automaton::extend(uint32_t c) {
         uint32_t clone = new_state(states_[v].len + 1, states_[q].link, states_[q].occ);
         copy_edges(q, clone);
         for (; v != -1; v = states_[v].link) {
-          uint32_t e = find_edge(uint32_t(v), c);
-          if (e == kNil || edges_[e].target != q) break;
-          edges_[e].target = clone;
+          EdgeRef e = find_edge(uint32_t(v), c);
+          if (e == kNil || target_of(e) != q) break;
+          target_of(e) = clone;
         }
         states_[q].link = int32_t(clone);
         states_[cur].link = int32_t(clone);
@@ -202,12 +239,14 @@ void Automaton::extend(uint32_t c) {
 }
 
 void Automaton::add_document(uint64_t id, const uint32_t* tokens, size_t n) {
+  if (top_cache_) top_cache_->by_state.clear();
   push(docs_, DocRecord{id, tokens_.size(), n});
   last_ = 0;
   append(tokens, n);
 }
 
 void Automaton::append(const uint32_t* tokens, size_t n) {
+  if (top_cache_) top_cache_->by_state.clear();
   for (size_t i = 0; i < n; ++i) {
     push(tokens_, tokens[i]);
     extend(tokens[i]);
@@ -216,7 +255,10 @@ void Automaton::append(const uint32_t* tokens, size_t n) {
 
 void Automaton::children(uint32_t state, std::vector<Child>& out) const {
   out.clear();
-  for (uint32_t e = states_[state].first; e != kNil; e = edges_[e].next)
+  const State& s = states_[state];
+  if (s.target0 == kNil) return;
+  out.push_back(Child{s.token0, s.target0, states_[s.target0].occ});
+  for (uint32_t e = s.more; e != kNil; e = edges_[e].next)
     out.push_back(Child{edges_[e].token, edges_[e].target, states_[edges_[e].target].occ});
 }
 
@@ -244,13 +286,14 @@ uint32_t Automaton::ancestor_for_length(uint32_t state, int32_t len) const {
 }
 
 size_t Automaton::bytes() const {
-  return sizeof(*this) + states_.capacity() * sizeof(State) + edges_.capacity() * sizeof(Edge) +
+  return sizeof(*this) + states_.capacity() * sizeof(State) + degree_.capacity() + edges_.capacity() * sizeof(Edge) +
          tokens_.capacity() * sizeof(uint32_t) + docs_.capacity() * sizeof(DocRecord) +
          hub_.bytes();
 }
 
 void Automaton::compact() {
   states_.shrink_to_fit();
+  degree_.shrink_to_fit();
   edges_.shrink_to_fit();
   tokens_.shrink_to_fit();
   docs_.shrink_to_fit();
@@ -259,27 +302,36 @@ void Automaton::compact() {
 std::string Automaton::check() const {
   const size_t n = states_.size(), m = edges_.size();
   if (n == 0 || states_[0].link != -1 || states_[0].len != 0) return "bad root state";
+  if (degree_.size() != n) return "degree array out of step with states";
   if (last_ >= n) return "append point out of range";
   std::vector<uint8_t> seen(m, 0);
-  size_t total_degree = 0;
+  size_t listed = 0;
   for (size_t s = 0; s < n; ++s) {
     const State& st = states_[s];
+    const std::string at = " at state " + std::to_string(s);
     if (s > 0) {
-      if (st.link < 0 || size_t(st.link) >= n) return "suffix link out of range at state " + std::to_string(s);
-      if (states_[st.link].len >= st.len) return "suffix link does not shorten at state " + std::to_string(s);
+      if (st.link < 0 || size_t(st.link) >= n) return "suffix link out of range" + at;
+      if (states_[st.link].len >= st.len) return "suffix link does not shorten" + at;
     }
     uint32_t count = 0;
-    for (uint32_t e = st.first; e != kNil; e = edges_[e].next) {
-      if (e >= m) return "edge index out of range at state " + std::to_string(s);
-      if (seen[e]++) return "edge shared or cyclic at state " + std::to_string(s);
-      if (edges_[e].target >= n) return "edge target out of range at state " + std::to_string(s);
-      if (states_[edges_[e].target].len < st.len + 1) return "edge does not lengthen at state " + std::to_string(s);
-      if (++count > st.degree) return "edge list longer than degree at state " + std::to_string(s);
+    if (st.target0 != kNil) {
+      if (st.target0 >= n) return "edge target out of range" + at;
+      if (states_[st.target0].len < st.len + 1) return "edge does not lengthen" + at;
+      count = 1;
+    } else if (st.more != kNil) {
+      return "further edges without a first edge" + at;
     }
-    if (count != st.degree) return "degree mismatch at state " + std::to_string(s);
-    total_degree += count;
+    for (uint32_t e = st.more; e != kNil; e = edges_[e].next) {
+      if (e >= m) return "edge index out of range" + at;
+      if (seen[e]++) return "edge shared or cyclic" + at;
+      if (edges_[e].target >= n) return "edge target out of range" + at;
+      if (states_[edges_[e].target].len < st.len + 1) return "edge does not lengthen" + at;
+      ++count;
+      ++listed;
+    }
+    if (std::min<uint32_t>(count, 255) != degree_[s]) return "degree mismatch" + at;
   }
-  if (total_degree != m) return "orphan edges";
+  if (listed != m) return "orphan edges";
   for (const DocRecord& d : docs_)
     if (d.offset > tokens_.size() || d.length > tokens_.size() - d.offset) return "document out of token range";
   return {};
@@ -316,6 +368,7 @@ std::string Automaton::check_counts() const {
 
 void Automaton::write(std::string& out) const {
   put_array(out, states_);
+  put_array(out, degree_);
   put_array(out, edges_);
   put_array(out, tokens_);
   put_array(out, docs_);
@@ -324,6 +377,7 @@ void Automaton::write(std::string& out) const {
 
 void Automaton::read(const char*& p, const char* end) {
   get_array(p, end, states_);
+  get_array(p, end, degree_);
   get_array(p, end, edges_);
   get_array(p, end, tokens_);
   get_array(p, end, docs_);
@@ -333,6 +387,7 @@ void Automaton::read(const char*& p, const char* end) {
   std::string problem = check();
   if (!problem.empty()) throw std::runtime_error("inconsistent automaton: " + problem);
   rebuild_hub();
+  if (top_cache_) top_cache_->by_state.clear();
 }
 
 }  // namespace agentaccel

@@ -10,19 +10,25 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace agentaccel {
 
 constexpr uint32_t kNil = 0xFFFFFFFFu;
 
+// Most states have exactly one outgoing edge, so the first edge lives inside the state: one
+// cache line per drafted node, and no edge record at all for most states.
 struct State {
   int32_t len;      // length of the longest string in this end-position class
   int32_t link;     // suffix link: class of the longest proper suffix outside this class (-1 at root)
   uint32_t occ;     // |endpos|: occurrences of every string of the class (the paper's COUNT)
-  uint32_t first;   // head of this state's outgoing edge list (kNil when none)
-  uint32_t degree;  // number of outgoing edges (lists longer than kHubDegree are also hashed)
+  uint32_t token0;  // token of the first outgoing edge
+  uint32_t target0; // target of the first outgoing edge (kNil: no edges at all)
+  uint32_t more;    // head of the list of further edges in the edge arena (kNil when none)
 };
 
 struct Edge {
@@ -30,6 +36,10 @@ struct Edge {
   uint32_t target;  // destination state
   uint32_t next;    // next edge of the same source state (kNil ends the list)
 };
+
+// Names one edge: an index into the edge arena, or (high bit set) the inline edge of a state.
+using EdgeRef = uint32_t;
+constexpr EdgeRef kInlineEdge = 0x80000000u;
 
 struct DocRecord {
   uint64_t id;      // engine-wide document id (also its age: smaller is older)
@@ -44,11 +54,18 @@ struct Child {
   uint32_t count;
 };
 
+// The best children of a high-degree state, cached because short patterns land on states with
+// thousands of children and drafting needs only the top few (and the total count).
+struct TopChildren {
+  uint64_t total;            // sum of the counts of all children
+  std::vector<Child> kids;   // the kTopK best: count descending, then token ascending
+};
+
 // Open-addressing map (source state, token) -> edge index for states with many edges.
 class HubIndex {
  public:
-  uint32_t find(uint64_t key) const;
-  void insert(uint64_t key, uint32_t edge);
+  EdgeRef find(uint64_t key) const;
+  void insert(uint64_t key, EdgeRef edge);
   void clear();
   size_t bytes() const { return keys_.capacity() * 8 + vals_.capacity() * 4; }
   size_t size() const { return size_; }
@@ -62,9 +79,13 @@ class HubIndex {
 
 class Automaton {
  public:
-  static constexpr uint32_t kHubDegree = 8;  // above this many edges, lookups go through HubIndex
+  static constexpr uint32_t kHubDegree = 8;      // above this many edges, lookups go through HubIndex
+  static constexpr uint32_t kCachedDegree = 16;  // above this many edges, top children are cached
+  static constexpr uint32_t kTopK = 64;          // children kept per cached state
 
-  Automaton();
+  explicit Automaton(bool cache_top_children = false);
+  Automaton(Automaton&&) = default;
+  Automaton& operator=(Automaton&&) = default;
 
   // Appends a whole document and records it (global trees).
   void add_document(uint64_t id, const uint32_t* tokens, size_t n);
@@ -75,12 +96,17 @@ class Automaton {
   uint32_t next(uint32_t state, uint32_t token) const;
   // Children of a state (unsorted).
   void children(uint32_t state, std::vector<Child>& out) const;
+  // Cached best children of a state with more than kCachedDegree edges; nullptr when the state
+  // is small or caching is off. Thread-safe for concurrent readers.
+  const TopChildren* top_children(uint32_t state) const;
   // Advances a matching-statistics cursor (state, matched length) by one context token.
   void step(uint32_t& state, int32_t& matched, uint32_t token) const;
   // State whose class contains the suffix of length `len` of the string ending at `state`.
   uint32_t ancestor_for_length(uint32_t state, int32_t len) const;
 
   const State& state(uint32_t s) const { return states_[s]; }
+  bool has_children(uint32_t s) const { return states_[s].target0 != kNil; }
+  uint32_t degree(uint32_t s) const { return degree_[s]; }  // saturates at 255
   uint32_t last() const { return last_; }
   size_t num_states() const { return states_.size(); }
   size_t num_edges() const { return edges_.size(); }
@@ -106,17 +132,25 @@ class Automaton {
   void extend(uint32_t token);
   uint32_t new_state(int32_t len, int32_t link, uint32_t occ);
   void add_edge(uint32_t from, uint32_t token, uint32_t to);
-  uint32_t find_edge(uint32_t from, uint32_t token) const;
+  EdgeRef find_edge(uint32_t from, uint32_t token) const;
+  uint32_t& target_of(EdgeRef e) { return e & kInlineEdge ? states_[e & ~kInlineEdge].target0 : edges_[e].target; }
   void copy_edges(uint32_t from, uint32_t to);
   void index_hub(uint32_t state);
   void rebuild_hub();
 
   std::vector<State> states_;       // states_[0] is the root
+  std::vector<uint8_t> degree_;     // outgoing edges per state, saturating at 255 (thresholds only)
   std::vector<Edge> edges_;         // all transitions, chained per source state
   std::vector<uint32_t> tokens_;    // token arena: every document, back to back
   std::vector<DocRecord> docs_;     // documents in insertion order (empty for request trees)
   HubIndex hub_;                    // fast lookup for high-degree states
   uint32_t last_ = 0;               // state of the whole current document (append point)
+
+  struct TopCache {  // filled lazily by readers, emptied by every write
+    std::mutex mu;
+    std::unordered_map<uint32_t, std::unique_ptr<TopChildren>> by_state;
+  };
+  std::unique_ptr<TopCache> top_cache_;  // null: caching off (request trees change every step)
 };
 
 }  // namespace agentaccel

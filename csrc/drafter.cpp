@@ -19,8 +19,9 @@ struct Node {
   int32_t draft_index;  // -1 for the root (the matched context suffix)
   int32_t depth;
   double d;
-  std::vector<Kid> kids;  // sorted best first; only kids that can pass min_prob
-  uint32_t next_kid = 0;
+  uint32_t kid_begin = 0;  // its kids in the kid pool: sorted best first, only those that can pass min_prob
+  uint32_t kid_end = 0;
+  uint32_t next_kid = 0;   // absolute index of the next kid not yet drafted
 };
 
 struct Candidate {
@@ -46,15 +47,31 @@ struct Entry {
   uint32_t count;
 };
 
+// Buffers reused across calls on the same thread (drafting allocates nothing once warm).
+struct Scratch {
+  std::vector<Node> nodes;
+  std::vector<Kid> kids;
+  std::vector<Source> pool;
+  std::vector<Entry> entries;
+  std::vector<uint64_t> totals;
+  std::vector<Child> children;
+};
+
 class Grower {
  public:
-  Grower(const GrowLimits& limits) : lim_(limits) {}
+  Grower(const GrowLimits& limits, Scratch& s)
+      : lim_(limits), nodes_(s.nodes), kids_(s.kids), pool_(s.pool), entries_(s.entries), totals_(s.totals),
+        scratch_(s.children) {
+    nodes_.clear();
+    kids_.clear();
+    pool_.clear();
+  }
 
   Draft run(const std::vector<Source>& roots, bool* room_hit) {
     *room_hit = false;
     uint32_t begin = uint32_t(pool_.size());
     for (const Source& s : roots) pool_.push_back(s);
-    nodes_.push_back(Node{-1, 0, 1.0, {}, 0});
+    nodes_.push_back(Node{-1, 0, 1.0});
     expand(0, begin, uint32_t(pool_.size()), room_hit);
     return lim_.tree ? grow_tree(room_hit) : grow_path(room_hit);
   }
@@ -65,13 +82,23 @@ class Grower {
     Node& node = nodes_[slot];
     if (node.depth >= lim_.room) {
       for (uint32_t i = src_begin; i < src_end; ++i)
-        if (pool_[i].automaton->state(pool_[i].state).degree > 0) *room_hit = true;
+        if (pool_[i].automaton->has_children(pool_[i].state)) *room_hit = true;
       return;
     }
     entries_.clear();
     totals_.assign(src_end - src_begin, 0);
+    // The cached top children are exact for one source as long as no node can need more of
+    // them than are cached; for a mixture, dropping the tail of a huge fan-out is harmless.
+    const bool cache_ok = lim_.mixture || (src_end - src_begin == 1 && lim_.budget < int(Automaton::kTopK));
     for (uint32_t i = src_begin; i < src_end; ++i) {
-      pool_[i].automaton->children(pool_[i].state, scratch_);
+      const Automaton& a = *pool_[i].automaton;
+      const TopChildren* top = cache_ok ? a.top_children(pool_[i].state) : nullptr;
+      if (top) {
+        for (const Child& c : top->kids) entries_.push_back(Entry{c.token, i - src_begin, c.target, c.count});
+        totals_[i - src_begin] = top->total;
+        continue;
+      }
+      a.children(pool_[i].state, scratch_);
       for (const Child& c : scratch_) {
         entries_.push_back(Entry{c.token, i - src_begin, c.target, c.count});
         totals_[i - src_begin] += c.count;
@@ -88,12 +115,12 @@ class Grower {
       if (totals_[i - src_begin] > 0) weight_sum += pool_[i].weight;
     }
     const double parent_d = node.d;
-    std::vector<Kid> kids;
+    const uint32_t kid_begin = uint32_t(kids_.size());
     for (size_t a = 0; a < entries_.size();) {
       size_t b = a;
       uint64_t count = 0;
       double p = 0.0;
-      uint32_t kid_begin = uint32_t(pool_.size());
+      uint32_t kid_begin_pool = uint32_t(pool_.size());
       for (; b < entries_.size() && entries_[b].token == entries_[a].token; ++b) {
         const Entry& e = entries_[b];
         const Source& src = pool_[src_begin + e.source];
@@ -104,14 +131,15 @@ class Grower {
       }
       if (!lim_.mixture) p = double(count) / double(total);
       if (parent_d * p >= lim_.min_prob)
-        kids.push_back(Kid{entries_[a].token, count, p, kid_begin, uint32_t(pool_.size())});
+        kids_.push_back(Kid{entries_[a].token, count, p, kid_begin_pool, uint32_t(pool_.size())});
       a = b;
     }
-    std::sort(kids.begin(), kids.end(), [&](const Kid& x, const Kid& y) {
+    std::sort(kids_.begin() + kid_begin, kids_.end(), [&](const Kid& x, const Kid& y) {
       if (lim_.mixture ? x.p != y.p : x.count != y.count) return lim_.mixture ? x.p > y.p : x.count > y.count;
       return x.token < y.token;
     });
-    nodes_[slot].kids = std::move(kids);
+    nodes_[slot].kid_begin = nodes_[slot].next_kid = kid_begin;
+    nodes_[slot].kid_end = uint32_t(kids_.size());
   }
 
   bool worth_adding(double d, const Draft& draft) const {
@@ -130,7 +158,7 @@ class Grower {
     draft.parents.push_back(parent_index);
     draft.probs.push_back(d);
     draft.score += d;
-    nodes_.push_back(Node{int32_t(draft.tokens.size() - 1), depth, d, {}, 0});
+    nodes_.push_back(Node{int32_t(draft.tokens.size() - 1), depth, d});
     uint32_t slot = uint32_t(nodes_.size() - 1);
     expand(slot, kid.src_begin, kid.src_end, room_hit);
     return slot;
@@ -141,8 +169,8 @@ class Grower {
     std::priority_queue<Candidate, std::vector<Candidate>, Worse> heap;
     auto push_next_kid = [&](uint32_t slot) {
       Node& n = nodes_[slot];
-      if (n.next_kid < n.kids.size()) {
-        const Kid& k = n.kids[n.next_kid];
+      if (n.next_kid < n.kid_end) {
+        const Kid& k = kids_[n.next_kid];
         heap.push(Candidate{n.d * k.p, n.draft_index, k.token, slot});
       }
     };
@@ -151,7 +179,7 @@ class Grower {
       Candidate c = heap.top();
       heap.pop();
       if (!worth_adding(c.d, draft)) break;
-      Kid kid = nodes_[c.node].kids[nodes_[c.node].next_kid++];
+      Kid kid = kids_[nodes_[c.node].next_kid++];
       push_next_kid(c.node);  // the parent's next-best child becomes a candidate
       uint32_t slot = add(draft, c.node, kid, c.d, room_hit);
       push_next_kid(slot);
@@ -162,8 +190,8 @@ class Grower {
   Draft grow_path(bool* room_hit) {
     Draft draft;
     uint32_t slot = 0;
-    while (int(draft.tokens.size()) < lim_.budget && !nodes_[slot].kids.empty()) {
-      Kid kid = nodes_[slot].kids[0];
+    while (int(draft.tokens.size()) < lim_.budget && nodes_[slot].kid_begin < nodes_[slot].kid_end) {
+      Kid kid = kids_[nodes_[slot].kid_begin];
       double d = nodes_[slot].d * kid.p;
       if (!worth_adding(d, draft)) break;
       slot = add(draft, slot, kid, d, room_hit);
@@ -172,17 +200,19 @@ class Grower {
   }
 
   const GrowLimits& lim_;
-  std::vector<Node> nodes_;
-  std::vector<Source> pool_;
-  std::vector<Entry> entries_;
-  std::vector<uint64_t> totals_;
-  std::vector<Child> scratch_;
+  std::vector<Node>& nodes_;
+  std::vector<Kid>& kids_;
+  std::vector<Source>& pool_;
+  std::vector<Entry>& entries_;
+  std::vector<uint64_t>& totals_;
+  std::vector<Child>& scratch_;
 };
 
 }  // namespace
 
 Draft grow_draft(const std::vector<Source>& roots, const GrowLimits& limits, bool* room_hit) {
-  Grower g(limits);
+  thread_local Scratch scratch;
+  Grower g(limits, scratch);
   return g.run(roots, room_hit);
 }
 

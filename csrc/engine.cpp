@@ -103,7 +103,7 @@ bool Engine::remove_document(uint64_t doc_id) {
 }
 
 void Engine::rebuild_without_locked(Stage& stage, const std::vector<uint64_t>& doomed) {
-  Automaton fresh;
+  Automaton fresh(/*cache_top_children=*/true);
   const auto& toks = stage.sam.tokens();
   for (const DocRecord& d : stage.sam.docs()) {
     if (std::find(doomed.begin(), doomed.end(), d.id) != doomed.end()) continue;
@@ -316,6 +316,9 @@ Draft Engine::paper_best(const Tree& tree, const SpecParams& params) const {
   // set of counts, and the longest of them has the largest MAX_SPEC, so unless the depth limit
   // cut its draft it is at least as good as every shorter p of the range (and wins ties).
   for (int p = std::min(longest, max_matched); p >= 1;) {
+    // SCORE <= MAX_SPEC (every D is at most 1) and MAX_SPEC only shrinks with p: once the best
+    // reaches it, no shorter pattern can beat it (ties go to the longer pattern anyway).
+    if (have && best.score >= double(std::min(params.max_tokens, int(std::floor(params.alpha * p))))) break;
     roots.clear();
     int lo = 0;
     for (size_t i = 0; i < tree.automata.size(); ++i) {
@@ -358,7 +361,7 @@ Draft Engine::mixture(const std::vector<Tree>& trees, const SpecParams& params) 
       uint32_t st = a.ancestor_for_length(t.states[i], len);
       // Walk to shorter suffixes; each state that has continuations is one source of evidence.
       for (int taken = 0; taken < params.max_sources && st != 0;) {
-        if (a.state(st).degree > 0) {
+        if (a.has_children(st)) {
           sources.push_back(Source{&a, st, std::pow(double(len), params.length_power)});
           match_len = std::max(match_len, len);
           ++taken;

@@ -78,7 +78,7 @@ class Engine {
  private:
   struct Stage {
     std::string name;
-    Automaton sam;
+    Automaton sam{/*cache_top_children=*/true};
     uint64_t generation = 0;  // bumped on every change; invalidates cached request matches
   };
   struct Match {  // a request's matching-statistics cursor in one stage tree

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import struct
 
-from agentaccel.engine.suffix_engine import _core  # noqa: F401  (the format belongs to the core)
-
 HEADER = 40
 
 
@@ -43,7 +41,7 @@ def forge_link(data: bytes) -> bytes:
     (name_len,) = struct.unpack_from("<I", payload, off)
     off += 4 + name_len + 8  # name, generation
     off += 8  # states array length
-    state_size = 20
+    state_size = 24
     struct.pack_into("<i", payload, off + state_size + 4, 1)  # state 1: link = 1
     header = bytearray(data[:HEADER])
     struct.pack_into("<Q", header, 24, _checksum(bytes(payload)))

@@ -19,8 +19,10 @@ from typing import Literal
 
 import numpy as np
 
-from agentaccel import _core
+from agentaccel._native import load_core
 from agentaccel.engine.tokens import as_token_array
+
+_core = load_core()
 
 Draft = _core.Draft
 Mode = Literal["paper", "agentaccel"]
@@ -94,7 +96,7 @@ class SuffixEngine:
         self._eng = _native
         self.vocab_size = vocab_size
         self.config = config or SpecConfig()
-        self._default_params: dict[int, _core.SpecParams] = {}
+        self._native_params: dict[tuple[SpecConfig, int], _core.SpecParams] = {}
 
     # ------------------------------------------------------------------ global trees
     def add_document(self, token_ids: Sequence[int] | np.ndarray, stage: str = "default") -> int:
@@ -120,17 +122,22 @@ class SuffixEngine:
         """Appends tokens the model produced to the request's context."""
         self._eng.extend(_rid(req_id), as_token_array(token_ids, self.vocab_size, "extend"))
 
-    def speculate(self, req_id: str | int, max_tokens: int = 32, **overrides) -> Draft:
+    def speculate(self, req_id: str | int, max_tokens: int = 32, config: SpecConfig | None = None,
+                  **overrides) -> Draft:
         """Drafts up to `max_tokens` tokens continuing the request's context.
 
         `draft.parents[i] == -1` means node i follows the context directly; otherwise it follows
-        node `parents[i]`. Keyword overrides replace fields of the engine's `SpecConfig`."""
+        node `parents[i]`. `config` (default: the engine's) is a `SpecConfig`; keyword overrides
+        replace some of its fields (slower: hot loops should pass a prebuilt `config`)."""
+        config = config or self.config
         if overrides:
-            params = _replace(self.config, overrides).to_native(max_tokens)
-        else:
-            params = self._default_params.get(max_tokens)
-            if params is None:
-                params = self._default_params[max_tokens] = self.config.to_native(max_tokens)
+            config = _replace(config, overrides)
+        key = (config, max_tokens)
+        params = self._native_params.get(key)
+        if params is None:
+            if len(self._native_params) > 256:
+                self._native_params.clear()
+            params = self._native_params[key] = config.to_native(max_tokens)
         return self._eng.speculate(_rid(req_id), params)
 
     def finish_request(self, req_id: str | int, keep_output: bool = True) -> int | None:

@@ -1,0 +1,1 @@
+"""Benchmarks: engine micro-benchmarks, replay simulation, end-to-end runs."""

@@ -1,0 +1,1 @@
+"""Trace store (SQLite), importers and tokenization."""

@@ -1,0 +1,9 @@
+import os
+
+from hypothesis import settings
+
+# CI explores a fixed set of examples (a red CI must be reproducible); locally they vary.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+settings.register_profile("sanitize", derandomize=True, print_blob=True, max_examples=60)
+settings.register_profile("dev", print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))
