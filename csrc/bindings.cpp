@@ -61,6 +61,12 @@ NB_MODULE(_core, m) {
       .def_rw("max_sources", &SpecParams::max_sources)
       .def_rw("length_power", &SpecParams::length_power);
 
+  nb::class_<agentaccel::Predictability>(m, "Predictability")
+      .def_ro("positions", &agentaccel::Predictability::positions)
+      .def_ro("covered", &agentaccel::Predictability::covered)
+      .def_ro("entropy_bits", &agentaccel::Predictability::entropy_bits)
+      .def_ro("top1_hits", &agentaccel::Predictability::top1_hits);
+
   nb::class_<agentaccel::StageStats>(m, "StageStats")
       .def_ro("name", &agentaccel::StageStats::name)
       .def_ro("tokens", &agentaccel::StageStats::tokens)
@@ -90,6 +96,9 @@ NB_MODULE(_core, m) {
       .def("has_request", &Engine::has_request, "req_id"_a, Release())
       .def("stage_stats", &Engine::stage_stats, Release())
       .def("global_bytes", &Engine::global_bytes, Release())
+      .def("predictability",
+           [](const Engine& e, const std::string& stage, Tokens t) { return e.predictability(stage, t.data(), t.shape(0)); },
+           "stage"_a, "tokens"_a, Release())
       .def("request_bytes", &Engine::request_bytes, Release())
       .def("num_requests", &Engine::num_requests, Release())
       .def("evicted_documents", &Engine::evicted_documents)

@@ -394,6 +394,39 @@ std::vector<StageStats> Engine::stage_stats() const {
   return out;
 }
 
+Predictability Engine::predictability(const std::string& stage, const uint32_t* tokens, size_t n) const {
+  std::shared_lock lock(stages_mu_);
+  Predictability out;
+  out.positions = n;
+  auto it = stage_by_name_.find(stage);
+  if (it == stage_by_name_.end()) return out;
+  const Automaton& a = stages_[it->second]->sam;
+  uint32_t state = 0;
+  int32_t matched = 0;
+  std::vector<Child> kids;
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t st = matched > 0 ? a.ancestor_for_length(state, std::min(matched, max_depth_)) : 0;
+    if (matched > 0 && a.has_children(st)) {
+      a.children(st, kids);
+      double total = 0.0, h = 0.0;
+      const Child* best = &kids[0];
+      for (const Child& k : kids) {
+        total += k.count;
+        if (k.count > best->count || (k.count == best->count && k.token < best->token)) best = &k;
+      }
+      for (const Child& k : kids) {
+        double p = k.count / total;
+        h -= p * std::log2(p);
+      }
+      out.entropy_bits += h;
+      ++out.covered;
+      if (best->token == tokens[i]) ++out.top1_hits;
+    }
+    a.step(state, matched, tokens[i]);
+  }
+  return out;
+}
+
 uint64_t Engine::global_bytes() const {
   std::shared_lock lock(stages_mu_);
   return global_bytes_locked();

@@ -36,6 +36,14 @@ struct SpecParams {
   double length_power = 2.0;  // mixture: prior weight of a source = match_len ^ length_power
 };
 
+// How predictable a token sequence is from a stage tree (the paper's empirical-entropy predictor).
+struct Predictability {
+  uint64_t positions = 0;      // tokens scored
+  uint64_t covered = 0;        // tokens whose preceding context matched a state with continuations
+  double entropy_bits = 0.0;   // sum over covered tokens of the entropy of the next-token distribution
+  uint64_t top1_hits = 0;      // covered tokens that were the most frequent continuation
+};
+
 struct StageStats {
   std::string name;
   uint64_t tokens, documents, bytes, states, edges;
@@ -63,6 +71,7 @@ class Engine {
 
   // Introspection.
   std::vector<StageStats> stage_stats() const;
+  Predictability predictability(const std::string& stage, const uint32_t* tokens, size_t n) const;
   uint64_t global_bytes() const;
   uint64_t request_bytes();
   uint64_t num_requests();

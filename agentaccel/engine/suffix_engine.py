@@ -170,6 +170,11 @@ class SuffixEngine:
             "stages": stages,
         }
 
+    def predictability(self, token_ids: Sequence[int] | np.ndarray, stage: str = "default") -> _core.Predictability:
+        """How predictable `token_ids` are from `stage`'s tree: at each position, the entropy of
+        the next-token distribution at the longest suffix match (the paper's predictor)."""
+        return self._eng.predictability(_stage(stage), as_token_array(token_ids, self.vocab_size, "predictability"))
+
     def check_integrity(self, counts: bool = True) -> None:
         """Verifies the native structure (and, with `counts`, every occurrence count) or raises."""
         problem = self._eng.check(counts)

@@ -1,0 +1,31 @@
+"""`agentaccel export-traces`: calls as OpenAI-style chat JSONL that `import-traces` reads back
+(same session keys and positions, so re-importing into the same store adds nothing)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from agentaccel.traces.store import TraceStore
+
+
+def export_calls(store: TraceStore, out: Path, stage: str | None = None) -> int:
+    keys = dict(store.conn.execute("SELECT id, key FROM sessions"))
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    n = 0
+    with tmp.open("w", encoding="utf-8") as f:
+        for call in store.iter_calls(stage=stage):
+            reply = {"role": "assistant", "content": call.response}
+            if call.tool_calls:
+                reply["tool_calls"] = call.tool_calls
+            row = {
+                "messages": [*call.messages, reply],
+                "stage": call.stage,
+                "model": call.model,
+                "metadata": {"session": keys[call.session_id], "position": call.position,
+                             "created_at": call.created_at, "source": call.source_file},
+            }
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+            n += 1
+    tmp.replace(out)
+    return n

@@ -1,0 +1,46 @@
+"""Conversations (chat transcripts) to calls: every assistant turn is one LLM call whose prompt
+is everything before it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from agentaccel.traces.formats.common import assistant_response, chat_message, load_json
+from agentaccel.traces.records import Call, FormatError, Session, digest
+
+
+def calls_from_conversation(messages: list[dict], *, keep: Callable[[dict], bool] = lambda m: True,
+                            tools: list | None = None, model: str | None = None, where: str = "") -> list[Call]:
+    calls = []
+    for i, m in enumerate(messages):
+        if m.get("role") == "assistant" and keep(m):
+            text, tool_calls = assistant_response(m)
+            calls.append(Call(messages=messages[:i], response=text, tool_calls=tool_calls, tools=tools, model=model,
+                              source_offset=i, metadata={"agent": m["agent"]} if m.get("agent") else None))
+    return calls
+
+
+def parse_trajectory_records(path: Path) -> list[Session]:
+    """A JSON list of trajectories stored as OpenAI-style messages (SWE-smith, SWE-Gym OpenHands
+    with native tool calls) or as `trajectory` turns with `text` (Nebius SWE-agent)."""
+    data = load_json(path)
+    if not isinstance(data, list):
+        raise FormatError("expected a JSON list of trajectory records")
+    sessions = []
+    for n, record in enumerate(data):
+        where = f"record {n}"
+        if not isinstance(record, dict):
+            raise FormatError(f"{where}: not an object")
+        raw = record.get("messages") if record.get("messages") is not None else record.get("trajectory")
+        if not isinstance(raw, list):
+            raise FormatError(f"{where}: no `messages` or `trajectory` list")
+        messages = [chat_message(m, f"{where}, message {i}") for i, m in enumerate(raw)]
+        framework = "openhands" if "tools" in record and "run_id" in record else "swe-agent"
+        model = record.get("model") or record.get("model_name")
+        calls = calls_from_conversation(messages, tools=record.get("tools"), model=model, where=where)
+        ident = record.get("instance_id") or record.get("traj_id") or record.get("id") or n
+        key = digest("trajectory-records", ident, messages[:2], len(messages))
+        sessions.append(Session(key=key, framework=framework, calls=calls, model=model,
+                                metadata={"instance_id": record.get("instance_id")}))
+    return sessions

@@ -1,0 +1,63 @@
+"""The normalized form every importer produces and the store keeps."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class FormatError(ValueError):
+    """A file that is not what its format promises (the message says what is wrong)."""
+
+
+@dataclass
+class Call:
+    messages: list[dict[str, Any]]  # the prompt, as OpenAI chat messages
+    response: str  # the text the model produced (tool calls are kept separately too)
+    tool_calls: list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+    stage: str | None = None  # explicit tag from the source; None: decided by framework rules
+    model: str | None = None
+    created_at: float | None = None  # unix seconds
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None  # usage as the provider reported it
+    completion_tokens: int | None = None
+    latency: float | None = None  # seconds
+    source_offset: int = 0  # where in the source file (line, record or byte offset)
+    metadata: dict[str, Any] | None = None
+
+
+@dataclass
+class Session:
+    key: str  # stable, content-derived identity: re-importing the same data finds the same key
+    framework: str  # "swe-agent", "openhands", "rsl-sql", ...
+    calls: list[Call] = field(default_factory=list)
+    model: str | None = None
+    started_at: float | None = None
+    metadata: dict[str, Any] | None = None
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
+
+def digest(*parts: Any) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(canonical_json(part).encode())
+        h.update(b"\0")
+    return h.hexdigest()[:32]
+
+
+def message_text(message: dict[str, Any]) -> str:
+    """The text of a chat message: string content, text parts, and tool calls as JSON."""
+    content = message.get("content")
+    if isinstance(content, list):
+        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    text = content if isinstance(content, str) else ""
+    calls = message.get("tool_calls")
+    if calls:
+        text += "".join(canonical_json(c.get("function", c)) for c in calls if isinstance(c, dict))
+    return text

@@ -1,0 +1,40 @@
+"""Chat messages to prompt text.
+
+`render_prompt` uses the model's chat template (jinja2) when it has one. Without one, and for
+the per-message token cache, messages are rendered in the documented plain template, which is
+ChatML (what SmolLM2 and many open models use):
+
+    <|im_start|>{role}\\n{text}<|im_end|>\\n     one segment per message, then
+    <|im_start|>assistant\\n                     the generation prompt
+
+Segments split on special tokens, so the tokens of a prompt are its messages' cached token
+segments back to back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentaccel.traces.records import message_text
+
+GENERATION_PROMPT = "<|im_start|>assistant\n"
+
+
+def render_message(message: Any) -> str:
+    if not isinstance(message, dict):  # a tool list
+        from agentaccel.traces.records import canonical_json
+
+        return canonical_json(message)
+    return f"<|im_start|>{message.get('role', 'user')}\n{message_text(message)}<|im_end|>\n"
+
+
+def render_prompt(messages: list[dict], chat_template: str | None = None, tools: list | None = None) -> str:
+    if chat_template:
+        import jinja2
+
+        env = jinja2.Environment(undefined=jinja2.ChainableUndefined, keep_trailing_newline=True)
+        try:
+            return env.from_string(chat_template).render(messages=messages, tools=tools, add_generation_prompt=True)
+        except jinja2.TemplateError:
+            pass  # a template this renderer cannot run: fall back to the plain one
+    return "".join(render_message(m) for m in messages) + GENERATION_PROMPT

@@ -1,0 +1,395 @@
+"""The SQLite trace store: every LLM call an agent made, imported or recorded live.
+
+Layout: `sessions` (one agent run / trajectory / pipeline run), `calls` (one LLM call; its prompt
+is a list of ids into `blobs`, where every distinct chat message and tool list is stored once —
+agent prompts repeat the whole history, so storing them per call would grow quadratically) and
+`tokens` (token ids per blob or response and tokenizer fingerprint, as little-endian uint32).
+WAL mode; every batch is one transaction, so a crash keeps every committed call and no partial
+one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import sqlite_utils
+
+from agentaccel.traces.records import Call, Session, canonical_json, digest
+
+SCHEMA_VERSION = 1
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE IF NOT EXISTS sessions (
+  id INTEGER PRIMARY KEY,
+  key TEXT UNIQUE NOT NULL,          -- content-derived identity (dedupe)
+  source TEXT,                       -- file it came from ('' when recorded live)
+  framework TEXT,
+  model TEXT,
+  started_at REAL,
+  metadata TEXT
+);
+CREATE TABLE IF NOT EXISTS blobs (
+  id INTEGER PRIMARY KEY,
+  hash TEXT UNIQUE NOT NULL,
+  json TEXT NOT NULL                 -- one chat message, or one tool list
+);
+CREATE TABLE IF NOT EXISTS calls (
+  id INTEGER PRIMARY KEY,
+  session_id INTEGER NOT NULL REFERENCES sessions(id),
+  position INTEGER NOT NULL,         -- order of the call inside its session
+  stage TEXT NOT NULL,
+  model TEXT,
+  created_at REAL,
+  prompt TEXT NOT NULL,              -- JSON list of blob ids: the request messages
+  tools INTEGER REFERENCES blobs(id),
+  response TEXT NOT NULL,
+  tool_calls TEXT,
+  finish_reason TEXT,
+  prompt_tokens INTEGER,
+  completion_tokens INTEGER,
+  latency REAL,
+  content_hash TEXT UNIQUE NOT NULL,
+  source_file TEXT,
+  source_offset INTEGER,
+  format TEXT,
+  metadata TEXT,
+  imported_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS calls_stage_time ON calls(stage, created_at, id);
+CREATE INDEX IF NOT EXISTS calls_session ON calls(session_id, position);
+CREATE INDEX IF NOT EXISTS calls_model ON calls(model);
+CREATE TABLE IF NOT EXISTS tokens (
+  kind TEXT NOT NULL,                -- 'b': a blob (message), 'r': a call's response
+  ref INTEGER NOT NULL,
+  tokenizer TEXT NOT NULL,           -- tokenizer fingerprint
+  ids BLOB NOT NULL,
+  PRIMARY KEY (kind, ref, tokenizer)
+) WITHOUT ROWID;
+"""
+
+
+def default_db_path() -> Path:
+    return Path(os.environ.get("AGENTACCEL_DB", Path.home() / ".agentaccel" / "traces.db"))
+
+
+@dataclass
+class StoredCall:
+    id: int
+    session_id: int
+    position: int
+    stage: str
+    model: str | None
+    created_at: float | None
+    messages: list[dict]
+    response: str
+    tool_calls: list | None
+    finish_reason: str | None
+    source_file: str | None
+
+
+@dataclass
+class StageCounts:
+    sessions: int = 0
+    calls: int = 0
+    duplicates: int = 0
+    output_tokens: int = 0
+
+
+@dataclass
+class WriteResult:
+    by_stage: dict[str, StageCounts] = field(default_factory=dict)
+
+    def stage(self, name: str) -> StageCounts:
+        return self.by_stage.setdefault(name, StageCounts())
+
+    @property
+    def calls(self) -> int:
+        return sum(c.calls for c in self.by_stage.values())
+
+    @property
+    def duplicates(self) -> int:
+        return sum(c.duplicates for c in self.by_stage.values())
+
+
+def pack_ids(ids: list[int]) -> bytes:
+    return np.asarray(ids, dtype="<u4").tobytes()
+
+
+def unpack_ids(blob: bytes) -> np.ndarray:
+    return np.frombuffer(blob, dtype="<u4")
+
+
+class TraceStore:
+    def __init__(self, path: str | os.PathLike | None = None) -> None:
+        self.path = Path(path) if path is not None else default_db_path()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            conn = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA foreign_keys=ON")
+            conn.executescript(SCHEMA)
+        except sqlite3.DatabaseError as e:
+            raise ValueError(f"{self.path}: not a usable trace store ({e})") from e
+        self.conn = conn
+        self.db = sqlite_utils.Database(conn)
+        version = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        if version is None:
+            conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        elif int(version[0]) != SCHEMA_VERSION:
+            raise ValueError(f"{self.path}: trace store schema {version[0]}, this agentaccel reads {SCHEMA_VERSION}")
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> TraceStore:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ writing
+    def write_sessions(
+        self,
+        sessions: list[Session],
+        *,
+        stage_of,
+        source_file: str = "",
+        fmt: str = "",
+        tokenize=None,
+    ) -> WriteResult:
+        """Writes sessions and their calls in one transaction. `stage_of(session, call)` resolves
+        each call's stage; `tokenize(texts) -> list[list[int]]` (optional) fills the token cache
+        for new messages and responses in the same transaction."""
+        result = WriteResult()
+        now = time.time()
+        conn = self.conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            new_texts: list[tuple[str, int, str]] = []  # (kind, ref, text) to tokenize
+            stage_of_response: dict[int, str] = {}
+            for session in sessions:
+                row = conn.execute("SELECT id FROM sessions WHERE key=?", (session.key,)).fetchone()
+                new_session = row is None
+                if new_session:
+                    cur = conn.execute(
+                        "INSERT INTO sessions (key, source, framework, model, started_at, metadata) VALUES (?,?,?,?,?,?)",
+                        (session.key, source_file, session.framework, session.model, session.started_at,
+                         _json_or_none(session.metadata)),
+                    )
+                    session_id = cur.lastrowid
+                else:
+                    session_id = row[0]
+                counted: set[str] = set()
+                for position, call in enumerate(session.calls):
+                    stage = stage_of(session, call)
+                    counts = result.stage(stage)
+                    if new_session and stage not in counted:
+                        counts.sessions += 1
+                        counted.add(stage)
+                    position = call.metadata.get("position", position) if call.metadata else position
+                    content_hash = digest(session.key, position, call.messages, call.response, call.tool_calls)
+                    if conn.execute("SELECT 1 FROM calls WHERE content_hash=?", (content_hash,)).fetchone():
+                        counts.duplicates += 1
+                        continue
+                    prompt_ids = [self._blob(m, new_texts) for m in call.messages]
+                    tools_id = self._blob(call.tools, None) if call.tools else None
+                    cur = conn.execute(
+                        """INSERT INTO calls (session_id, position, stage, model, created_at, prompt, tools, response,
+                           tool_calls, finish_reason, prompt_tokens, completion_tokens, latency, content_hash,
+                           source_file, source_offset, format, metadata, imported_at)
+                           VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
+                        (session_id, position, stage, call.model or session.model,
+                         call.created_at, json.dumps(prompt_ids), tools_id, call.response,
+                         _json_or_none(call.tool_calls), call.finish_reason, call.prompt_tokens,
+                         call.completion_tokens, call.latency, content_hash, source_file, call.source_offset, fmt,
+                         _json_or_none(call.metadata), now),
+                    )
+                    new_texts.append(("r", cur.lastrowid, call.response))
+                    stage_of_response[cur.lastrowid] = stage
+                    counts.calls += 1
+            if tokenize is not None and new_texts:
+                lengths = self._store_tokens(new_texts, tokenize)
+                for (kind, ref, _), n in zip(new_texts, lengths, strict=True):
+                    if kind == "r":
+                        result.stage(stage_of_response[ref]).output_tokens += n
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        return result
+
+    def _blob(self, value, new_texts: list | None) -> int:
+        text = canonical_json(value)
+        h = digest(text)
+        row = self.conn.execute("SELECT id FROM blobs WHERE hash=?", (h,)).fetchone()
+        if row:
+            return row[0]
+        blob_id = self.conn.execute("INSERT INTO blobs (hash, json) VALUES (?, ?)", (h, text)).lastrowid
+        if new_texts is not None:
+            from agentaccel.traces.render import render_message
+
+            new_texts.append(("b", blob_id, render_message(value)))
+        return blob_id
+
+    def _store_tokens(self, items: list[tuple[str, int, str]], tokenize) -> list[int]:
+        fingerprint, encode = tokenize
+        ids = encode([text for _, _, text in items])
+        self.conn.executemany(
+            "INSERT OR REPLACE INTO tokens (kind, ref, tokenizer, ids) VALUES (?,?,?,?)",
+            [(kind, ref, fingerprint, pack_ids(tok)) for (kind, ref, _), tok in zip(items, ids, strict=True)],
+        )
+        return [len(tok) for tok in ids]
+
+    def ensure_tokens(self, tokenizer, stage: str | None = None, batch: int = 2000) -> None:
+        """Tokenizes whatever the cache lacks for `tokenizer` (e.g. after a tokenizer change)."""
+        from agentaccel.traces.render import render_message
+
+        fp = tokenizer.fingerprint
+        stage_clause = "c.stage = ? AND " if stage else ""
+        missing_r = self.conn.execute(
+            f"""SELECT c.id, c.response FROM calls c WHERE {stage_clause} NOT EXISTS
+                (SELECT 1 FROM tokens t WHERE t.kind='r' AND t.ref=c.id AND t.tokenizer=?)""",
+            [*([stage] if stage else []), fp],
+        ).fetchall()
+        missing_b = self.conn.execute(
+            "SELECT b.id, b.json FROM blobs b WHERE NOT EXISTS (SELECT 1 FROM tokens t WHERE t.kind='b' AND t.ref=b.id "
+            "AND t.tokenizer=?)",
+            (fp,),
+        ).fetchall()
+        items = [("r", i, text) for i, text in missing_r] + [("b", i, render_message(json.loads(j)))
+                                                            for i, j in missing_b]
+        for start in range(0, len(items), batch):
+            self.conn.execute("BEGIN IMMEDIATE")
+            try:
+                self._store_tokens(items[start : start + batch], (fp, tokenizer.encode_batch))
+                self.conn.execute("COMMIT")
+            except BaseException:
+                self.conn.execute("ROLLBACK")
+                raise
+
+    # ------------------------------------------------------------------ reading
+    def iter_calls(
+        self,
+        *,
+        stage: str | None = None,
+        session_id: int | None = None,
+        model: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        newest_first: bool = False,
+        limit: int | None = None,
+    ) -> Iterator[StoredCall]:
+        """Calls in time order (recorded time, then import order), filtered as asked."""
+        clauses, args = [], []
+        for column, value in (("stage", stage), ("session_id", session_id), ("model", model)):
+            if value is not None:
+                clauses.append(f"{column} = ?")
+                args.append(value)
+        if since is not None:
+            clauses.append("created_at >= ?")
+            args.append(since)
+        if until is not None:
+            clauses.append("created_at < ?")
+            args.append(until)
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        order = "DESC" if newest_first else "ASC"
+        sql = (f"SELECT id, session_id, position, stage, model, created_at, prompt, response, tool_calls, finish_reason, "
+               f"source_file FROM calls {where} ORDER BY COALESCE(created_at, 0) {order}, session_id {order}, "
+               f"position {order}, id {order}")
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        blob_cache: dict[int, dict] = {}
+        for row in self.conn.execute(sql, args).fetchall():
+            prompt_ids = json.loads(row[6])
+            yield StoredCall(row[0], row[1], row[2], row[3], row[4], row[5], self._messages(prompt_ids, blob_cache),
+                             row[7], json.loads(row[8]) if row[8] else None, row[9], row[10])
+
+    def _messages(self, ids: list[int], cache: dict[int, dict]) -> list[dict]:
+        missing = [i for i in ids if i not in cache]
+        if missing:
+            for start in range(0, len(missing), 500):
+                chunk = missing[start : start + 500]
+                q = f"SELECT id, json FROM blobs WHERE id IN ({','.join('?' * len(chunk))})"
+                for blob_id, text in self.conn.execute(q, chunk):
+                    cache[blob_id] = json.loads(text)
+        return [cache[i] for i in ids]
+
+    def stage_outputs(self, stage: str, newest_first: bool = False) -> Iterator[StoredCall]:
+        """All finished outputs of stage S, oldest first (or newest first)."""
+        return self.iter_calls(stage=stage, newest_first=newest_first)
+
+    def response_tokens(self, call_ids: list[int], tokenizer_fingerprint: str) -> dict[int, np.ndarray]:
+        out: dict[int, np.ndarray] = {}
+        for start in range(0, len(call_ids), 500):
+            chunk = call_ids[start : start + 500]
+            q = (f"SELECT ref, ids FROM tokens WHERE kind='r' AND tokenizer=? AND ref IN ({','.join('?' * len(chunk))})")
+            for ref, blob in self.conn.execute(q, [tokenizer_fingerprint, *chunk]):
+                out[ref] = unpack_ids(blob)
+        return out
+
+    def prompt_tokens(self, call_id: int, tokenizer_fingerprint: str) -> np.ndarray:
+        """The call's prompt as token ids: its messages' cached segments, back to back."""
+        (prompt,) = self.conn.execute("SELECT prompt FROM calls WHERE id=?", (call_id,)).fetchone()
+        ids = json.loads(prompt)
+        if not ids:
+            return np.zeros(0, dtype=np.uint32)
+        q = f"SELECT ref, ids FROM tokens WHERE kind='b' AND tokenizer=? AND ref IN ({','.join('?' * len(ids))})"
+        segments = {ref: unpack_ids(blob) for ref, blob in self.conn.execute(q, [tokenizer_fingerprint, *ids])}
+        return np.concatenate([segments[i] for i in ids])
+
+    def counts_by_stage(self) -> dict[str, dict[str, int]]:
+        rows = self.conn.execute(
+            "SELECT stage, COUNT(*), COUNT(DISTINCT session_id) FROM calls GROUP BY stage ORDER BY stage"
+        ).fetchall()
+        return {stage: {"calls": calls, "sessions": sessions} for stage, calls, sessions in rows}
+
+    def token_totals_by_stage(self, tokenizer_fingerprint: str) -> dict[str, dict[str, int]]:
+        """Prompt and response token totals per stage from the token cache (4 bytes per id)."""
+        out: dict[str, dict[str, int]] = {}
+        rows = self.conn.execute(
+            """SELECT c.stage, SUM(LENGTH(t.ids)) / 4 FROM calls c JOIN tokens t
+               ON t.kind='r' AND t.ref=c.id AND t.tokenizer=? GROUP BY c.stage""",
+            (tokenizer_fingerprint,),
+        ).fetchall()
+        for stage, n in rows:
+            out.setdefault(stage, {"prompt_tokens": 0, "response_tokens": 0})["response_tokens"] = int(n or 0)
+        seg = dict(self.conn.execute("SELECT ref, LENGTH(ids) / 4 FROM tokens WHERE kind='b' AND tokenizer=?",
+                                     (tokenizer_fingerprint,)).fetchall())
+        for stage, prompt in self.conn.execute("SELECT stage, prompt FROM calls"):
+            entry = out.setdefault(stage, {"prompt_tokens": 0, "response_tokens": 0})
+            entry["prompt_tokens"] += sum(seg.get(i, 0) for i in json.loads(prompt))
+        return out
+
+    def total_calls(self) -> int:
+        return self.conn.execute("SELECT COUNT(*) FROM calls").fetchone()[0]
+
+    def check(self) -> None:
+        """Raises if the database is damaged or a call lacks what it refers to."""
+        (result,) = self.conn.execute("PRAGMA integrity_check").fetchone()
+        if result != "ok":
+            raise ValueError(f"{self.path}: integrity check failed: {result}")
+        orphans = self.conn.execute(
+            "SELECT COUNT(*) FROM calls c LEFT JOIN sessions s ON s.id = c.session_id WHERE s.id IS NULL"
+        ).fetchone()[0]
+        if orphans:
+            raise ValueError(f"{self.path}: {orphans} calls without a session")
+        for (prompt,) in self.conn.execute("SELECT prompt FROM calls"):
+            ids = json.loads(prompt)
+            if ids:
+                n = self.conn.execute(f"SELECT COUNT(*) FROM blobs WHERE id IN ({','.join('?' * len(ids))})",
+                                      ids).fetchone()[0]
+                if n != len(set(ids)):
+                    raise ValueError(f"{self.path}: a call refers to missing messages")
+
+
+def _json_or_none(value) -> str | None:
+    return None if value is None else canonical_json(value)
