@@ -18,7 +18,7 @@ app.add_typer(bench_app, name="bench")
 traces_app = typer.Typer(help="Inspect the trace store.", no_args_is_help=True)
 app.add_typer(traces_app, name="traces")
 console = Console(width=None if sys.stdout.isatty() else 120)
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # error lines stay whole (grep-able, copy-able)
 
 DbOption = Annotated[Path | None, typer.Option("--db", help="Trace store (default $AGENTACCEL_DB or "
                                                            "~/.agentaccel/traces.db).")]
@@ -198,3 +198,7 @@ def export_traces_cmd(
 
 def main() -> None:
     app()
+
+
+if __name__ == "__main__":
+    main()

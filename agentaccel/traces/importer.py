@@ -13,6 +13,7 @@ from agentaccel.traces.stages import resolve_stage
 from agentaccel.traces.store import TraceStore, WriteResult
 
 DEFAULT_MAX_FILE_BYTES = 1 << 30
+TRACE_SUFFIXES = {".traj", ".jsonl"}  # files of these kinds that cannot be read are reported
 
 
 @dataclass
@@ -96,16 +97,17 @@ def import_traces(
     for n, source in enumerate(sources):
         if on_source:
             on_source(source, n, len(sources))
-        if source.format is None:
-            report.unrecognized.append(source)
-            if source.reason == "no such file or folder" and on_skip:
-                report.skipped_files.append((source.path, source.reason))
-                on_skip(source.path, source.reason)
-            continue
-        if source.path.is_dir() and source.format not in FOLDER_FORMATS:
+        if source.reason == "no such file or folder":
+            reason = source.reason
+        elif source.path.is_dir() and source.format not in FOLDER_FORMATS:
             reason = f"format {source.format} reads files, not folders"
+        elif source.format is None and source.path.suffix.lower() not in TRACE_SUFFIXES:
+            report.unrecognized.append(source)  # README.md, schemas, ...: not ours, not an error
+            continue
         else:
             reason = precheck(source.path, max_file_bytes)
+            if reason is None and source.format is None:
+                reason = "not in any known trace format"
         sessions = None
         if reason is None:
             try:

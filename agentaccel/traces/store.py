@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import sqlite_utils
 
-from agentaccel.traces.records import Call, Session, canonical_json, digest
+from agentaccel.traces.records import Session, canonical_json, digest
 
 SCHEMA_VERSION = 1
 

@@ -1,0 +1,45 @@
+"""The `agentaccel` command line, run as a user would."""
+
+import json
+import subprocess
+import sys
+
+from traces_fixtures import write_v0_logs
+
+
+def agentaccel(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "agentaccel.cli.main", *args], capture_output=True, text=True, **kw)
+
+
+def test_every_command_has_help():
+    for cmd in ([], ["bench"], ["bench", "engine"], ["import-traces"], ["traces", "stats"], ["export-traces"]):
+        out = agentaccel(*cmd, "--help")
+        assert out.returncode == 0 and "Usage" in out.stdout, cmd
+
+
+def test_import_stats_export(tmp_path):
+    write_v0_logs(tmp_path / "logs" / "run1", n=3)
+    db = str(tmp_path / "t.db")
+    out = agentaccel("import-traces", str(tmp_path / "logs"), "--db", db, "--dry-run")
+    assert out.returncode == 0 and "dry run" in out.stdout
+    assert not (tmp_path / "t.db").exists()
+    out = agentaccel("import-traces", str(tmp_path / "logs"), "--db", db)
+    assert out.returncode == 0, out.stderr
+    assert "openhands:CodeActAgent" in out.stdout and "│     3 │" in out.stdout
+    out = agentaccel("traces", "stats", "--db", db)
+    assert out.returncode == 0 and "openhands:CodeActAgent" in out.stdout
+    out = agentaccel("export-traces", "--db", db, "--stage", "openhands:CodeActAgent", "--out", str(tmp_path / "e.jsonl"))
+    assert out.returncode == 0
+    rows = [json.loads(line) for line in (tmp_path / "e.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and rows[0]["messages"][-1]["role"] == "assistant"
+
+
+def test_bad_input_gets_a_clear_message(tmp_path):
+    out = agentaccel("import-traces", str(tmp_path), "--format", "nonsense", "--db", str(tmp_path / "t.db"))
+    assert out.returncode == 2 and "unknown format 'nonsense'" in out.stderr
+    (tmp_path / "broken.traj").write_text("{not json")
+    out = agentaccel("import-traces", str(tmp_path / "broken.traj"), "--db", str(tmp_path / "t.db"))
+    assert out.returncode == 0 and "broken.traj" in out.stderr and "invalid JSON" in out.stderr
+    (tmp_path / "bad.db").write_bytes(b"garbage" * 1000)
+    out = agentaccel("traces", "stats", "--db", str(tmp_path / "bad.db"))
+    assert out.returncode == 2 and "bad.db" in out.stderr and "not a usable trace store" in out.stderr

@@ -1,0 +1,187 @@
+"""Trace store and importers: fixtures of every OpenHands shape, malformed inputs, round trips."""
+
+import json
+import sqlite3
+
+import pytest
+from traces_fixtures import write_mock_pairs, write_output_jsonl, write_sdk_log, write_v0_logs
+
+from agentaccel.traces.export import export_calls
+from agentaccel.traces.importer import import_traces
+from agentaccel.traces.store import TraceStore
+from agentaccel.traces.tokenization import load_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer()
+
+
+def run(paths, db, tok=None, **kw):
+    with TraceStore(db) as store:
+        return import_traces(list(paths), store, tokenizer=tok, **kw)
+
+
+def all_calls(db, **filters):
+    with TraceStore(db) as store:
+        return list(store.iter_calls(**filters))
+
+
+def test_openhands_v0_logs_use_what_the_model_saw(tmp_path, tok):
+    replies = write_v0_logs(tmp_path / "logs" / "completions" / "session-1", n=3, prompt_mode=True)
+    report = run([tmp_path / "logs"], tmp_path / "t.db", tok)
+    calls = all_calls(tmp_path / "t.db")
+    assert [c.response for c in calls] == replies  # `response`, not the converted fncall_response
+    assert {c.stage for c in calls} == {"openhands:CodeActAgent"}  # from the metadata tag
+    assert len({c.session_id for c in calls}) == 1
+    assert [len(c.messages) for c in calls] == [2, 4, 6]
+    assert calls[0].messages[0]["content"].startswith("You are OpenHands")
+    assert report.rows[("openhands-completion", "openhands:CodeActAgent")].calls == 3
+
+
+def test_openhands_sdk_log_prefers_raw_view(tmp_path, tok):
+    raw = write_sdk_log(tmp_path / "sdk.json", prompt_mode=True)
+    run([tmp_path / "sdk.json"], tmp_path / "t.db", tok)
+    (call,) = all_calls(tmp_path / "t.db")
+    assert call.response == raw
+    assert call.stage == "openhands:condenser"
+    assert "tools described in text" in call.messages[-1]["content"]
+    write_sdk_log(tmp_path / "native.json", prompt_mode=False)
+    run([tmp_path / "native.json"], tmp_path / "n.db", tok)
+    (native,) = all_calls(tmp_path / "n.db")
+    assert native.tool_calls[0]["function"]["name"] == "execute_bash"
+    assert "execute_bash" in native.response  # tool calls count as produced text
+
+
+def test_openhands_output_jsonl(tmp_path, tok):
+    responses = write_output_jsonl(tmp_path / "output.jsonl", instances=2)
+    run([tmp_path / "output.jsonl"], tmp_path / "t.db", tok)
+    calls = all_calls(tmp_path / "t.db")
+    assert len(calls) == responses == 6  # the response shared by two actions counts once
+    assert calls[0].messages == [{"role": "user", "content": "Solve issue 0"}]
+    assert len({c.session_id for c in calls}) == 2
+
+
+def test_openhands_mock_pairs(tmp_path, tok):
+    write_mock_pairs(tmp_path / "CodeActAgent" / "test_write_file", n=3)
+    run([tmp_path], tmp_path / "t.db", tok)
+    calls = all_calls(tmp_path / "t.db")
+    assert [c.response for c in calls] == [f"<execute_ipython>\nprint({i})\n</execute_ipython>" for i in (1, 2, 3)]
+    assert {c.stage for c in calls} == {"openhands:CodeActAgent"}
+
+
+def test_chat_jsonl_stage_tags_and_validation(tmp_path, tok):
+    rows = [
+        {"messages": [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "SELECT 1"}],
+         "stage": "sql"},
+        {"messages": [{"role": "user", "content": "q2"}, {"role": "assistant", "content": "yes"}],
+         "metadata": {"tags": ["agent:condenser"]}},
+        {"messages": [{"role": "user", "content": "q3"}, {"role": "assistant", "content": "plain"}]},
+    ]
+    path = tmp_path / "calls.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    run([path], tmp_path / "t.db", tok)
+    assert sorted(c.stage for c in all_calls(tmp_path / "t.db")) == ["default", "openhands:condenser", "sql"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(rows[0]) + "\n" + json.dumps({"messages": [{"role": "user", "content": "x"}]}) + "\n")
+    report = run([bad], tmp_path / "t.db", tok)
+    assert report.skipped_files and "last message must be the assistant" in report.skipped_files[0][1]
+    assert len(all_calls(tmp_path / "t.db")) == 3  # the bad file wrote nothing, not even its good line
+
+
+@pytest.mark.parametrize(
+    "name, content, reason",
+    [
+        ("truncated.traj", b'{"history": [{"role": "user", "content": "hi"}', "invalid JSON"),
+        ("binary.jsonl", b"\x00\x01\x02\x03" * 100, "binary file"),
+        ("empty.jsonl", b"", "empty file"),
+        ("latin1.jsonl", '{"messages": "caf\xe9"}'.encode("latin-1"), "UTF-8"),
+        ("nohistory.traj", b'{"trajectory": []}', "history"),
+        ("badline.jsonl", b'{"messages": [{"role": "assistant", "content": "a"}]}\n{oops\n', "line 2"),
+        ("huge.traj", b'{"history": []}' + b" " * 5000, "over the 4,096-byte limit"),
+    ],
+    ids=["truncated", "binary", "empty", "not-utf8", "no-history", "bad-line", "huge"],
+)
+def test_malformed_files_are_skipped_with_a_reason(tmp_path, tok, name, content, reason):
+    good = tmp_path / "good.jsonl"
+    good.write_text(json.dumps({"messages": [{"role": "user", "content": "q"},
+                                             {"role": "assistant", "content": "a"}]}))
+    (tmp_path / name).write_bytes(content)
+    skipped = []
+    report = run([tmp_path], tmp_path / "t.db", tok, max_file_bytes=4096, on_skip=lambda p, r: skipped.append((p, r)))
+    assert [(p.name, reason in r) for p, r in skipped] == [(name, True)], skipped
+    assert report.calls == 1 and len(all_calls(tmp_path / "t.db")) == 1
+
+
+def test_missing_path_and_unknown_files(tmp_path):
+    skipped = []
+    (tmp_path / "README.md").write_text("# not a trace")
+    (tmp_path / "odd.jsonl").write_text('{"hello": 1}\n')
+    (tmp_path / "src").mkdir()
+    for name in ("README.md", "odd.jsonl"):
+        (tmp_path / name).rename(tmp_path / "src" / name)
+    report = run([tmp_path / "nope", tmp_path / "src"], tmp_path / "t.db",
+                 on_skip=lambda p, r: skipped.append((p.name, r)))
+    assert skipped == [("nope", "no such file or folder"), ("odd.jsonl", "not in any known trace format")]
+    assert [s.path.name for s in report.unrecognized] == ["README.md"]
+
+
+def test_not_a_database_gives_a_clear_error(tmp_path):
+    bad = tmp_path / "t.db"
+    bad.write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(ValueError, match="not a usable trace store"):
+        TraceStore(bad)
+
+
+def test_export_then_import_round_trip(tmp_path, tok):
+    write_v0_logs(tmp_path / "logs" / "s1", n=4)
+    write_output_jsonl(tmp_path / "output.jsonl")
+    db = tmp_path / "t.db"
+    run([tmp_path / "logs", tmp_path / "output.jsonl"], db, tok)
+    out = tmp_path / "export.jsonl"
+    with TraceStore(db) as store:
+        assert export_calls(store, out) == 10
+    again = run([out], db, tok)  # same store: nothing new
+    assert again.calls == 0 and sum(r.skipped for r in again.rows.values()) == 10
+    run([out], tmp_path / "fresh.db", tok)  # fresh store: the same calls
+    key = lambda c: (c.stage, c.response, json.dumps(c.messages))  # noqa: E731
+    assert sorted(map(key, all_calls(tmp_path / "fresh.db"))) == sorted(map(key, all_calls(db)))
+
+
+def test_dry_run_writes_nothing(tmp_path, tok):
+    write_v0_logs(tmp_path / "logs" / "s1", n=2)
+    report = import_traces([tmp_path / "logs"], None, tokenizer=tok)
+    assert report.calls == 2 and sum(r.tokens for r in report.rows.values()) > 0
+    assert not (tmp_path / "t.db").exists()
+
+
+def test_prompt_tokens_are_the_rendered_prompt(tmp_path, tok):
+    """Cached per-message segments, back to back, tokenize exactly like the whole rendered prompt."""
+    from agentaccel.traces.render import render_message
+
+    write_v0_logs(tmp_path / "logs" / "s1", n=3)
+    db = tmp_path / "t.db"
+    run([tmp_path / "logs"], db, tok)
+    with TraceStore(db) as store:
+        for call in store.iter_calls():
+            whole = tok.encode("".join(render_message(m) for m in call.messages))
+            assert store.prompt_tokens(call.id, tok.fingerprint).tolist() == whole
+            (ids,) = store.response_tokens([call.id], tok.fingerprint).values()
+            assert ids.tolist() == tok.encode(call.response)
+
+
+def test_store_is_wal_and_queries_filter(tmp_path, tok):
+    write_v0_logs(tmp_path / "logs" / "s1", n=3)
+    write_sdk_log(tmp_path / "sdk.json")
+    db = tmp_path / "t.db"
+    run([tmp_path], db, tok)
+    assert sqlite3.connect(db).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    with TraceStore(db) as store:
+        assert store.counts_by_stage() == {"openhands:CodeActAgent": {"calls": 3, "sessions": 1},
+                                           "openhands:condenser": {"calls": 1, "sessions": 1}}
+        times = [c.created_at for c in store.iter_calls()]
+        assert times == sorted(times)
+        assert [c.created_at for c in store.stage_outputs("openhands:CodeActAgent", newest_first=True)] == sorted(
+            [t for t in times if t < 1_700_000_100], reverse=True)
+        assert len(list(store.iter_calls(since=1_700_000_001, until=1_700_000_100))) == 2
+        store.check()

@@ -1,0 +1,88 @@
+"""Builders of trace files in the documented shapes (OpenHands V0/SDK completion logs,
+evaluation output.jsonl, mock prompt/response pairs) for tests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+SYSTEM = {"role": "system", "content": "You are OpenHands agent, a helpful AI assistant."}
+
+
+def model_response(content, tool_calls=None, rid="chatcmpl-1", model="gpt-4o"):
+    return {
+        "id": rid, "model": model, "object": "chat.completion",
+        "choices": [{"index": 0, "finish_reason": "tool_calls" if tool_calls else "stop",
+                     "message": {"role": "assistant", "content": content, "tool_calls": tool_calls}}],
+        "usage": {"prompt_tokens": 120, "completion_tokens": 17, "total_tokens": 137},
+    }
+
+
+def write_v0_logs(folder: Path, n: int = 3, prompt_mode: bool = False) -> list[str]:
+    """V0 per-call completion logs; in prompt mode `fncall_*` hold the converted view."""
+    folder.mkdir(parents=True, exist_ok=True)
+    replies = []
+    history = [SYSTEM, {"role": "user", "content": "Fix the failing test in utils.py"}]
+    for i in range(n):
+        reply = f"<execute_bash>\npytest tests/test_utils.py -k case{i}\n</execute_bash>"
+        replies.append(reply)
+        record = {
+            "messages": history, "response": model_response(reply, rid=f"r{i}"),
+            "args": [], "kwargs": {"metadata": {"tags": ["agent:CodeActAgent", "web_host:x"]}},
+            "timestamp": 1_700_000_000.0 + i, "cost": 0.001,
+        }
+        if prompt_mode:
+            record["fncall_messages"] = [{"role": "user", "content": "converted view"}]
+            record["fncall_response"] = model_response(None, tool_calls=[{"id": "t", "type": "function",
+                                                                         "function": {"name": "bash", "arguments": "{}"}}])
+        (folder / f"{1_700_000_000 + i}.json").write_text(json.dumps(record))
+        history = [*history, {"role": "assistant", "content": reply}, {"role": "user", "content": f"obs {i}"}]
+    return replies
+
+
+def write_sdk_log(path: Path, prompt_mode: bool = True) -> str:
+    tool_call = {"id": "call_1", "type": "function",
+                 "function": {"name": "execute_bash", "arguments": "{\"command\": \"ls\"}"}}
+    record = {
+        "messages": [SYSTEM, {"role": "user", "content": "List files"}],
+        "tools": [{"type": "function", "function": {"name": "execute_bash"}}],
+        "kwargs": {"metadata": {"tags": ["agent:condenser"]}},
+        "response": model_response(None, tool_calls=[tool_call]),
+        "cost": 0.0, "timestamp": 1_700_000_100.0, "latency_sec": 1.25,
+        "usage_summary": {"prompt_tokens": 50}, "context_window": 128000,
+    }
+    raw_text = "I will list the files.\n<function=execute_bash>\n<parameter=command>ls</parameter>\n</function>"
+    if prompt_mode:
+        record["raw_messages"] = [SYSTEM, {"role": "user", "content": "List files (tools described in text)"}]
+        record["raw_response"] = model_response(raw_text)
+    path.write_text(json.dumps(record))
+    return raw_text
+
+
+def write_output_jsonl(path: Path, instances: int = 2) -> int:
+    """Evaluation output: agent events carry the full model response; one response may produce
+    two actions (both events carry it). Returns the number of distinct responses."""
+    lines = []
+    responses = 0
+    for k in range(instances):
+        events = [{"id": 0, "source": "user", "message": f"Solve issue {k}", "timestamp": "2024-11-01T10:00:00"}]
+        for step in range(3):
+            resp = model_response(f"step {step} of {k}", rid=f"i{k}s{step}")
+            responses += 1
+            events.append({"id": len(events), "source": "agent", "message": f"run step {step}",
+                           "tool_call_metadata": {"model_response": resp}, "timestamp": "2024-11-01T10:00:05"})
+            if step == 1:  # a second action from the same response
+                events.append({"id": len(events), "source": "agent", "message": "second action",
+                               "tool_call_metadata": {"model_response": resp}})
+            events.append({"id": len(events), "source": "environment", "content": f"observation {step}"})
+        lines.append(json.dumps({"instance_id": f"repo__issue-{k}", "history": events,
+                                 "metadata": {"model_name": "gpt-4o"}}))
+    path.write_text("\n".join(lines) + "\n")
+    return responses
+
+
+def write_mock_pairs(folder: Path, n: int = 3) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(1, n + 1):
+        (folder / f"prompt_{i:03d}.log").write_text(f"----------\nSYSTEM: flattened prompt {i}\n")
+        (folder / f"response_{i:03d}.log").write_text(f"<execute_ipython>\nprint({i})\n</execute_ipython>")
