@@ -28,7 +28,8 @@ def test_import_stats_export(tmp_path):
     assert "openhands:CodeActAgent" in out.stdout and "│     3 │" in out.stdout
     out = agentaccel("traces", "stats", "--db", db)
     assert out.returncode == 0 and "openhands:CodeActAgent" in out.stdout
-    out = agentaccel("export-traces", "--db", db, "--stage", "openhands:CodeActAgent", "--out", str(tmp_path / "e.jsonl"))
+    out = agentaccel("export-traces", "--db", db, "--stage", "openhands:CodeActAgent",
+                     "--out", str(tmp_path / "e.jsonl"))
     assert out.returncode == 0
     rows = [json.loads(line) for line in (tmp_path / "e.jsonl").read_text().splitlines()]
     assert len(rows) == 3 and rows[0]["messages"][-1]["role"] == "assistant"

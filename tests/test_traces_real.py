@@ -42,7 +42,7 @@ def test_swe_agent_trajectories_yield_6165_calls(swe_db):
             by_session.setdefault(c.session_id, []).append(c)
         for session_calls in by_session.values():
             session_calls.sort(key=lambda c: c.position)
-            for a, b in zip(session_calls, session_calls[1:]):
+            for a, b in zip(session_calls, session_calls[1:], strict=False):
                 assert b.messages[: len(a.messages)] == a.messages
                 assert b.messages[len(a.messages)] == {"role": "assistant", "content": a.response}
         models = {m for (m,) in store.conn.execute("SELECT DISTINCT model FROM calls WHERE format='swe-agent-traj'")}
@@ -96,7 +96,7 @@ def test_kill_9_during_import_keeps_committed_calls(tmp_path):
         # Each trajectory is one transaction: every surviving session has all of its calls.
         import json
 
-        for key, source_file, n in store.conn.execute(
+        for _key, source_file, n in store.conn.execute(
                 "SELECT s.key, s.source, COUNT(c.id) FROM sessions s JOIN calls c ON c.session_id=s.id GROUP BY s.id"):
             history = json.loads(Path(source_file).read_text())["history"]
             assert n == sum(1 for m in history if m["role"] == "assistant" and not m.get("is_demo"))

@@ -33,8 +33,8 @@ def write_v0_logs(folder: Path, n: int = 3, prompt_mode: bool = False) -> list[s
         }
         if prompt_mode:
             record["fncall_messages"] = [{"role": "user", "content": "converted view"}]
-            record["fncall_response"] = model_response(None, tool_calls=[{"id": "t", "type": "function",
-                                                                         "function": {"name": "bash", "arguments": "{}"}}])
+            call = {"id": "t", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
+            record["fncall_response"] = model_response(None, tool_calls=[call])
         (folder / f"{1_700_000_000 + i}.json").write_text(json.dumps(record))
         history = [*history, {"role": "assistant", "content": reply}, {"role": "user", "content": f"obs {i}"}]
     return replies

@@ -181,7 +181,8 @@ class TraceStore:
                 new_session = row is None
                 if new_session:
                     cur = conn.execute(
-                        "INSERT INTO sessions (key, source, framework, model, started_at, metadata) VALUES (?,?,?,?,?,?)",
+                        "INSERT INTO sessions (key, source, framework, model, started_at, metadata) "
+                        "VALUES (?,?,?,?,?,?)",
                         (session.key, source_file, session.framework, session.model, session.started_at,
                          _json_or_none(session.metadata)),
                     )
@@ -302,9 +303,9 @@ class TraceStore:
             args.append(until)
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
         order = "DESC" if newest_first else "ASC"
-        sql = (f"SELECT id, session_id, position, stage, model, created_at, prompt, response, tool_calls, finish_reason, "
-               f"source_file FROM calls {where} ORDER BY COALESCE(created_at, 0) {order}, session_id {order}, "
-               f"position {order}, id {order}")
+        sql = ("SELECT id, session_id, position, stage, model, created_at, prompt, response, tool_calls, "
+               f"finish_reason, source_file FROM calls {where} "
+               f"ORDER BY COALESCE(created_at, 0) {order}, session_id {order}, position {order}, id {order}")
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
         blob_cache: dict[int, dict] = {}
@@ -331,7 +332,8 @@ class TraceStore:
         out: dict[int, np.ndarray] = {}
         for start in range(0, len(call_ids), 500):
             chunk = call_ids[start : start + 500]
-            q = (f"SELECT ref, ids FROM tokens WHERE kind='r' AND tokenizer=? AND ref IN ({','.join('?' * len(chunk))})")
+            marks = ",".join("?" * len(chunk))
+            q = f"SELECT ref, ids FROM tokens WHERE kind='r' AND tokenizer=? AND ref IN ({marks})"
             for ref, blob in self.conn.execute(q, [tokenizer_fingerprint, *chunk]):
                 out[ref] = unpack_ids(blob)
         return out

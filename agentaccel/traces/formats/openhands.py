@@ -63,7 +63,8 @@ def parse_completion_log(path: Path) -> list[Session]:
     call = Call(
         messages=messages, response=text, tool_calls=tool_calls, tools=data.get("tools") or kwargs.get("tools"),
         stage=explicit_stage(metadata), model=model, created_at=_float(data.get("timestamp")),
-        finish_reason=finish, prompt_tokens=usage.get("prompt_tokens"), completion_tokens=usage.get("completion_tokens"),
+        finish_reason=finish, prompt_tokens=usage.get("prompt_tokens"),
+        completion_tokens=usage.get("completion_tokens"),
         latency=_float(data.get("latency_sec")),
         metadata={"file": path.name, "cost": data.get("cost"), **({"tags": metadata["tags"]} if "tags" in metadata
                                                                   else {}),
