@@ -59,7 +59,9 @@ NB_MODULE(_core, m) {
       .def_rw("trees", &SpecParams::trees)
       .def_rw("cost", &SpecParams::cost)
       .def_rw("max_sources", &SpecParams::max_sources)
-      .def_rw("length_power", &SpecParams::length_power);
+      .def_rw("length_power", &SpecParams::length_power)
+      .def_rw("escape", &SpecParams::escape)
+      .def_rw("escape_length", &SpecParams::escape_length);
 
   nb::class_<agentaccel::Predictability>(m, "Predictability")
       .def_ro("positions", &agentaccel::Predictability::positions)
@@ -84,14 +86,15 @@ NB_MODULE(_core, m) {
       .def("document_ids", &Engine::document_ids, "stage"_a, Release())
       .def("stage_names", &Engine::stage_names, Release())
       .def("start_request",
-           [](Engine& e, const std::string& rid, Tokens t, const std::string& stage) {
-             e.start_request(rid, t.data(), t.shape(0), stage);
+           [](Engine& e, const std::string& rid, Tokens t, const std::string& stage, const std::string& from) {
+             return e.start_request(rid, t.data(), t.shape(0), stage, from);
            },
-           "req_id"_a, "prompt"_a, "stage"_a, Release())
+           "req_id"_a, "prompt"_a, "stage"_a, "continue_from"_a, Release())
       .def("extend", [](Engine& e, const std::string& rid, Tokens t) { e.extend(rid, t.data(), t.shape(0)); },
            "req_id"_a, "tokens"_a, Release())
       .def("speculate", &Engine::speculate, "req_id"_a, "params"_a, Release())
-      .def("finish_request", &Engine::finish_request, "req_id"_a, "keep_output"_a, Release())
+      .def("finish_request", &Engine::finish_request, "req_id"_a, "keep_output"_a, "retain"_a, Release())
+      .def("prompt_lookup", &Engine::prompt_lookup, "req_id"_a, "min_n"_a, "max_n"_a, "k"_a, Release())
       .def("request_tokens", &Engine::request_tokens, "req_id"_a, Release())
       .def("has_request", &Engine::has_request, "req_id"_a, Release())
       .def("stage_stats", &Engine::stage_stats, Release())

@@ -29,7 +29,8 @@ struct Draft {
 struct Source {
   const Automaton* automaton;
   uint32_t state;
-  double weight;  // prior weight (mixture mode); ignored in paper mode
+  double weight;        // prior weight (mixture mode); ignored in paper mode
+  int32_t matched = 0;  // context tokens this source has matched so far (mixture calibration)
 };
 
 struct GrowLimits {
@@ -37,6 +38,9 @@ struct GrowLimits {
   int room = 1 << 30;       // deepest node depth allowed (max_depth - pattern length in paper mode)
   double min_prob = 0.1;    // nodes with D below this are never added
   double cost = 0.0;        // mixture mode: verification cost of one draft token, in steps
+  double escape = 0.0;      // mixture mode: PPM-style escape mass per distinct child (calibration)...
+  double escape_length = 0.0;  // ...divided by (1 + matched / escape_length) when > 0: long exact
+                               // matches predict their continuation better than short ones
   bool tree = true;         // false: a single path (linear draft)
   bool mixture = false;     // false: paper mode (summed counts)
 };

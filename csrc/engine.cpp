@@ -12,6 +12,7 @@
 #include <stdexcept>
 
 #include "errors.h"
+#include "prompt_lookup.h"
 
 namespace agentaccel {
 
@@ -182,17 +183,47 @@ std::shared_ptr<Engine::Request> Engine::find_request(const std::string& rid) {
   return it->second;
 }
 
-void Engine::start_request(const std::string& rid, const uint32_t* prompt, size_t n, const std::string& stage) {
+bool Engine::start_request(const std::string& rid, const uint32_t* prompt, size_t n, const std::string& stage,
+                           const std::string& continue_from) {
+  std::shared_ptr<Request> previous;
+  {
+    std::lock_guard lock(requests_mu_);
+    if (requests_.count(rid)) throw InvalidInput("request id already started: " + rid);
+    if (!continue_from.empty())
+      for (auto it = retained_.begin(); it != retained_.end(); ++it)
+        if (it->first == continue_from) {
+          previous = std::move(it->second);
+          retained_.erase(it);
+          break;
+        }
+  }
   auto req = std::make_shared<Request>();
   req->prompt_len = n;
-  req->sam.append(prompt, n);  // built before taking any lock: prompts can be long
+  bool reused = false;
+  if (previous) {
+    const auto& old = previous->sam.tokens();
+    const size_t have = old.size();  // read before the move below empties `old`
+    if (have <= n && std::equal(old.begin(), old.end(), prompt)) {
+      req->sam = std::move(previous->sam);
+      req->sam.append(prompt + have, n - have);
+      reused = true;
+    }
+  }
+  if (!reused) req->sam.append(prompt, n);  // built before taking any lock: prompts can be long
   {
     std::unique_lock lock(stages_mu_);
     req->stage = stage_index(stage);
   }
   std::lock_guard lock(requests_mu_);
-  if (!requests_.emplace(rid, std::move(req)).second)
-    throw InvalidInput("request id already started: " + rid);
+  if (!requests_.emplace(rid, std::move(req)).second) throw InvalidInput("request id already started: " + rid);
+  return reused;
+}
+
+Draft Engine::prompt_lookup(const std::string& rid, int min_n, int max_n, int k) {
+  auto req = find_request(rid);
+  std::lock_guard lock(req->mu);
+  const auto& toks = req->sam.tokens();
+  return agentaccel::prompt_lookup(toks.data(), toks.size(), min_n, max_n, k);
 }
 
 void Engine::extend(const std::string& rid, const uint32_t* tokens, size_t n) {
@@ -201,7 +232,7 @@ void Engine::extend(const std::string& rid, const uint32_t* tokens, size_t n) {
   req->sam.append(tokens, n);
 }
 
-int64_t Engine::finish_request(const std::string& rid, bool keep_output) {
+int64_t Engine::finish_request(const std::string& rid, bool keep_output, bool retain) {
   std::shared_ptr<Request> req;
   {
     std::lock_guard lock(requests_mu_);
@@ -210,15 +241,26 @@ int64_t Engine::finish_request(const std::string& rid, bool keep_output) {
     req = std::move(it->second);
     requests_.erase(it);
   }
-  std::lock_guard rlock(req->mu);
-  const auto& toks = req->sam.tokens();
-  if (!keep_output || toks.size() <= req->prompt_len) return -1;
-  std::string stage;
+  int64_t doc = -1;
   {
-    std::shared_lock lock(stages_mu_);
-    stage = stages_[req->stage]->name;
+    std::lock_guard rlock(req->mu);
+    const auto& toks = req->sam.tokens();
+    if (keep_output && toks.size() > req->prompt_len) {
+      std::string stage;
+      {
+        std::shared_lock lock(stages_mu_);
+        stage = stages_[req->stage]->name;
+      }
+      doc = int64_t(add_document(stage, toks.data() + req->prompt_len, toks.size() - req->prompt_len));
+    }
+    req->matches.clear();
   }
-  return int64_t(add_document(stage, toks.data() + req->prompt_len, toks.size() - req->prompt_len));
+  if (retain) {
+    std::lock_guard lock(requests_mu_);
+    retained_.emplace_back(rid, std::move(req));
+    if (retained_.size() > kMaxRetained) retained_.erase(retained_.begin());
+  }
+  return doc;
 }
 
 std::vector<uint32_t> Engine::request_tokens(const std::string& rid) {
@@ -362,7 +404,7 @@ Draft Engine::mixture(const std::vector<Tree>& trees, const SpecParams& params) 
       // Walk to shorter suffixes; each state that has continuations is one source of evidence.
       for (int taken = 0; taken < params.max_sources && st != 0;) {
         if (a.has_children(st)) {
-          sources.push_back(Source{&a, st, std::pow(double(len), params.length_power)});
+          sources.push_back(Source{&a, st, std::pow(double(len), params.length_power), len});
           match_len = std::max(match_len, len);
           ++taken;
         }
@@ -374,6 +416,8 @@ Draft Engine::mixture(const std::vector<Tree>& trees, const SpecParams& params) 
   lim.budget = params.max_tokens;
   lim.min_prob = params.min_prob;
   lim.cost = params.cost;
+  lim.escape = params.escape;
+  lim.escape_length = params.escape_length;
   lim.tree = params.tree;
   lim.mixture = true;
   bool ignored = false;
@@ -437,6 +481,7 @@ uint64_t Engine::request_bytes() {
   {
     std::lock_guard lock(requests_mu_);
     for (auto& kv : requests_) live.push_back(kv.second);
+    for (auto& kv : retained_) live.push_back(kv.second);
   }
   uint64_t total = 0;
   for (auto& r : live) {

@@ -34,6 +34,8 @@ struct SpecParams {
   double cost = 0.0;        // mixture: verification cost per draft token, in decoding steps
   int max_sources = 3;      // mixture: suffix lengths per tree mixed into one draft
   double length_power = 2.0;  // mixture: prior weight of a source = match_len ^ length_power
+  double escape = 0.0;      // mixture: escape mass per distinct continuation (probability calibration)
+  double escape_length = 0.0;  // mixture: escape shrinks as 1 / (1 + matched / escape_length) (0: constant)
 };
 
 // How predictable a token sequence is from a stage tree (the paper's empirical-entropy predictor).
@@ -60,12 +62,18 @@ class Engine {
   std::vector<std::string> stage_names() const;
 
   // Requests.
-  void start_request(const std::string& rid, const uint32_t* prompt, size_t n, const std::string& stage);
+  // `continue_from`: a retained finished request whose tokens are a prefix of `prompt` (the
+  // previous call of an agent session); its tree is reused instead of rebuilt. Returns whether it was.
+  bool start_request(const std::string& rid, const uint32_t* prompt, size_t n, const std::string& stage,
+                     const std::string& continue_from = "");
   void extend(const std::string& rid, const uint32_t* tokens, size_t n);
   Draft speculate(const std::string& rid, const SpecParams& params);
   // Frees the request; its output (tokens after the prompt) joins its stage's tree unless
   // `keep_output` is false. Returns the new document id, or -1 when nothing was added.
-  int64_t finish_request(const std::string& rid, bool keep_output);
+  // `retain`: keep the request tree (up to kMaxRetained, least recently finished dropped first)
+  // so that the next call of the same session can continue from it.
+  int64_t finish_request(const std::string& rid, bool keep_output, bool retain = false);
+  Draft prompt_lookup(const std::string& rid, int min_n, int max_n, int k);
   std::vector<uint32_t> request_tokens(const std::string& rid);
   bool has_request(const std::string& rid);
 
@@ -130,8 +138,10 @@ class Engine {
   uint64_t next_doc_id_ = 1;
   uint64_t evicted_docs_ = 0;
 
+  static constexpr size_t kMaxRetained = 64;
   std::mutex requests_mu_;
   std::unordered_map<std::string, std::shared_ptr<Request>> requests_;
+  std::vector<std::pair<std::string, std::shared_ptr<Request>>> retained_;  // oldest first
 };
 
 }  // namespace agentaccel

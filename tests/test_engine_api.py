@@ -254,3 +254,33 @@ def test_speculation_releases_the_gil():
     done.set()
     t.join()
     assert during > 100
+
+
+def test_request_continuation_reuses_the_tree_only_for_a_prefix():
+    eng = filled()
+    eng.start_request("c1", [1, 2, 3])
+    eng.extend("c1", [4, 5])
+    eng.finish_request("c1", retain=True)
+    assert eng.start_request("c2", [1, 2, 3, 4, 5, 6, 7], continue_from="c1")  # reused
+    assert eng.request_tokens("c2") == [1, 2, 3, 4, 5, 6, 7]
+    fresh = filled()
+    fresh.start_request("c2", [1, 2, 3, 4, 5, 6, 7])
+    for mode in ("paper", "agentaccel"):
+        a, b = eng.speculate("c2", 8, mode=mode), fresh.speculate("c2", 8, mode=mode)
+        assert (a.token_ids, a.probs) == (b.token_ids, b.probs)
+    eng.finish_request("c2", retain=True)
+    assert not eng.start_request("c3", [9, 9], continue_from="c2")  # not a prefix: rebuilt
+    assert eng.request_tokens("c3") == [9, 9]
+    assert not eng.start_request("c4", [1], continue_from="never-finished")
+    eng.check_integrity()
+
+
+def test_prompt_lookup_baseline():
+    eng = SuffixEngine()
+    eng.start_request("r", [5, 1, 2, 3, 7, 8, 9, 1, 2, 3, 4, 0, 1, 2, 3])
+    d = eng.prompt_lookup("r", min_n=2, max_n=3, k=3)
+    assert d.token_ids == [4, 0, 1] and d.parents == [-1, 0, 1] and d.match_len == 3  # most recent occurrence
+    eng.start_request("s", [1, 2, 3, 4])
+    assert eng.prompt_lookup("s").token_ids == []
+    with pytest.raises(ValueError):
+        eng.prompt_lookup("s", min_n=3, max_n=2)

@@ -17,7 +17,7 @@ bench_app = typer.Typer(help="Benchmarks (results are recorded in docs/BENCHMARK
 app.add_typer(bench_app, name="bench")
 traces_app = typer.Typer(help="Inspect the trace store.", no_args_is_help=True)
 app.add_typer(traces_app, name="traces")
-console = Console(width=None if sys.stdout.isatty() else 120)
+console = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, soft_wrap=True)  # error lines stay whole (grep-able, copy-able)
 
 DbOption = Annotated[Path | None, typer.Option("--db", help="Trace store (default $AGENTACCEL_DB or "
@@ -97,6 +97,38 @@ def bench_engine(
     console.print(spec)
     if json_out:
         json_out.write_text(json.dumps(result, indent=2))
+
+
+@bench_app.command("replay")
+def bench_replay(
+    db: DbOption = None,
+    stage: Annotated[list[str] | None, typer.Option("--stage", help="Only these stages (repeatable).")] = None,
+    model: Annotated[str | None, typer.Option(help="Only calls of this model.")] = None,
+    source: Annotated[str | None, typer.Option(help="Only calls whose source file path contains this.")] = None,
+    sessions: Annotated[int | None, typer.Option(help="Only the first N sessions.")] = None,
+    limit: Annotated[int | None, typer.Option(help="At most N calls (warm-up included).")] = None,
+    warm: Annotated[int, typer.Option(help="The first N selected calls only seed the global trees.")] = 0,
+    speculators: Annotated[str, typer.Option(help="Comma-separated: none, pld, paper-linear, paper-tree, "
+                                                  "agentaccel, agentaccel-shared.")]
+    = "none,pld,paper-linear,paper-tree,agentaccel",
+    cost: Annotated[list[str] | None, typer.Option("--cost", help="Cost profile(s): cpu-smollm2, gpu, c=0.04, "
+                                                                 "or a bench-backend JSON. The first drives "
+                                                                 "est_speedup and agentaccel's drafting.")] = None,
+    sweep: Annotated[list[str] | None, typer.Option("--sweep", help="Grid-search NAME=v1,v2 (repeatable) over "
+                                                                   "--sweep-base, per stage.")] = None,
+    sweep_base: Annotated[str, typer.Option(help="Speculator the sweep varies.")] = "agentaccel",
+    scaling: Annotated[bool, typer.Option(help="Also replay with 0-100% of the warm-up in the global tree.")]
+    = False,
+    tokenizer: TokenizerOption = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write the results as JSON here.")] = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write PNG figures into this folder.")] = None,
+) -> None:
+    """Replay recorded calls with a simulated verifier and compare speculators."""
+    from agentaccel.bench.replay_cli import run_replay
+
+    run_replay(console, err, _store(db), _tokenizer(tokenizer), stages=stage, model=model, source=source,
+               sessions=sessions, limit=limit, warm=warm, speculators=speculators, costs=cost or ["gpu", "cpu-smollm2"],
+               sweep=sweep or [], sweep_base=sweep_base, scaling=scaling, json_out=json_out, plot=plot)
 
 
 @app.command("import-traces")

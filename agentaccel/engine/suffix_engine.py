@@ -38,13 +38,16 @@ class SpecConfig:
     mode: Mode = "agentaccel"
     alpha: float = 1.0  # paper: MAX_SPEC = floor(alpha * p)
     max_pattern: int = 0  # P: longest pattern tried (0 = the engine's max_depth)
-    min_prob: float = 0.1  # nodes whose D(N) is below this are never drafted
+    min_prob: float = 0.05  # nodes whose D(N) is below this are never drafted (paper users: 0.1)
     min_score: float = 0.0  # tau: when the best SCORE is below it, no draft (fallback)
     tree: bool = True  # False: linear (single path) drafts
-    trees: tuple[TreeChoice, ...] = ("request", "stage")
-    cost: float = 0.0  # agentaccel: verification cost per draft token, in decoding steps
-    max_sources: int = 3  # agentaccel: suffix lengths per tree mixed into one draft
-    length_power: float = 2.0  # agentaccel: prior weight of a source = match_len ** length_power
+    trees: tuple[TreeChoice, ...] = ("request", "stage", "union")  # paper mode: pick the best; agentaccel: mix
+    # agentaccel mode (defaults chosen by `bench replay --sweep`, docs/BENCHMARKS.md):
+    cost: float = 0.02  # verification cost of one draft token, in decoding steps (GPU; CPU ~0.06)
+    max_sources: int = 4  # suffix lengths per tree mixed into one draft
+    length_power: float = 1.0  # prior weight of a source = match_len ** length_power
+    escape: float = 1.0  # PPM escape mass per distinct continuation: calibrates D...
+    escape_length: float = 4.0  # ...shrunk by 1 + matched / escape_length (long matches copy well)
 
     def to_native(self, max_tokens: int) -> _core.SpecParams:
         if max_tokens < 0:
@@ -68,6 +71,8 @@ class SpecConfig:
         p.cost = self.cost
         p.max_sources = self.max_sources
         p.length_power = self.length_power
+        p.escape = self.escape
+        p.escape_length = self.escape_length
         return p
 
 
@@ -113,10 +118,18 @@ class SuffixEngine:
 
     # ------------------------------------------------------------------ requests
     def start_request(
-        self, req_id: str | int, prompt_token_ids: Sequence[int] | np.ndarray, stage: str = "default"
-    ) -> None:
+        self,
+        req_id: str | int,
+        prompt_token_ids: Sequence[int] | np.ndarray,
+        stage: str = "default",
+        continue_from: str | int | None = None,
+    ) -> bool:
+        """Starts a request tree over the prompt. `continue_from` names a request finished with
+        `retain=True` (e.g. the previous call of the same agent session): if its tokens are a
+        prefix of this prompt, its tree is extended instead of rebuilt. Returns whether it was."""
         prompt = as_token_array(prompt_token_ids, self.vocab_size, "start_request")
-        self._eng.start_request(_rid(req_id), prompt, _stage(stage))
+        previous = "" if continue_from is None else _rid(continue_from)
+        return self._eng.start_request(_rid(req_id), prompt, _stage(stage), previous)
 
     def extend(self, req_id: str | int, token_ids: Sequence[int] | np.ndarray) -> None:
         """Appends tokens the model produced to the request's context."""
@@ -140,11 +153,19 @@ class SuffixEngine:
             params = self._native_params[key] = config.to_native(max_tokens)
         return self._eng.speculate(_rid(req_id), params)
 
-    def finish_request(self, req_id: str | int, keep_output: bool = True) -> int | None:
-        """Frees the request tree; its output joins its stage's global tree (unless
-        `keep_output` is False). Returns the new document id, or None if nothing was added."""
-        doc = self._eng.finish_request(_rid(req_id), keep_output)
+    def finish_request(self, req_id: str | int, keep_output: bool = True, retain: bool = False) -> int | None:
+        """Ends the request; its output joins its stage's global tree (unless `keep_output` is
+        False). With `retain` the request tree is kept (the 64 most recent) for a later
+        `start_request(..., continue_from=req_id)`. Returns the new document id, or None."""
+        doc = self._eng.finish_request(_rid(req_id), keep_output, retain)
         return None if doc < 0 else doc
+
+    def prompt_lookup(self, req_id: str | int, min_n: int = 2, max_n: int = 5, k: int = 8) -> Draft:
+        """Baseline drafter (vLLM-style n-gram / prompt lookup): the k tokens that followed the
+        most recent earlier occurrence of the longest context suffix of length max_n..min_n."""
+        if not 1 <= min_n <= max_n or k < 0:
+            raise ValueError("need 1 <= min_n <= max_n and k >= 0")
+        return self._eng.prompt_lookup(_rid(req_id), min_n, max_n, k)
 
     def request_tokens(self, req_id: str | int) -> list[int]:
         return self._eng.request_tokens(_rid(req_id))

@@ -1,0 +1,77 @@
+"""PNG figures for the replay benchmark (matplotlib, no display needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def mat_and_speedup(rows: list[dict], out: Path) -> Path:
+    """MAT and estimated speedup per stage, one bar per speculator."""
+    specs = list(dict.fromkeys(r["speculator"] for r in rows))
+    stages = list(dict.fromkeys(r["stage"] for r in rows))
+    fig, axes = plt.subplots(2, 1, figsize=(max(6, 1.6 * len(stages) * max(1, len(specs) / 3)), 7), sharex=True)
+    width = 0.8 / len(specs)
+    for ax, key, label in ((axes[0], "mat", "mean accepted tokens / step"), (axes[1], "est_speedup", "est. speedup")):
+        for i, spec in enumerate(specs):
+            vals = [next((r[key] for r in rows if r["speculator"] == spec and r["stage"] == s), 0) for s in stages]
+            ax.bar(np.arange(len(stages)) + i * width, vals, width, label=spec)
+        ax.set_ylabel(label)
+        ax.grid(axis="y", alpha=0.3)
+    axes[1].axhline(1.0, color="black", linewidth=0.8)
+    axes[1].set_xticks(np.arange(len(stages)) + 0.4 - width / 2, ["all" if s == "*" else s for s in stages],
+                       rotation=20, ha="right")
+    axes[0].legend(fontsize=8, ncol=min(len(specs), 4))
+    fig.tight_layout()
+    path = out / "mat_speedup_by_stage.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def accepted_vs_match_length(tallies: dict, out: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for spec, per_stage in tallies.items():
+        t = per_stage["*"]
+        m, a = np.asarray(t.match_len), np.asarray(t.accepted_per_step)
+        if not len(m) or not m.any():
+            continue
+        edges = np.unique(np.geomspace(1, max(2, m.max() + 1), 12).astype(int))
+        centers, means = [], []
+        for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+            sel = (m >= lo) & (m < hi)
+            if sel.sum() >= 5:
+                centers.append((lo + hi - 1) / 2)
+                means.append(a[sel].mean())
+        ax.plot(centers, means, marker="o", label=spec)
+    ax.set_xscale("log")
+    ax.set_xlabel("match length (tokens of context matched)")
+    ax.set_ylabel("accepted draft tokens / step")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / "accepted_vs_match_length.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def speedup_vs_tree_size(points: list[tuple[int, float]], spec: str, profile: str, out: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    xs, ys = zip(*points, strict=True)
+    ax.plot(xs, ys, marker="o")
+    ax.set_xscale("symlog", linthresh=max(1, min(x for x in xs if x > 0) if any(xs) else 1))
+    ax.set_xlabel("global tree size before replay (tokens)")
+    ax.set_ylabel(f"est. speedup ({profile})")
+    ax.set_title(f"{spec}: speedup vs global-tree size")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = out / "speedup_vs_tree_size.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,157 @@
+"""`agentaccel bench replay`: speculation quality on recorded calls, with the paper's simulated
+verifier. The recorded output is the model's greedy ground truth: at each step a speculator
+proposes a draft, the longest draft path matching the next recorded tokens is accepted plus one
+bonus token, and those tokens are fed back. Calls are replayed in time order; after each call
+its output joins the speculator's global tree, exactly as in serving."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from agentaccel.bench.cost import CostProfile
+from agentaccel.bench.speculators import Speculator
+from agentaccel.traces.store import TraceStore
+
+
+@dataclass
+class ReplayCall:
+    call_id: int
+    session: int
+    stage: str
+    prompt: np.ndarray
+    output: np.ndarray
+
+
+@dataclass
+class Tally:
+    """What one speculator did on one stage."""
+
+    calls: int = 0
+    steps: int = 0
+    tokens: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    spec_ns: int = 0
+    drafted_per_step: list[int] = field(default_factory=list)
+    match_len: list[int] = field(default_factory=list)
+    accepted_per_step: list[int] = field(default_factory=list)
+
+    def summary(self, profiles: list[CostProfile]) -> dict:
+        drafted = np.asarray(self.drafted_per_step, dtype=float)
+        speedups = {p.name: self.tokens / float(p.step_cost(drafted).sum()) if self.steps else 0.0 for p in profiles}
+        return {
+            "calls": self.calls,
+            "steps": self.steps,
+            "output_tokens": self.tokens,
+            "mat": self.tokens / self.steps if self.steps else 0.0,
+            "acceptance_rate": self.accepted / self.drafted if self.drafted else 0.0,
+            "draft_tokens_per_step": self.drafted / self.steps if self.steps else 0.0,
+            "spec_us_per_step": self.spec_ns / 1000 / self.steps if self.steps else 0.0,
+            "est_speedup": speedups[profiles[0].name] if profiles else 0.0,
+            "est_speedup_by_profile": speedups,
+        }
+
+
+def accepted_length(token_ids: list[int], parents: list[int], truth: np.ndarray) -> int:
+    """Length of the longest draft path whose tokens are the next recorded tokens."""
+    best = 0
+    depth: list[int] = []
+    ok: list[bool] = []
+    n = len(truth)
+    for tok, parent in zip(token_ids, parents, strict=True):
+        d = 0 if parent < 0 else depth[parent] + 1
+        good = (parent < 0 or ok[parent]) and d < n and tok == truth[d]
+        depth.append(d)
+        ok.append(good)
+        if good and d + 1 > best:
+            best = d + 1
+    return best
+
+
+def load_calls(store: TraceStore, tokenizer, *, stages: list[str] | None = None, model: str | None = None,
+               source_like: str | None = None, sessions: int | None = None,
+               limit: int | None = None) -> list[ReplayCall]:
+    """Selected calls in time order, with prompt (rendered, plus the generation prompt) and
+    output token ids from the store's cache."""
+    store.ensure_tokens(tokenizer)
+    fp = tokenizer.fingerprint
+    generation = np.asarray(tokenizer.encode("<|im_start|>assistant\n"), dtype=np.uint32)
+    chosen = []
+    seen_sessions: dict[int, int] = {}
+    for call in store.iter_calls(model=model):
+        if stages and call.stage not in stages:
+            continue
+        if source_like and source_like not in (call.source_file or ""):
+            continue
+        if call.session_id not in seen_sessions:
+            if sessions is not None and len(seen_sessions) >= sessions:
+                continue
+            seen_sessions[call.session_id] = len(seen_sessions)
+        chosen.append(call)
+        if limit is not None and len(chosen) >= limit:
+            break
+    outputs = store.response_tokens([c.id for c in chosen], fp)
+    return [ReplayCall(c.id, c.session_id, c.stage, np.concatenate([store.prompt_tokens(c.id, fp), generation]),
+                       outputs[c.id]) for c in chosen if c.id in outputs and len(outputs[c.id])]
+
+
+def replay(calls: list[ReplayCall], speculators: list[Speculator], *, warm: list[ReplayCall] = (),
+           progress: Callable[[int, int], None] | None = None) -> dict[str, dict[str, Tally]]:
+    """Tallies per speculator name and stage ('*' = all stages)."""
+    for spec in speculators:
+        for call in warm:
+            spec.warm(call.output, call.stage)
+    tallies: dict[str, dict[str, Tally]] = {s.name: defaultdict(Tally) for s in speculators}
+    last_of_session: dict[tuple[str, int], str] = {}
+    for n, call in enumerate(calls):
+        out = call.output
+        for spec in speculators:
+            key = f"c{call.call_id}"
+            spec.begin(key, call.prompt, call.stage, last_of_session.get((spec.name, call.session)))
+            t = tallies[spec.name][call.stage]
+            t.calls += 1
+            pos = 0
+            while pos < len(out):
+                t0 = time.perf_counter_ns()
+                draft = spec.propose(key)
+                t.spec_ns += time.perf_counter_ns() - t0
+                ids = draft.token_ids
+                acc = accepted_length(ids, draft.parents, out[pos:]) if ids else 0
+                step = min(acc + 1, len(out) - pos)
+                spec.advance(key, out[pos : pos + step])
+                pos += step
+                t.steps += 1
+                t.drafted += len(ids)
+                t.accepted += min(acc, step)
+                t.drafted_per_step.append(len(ids))
+                t.match_len.append(draft.match_len)
+                t.accepted_per_step.append(acc)
+            t.tokens += len(out)
+            spec.end(key)
+            last_of_session[(spec.name, call.session)] = key
+        if progress:
+            progress(n + 1, len(calls))
+    for per_stage in tallies.values():
+        total = Tally()
+        for t in list(per_stage.values()):
+            for f in ("calls", "steps", "tokens", "drafted", "accepted", "spec_ns"):
+                setattr(total, f, getattr(total, f) + getattr(t, f))
+            total.drafted_per_step += t.drafted_per_step
+            total.match_len += t.match_len
+            total.accepted_per_step += t.accepted_per_step
+        per_stage["*"] = total
+    return tallies
+
+
+def summarize(tallies: dict[str, dict[str, Tally]], profiles: list[CostProfile]) -> list[dict]:
+    """One object per speculator x stage, with stable keys (the `--json` output)."""
+    rows = []
+    for spec, per_stage in tallies.items():
+        for stage, t in sorted(per_stage.items(), key=lambda kv: (kv[0] == "*", kv[0])):
+            rows.append({"speculator": spec, "stage": stage, **t.summary(profiles)})
+    return rows

@@ -1,0 +1,132 @@
+"""The `bench replay` command: selection, speculators, sweep, tables, JSON and figures."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from pathlib import Path
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from agentaccel.bench import plots
+from agentaccel.bench import replay as rp
+from agentaccel.bench import speculators as sp
+from agentaccel.bench.cost import load_profile
+
+
+def parse_sweep(items: list[str]) -> dict[str, list]:
+    grid = {}
+    for item in items:
+        name, _, values = item.partition("=")
+        if not name or not values:
+            raise typer.BadParameter(f"{item!r}: expected NAME=v1,v2,...", param_hint="--sweep")
+        grid[name.strip()] = [_value(v.strip()) for v in values.split(",")]
+    return grid
+
+
+def _value(text: str):
+    if "+" in text:  # a tuple, e.g. trees=request+stage+union
+        return tuple(part for part in text.split("+") if part)
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def sweep_variants(base: sp.Suffix, grid: dict[str, list]) -> list[sp.Suffix]:
+    names = list(grid)
+    out = []
+    for combo in itertools.product(*(grid[n] for n in names)):
+        label = ",".join(f"{n}={v}" for n, v in zip(names, combo, strict=True))
+        try:
+            out.append(base.with_options(f"{base.name}[{label}]", **dict(zip(names, combo, strict=True))))
+        except TypeError as e:
+            raise typer.BadParameter(f"cannot sweep {label}: {e}", param_hint="--sweep") from e
+    return out
+
+
+def run_replay(console, err, store, tokenizer, *, stages, model, source, sessions, limit, warm, speculators, costs,
+               sweep, sweep_base, scaling, json_out: Path | None, plot: Path | None) -> None:
+    try:
+        profiles = [load_profile(c) for c in costs]
+        names = [n.strip() for n in speculators.split(",") if n.strip()]
+        specs = sp.build(names, profiles[0].marginal)
+        grid = parse_sweep(sweep)
+        if grid:
+            (base,) = sp.build([sweep_base], profiles[0].marginal) or [None]
+            if not isinstance(base, sp.Suffix):
+                raise ValueError(f"--sweep-base must be a suffix speculator, not {sweep_base}")
+            specs += sweep_variants(base, grid)
+    except ValueError as e:
+        err.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from e
+    with console.status("loading calls and token ids"):
+        calls = rp.load_calls(store, tokenizer, stages=stages, model=model, source_like=source, sessions=sessions,
+                              limit=limit)
+    if len(calls) <= warm:
+        err.print(f"[red]error:[/red] {len(calls)} calls selected, none left after --warm {warm}")
+        raise typer.Exit(2)
+    warm_calls, measured = calls[:warm], calls[warm:]
+    progress = Progress(TextColumn("[bold]replaying"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=err, transient=True)
+    t0 = time.perf_counter()
+    with progress:
+        task = progress.add_task("", total=len(measured))
+        tallies = rp.replay(measured, specs, warm=warm_calls, progress=lambda n, _: progress.update(task, completed=n))
+    elapsed = time.perf_counter() - t0
+    rows = rp.summarize(tallies, profiles)
+    table = Table(title=f"replay of {len(measured):,} calls ({len(warm_calls):,} warm-up) in {elapsed:.1f} s")
+    cols = ["speculator", "stage", "steps", "MAT", "accept", "draft/step", "µs/step"] + [
+        f"speedup {p.name}" for p in profiles]
+    for c in cols:
+        table.add_column(c, justify="left" if c in ("speculator", "stage") else "right", no_wrap=True)
+    for r in rows:
+        if r["stage"] != "*" and not (stages and len(stages) > 1) and len({x["stage"] for x in rows}) <= 2:
+            continue  # a single stage: its row equals the overall row
+        table.add_row(r["speculator"], "all" if r["stage"] == "*" else r["stage"], f"{r['steps']:,}",
+                      f"{r['mat']:.2f}", f"{r['acceptance_rate']:.1%}", f"{r['draft_tokens_per_step']:.1f}",
+                      f"{r['spec_us_per_step']:.1f}", *[f"{r['est_speedup_by_profile'][p.name]:.2f}x" for p in profiles])
+    console.print(table)
+    result = {"calls": len(measured), "warm_calls": len(warm_calls), "seconds": elapsed,
+              "profiles": [p.name for p in profiles], "rows": rows}
+    if grid:
+        best = {}
+        for r in rows:
+            if "[" in r["speculator"] and (r["stage"] not in best or r["est_speedup"] > best[r["stage"]]["est_speedup"]):
+                best[r["stage"]] = r
+        bt = Table(title=f"best {sweep_base} setting per stage (by speedup {profiles[0].name})")
+        for c in ("stage", "setting", "MAT", f"speedup {profiles[0].name}"):
+            bt.add_column(c)
+        for stage, r in sorted(best.items()):
+            bt.add_row("all" if stage == "*" else stage, r["speculator"], f"{r['mat']:.2f}", f"{r['est_speedup']:.2f}x")
+        console.print(bt)
+        result["best"] = {k: v["speculator"] for k, v in best.items()}
+    if scaling and warm_calls:
+        points = []
+        base_name = sweep_base if sweep_base in names else next((n for n in names if n.startswith("agentaccel")), None)
+        for frac in (0.0, 0.1, 0.25, 0.5, 1.0):
+            (spec,) = sp.build([base_name], profiles[0].marginal)
+            subset = warm_calls[: int(len(warm_calls) * frac)]
+            for call in subset:
+                spec.warm(call.output, call.stage)
+            size = spec.tree_tokens()
+            t = rp.replay(measured, [spec])[spec.name]["*"]
+            points.append((size, t.summary(profiles)["est_speedup"]))
+        result["scaling"] = {"speculator": base_name, "points": points}
+        console.print("speedup vs global tree size: " + ", ".join(f"{s:,} tok → {v:.2f}x" for s, v in points))
+        if plot:
+            plot.mkdir(parents=True, exist_ok=True)
+            plots.speedup_vs_tree_size(points, base_name, profiles[0].name, plot)
+    if json_out:
+        json_out.write_text(json.dumps(result, indent=2))
+    if plot:
+        plot.mkdir(parents=True, exist_ok=True)
+        written = [plots.mat_and_speedup(rows, plot), plots.accepted_vs_match_length(tallies, plot)]
+        console.print("figures: " + ", ".join(str(p) for p in written))

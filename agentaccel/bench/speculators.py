@@ -1,0 +1,131 @@
+"""The speculators the replay benchmark compares. Each owns its own engine, so every one of
+them sees the same history and learns online exactly as it would when serving."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from agentaccel.engine import SpecConfig, SuffixEngine
+
+
+class Empty:
+    token_ids: list[int] = []
+    parents: list[int] = []
+    match_len = 0
+
+
+class Speculator:
+    """Interface: begin a request, propose drafts, advance by accepted tokens, end it."""
+
+    name: str
+
+    def warm(self, output: np.ndarray, stage: str) -> None: ...
+
+    def begin(self, key: str, prompt: np.ndarray, stage: str, previous: str | None) -> None: ...
+
+    def propose(self, key: str):
+        return Empty
+
+    def advance(self, key: str, tokens: np.ndarray) -> None: ...
+
+    def end(self, key: str) -> None: ...
+
+    def tree_tokens(self) -> int:
+        return 0
+
+
+class NoSpeculation(Speculator):
+    name = "none"
+
+
+class _EngineBacked(Speculator):
+    def __init__(self, max_depth: int = 64) -> None:
+        self.engine = SuffixEngine(max_depth=max_depth)
+
+    def begin(self, key, prompt, stage, previous):
+        self.engine.start_request(key, prompt, stage=self._stage(stage), continue_from=previous)
+
+    def advance(self, key, tokens):
+        self.engine.extend(key, tokens)
+
+    def end(self, key):
+        self.engine.finish_request(key, retain=True)  # the next call of the session continues from it
+
+    def warm(self, output, stage):
+        self.engine.add_document(output, stage=self._stage(stage))
+
+    def tree_tokens(self) -> int:
+        return self.engine.stats()["tokens"]
+
+    def _stage(self, stage: str) -> str:
+        return stage
+
+
+class PromptLookup(_EngineBacked):
+    """vLLM-style n-gram proposer over the request's own context (n = min_n..max_n, k tokens)."""
+
+    def __init__(self, k: int = 8, min_n: int = 2, max_n: int = 5) -> None:
+        super().__init__()
+        self.k, self.min_n, self.max_n = k, min_n, max_n
+        self.name = "pld" if (k, min_n, max_n) == (8, 2, 5) else f"pld[k={k},n={min_n}..{max_n}]"
+
+    def propose(self, key):
+        return self.engine.prompt_lookup(key, self.min_n, self.max_n, self.k)
+
+    def end(self, key):
+        self.engine.finish_request(key, keep_output=False, retain=True)
+
+
+class Suffix(_EngineBacked):
+    """The suffix engine with one configuration; `shared` puts every stage in one global tree."""
+
+    def __init__(self, name: str, config: SpecConfig, max_tokens: int = 32, max_depth: int = 64,
+                 shared: bool = False) -> None:
+        super().__init__(max_depth)
+        self.name, self.config, self.max_tokens, self.shared = name, config, max_tokens, shared
+
+    def propose(self, key):
+        return self.engine.speculate(key, self.max_tokens, self.config)
+
+    def _stage(self, stage):
+        return "shared" if self.shared else stage
+
+    def with_options(self, name: str, **options) -> Suffix:
+        depth = options.pop("max_depth", self.engine.max_depth)
+        max_tokens = options.pop("max_tokens", self.max_tokens)
+        return Suffix(name, replace(self.config, **options), max_tokens, depth, self.shared)
+
+
+PAPER_TREES = ("request", "stage")  # the paper: the request tree and the (per-stage) global tree
+
+
+def paper_linear() -> Suffix:
+    """ArcticInference / vLLM defaults in the paper's algorithm: depth 24, alpha 1, min-prob 0.1."""
+    return Suffix("paper-linear", SpecConfig(mode="paper", tree=False, alpha=1.0, min_prob=0.1, trees=PAPER_TREES),
+                  32, 24)
+
+
+def paper_tree() -> Suffix:
+    return Suffix("paper-tree", SpecConfig(mode="paper", tree=True, alpha=2.0, min_prob=0.1, trees=PAPER_TREES), 32, 64)
+
+
+def agentaccel(cost: float, shared: bool = False) -> Suffix:
+    name = "agentaccel-shared" if shared else "agentaccel"
+    return Suffix(name, SpecConfig(mode="agentaccel", cost=cost), 32, 64, shared)
+
+
+def build(names: list[str], cost: float) -> list[Speculator]:
+    factories = {
+        "none": NoSpeculation,
+        "pld": PromptLookup,
+        "paper-linear": paper_linear,
+        "paper-tree": paper_tree,
+        "agentaccel": lambda: agentaccel(cost),
+        "agentaccel-shared": lambda: agentaccel(cost, shared=True),
+    }
+    unknown = [n for n in names if n not in factories]
+    if unknown:
+        raise ValueError(f"unknown speculator(s) {', '.join(unknown)}; known: {', '.join(factories)}")
+    return [factories[n]() for n in names]

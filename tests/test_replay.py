@@ -1,0 +1,111 @@
+"""The replay benchmark: simulated verifier, speculators, metrics, sweep, figures."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from agentaccel.bench import replay as rp
+from agentaccel.bench import speculators as sp
+from agentaccel.bench.cost import CostProfile, load_profile
+from agentaccel.traces.importer import import_traces
+from agentaccel.traces.store import TraceStore
+from agentaccel.traces.tokenization import load_tokenizer
+
+
+def test_accepted_length_follows_the_longest_matching_path():
+    truth = np.array([5, 6, 7, 8])
+    # tree: 5 -> (6 -> 9, 6 -> 7 -> 8), 4
+    tokens, parents = [5, 6, 9, 7, 8, 4], [-1, 0, 1, 1, 3, -1]
+    assert rp.accepted_length(tokens, parents, truth) == 4
+    assert rp.accepted_length([4, 5], [-1, 0], truth) == 0  # wrong first token: nothing below counts
+    assert rp.accepted_length([5, 6, 7], [-1, 0, 1], truth[:2]) == 2  # the call ends before the draft
+
+
+def test_cost_profiles(tmp_path):
+    assert load_profile("gpu").step_cost(np.array([0, 10])).tolist() == [1.0, 1.2]
+    assert load_profile("c=0.1").per_token == 0.1
+    f = tmp_path / "p.json"
+    f.write_text(json.dumps({"name": "measured", "draft_tokens": [0, 16, 32], "step_ms": [48, 95, 132]}))
+    prof = load_profile(str(f))
+    assert prof.step_cost(np.array([0, 16, 8])).round(3).tolist() == [1.0, round(95 / 48, 3),
+                                                                    round((1 + 95 / 48) / 2, 3)]
+    assert 0.05 < prof.marginal < 0.06
+    for bad in ("nope", "c=x"):
+        with pytest.raises(ValueError):
+            load_profile(bad)
+    f.write_text("{}")
+    with pytest.raises(ValueError, match="draft_tokens"):
+        load_profile(str(f))
+
+
+def repetitive_store(tmp_path, n=30):
+    """Chat calls whose outputs repeat with small changes (what agents do), in two stages."""
+    rng = np.random.default_rng(0)
+    words = ["SELECT", "name", "FROM", "users", "WHERE", "id", "=", "ORDER", "BY", "LIMIT"]
+    rows = []
+    for i in range(n):
+        q = f"question {i} about table t{i % 3}"
+        sql = " ".join(words[:6]) + f" = {i} " + " ".join(words[6:]) + f" {rng.integers(1, 9)}"
+        rows.append({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": sql}],
+                     "stage": "sql" if i % 2 else "other", "metadata": {"created_at": 1000.0 + i}})
+    (tmp_path / "calls.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    db = tmp_path / "t.db"
+    with TraceStore(db) as store:
+        import_traces([tmp_path / "calls.jsonl"], store, tokenizer=load_tokenizer())
+    return db
+
+
+def test_replay_metrics_behave(tmp_path):
+    db = repetitive_store(tmp_path)
+    with TraceStore(db) as store:
+        calls = rp.load_calls(store, load_tokenizer())
+    assert [c.stage for c in calls[:2]] == ["other", "sql"]  # time order
+    specs = sp.build(["none", "pld", "paper-linear", "agentaccel"], 0.02)
+    profiles = [CostProfile("gpu", 0.02), CostProfile("cpu", 0.06)]
+    rows = {(r["speculator"], r["stage"]): r for r in rp.summarize(rp.replay(calls, specs), profiles)}
+    none = rows[("none", "*")]
+    assert none["mat"] == 1.0 and none["est_speedup"] == 1.0 and none["draft_tokens_per_step"] == 0
+    tokens = none["output_tokens"]
+    for name in ("paper-linear", "agentaccel"):
+        r = rows[(name, "*")]
+        assert r["output_tokens"] == tokens  # every speculator produces exactly the recorded output
+        assert r["mat"] > 2.0 and r["est_speedup"] > 1.5  # the outputs repeat: long drafts get accepted
+        assert 0 < r["acceptance_rate"] <= 1
+        assert set(r) >= {"mat", "acceptance_rate", "draft_tokens_per_step", "spec_us_per_step", "est_speedup"}
+        assert r["est_speedup_by_profile"]["gpu"] >= r["est_speedup_by_profile"]["cpu"]
+    assert rows[("paper-linear", "sql")]["calls"] + rows[("paper-linear", "other")]["calls"] == len(calls)
+
+
+def test_warm_up_seeds_the_global_tree(tmp_path):
+    db = repetitive_store(tmp_path, n=40)
+    with TraceStore(db) as store:
+        calls = rp.load_calls(store, load_tokenizer(), stages=["sql"])
+    measured, warm = calls[10:], calls[:10]
+    cold = rp.replay(measured, [sp.paper_tree()])["paper-tree"]["*"]
+    hot = rp.replay(measured, [sp.paper_tree()], warm=warm)["paper-tree"]["*"]
+    assert hot.tokens == cold.tokens and hot.steps < cold.steps
+
+
+def test_bench_replay_cli_json_sweep_and_plots(tmp_path):
+    db = repetitive_store(tmp_path)
+    out = subprocess.run(
+        [sys.executable, "-m", "agentaccel.cli.main", "bench", "replay", "--db", str(db), "--warm", "6",
+         "--speculators", "none,paper-tree,agentaccel", "--sweep", "alpha=1,4", "--sweep-base", "paper-tree",
+         "--scaling", "--json", str(tmp_path / "r.json"), "--plot", str(tmp_path / "fig")],
+        capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["calls"] == 24 and result["warm_calls"] == 6
+    names = {r["speculator"] for r in result["rows"]}
+    assert names == {"none", "paper-tree", "agentaccel", "paper-tree[alpha=1]", "paper-tree[alpha=4]"}
+    assert set(result["best"]) == {"*", "sql", "other"}
+    sizes = [size for size, _ in result["scaling"]["points"]]
+    assert sizes[0] == 0 and sizes == sorted(sizes) and sizes[-1] > 0
+    for png in ("mat_speedup_by_stage.png", "accepted_vs_match_length.png", "speedup_vs_tree_size.png"):
+        assert (tmp_path / "fig" / png).stat().st_size > 10_000
+    bad = subprocess.run([sys.executable, "-m", "agentaccel.cli.main", "bench", "replay", "--db", str(db),
+                          "--speculators", "none,magic"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "unknown speculator(s) magic" in bad.stderr
