@@ -92,14 +92,16 @@ def run_replay(console, err, store, tokenizer, *, stages, model, source, session
             continue  # a single stage: its row equals the overall row
         table.add_row(r["speculator"], "all" if r["stage"] == "*" else r["stage"], f"{r['steps']:,}",
                       f"{r['mat']:.2f}", f"{r['acceptance_rate']:.1%}", f"{r['draft_tokens_per_step']:.1f}",
-                      f"{r['spec_us_per_step']:.1f}", *[f"{r['est_speedup_by_profile'][p.name]:.2f}x" for p in profiles])
+                      f"{r['spec_us_per_step']:.1f}",
+                      *[f"{r['est_speedup_by_profile'][p.name]:.2f}x" for p in profiles])
     console.print(table)
     result = {"calls": len(measured), "warm_calls": len(warm_calls), "seconds": elapsed,
               "profiles": [p.name for p in profiles], "rows": rows}
     if grid:
         best = {}
         for r in rows:
-            if "[" in r["speculator"] and (r["stage"] not in best or r["est_speedup"] > best[r["stage"]]["est_speedup"]):
+            swept = "[" in r["speculator"]
+            if swept and (r["stage"] not in best or r["est_speedup"] > best[r["stage"]]["est_speedup"]):
                 best[r["stage"]] = r
         bt = Table(title=f"best {sweep_base} setting per stage (by speedup {profiles[0].name})")
         for c in ("stage", "setting", "MAT", f"speedup {profiles[0].name}"):

@@ -3,7 +3,7 @@ them sees the same history and learns online exactly as it would when serving.""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 
