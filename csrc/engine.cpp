@@ -302,6 +302,8 @@ Draft Engine::speculate(const std::string& rid, const SpecParams& params) {
   if (params.trees & kUnionTree) {
     Tree all{"union", {}, {}, {}};
     for (uint32_t s = 0; s < stages_.size(); ++s) {
+      // A mixture already has the request's own stage as a source: the union adds the others.
+      if (!params.paper && (params.trees & kStageTree) && s == req->stage) continue;
       const Match& m = match_locked(*req, s);
       all.automata.push_back(&stages_[s]->sam);
       all.states.push_back(m.state);

@@ -28,8 +28,8 @@ HOLD_OUT_EVERY = 50
 
 CONFIGS: dict[str, SpecConfig] = {
     # ArcticInference / vLLM suffix defaults (linear, alpha 1, min-prob 0.1) in the paper mode
-    "paper-linear": SpecConfig(mode="paper", tree=False, alpha=1.0, min_prob=0.1),
-    "paper-tree": SpecConfig(mode="paper", tree=True, alpha=2.0, min_prob=0.1),
+    "paper-linear": SpecConfig(mode="paper", tree=False, alpha=1.0, min_prob=0.1, trees=("request", "stage")),
+    "paper-tree": SpecConfig(mode="paper", tree=True, alpha=2.0, min_prob=0.1, trees=("request", "stage")),
     "agentaccel-linear": SpecConfig(mode="agentaccel", tree=False),
     "agentaccel-tree": SpecConfig(mode="agentaccel", tree=True),
 }

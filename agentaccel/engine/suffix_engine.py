@@ -41,10 +41,11 @@ class SpecConfig:
     min_prob: float = 0.05  # nodes whose D(N) is below this are never drafted (paper users: 0.1)
     min_score: float = 0.0  # tau: when the best SCORE is below it, no draft (fallback)
     tree: bool = True  # False: linear (single path) drafts
-    trees: tuple[TreeChoice, ...] = ("request", "stage", "union")  # paper mode: pick the best; agentaccel: mix
+    # paper mode: the best tree wins; agentaccel: all are mixed (the union then adds the *other* stages)
+    trees: tuple[TreeChoice, ...] = ("request", "stage", "union")
     # agentaccel mode (defaults chosen by `bench replay --sweep`, docs/BENCHMARKS.md):
     cost: float = 0.02  # verification cost of one draft token, in decoding steps (GPU; CPU ~0.06)
-    max_sources: int = 4  # suffix lengths per tree mixed into one draft
+    max_sources: int = 2  # suffix lengths per tree mixed into one draft
     length_power: float = 1.0  # prior weight of a source = match_len ** length_power
     escape: float = 1.0  # PPM escape mass per distinct continuation: calibrates D...
     escape_length: float = 4.0  # ...shrunk by 1 + matched / escape_length (long matches copy well)
