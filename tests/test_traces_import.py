@@ -185,3 +185,15 @@ def test_store_is_wal_and_queries_filter(tmp_path, tok):
             [t for t in times if t < 1_700_000_100], reverse=True)
         assert len(list(store.iter_calls(since=1_700_000_001, until=1_700_000_100))) == 2
         store.check()
+
+
+def test_render_prompt_with_the_model_chat_template(tok):
+    from agentaccel.traces.render import GENERATION_PROMPT, render_message, render_prompt
+
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    plain = render_prompt(messages)
+    assert plain == "".join(render_message(m) for m in messages) + GENERATION_PROMPT
+    templated = render_prompt(messages, tok.chat_template)
+    assert templated == plain  # SmolLM2's template is ChatML: the documented plain template
+    assert render_prompt(messages[1:], tok.chat_template).startswith("<|im_start|>system\nYou are a helpful")
+    assert render_prompt(messages, "{{ broken") == plain  # a template that cannot run falls back
