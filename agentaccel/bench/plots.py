@@ -11,6 +11,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 
+def _save(fig, out: Path, name: str) -> Path:
+    fig.tight_layout()
+    path = out / name
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def mat_and_speedup(rows: list[dict], out: Path) -> Path:
     """MAT and estimated speedup per stage, one bar per speculator."""
     specs = list(dict.fromkeys(r["speculator"] for r in rows))
@@ -27,11 +35,7 @@ def mat_and_speedup(rows: list[dict], out: Path) -> Path:
     axes[1].set_xticks(np.arange(len(stages)) + 0.4 - width / 2, ["all" if s == "*" else s for s in stages],
                        rotation=20, ha="right")
     axes[0].legend(fontsize=8, ncol=min(len(specs), 4))
-    fig.tight_layout()
-    path = out / "mat_speedup_by_stage.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, out, "mat_speedup_by_stage.png")
 
 
 def accepted_vs_match_length(tallies: dict, out: Path) -> Path:
@@ -54,11 +58,7 @@ def accepted_vs_match_length(tallies: dict, out: Path) -> Path:
     ax.set_ylabel("accepted draft tokens / step")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = out / "accepted_vs_match_length.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, out, "accepted_vs_match_length.png")
 
 
 def speedup_vs_tree_size(points: list[tuple[int, float]], spec: str, profile: str, out: Path) -> Path:
@@ -70,8 +70,4 @@ def speedup_vs_tree_size(points: list[tuple[int, float]], spec: str, profile: st
     ax.set_ylabel(f"est. speedup ({profile})")
     ax.set_title(f"{spec}: speedup vs global-tree size")
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path = out / "speedup_vs_tree_size.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, out, "speedup_vs_tree_size.png")

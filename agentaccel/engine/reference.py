@@ -62,6 +62,14 @@ class RefDraft:
     match_len: int = 0
     source: str = ""
 
+    def add(self, token: int, parent: int, d: float) -> int:
+        """Appends a node; returns its index."""
+        self.token_ids.append(token)
+        self.parents.append(parent)
+        self.probs.append(d)
+        self.score += d
+        return len(self.token_ids) - 1
+
 
 def _merged_children(nodes: list[TrieNode]) -> dict[int, tuple[int, list[TrieNode]]]:
     merged: dict[int, tuple[int, list[TrieNode]]] = {}
@@ -91,11 +99,7 @@ def grow(roots: list[TrieNode], budget: int, room: int, min_prob: float, tree: b
             d = -neg_d
             if d < min_prob:
                 break
-            draft.token_ids.append(tok)
-            draft.parents.append(parent_index)
-            draft.probs.append(d)
-            draft.score += d
-            push_children(group, len(draft.token_ids) - 1, d, depth)
+            push_children(group, draft.add(tok, parent_index, d), d, depth)
         return draft
 
     nodes, d, depth, parent = roots, 1.0, 0, -1
@@ -108,11 +112,7 @@ def grow(roots: list[TrieNode], budget: int, room: int, min_prob: float, tree: b
         d = d * (count / total)
         if d < min_prob:
             break
-        draft.token_ids.append(tok)
-        draft.parents.append(parent)
-        draft.probs.append(d)
-        draft.score += d
-        nodes, depth, parent = group, depth + 1, len(draft.token_ids) - 1
+        nodes, depth, parent = group, depth + 1, draft.add(tok, parent, d)
     return draft
 
 
