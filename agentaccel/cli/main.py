@@ -99,6 +99,39 @@ def bench_engine(
         json_out.write_text(json.dumps(result, indent=2))
 
 
+@bench_app.command("backend")
+def bench_backend(
+    model: Annotated[Path | None, typer.Option(help="Local HF model folder (default: SmolLM2-135M-Instruct).")]
+    = None,
+    device: Annotated[str | None, typer.Option(help="cpu or cuda (default: cuda when available).")] = None,
+    context: Annotated[int, typer.Option(help="Context length the steps run over.")] = 512,
+    out: Annotated[Path | None, typer.Option("--out", help="Cost profile JSON (default: in the cache folder).")]
+    = None,
+) -> None:
+    """Measure step time vs number of draft tokens and save it as a cost profile."""
+    from agentaccel.assets import cache_dir
+    from agentaccel.backends.local import load_model
+    from agentaccel.bench import backend_bench
+
+    with console.status("loading the model"):
+        m, _ = load_model(model, device)
+    dev = next(m.parameters()).device.type
+    with console.status("timing verification steps"):
+        times = backend_bench.step_times(m, context=context)
+    name = f"{(model.name if model else 'smollm2')}-{dev}"
+    prof = backend_bench.profile(name, times)
+    path = out or cache_dir() / "profiles" / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(prof, indent=2))
+    table = Table(title=f"verification step time, {dev}, context {context}")
+    for col in ("draft tokens", "step ms", "relative to d=0"):
+        table.add_column(col, justify="right")
+    for d, ms in zip(prof["draft_tokens"], prof["step_ms"], strict=True):
+        table.add_row(str(d), f"{ms:.1f}", f"{ms / prof['step_ms'][0]:.2f}")
+    console.print(table)
+    console.print(f"cost profile written to {path} (use: agentaccel bench replay --cost {path})")
+
+
 @bench_app.command("replay")
 def bench_replay(
     db: DbOption = None,

@@ -96,13 +96,17 @@ def load_tokenizer(spec: str | None = None) -> TextTokenizer:
     file = path / "tokenizer.json" if path.is_dir() else path
     if not file.is_file():
         raise ValueError(f"{spec}: no tokenizer.json found (give a tokenizer.json file or a model folder)")
+    try:
+        tok = Tokenizer.from_file(str(file))
+    except Exception as e:  # tokenizers raises a bare Exception on malformed files
+        raise ValueError(f"{file}: not a valid tokenizer.json ({e})") from e
     template, eos = None, None
     config = file.parent / "tokenizer_config.json"
     if config.is_file():
         cfg = json.loads(config.read_text())
         template = cfg.get("chat_template")
-    try:
-        tok = Tokenizer.from_file(str(file))
-    except Exception as e:  # tokenizers raises a bare Exception on malformed files
-        raise ValueError(f"{file}: not a valid tokenizer.json ({e})") from e
+        eos_token = cfg.get("eos_token")
+        if isinstance(eos_token, dict):  # {"content": "...", ...} in some configs
+            eos_token = eos_token.get("content")
+        eos = tok.token_to_id(eos_token) if isinstance(eos_token, str) else None
     return TextTokenizer(tok, str(path), template, eos)

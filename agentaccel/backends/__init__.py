@@ -1,0 +1,1 @@
+"""Inference backends behind the proxy: `local` (embedded transformers engine)."""

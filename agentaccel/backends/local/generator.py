@@ -1,0 +1,127 @@
+"""LocalGenerator: speculative decoding with drafts from SuffixEngine, verified as a tree.
+
+Requests may run from many threads at once: each has its own KV cache, and forward passes
+take turns under one lock (a step-level round-robin; batching comes later). A request that
+fails (bad parameters, context too long) raises in its own thread only."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from agentaccel.backends.local.sampling import SamplingParams, chooser
+from agentaccel.backends.local.verifier import Sequence
+from agentaccel.engine import SpecConfig, SuffixEngine
+
+OnTokens = Callable[[list[int]], None]
+
+
+@dataclass
+class GenerationResult:
+    token_ids: list[int]
+    text: str
+    finish_reason: str  # "stop" (EOS or a stop string) or "length"
+    prompt_tokens: int
+    completion_tokens: int
+    steps: int  # forward passes after the prefill
+    drafted: int  # draft tokens proposed
+    accepted: int  # draft tokens accepted
+
+    @property
+    def mean_accepted(self) -> float:
+        """Tokens per forward pass (MAT), the prefill's token included."""
+        return self.completion_tokens / max(1, self.steps + 1)
+
+
+class LocalGenerator:
+    def __init__(self, model, tokenizer, engine: SuffixEngine | None = None, spec: SpecConfig | None = None,
+                 max_draft: int = 32) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.engine = engine
+        self.spec = spec or SpecConfig()
+        self.max_draft = max_draft
+        self.max_context = int(getattr(model.config, "max_position_embeddings", 8192))
+        gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        self.eos = gen_eos if isinstance(gen_eos, int) else tokenizer.eos_token_id
+        self._forward = threading.Lock()
+
+    def generate(self, prompt_ids: list[int], params: SamplingParams | None = None, *, stage: str = "default",
+                 speculate: bool = True, on_tokens: OnTokens | None = None,
+                 request_id: str | None = None) -> GenerationResult:
+        params = params or SamplingParams()
+        params.validate()
+        prompt = [int(t) for t in prompt_ids]
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        if len(prompt) + params.max_tokens > self.max_context:
+            raise ValueError(f"context too long: {len(prompt)} prompt tokens + max_tokens {params.max_tokens} > "
+                             f"{self.max_context}")
+        engine = self.engine if speculate else None
+        rid = request_id or uuid.uuid4().hex
+        if engine is not None:
+            engine.start_request(rid, prompt, stage=stage)
+        try:
+            return self._decode(prompt, params, engine, rid, on_tokens)
+        finally:
+            if engine is not None and engine.has_request(rid):
+                engine.finish_request(rid, keep_output=False)
+
+    def _decode(self, prompt, params, engine, rid, on_tokens) -> GenerationResult:
+        choose = chooser(params)
+        seq = Sequence(self.model, prompt)
+        with self._forward:
+            first = seq.prefill(choose)
+        out: list[int] = []
+        steps = drafted = accepted = 0
+        finish = None
+        new = [first]
+        while True:
+            new, finish = self._cut(out, new, params)
+            out += new
+            if engine is not None and new:
+                engine.extend(rid, new)
+            if on_tokens and new:
+                on_tokens(new)
+            if finish:
+                break
+            budget = min(self.max_draft, params.max_tokens - len(out) - 1)
+            tokens, parents = [], []
+            if engine is not None and budget > 0:
+                draft = engine.speculate(rid, budget, self.spec)
+                tokens, parents = draft.token_ids, draft.parents
+            with self._forward:
+                path, pending = seq.step(tokens, parents, choose)
+            steps += 1
+            drafted += len(tokens)
+            accepted += len(path)
+            new = [*path, pending]
+        if engine is not None:
+            engine.finish_request(rid, keep_output=True)  # the output joins its stage's tree
+        text = self.tokenizer.decode(out)
+        if finish == "stop_string":
+            text = self._before_stop(text, params.stop)
+            finish = "stop"
+        return GenerationResult(out, text, finish, len(prompt), len(out), steps, drafted, accepted)
+
+    def _cut(self, out: list[int], new: list[int], params: SamplingParams) -> tuple[list[int], str | None]:
+        """Trims newly accepted tokens at EOS, max_tokens or a stop string."""
+        if self.eos is not None and self.eos in new:
+            return new[: new.index(self.eos)], "stop"
+        room = params.max_tokens - len(out)
+        finish = None
+        if len(new) >= room:
+            new, finish = new[:room], "length"
+        if params.stop:
+            for k in range(1, len(new) + 1):  # the first token that completes a stop string ends it
+                tail = self.tokenizer.decode(out[-16:] + new[:k])
+                if any(s in tail for s in params.stop):
+                    return new[:k], "stop_string"
+        return new, finish
+
+    @staticmethod
+    def _before_stop(text: str, stops: list[str]) -> str:
+        cut = min((text.find(s) for s in stops if s in text), default=len(text))
+        return text[:cut]

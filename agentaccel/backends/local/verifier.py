@@ -1,0 +1,73 @@
+"""One decoding sequence: prefill, then steps that verify a draft tree in a single forward pass.
+
+At every tree node the next token is chosen from the model's own logits (argmax, or a sample
+of the model's distribution); the draft child holding that token is followed, and the first
+choice no child holds is the bonus token. Every emitted token is therefore exactly what plain
+decoding would have produced (greedy) or a draw from the model's distribution (sampling)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from agentaccel.backends.local.tree import tree_inputs
+
+Chooser = Callable[[torch.Tensor], int]
+
+
+class Sequence:
+    def __init__(self, model, prompt: list[int]) -> None:
+        from transformers import DynamicCache
+
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.cache = DynamicCache(config=model.config)
+        self.prompt = prompt
+        self.past = 0  # tokens in the KV cache
+        self.pending: int | None = None  # chosen but not yet run through the model
+
+    @torch.inference_mode()
+    def prefill(self, choose: Chooser) -> int:
+        ids = torch.tensor([self.prompt], dtype=torch.long, device=self.device)
+        logits = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True).logits[0, -1]
+        self.past = len(self.prompt)
+        self.pending = choose(logits)
+        return self.pending
+
+    @torch.inference_mode()
+    def step(self, draft_tokens: list[int], draft_parents: list[int], choose: Chooser) -> tuple[list[int], int]:
+        """Verifies the draft; returns (accepted draft tokens, the new pending token)."""
+        pos, mask = tree_inputs(draft_parents, self.past, self.device)
+        ids = torch.tensor([[self.pending, *draft_tokens]], dtype=torch.long, device=self.device)
+        logits = self.model(input_ids=ids, position_ids=pos, attention_mask=mask, past_key_values=self.cache,
+                            use_cache=True).logits[0]
+        children: dict[int, dict[int, int]] = {}
+        for i, (tok, parent) in enumerate(zip(draft_tokens, draft_parents, strict=True)):
+            children.setdefault(parent, {}).setdefault(tok, i)
+        node, path = -1, []
+        while True:
+            chosen = choose(logits[node + 1])
+            child = children.get(node, {}).get(chosen)
+            if child is None:
+                break
+            path.append(child)
+            node = child
+        self._keep(path)
+        self.pending = chosen
+        return [draft_tokens[i] for i in path], chosen
+
+    def _keep(self, path: list[int]) -> None:
+        """Keeps the pending token and the accepted path in the cache; drops the other nodes.
+        Path indices only grow (children come after parents), so moving entries forward in
+        order never overwrites one still to be moved."""
+        base = self.past + 1
+        for layer in self.cache.layers:
+            for j, i in enumerate(path):
+                if i != j:
+                    layer.keys[:, :, base + j] = layer.keys[:, :, base + i]
+                    layer.values[:, :, base + j] = layer.values[:, :, base + i]
+        dropped = self.cache.get_seq_length() - (base + len(path))
+        self.past = base + len(path)
+        if dropped > 0:
+            self.cache.crop(-dropped)  # transformers >= 5: a negative count removes that many

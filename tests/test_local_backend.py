@@ -1,0 +1,149 @@
+"""The embedded backend on the real default model (SmolLM2-135M-Instruct): lossless greedy
+decoding, exact sampling, stop conditions, concurrency."""
+
+import json
+import threading
+from collections import Counter
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from agentaccel.backends.local import LocalGenerator, SamplingParams, load_model  # noqa: E402
+from agentaccel.backends.local.sampling import distribution  # noqa: E402
+from agentaccel.bench.corpus import default_traces_dir  # noqa: E402
+from agentaccel.engine import SuffixEngine  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def model_tok():
+    return load_model()
+
+
+def chat(tok, text):
+    return tok.encode(f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n")
+
+
+def reference_greedy(model, prompt, n, eos):
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False)[0, len(prompt):].tolist()
+    return out[: out.index(eos)] if eos in out else out
+
+
+def agent_prompts(tok, n=2, keep=900):
+    """Real SWE-agent prompts from ../shared/traces, truncated from the left."""
+    try:
+        folder = default_traces_dir()
+    except FileNotFoundError:
+        return []
+    prompts = []
+    for path in sorted(folder.glob("swe-agent/*/trajs/*.traj"))[:n]:
+        history = json.loads(path.read_text())["history"]
+        text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in history[:6])
+        prompts.append(tok.encode(text + "<|im_start|>assistant\n")[-keep:])
+    return prompts
+
+
+def test_greedy_speculation_is_lossless(model_tok):
+    model, tok = model_tok
+    engine = SuffixEngine()
+    gen = LocalGenerator(model, tok, engine)
+    prompts = [chat(tok, q) for q in ("List three colors.", "Write a SQL query that counts users per country.",
+                                      "Explain recursion in one sentence.")] + agent_prompts(tok)
+    drafted = accepted = 0
+    for prompt in prompts:
+        want = reference_greedy(model, prompt, 40, gen.eos)
+        for attempt in range(2):  # cold, then with its own output in the global tree
+            got = gen.generate(prompt, SamplingParams(max_tokens=40))
+            assert got.token_ids == want, f"attempt {attempt}"
+            drafted += got.drafted
+            accepted += got.accepted
+    assert accepted > 50 and drafted > accepted  # drafts were both accepted and rejected
+
+
+def test_sampling_draws_from_the_model_distribution(model_tok):
+    """Completions sampled with speculation follow the model's exact distribution: the first two
+    tokens (the second one verified against drafts of the likeliest pairs) fit the exact joint
+    distribution (chi-square at the 0.001 level)."""
+    model, tok = model_tok
+    prompt = chat(tok, "Name a color.")
+    params = SamplingParams(max_tokens=2, temperature=1.0, top_k=3)
+    with torch.no_grad():
+        first = distribution(model(torch.tensor([prompt])).logits[0, -1], params)
+        exact = {}
+        for t1 in torch.nonzero(first).flatten().tolist():
+            second = distribution(model(torch.tensor([prompt + [t1]])).logits[0, -1], params)
+            for t2 in torch.nonzero(second).flatten().tolist():
+                exact[(t1, t2)] = float(first[t1] * second[t2])
+    engine = SuffixEngine()
+    for (t1, t2), _ in sorted(exact.items(), key=lambda kv: -kv[1])[:4]:
+        engine.add_document([t1, t2])  # the drafts propose the likeliest pairs
+    gen = LocalGenerator(model, tok, engine)
+    n = 240
+    seen = Counter()
+    drafted = 0
+    for i in range(n):
+        r = gen.generate(prompt, SamplingParams(max_tokens=3, temperature=1.0, top_k=3, seed=i))
+        seen[tuple(r.token_ids[:2])] += 1
+        drafted += r.drafted
+    assert drafted > n // 2
+    assert set(seen) <= set(exact)
+    cells = [(seen[k], n * p) for k, p in exact.items()]
+    small = [c for c in cells if c[1] < 5]
+    cells = [c for c in cells if c[1] >= 5] + ([(sum(o for o, _ in small), sum(e for _, e in small))] if small else [])
+    chi2 = sum((o - e) ** 2 / e for o, e in cells)
+    critical = [10.83, 13.82, 16.27, 18.47, 20.52, 22.46, 24.32, 26.12, 27.88][len(cells) - 2]
+    assert chi2 < critical, (chi2, cells)
+
+
+def test_stop_conditions_streaming_and_usage(model_tok):
+    model, tok = model_tok
+    gen = LocalGenerator(model, tok, SuffixEngine())
+    prompt = chat(tok, "Count from one to ten in words, separated by commas.")
+    streamed = []
+    r = gen.generate(prompt, SamplingParams(max_tokens=5), on_tokens=streamed.extend)
+    assert r.finish_reason == "length" and r.completion_tokens == 5 == len(r.token_ids)
+    assert streamed == r.token_ids and r.prompt_tokens == len(prompt)
+    full = gen.generate(prompt, SamplingParams(max_tokens=60))
+    assert full.finish_reason == "stop" and gen.eos not in full.token_ids  # ended by EOS
+    word = full.text.split()[3]  # a word from the middle of the real output
+    cut = gen.generate(prompt, SamplingParams(max_tokens=60, stop=["never appears", word]))
+    assert cut.finish_reason == "stop" and cut.text == full.text[: full.text.find(word)]
+
+
+def test_concurrent_requests_and_isolated_failures(model_tok):
+    model, tok = model_tok
+    gen = LocalGenerator(model, tok, SuffixEngine())
+    questions = [f"What is {a} plus {b}? Answer briefly." for a, b in zip(range(8), range(10, 18), strict=True)]
+    prompts = [chat(tok, q) for q in questions]
+    expected = [reference_greedy(model, p, 24, gen.eos) for p in prompts]
+    results, errors = {}, {}
+
+    def run(i):
+        try:
+            if i == 8:
+                gen.generate(prompts[0], SamplingParams(max_tokens=10_000))  # over the context window
+            else:
+                results[i] = gen.generate(prompts[i], SamplingParams(max_tokens=24)).token_ids
+        except Exception as e:  # noqa: BLE001 - recorded for the assertion
+            errors[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(9)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert list(errors) == [8] and "context too long" in str(errors[8])
+    assert [results[i] for i in range(8)] == expected
+
+
+def test_bad_parameters_raise_clear_errors(model_tok):
+    model, tok = model_tok
+    gen = LocalGenerator(model, tok)
+    for bad, match in ((SamplingParams(max_tokens=0), "max_tokens"), (SamplingParams(temperature=-1), "temperature"),
+                       (SamplingParams(top_p=0), "top_p"), (SamplingParams(stop=[""]), "stop")):
+        with pytest.raises(ValueError, match=match):
+            gen.generate([1, 2, 3], bad)
+    with pytest.raises(ValueError, match="empty"):
+        gen.generate([], SamplingParams())
