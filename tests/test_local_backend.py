@@ -13,7 +13,9 @@ pytest.importorskip("transformers")
 from agentaccel.backends.local import LocalGenerator, SamplingParams, load_model  # noqa: E402
 from agentaccel.backends.local.sampling import distribution  # noqa: E402
 from agentaccel.bench.corpus import default_traces_dir  # noqa: E402
-from agentaccel.engine import SuffixEngine  # noqa: E402
+from agentaccel.engine import SpecConfig, SuffixEngine  # noqa: E402
+
+EAGER = SpecConfig(min_score=0.0, cost=0.02)  # always draft: exercises rejections too
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +50,7 @@ def agent_prompts(tok, n=2, keep=900):
 def test_greedy_speculation_is_lossless(model_tok):
     model, tok = model_tok
     engine = SuffixEngine()
-    gen = LocalGenerator(model, tok, engine)
+    gen = LocalGenerator(model, tok, engine, EAGER)
     prompts = [chat(tok, q) for q in ("List three colors.", "Write a SQL query that counts users per country.",
                                       "Explain recursion in one sentence.")] + agent_prompts(tok)
     drafted = accepted = 0
@@ -79,7 +81,7 @@ def test_sampling_draws_from_the_model_distribution(model_tok):
     engine = SuffixEngine()
     for (t1, t2), _ in sorted(exact.items(), key=lambda kv: -kv[1])[:4]:
         engine.add_document([t1, t2])  # the drafts propose the likeliest pairs
-    gen = LocalGenerator(model, tok, engine)
+    gen = LocalGenerator(model, tok, engine, EAGER)
     n = 240
     seen = Counter()
     drafted = 0
@@ -114,7 +116,7 @@ def test_stop_conditions_streaming_and_usage(model_tok):
 
 def test_concurrent_requests_and_isolated_failures(model_tok):
     model, tok = model_tok
-    gen = LocalGenerator(model, tok, SuffixEngine())
+    gen = LocalGenerator(model, tok, SuffixEngine(), EAGER)
     questions = [f"What is {a} plus {b}? Answer briefly." for a, b in zip(range(8), range(10, 18), strict=True)]
     prompts = [chat(tok, q) for q in questions]
     expected = [reference_greedy(model, p, 24, gen.eos) for p in prompts]
@@ -147,3 +149,13 @@ def test_bad_parameters_raise_clear_errors(model_tok):
             gen.generate([1, 2, 3], bad)
     with pytest.raises(ValueError, match="empty"):
         gen.generate([], SamplingParams())
+    with pytest.raises(ValueError, match="drafter"):
+        LocalGenerator(model, tok, drafter="magic")
+
+
+def test_prompt_lookup_drafter_is_lossless_too(model_tok):
+    model, tok = model_tok
+    prompt = chat(tok, "Repeat exactly: alpha beta gamma delta alpha beta gamma delta alpha beta gamma delta")
+    want = reference_greedy(model, prompt, 30, LocalGenerator(model, tok).eos)
+    got = LocalGenerator(model, tok, SuffixEngine(), drafter="pld").generate(prompt, SamplingParams(max_tokens=30))
+    assert got.token_ids == want and got.accepted > 0

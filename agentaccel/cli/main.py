@@ -132,6 +132,43 @@ def bench_backend(
     console.print(f"cost profile written to {path} (use: agentaccel bench replay --cost {path})")
 
 
+@bench_app.command("e2e")
+def bench_e2e(
+    workload: Annotated[list[str] | None, typer.Option("--workload", help="swe, sql, chat (repeatable; "
+                                                                          "default: all).")] = None,
+    n: Annotated[int, typer.Option(help="Calls per workload (sql: questions, 5 calls each).")] = 12,
+    max_tokens: Annotated[int, typer.Option(help="Output tokens per call.")] = 96,
+    keep_prompt: Annotated[int, typer.Option(help="Prompts are truncated from the left to this many tokens.")]
+    = 1536,
+    traces: TracesOption = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write the results as JSON here.")] = None,
+) -> None:
+    """Wall-clock decoding on the real model: vanilla vs prompt lookup vs suffix, same prompts."""
+    from agentaccel.backends.local import load_model
+    from agentaccel.bench import e2e
+
+    chosen = workload or ["swe", "sql", "chat"]
+    unknown = set(chosen) - {"swe", "sql", "chat"}
+    if unknown:
+        raise typer.BadParameter(f"unknown workload(s): {', '.join(sorted(unknown))}", param_hint="--workload")
+    folder = _traces(traces)
+    with console.status("loading the model") as status:
+        model, tok = load_model()
+        result = e2e.run(model, tok, folder, chosen, n, max_tokens, keep_prompt, progress=status.update)
+    table = Table(title=f"end-to-end decoding, {next(model.parameters()).device.type}, {max_tokens} tokens/call")
+    for col in ("workload", "method", "calls", "tokens", "tok/s", "speedup", "MAT", "accept", "identical"):
+        table.add_column(col, justify="left" if col in ("workload", "method") else "right")
+    for w, r in result.items():
+        for m in e2e.METHODS:
+            x = r[m]
+            table.add_row(w, m, str(x["calls"]), f"{x['tokens']:,}", f"{x['tokens_per_s']:.1f}",
+                          f"{x['speedup']:.2f}x", f"{x['mat']:.2f}", f"{x['acceptance_rate']:.1%}",
+                          "yes" if r["identical_outputs"] else "NO")
+    console.print(table)
+    if json_out:
+        json_out.write_text(json.dumps(result, indent=2))
+
+
 @bench_app.command("replay")
 def bench_replay(
     db: DbOption = None,

@@ -35,14 +35,28 @@ class GenerationResult:
         return self.completion_tokens / max(1, self.steps + 1)
 
 
+def default_spec(device_type: str) -> SpecConfig:
+    """On CPU any draft costs ~0.8 of a step and extra draft tokens are cheap (docs/BENCHMARKS.md,
+    `bench backend`): draft only when the expected accepted length beats that (tau), then
+    generously. On GPU the linear c = 0.02 model holds."""
+    if device_type == "cpu":
+        return SpecConfig(cost=0.04, min_score=0.8)
+    return SpecConfig(cost=0.02)
+
+
 class LocalGenerator:
     def __init__(self, model, tokenizer, engine: SuffixEngine | None = None, spec: SpecConfig | None = None,
-                 max_draft: int = 32) -> None:
+                 max_draft: int = 32, drafter: str = "suffix") -> None:
+        """`drafter`: "suffix" (the engine's trees) or "pld" (prompt lookup in the request's own
+        context, the baseline; the engine then only holds the request)."""
+        if drafter not in ("suffix", "pld"):
+            raise ValueError(f"drafter must be 'suffix' or 'pld', got {drafter!r}")
         self.model = model
         self.tokenizer = tokenizer
         self.engine = engine
-        self.spec = spec or SpecConfig()
+        self.spec = spec or default_spec(next(model.parameters()).device.type)
         self.max_draft = max_draft
+        self.drafter = drafter
         self.max_context = int(getattr(model.config, "max_position_embeddings", 8192))
         gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         self.eos = gen_eos if isinstance(gen_eos, int) else tokenizer.eos_token_id
@@ -90,7 +104,10 @@ class LocalGenerator:
             budget = min(self.max_draft, params.max_tokens - len(out) - 1)
             tokens, parents = [], []
             if engine is not None and budget > 0:
-                draft = engine.speculate(rid, budget, self.spec)
+                if self.drafter == "pld":
+                    draft = engine.prompt_lookup(rid, 2, 5, min(8, budget))
+                else:
+                    draft = engine.speculate(rid, budget, self.spec)
                 tokens, parents = draft.token_ids, draft.parents
             with self._forward:
                 path, pending = seq.step(tokens, parents, choose)
@@ -99,7 +116,7 @@ class LocalGenerator:
             accepted += len(path)
             new = [*path, pending]
         if engine is not None:
-            engine.finish_request(rid, keep_output=True)  # the output joins its stage's tree
+            engine.finish_request(rid, keep_output=self.drafter == "suffix")  # output joins the stage tree
         text = self.tokenizer.decode(out)
         if finish == "stop_string":
             text = self._before_stop(text, params.stop)

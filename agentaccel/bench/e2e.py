@@ -1,0 +1,132 @@
+"""`agentaccel bench e2e`: wall-clock decoding on the real model, vanilla vs prompt lookup vs
+suffix speculation, same prompts, one run. Outputs are compared across methods (lossless).
+
+Workloads:
+* swe: the first LLM calls of the SWE-agent trajectories (prompt truncated from the left to fit;
+  the model continues with its own greedy output; the global tree learns as calls finish);
+* sql: a multi-stage text-to-SQL pipeline over Spider questions (classify -> schema link ->
+  SQL -> refine -> final), each stage tagged, the model generating every stage;
+* chat: AlpacaEval instructions.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agentaccel.backends.local import LocalGenerator, SamplingParams
+from agentaccel.engine import SuffixEngine
+from agentaccel.traces.render import render_prompt
+
+Generate = Callable[[list[dict], str], str]  # (messages, stage) -> reply text
+
+METHODS = ("vanilla", "pld", "suffix")
+
+
+@dataclass
+class MethodResult:
+    calls: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+    steps: int = 0  # forward passes, prefill included
+    drafted: int = 0
+    accepted: int = 0
+    outputs: list[list[int]] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        return {"calls": self.calls, "tokens": self.tokens, "seconds": self.seconds,
+                "tokens_per_s": self.tokens / self.seconds if self.seconds else 0.0,
+                "mat": self.tokens / self.steps if self.steps else 0.0,
+                "acceptance_rate": self.accepted / self.drafted if self.drafted else 0.0}
+
+
+def chat_workload(traces: Path, n: int) -> Iterator[tuple[list[dict], str]]:
+    rows = json.loads((traces / "chat/alpaca_eval/Meta-Llama-3-8B-Instruct/model_outputs.json").read_text())
+    for row in rows[:n]:
+        yield [{"role": "user", "content": row["instruction"]}], "chat"
+
+
+def swe_workload(traces: Path, n: int) -> Iterator[tuple[list[dict], str]]:
+    count = 0
+    for path in sorted(traces.glob("swe-agent/20240825_SWE-agent_deepseek-chat-v2/trajs/*.traj")):
+        history = json.loads(path.read_text())["history"]
+        for i, m in enumerate(history):
+            if m["role"] == "assistant" and not m.get("is_demo"):
+                yield [{"role": x["role"], "content": x["content"]} for x in history[:i]], "swe-agent"
+                count += 1
+                if count >= n:
+                    return
+
+
+def _schema(tables: dict) -> str:
+    cols: dict[int, list[str]] = {}
+    for t, c in tables["column_names_original"][1:]:
+        cols.setdefault(t, []).append(c)
+    return "\n".join(f"{name}({', '.join(cols.get(i, []))})" for i, name in enumerate(tables["table_names_original"]))
+
+
+def sql_pipeline(traces: Path, n: int, generate: Generate) -> None:
+    """The model runs every stage; each stage's prompt carries the previous stages' outputs."""
+    dev = json.loads((traces / "text2sql/spider/dev.json").read_text())
+    schemas = {t["db_id"]: _schema(t) for t in json.loads((traces / "text2sql/spider/tables.json").read_text())}
+    for q in dev[:n]:
+        schema, question = schemas[q["db_id"]], q["question"]
+        difficulty = generate([{"role": "user", "content": f"Classify the difficulty of this SQL question as EASY, "
+                                                           f"MEDIUM or HARD.\nQuestion: {question}"}], "classify")
+        link = generate([{"role": "user", "content": f"Database schema:\n{schema}\n\nQuestion: {question}\nList the "
+                                                     "tables and columns needed to answer it."}], "schema-link")
+        sql = generate([{"role": "user", "content": f"Database schema:\n{schema}\n\nQuestion: {question}\nDifficulty: "
+                                                    f"{difficulty}\nRelevant schema: {link}\nWrite the SQL query."}],
+                       "sql")
+        refined = generate([{"role": "user", "content": f"Database schema:\n{schema}\n\nQuestion: {question}\nDraft "
+                                                        f"SQL:\n{sql}\nFix any errors and write the corrected SQL."}],
+                           "refine")
+        generate([{"role": "user", "content": f"Question: {question}\nCandidate SQL:\n{refined}\nOutput only the "
+                                              "final SQL query."}], "final")
+
+
+def run_method(method: str, model, tok, workload: str, traces: Path, n: int, max_tokens: int,
+               keep_prompt: int, progress: Callable[[str], None] | None = None) -> MethodResult:
+    engine = None if method == "vanilla" else SuffixEngine()
+    gen = LocalGenerator(model, tok, engine, drafter="pld" if method == "pld" else "suffix")
+    result = MethodResult()
+
+    def generate(messages: list[dict], stage: str) -> str:
+        prompt = tok.encode(render_prompt(messages))[-keep_prompt:]
+        t0 = time.perf_counter()
+        r = gen.generate(prompt, SamplingParams(max_tokens=max_tokens), stage=stage, speculate=engine is not None)
+        result.seconds += time.perf_counter() - t0
+        result.calls += 1
+        result.tokens += r.completion_tokens
+        result.steps += r.steps + 1
+        result.drafted += r.drafted
+        result.accepted += r.accepted
+        result.outputs.append(r.token_ids)
+        if progress:
+            progress(f"{workload}/{method}: call {result.calls}")
+        return r.text
+
+    if workload == "sql":
+        sql_pipeline(traces, n, generate)
+    else:
+        for messages, stage in (swe_workload if workload == "swe" else chat_workload)(traces, n):
+            generate(messages, stage)
+    return result
+
+
+def run(model, tok, traces: Path, workloads: list[str], n: int, max_tokens: int, keep_prompt: int,
+        progress=None) -> dict:
+    out = {}
+    for workload in workloads:
+        results = {m: run_method(m, model, tok, workload, traces, n, max_tokens, keep_prompt, progress)
+                   for m in METHODS}
+        base = results["vanilla"]
+        out[workload] = {
+            "identical_outputs": all(r.outputs == base.outputs for r in results.values()),
+            **{m: {**r.summary(), "speedup": (r.tokens / r.seconds) / (base.tokens / base.seconds)}
+               for m, r in results.items()},
+        }
+    return out
