@@ -30,7 +30,8 @@ METHODS = ("vanilla", "pld", "suffix")
 class MethodResult:
     calls: int = 0
     tokens: int = 0
-    seconds: float = 0.0
+    seconds: float = 0.0  # wall time of whole calls
+    decode_seconds: float = 0.0  # the same without the prefills (identical across methods)
     steps: int = 0  # forward passes, prefill included
     drafted: int = 0
     accepted: int = 0
@@ -39,6 +40,7 @@ class MethodResult:
     def summary(self) -> dict:
         return {"calls": self.calls, "tokens": self.tokens, "seconds": self.seconds,
                 "tokens_per_s": self.tokens / self.seconds if self.seconds else 0.0,
+                "decode_tokens_per_s": self.tokens / self.decode_seconds if self.decode_seconds else 0.0,
                 "mat": self.tokens / self.steps if self.steps else 0.0,
                 "acceptance_rate": self.accepted / self.drafted if self.drafted else 0.0}
 
@@ -99,6 +101,7 @@ def run_method(method: str, model, tok, workload: str, traces: Path, n: int, max
         t0 = time.perf_counter()
         r = gen.generate(prompt, SamplingParams(max_tokens=max_tokens), stage=stage, speculate=engine is not None)
         result.seconds += time.perf_counter() - t0
+        result.decode_seconds += r.decode_seconds
         result.calls += 1
         result.tokens += r.completion_tokens
         result.steps += r.steps + 1
@@ -126,7 +129,7 @@ def run(model, tok, traces: Path, workloads: list[str], n: int, max_tokens: int,
         base = results["vanilla"]
         out[workload] = {
             "identical_outputs": all(r.outputs == base.outputs for r in results.values()),
-            **{m: {**r.summary(), "speedup": (r.tokens / r.seconds) / (base.tokens / base.seconds)}
-               for m, r in results.items()},
+            **{m: {**r.summary(), "speedup": base.seconds / r.seconds,
+                   "decode_speedup": base.decode_seconds / r.decode_seconds} for m, r in results.items()},
         }
     return out

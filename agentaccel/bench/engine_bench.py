@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from agentaccel.bench.corpus import TokenCorpus
+from agentaccel.bench.replay import accepted_length
 from agentaccel.engine import SpecConfig, SuffixEngine
 
 HOLD_OUT_EVERY = 50
@@ -83,21 +84,6 @@ def build_in_fresh_process(corpus: TokenCorpus, max_depth: int, workdir: Path) -
     return BuildResult(**json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-def accepted_length(draft, truth: np.ndarray) -> int:
-    """Length of the longest draft path whose tokens equal the next real tokens."""
-    best = 0
-    depth: list[int] = []
-    matched: list[bool] = []
-    for tok, parent in zip(draft.token_ids, draft.parents, strict=True):
-        d = 0 if parent < 0 else depth[parent] + 1
-        ok = (parent < 0 or matched[parent]) and d < len(truth) and tok == truth[d]
-        depth.append(d)
-        matched.append(ok)
-        if ok:
-            best = max(best, d + 1)
-    return best
-
-
 def replay_requests(eng: SuffixEngine, corpus: TokenCorpus, config: SpecConfig, max_requests: int,
                     max_output: int, prompt_tokens: int, max_tokens: int) -> dict:
     held = [i for i in range(1, len(corpus)) if i % HOLD_OUT_EVERY == 0][:max_requests]
@@ -114,7 +100,7 @@ def replay_requests(eng: SuffixEngine, corpus: TokenCorpus, config: SpecConfig, 
             t0 = time.perf_counter_ns()
             draft = eng.speculate(rid, max_tokens, config)
             times.append(time.perf_counter_ns() - t0)
-            acc = accepted_length(draft, output[pos:])
+            acc = accepted_length(draft.token_ids, draft.parents, output[pos:])
             step = min(acc + 1, len(output) - pos)
             eng.extend(rid, output[pos : pos + step])
             accepted += step

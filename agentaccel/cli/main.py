@@ -156,14 +156,15 @@ def bench_e2e(
         model, tok = load_model()
         result = e2e.run(model, tok, folder, chosen, n, max_tokens, keep_prompt, progress=status.update)
     table = Table(title=f"end-to-end decoding, {next(model.parameters()).device.type}, {max_tokens} tokens/call")
-    for col in ("workload", "method", "calls", "tokens", "tok/s", "speedup", "MAT", "accept", "identical"):
+    for col in ("workload", "method", "calls", "tokens", "tok/s", "speedup", "decode tok/s", "decode speedup",
+                "MAT", "accept", "identical"):
         table.add_column(col, justify="left" if col in ("workload", "method") else "right")
     for w, r in result.items():
         for m in e2e.METHODS:
             x = r[m]
             table.add_row(w, m, str(x["calls"]), f"{x['tokens']:,}", f"{x['tokens_per_s']:.1f}",
-                          f"{x['speedup']:.2f}x", f"{x['mat']:.2f}", f"{x['acceptance_rate']:.1%}",
-                          "yes" if r["identical_outputs"] else "NO")
+                          f"{x['speedup']:.2f}x", f"{x['decode_tokens_per_s']:.1f}", f"{x['decode_speedup']:.2f}x",
+                          f"{x['mat']:.2f}", f"{x['acceptance_rate']:.1%}", "yes" if r["identical_outputs"] else "NO")
     console.print(table)
     if json_out:
         json_out.write_text(json.dumps(result, indent=2))

@@ -22,6 +22,7 @@ import numpy as np
 import sqlite_utils
 
 from agentaccel.traces.records import Session, canonical_json, digest
+from agentaccel.traces.render import render_message
 
 SCHEMA_VERSION = 1
 
@@ -236,8 +237,6 @@ class TraceStore:
             return row[0]
         blob_id = self.conn.execute("INSERT INTO blobs (hash, json) VALUES (?, ?)", (h, text)).lastrowid
         if new_texts is not None:
-            from agentaccel.traces.render import render_message
-
             new_texts.append(("b", blob_id, render_message(value)))
         return blob_id
 
@@ -252,8 +251,6 @@ class TraceStore:
 
     def ensure_tokens(self, tokenizer, stage: str | None = None, batch: int = 2000) -> None:
         """Tokenizes whatever the cache lacks for `tokenizer` (e.g. after a tokenizer change)."""
-        from agentaccel.traces.render import render_message
-
         fp = tokenizer.fingerprint
         stage_clause = "c.stage = ? AND " if stage else ""
         missing_r = self.conn.execute(

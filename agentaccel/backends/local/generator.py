@@ -7,6 +7,7 @@ fails (bad parameters, context too long) raises in its own thread only."""
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +29,8 @@ class GenerationResult:
     steps: int  # forward passes after the prefill
     drafted: int  # draft tokens proposed
     accepted: int  # draft tokens accepted
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
 
     @property
     def mean_accepted(self) -> float:
@@ -86,8 +89,10 @@ class LocalGenerator:
     def _decode(self, prompt, params, engine, rid, on_tokens) -> GenerationResult:
         choose = chooser(params)
         seq = Sequence(self.model, prompt)
+        t0 = time.perf_counter()
         with self._forward:
             first = seq.prefill(choose)
+        t1 = time.perf_counter()
         out: list[int] = []
         steps = drafted = accepted = 0
         finish = None
@@ -117,11 +122,12 @@ class LocalGenerator:
             new = [*path, pending]
         if engine is not None:
             engine.finish_request(rid, keep_output=self.drafter == "suffix")  # output joins the stage tree
+        t2 = time.perf_counter()
         text = self.tokenizer.decode(out)
         if finish == "stop_string":
             text = self._before_stop(text, params.stop)
             finish = "stop"
-        return GenerationResult(out, text, finish, len(prompt), len(out), steps, drafted, accepted)
+        return GenerationResult(out, text, finish, len(prompt), len(out), steps, drafted, accepted, t1 - t0, t2 - t1)
 
     def _cut(self, out: list[int], new: list[int], params: SamplingParams) -> tuple[list[int], str | None]:
         """Trims newly accepted tokens at EOS, max_tokens or a stop string."""
