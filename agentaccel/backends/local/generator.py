@@ -40,10 +40,11 @@ class GenerationResult:
 
 def default_spec(device_type: str) -> SpecConfig:
     """On CPU any draft costs ~0.8 of a step and extra draft tokens are cheap (docs/BENCHMARKS.md,
-    `bench backend`): draft only when the expected accepted length beats that (tau), then
-    generously. On GPU the linear c = 0.02 model holds."""
+    `bench backend`): draft only when the expected accepted length is high enough (tau = 1.5,
+    the optimum of `bench replay --cost <measured CPU curve> --sweep min_score=0.8,1.5,2,3` on all
+    four replay workloads), then generously. On GPU the linear c = 0.02 model holds."""
     if device_type == "cpu":
-        return SpecConfig(cost=0.04, min_score=0.8)
+        return SpecConfig(cost=0.02, min_score=1.5)
     return SpecConfig(cost=0.02)
 
 
