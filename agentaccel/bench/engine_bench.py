@@ -23,14 +23,14 @@ import numpy as np
 
 from agentaccel.bench.corpus import TokenCorpus
 from agentaccel.bench.replay import accepted_length
+from agentaccel.bench.speculators import PAPER_LINEAR, PAPER_TREE
 from agentaccel.engine import SpecConfig, SuffixEngine
 
 HOLD_OUT_EVERY = 50
 
 CONFIGS: dict[str, SpecConfig] = {
-    # ArcticInference / vLLM suffix defaults (linear, alpha 1, min-prob 0.1) in the paper mode
-    "paper-linear": SpecConfig(mode="paper", tree=False, alpha=1.0, min_prob=0.1, trees=("request", "stage")),
-    "paper-tree": SpecConfig(mode="paper", tree=True, alpha=2.0, min_prob=0.1, trees=("request", "stage")),
+    "paper-linear": PAPER_LINEAR,
+    "paper-tree": PAPER_TREE,
     "agentaccel-linear": SpecConfig(mode="agentaccel", tree=False),
     "agentaccel-tree": SpecConfig(mode="agentaccel", tree=True),
 }

@@ -60,7 +60,7 @@ def run_replay(console, err, store, tokenizer, *, stages, model, source, session
         specs = sp.build(names, profiles[0].marginal)
         grid = parse_sweep(sweep)
         if grid:
-            (base,) = sp.build([sweep_base], profiles[0].marginal) or [None]
+            (base,) = sp.build([sweep_base], profiles[0].marginal)
             if not isinstance(base, sp.Suffix):
                 raise ValueError(f"--sweep-base must be a suffix speculator, not {sweep_base}")
             specs += sweep_variants(base, grid)

@@ -99,16 +99,17 @@ class Suffix(_EngineBacked):
 
 
 PAPER_TREES = ("request", "stage")  # the paper: the request tree and the (per-stage) global tree
+# ArcticInference / vLLM defaults in the paper's algorithm (used at depth 24): alpha 1, min-prob 0.1, linear.
+PAPER_LINEAR = SpecConfig(mode="paper", tree=False, alpha=1.0, min_prob=0.1, trees=PAPER_TREES)
+PAPER_TREE = SpecConfig(mode="paper", tree=True, alpha=2.0, min_prob=0.1, trees=PAPER_TREES)
 
 
 def paper_linear() -> Suffix:
-    """ArcticInference / vLLM defaults in the paper's algorithm: depth 24, alpha 1, min-prob 0.1."""
-    return Suffix("paper-linear", SpecConfig(mode="paper", tree=False, alpha=1.0, min_prob=0.1, trees=PAPER_TREES),
-                  32, 24)
+    return Suffix("paper-linear", PAPER_LINEAR, 32, 24)
 
 
 def paper_tree() -> Suffix:
-    return Suffix("paper-tree", SpecConfig(mode="paper", tree=True, alpha=2.0, min_prob=0.1, trees=PAPER_TREES), 32, 64)
+    return Suffix("paper-tree", PAPER_TREE, 32, 64)
 
 
 def agentaccel(cost: float, shared: bool = False) -> Suffix:

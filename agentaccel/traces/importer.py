@@ -60,7 +60,7 @@ def precheck(path: Path, max_bytes: int) -> str | None:
     return None
 
 
-def _dry_write(sessions, fmt: str, tokenizer) -> WriteResult:
+def _dry_write(sessions, tokenizer) -> WriteResult:
     result = WriteResult()
     for session in sessions:
         seen = set()
@@ -124,7 +124,7 @@ def import_traces(
                 on_skip(source.path, reason)
             continue
         if store is None:
-            result = _dry_write(sessions, source.format, tokenizer)
+            result = _dry_write(sessions, tokenizer)
         else:
             result = store.write_sessions(sessions, stage_of=resolve_stage, source_file=str(source.path),
                                           fmt=source.format, tokenize=tokenize)

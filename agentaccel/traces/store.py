@@ -177,6 +177,9 @@ class TraceStore:
         try:
             new_texts: list[tuple[str, int, str]] = []  # (kind, ref, text) to tokenize
             stage_of_response: dict[int, str] = {}
+            # Agent prompts resend the whole history: every message object recurs in each later call
+            # of its session, so each is serialized and hashed once per write (keyed by identity).
+            memo: dict[int, tuple[int, str]] = {}
             for session in sessions:
                 row = conn.execute("SELECT id FROM sessions WHERE key=?", (session.key,)).fetchone()
                 new_session = row is None
@@ -198,12 +201,16 @@ class TraceStore:
                         counts.sessions += 1
                         counted.add(stage)
                     position = call.metadata.get("position", position) if call.metadata else position
-                    content_hash = digest(session.key, position, call.messages, call.response, call.tool_calls)
+                    refs = [self._blob(m, new_texts, memo) for m in call.messages]
+                    # The prompt enters the hash through its messages' content hashes: same content,
+                    # same hash, without re-serializing the whole history for every call.
+                    content_hash = digest(session.key, position, [h for _, h in refs], call.response,
+                                          call.tool_calls)
                     if conn.execute("SELECT 1 FROM calls WHERE content_hash=?", (content_hash,)).fetchone():
                         counts.duplicates += 1
                         continue
-                    prompt_ids = [self._blob(m, new_texts) for m in call.messages]
-                    tools_id = self._blob(call.tools, None) if call.tools else None
+                    prompt_ids = [blob_id for blob_id, _ in refs]
+                    tools_id = self._blob(call.tools, None, memo)[0] if call.tools else None
                     cur = conn.execute(
                         """INSERT INTO calls (session_id, position, stage, model, created_at, prompt, tools, response,
                            tool_calls, finish_reason, prompt_tokens, completion_tokens, latency, content_hash,
@@ -229,16 +236,22 @@ class TraceStore:
             raise
         return result
 
-    def _blob(self, value, new_texts: list | None) -> int:
+    def _blob(self, value, new_texts: list | None, memo: dict[int, tuple[int, str]]) -> tuple[int, str]:
+        """(blob id, content hash) of a message or tool list, stored once."""
+        known = memo.get(id(value))
+        if known is not None:
+            return known
         text = canonical_json(value)
         h = digest(text)
         row = self.conn.execute("SELECT id FROM blobs WHERE hash=?", (h,)).fetchone()
         if row:
-            return row[0]
-        blob_id = self.conn.execute("INSERT INTO blobs (hash, json) VALUES (?, ?)", (h, text)).lastrowid
-        if new_texts is not None:
-            new_texts.append(("b", blob_id, render_message(value)))
-        return blob_id
+            blob_id = row[0]
+        else:
+            blob_id = self.conn.execute("INSERT INTO blobs (hash, json) VALUES (?, ?)", (h, text)).lastrowid
+            if new_texts is not None:
+                new_texts.append(("b", blob_id, render_message(value)))
+        memo[id(value)] = (blob_id, h)
+        return blob_id, h
 
     def _store_tokens(self, items: list[tuple[str, int, str]], tokenize) -> list[int]:
         fingerprint, encode = tokenize

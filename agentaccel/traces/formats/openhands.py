@@ -68,13 +68,13 @@ def parse_completion_log(path: Path) -> list[Session]:
         latency=_float(data.get("latency_sec")),
         metadata={"file": path.name, "cost": data.get("cost"), **({"tags": metadata["tags"]} if "tags" in metadata
                                                                   else {}),
-                  "position": _position(data, path)},
+                  "position": _position(data)},
     )
     return [Session(key=session_key, framework="openhands", calls=[call], model=model,
                     metadata={"log_format": "sdk" if sdk else "v0"})]
 
 
-def _position(data: dict, path: Path) -> int:
+def _position(data: dict) -> int:
     """Calls of one run live in separate files: their order is their timestamp (in µs)."""
     stamp = _float(data.get("timestamp"))
     return int(round(stamp * 1e6)) if stamp is not None else 0
