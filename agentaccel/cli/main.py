@@ -11,12 +11,15 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from agentaccel.cli.serve import serve
+
 app = typer.Typer(help="agentaccel: suffix speculation middleware for LLM agents.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
 bench_app = typer.Typer(help="Benchmarks (results are recorded in docs/BENCHMARKS.md).", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
 traces_app = typer.Typer(help="Inspect the trace store.", no_args_is_help=True)
 app.add_typer(traces_app, name="traces")
+app.command("serve", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(serve)
 console = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, soft_wrap=True)  # error lines stay whole (grep-able, copy-able)
 

@@ -50,15 +50,17 @@ def default_spec(device_type: str) -> SpecConfig:
 
 class LocalGenerator:
     def __init__(self, model, tokenizer, engine: SuffixEngine | None = None, spec: SpecConfig | None = None,
-                 max_draft: int = 32, drafter: str = "suffix") -> None:
+                 max_draft: int = 32, drafter: str = "suffix", stage_specs: dict[str, SpecConfig] | None = None) -> None:
         """`drafter`: "suffix" (the engine's trees) or "pld" (prompt lookup in the request's own
-        context, the baseline; the engine then only holds the request)."""
+        context, the baseline; the engine then only holds the request). `stage_specs`: per-stage
+        drafting policy (alpha, tau, ...) overriding `spec`."""
         if drafter not in ("suffix", "pld"):
             raise ValueError(f"drafter must be 'suffix' or 'pld', got {drafter!r}")
         self.model = model
         self.tokenizer = tokenizer
         self.engine = engine
         self.spec = spec or default_spec(next(model.parameters()).device.type)
+        self.stage_specs = stage_specs or {}
         self.max_draft = max_draft
         self.drafter = drafter
         self.max_context = int(getattr(model.config, "max_position_embeddings", 8192))
@@ -82,12 +84,12 @@ class LocalGenerator:
         if engine is not None:
             engine.start_request(rid, prompt, stage=stage)
         try:
-            return self._decode(prompt, params, engine, rid, on_tokens)
+            return self._decode(prompt, params, engine, rid, on_tokens, self.stage_specs.get(stage, self.spec))
         finally:
             if engine is not None and engine.has_request(rid):
                 engine.finish_request(rid, keep_output=False)
 
-    def _decode(self, prompt, params, engine, rid, on_tokens) -> GenerationResult:
+    def _decode(self, prompt, params, engine, rid, on_tokens, spec: SpecConfig) -> GenerationResult:
         choose = chooser(params)
         seq = Sequence(self.model, prompt)
         t0 = time.perf_counter()
@@ -113,7 +115,7 @@ class LocalGenerator:
                 if self.drafter == "pld":
                     draft = engine.prompt_lookup(rid, 2, 5, min(8, budget))
                 else:
-                    draft = engine.speculate(rid, budget, self.spec)
+                    draft = engine.speculate(rid, budget, spec)
                 tokens, parents = draft.token_ids, draft.parents
             with self._forward:
                 path, pending = seq.step(tokens, parents, choose)

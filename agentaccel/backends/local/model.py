@@ -10,11 +10,13 @@ import torch
 
 from agentaccel.assets import DEFAULT_MODEL_NAME, cache_dir, default_gguf
 
+_FOLDER_VERSION = 2  # bump when the converted folder's contents change
+
 
 def default_model_folder() -> Path:
     """The HF folder of the default model, converted from the GGUF on first use."""
     gguf = default_gguf()
-    folder = cache_dir() / "models" / f"{DEFAULT_MODEL_NAME}-{gguf.stat().st_size}"
+    folder = cache_dir() / "models" / f"{DEFAULT_MODEL_NAME}-{gguf.stat().st_size}-{_FOLDER_VERSION}"
     if (folder / "config.json").exists():
         return folder
     from transformers import AutoModelForCausalLM
@@ -25,6 +27,9 @@ def default_model_folder() -> Path:
     loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     fresh = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
     fresh.load_state_dict(loaded.state_dict())
+    # The weights are plain float32 now; a leftover `quantization_config: gguf` makes vLLM refuse the folder.
+    if hasattr(fresh.config, "quantization_config"):
+        del fresh.config.quantization_config
     tmp = folder.with_name(folder.name + ".tmp")
     fresh.save_pretrained(tmp)
     _save_tokenizer(tmp)

@@ -1,0 +1,63 @@
+"""What every backend behind the proxy provides: OpenAI-shaped completions, whole or streamed.
+
+Backends speak OpenAI JSON both ways, so the proxy stays the same whichever serves the tokens:
+`complete` returns the response body, `stream` yields the SSE `data:` payloads (JSON text, no
+`[DONE]`). Speculation statistics, when the backend has them, land in `CallContext.spec`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+CHAT = "chat"
+COMPLETIONS = "completions"
+
+
+@dataclass
+class SpecStats:
+    """Speculation on one call: verification steps, draft tokens proposed, draft tokens accepted."""
+
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+
+    def as_dict(self) -> dict:
+        return {"steps": self.steps, "drafted": self.drafted, "accepted": self.accepted}
+
+
+@dataclass
+class CallContext:
+    stage: str
+    session_id: str | None = None
+    request_id: str = ""
+    spec: SpecStats | None = None  # filled by backends that speculate
+    extra: dict = field(default_factory=dict)
+
+
+class Backend(ABC):
+    name: str = "backend"
+
+    async def start(self) -> None:  # noqa: B027 - optional hook
+        """Called once before the first request (connect, load the model, launch a child...)."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Called once at shutdown."""
+
+    @abstractmethod
+    async def models(self) -> list[str]:
+        """Model names this backend serves."""
+
+    def prepare(self, body: dict, ctx: CallContext) -> dict:
+        """The body to send on (after the proxy stripped its own fields)."""
+        return body
+
+    @abstractmethod
+    async def complete(self, endpoint: str, body: dict, ctx: CallContext) -> dict: ...
+
+    @abstractmethod
+    def stream(self, endpoint: str, body: dict, ctx: CallContext) -> AsyncIterator[str]: ...
+
+    def health(self) -> dict:
+        return {"backend": self.name}

@@ -1,0 +1,203 @@
+"""`--backend local`: the embedded generator behind the proxy's OpenAI endpoints.
+
+Chat messages are rendered with the model's chat template and tokenized; each request runs in
+a worker thread (forward passes take turns inside LocalGenerator) and streams through an
+asyncio queue. A client that goes away cancels its generation at the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from agentaccel.backends.base import CHAT, Backend, CallContext, SpecStats
+from agentaccel.backends.local.detokenize import TextDeltas
+from agentaccel.backends.local.generator import GenerationResult, LocalGenerator
+from agentaccel.backends.local.sampling import SamplingParams
+from agentaccel.engine import SpecConfig, SuffixEngine
+from agentaccel.errors import APIError, bad_request
+from agentaccel.traces.render import render_prompt
+
+DEFAULT_MAX_TOKENS = 1024
+
+
+class _Cancelled(Exception):
+    """Raised inside the generation thread when the client has gone away."""
+
+
+class LocalBackend(Backend):
+    name = "local"
+
+    def __init__(self, engine: SuffixEngine, *, model_path: str | Path | None = None, device: str | None = None,
+                 served_name: str | None = None, stage_specs: dict[str, SpecConfig] | None = None,
+                 max_concurrency: int = 16, on_ready=None) -> None:
+        """`on_ready(engine, tokenizer)` runs once the model is loaded (the serve command seeds the
+        engine's trees from the trace store there)."""
+        self.engine = engine
+        self.model_path = model_path
+        self.device = device
+        self.served_name = served_name or (Path(model_path).name if model_path else "SmolLM2-135M-Instruct")
+        self.stage_specs = stage_specs or {}
+        self.pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="agentaccel-gen")
+        self.on_ready = on_ready
+        self.generator: LocalGenerator | None = None
+
+    async def start(self) -> None:
+        from agentaccel.backends.local.model import load_model
+
+        model, tok = await asyncio.to_thread(load_model, self.model_path, self.device)
+        self.tokenizer = tok
+        self.generator = LocalGenerator(model, tok, self.engine, stage_specs=self.stage_specs)
+        if self.on_ready is not None:
+            await asyncio.to_thread(self.on_ready, self.engine, tok)
+
+    async def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    async def models(self) -> list[str]:
+        return [self.served_name]
+
+    def health(self) -> dict:
+        return {"backend": self.name, "model": self.served_name, "loaded": self.generator is not None,
+                "engine": _engine_summary(self.engine) if self.generator else None}
+
+    # ------------------------------------------------------------------ requests
+    def _prompt(self, endpoint: str, body: dict) -> list[int]:
+        if endpoint == CHAT:
+            text = render_prompt(body["messages"], self.tokenizer.chat_template, body.get("tools"))
+            return self.tokenizer.encode(text)
+        prompt = body["prompt"]
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+            prompt = prompt[0]  # a batch of one
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt)
+        if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            return list(prompt)
+        raise bad_request("the local backend takes one prompt (a string or a list of token ids)", param="prompt")
+
+    @staticmethod
+    def _params(body: dict) -> SamplingParams:
+        if body.get("n", 1) != 1:
+            raise bad_request("the local backend generates one choice per request (n=1)", param="n")
+        stop = body.get("stop") or []
+        params = SamplingParams(
+            max_tokens=body.get("max_completion_tokens") or body.get("max_tokens") or DEFAULT_MAX_TOKENS,
+            temperature=float(body.get("temperature", 1.0) if body.get("temperature") is not None else 1.0),
+            top_p=float(body.get("top_p") if body.get("top_p") is not None else 1.0),
+            top_k=int(body.get("top_k") or 0),
+            stop=[stop] if isinstance(stop, str) else list(stop),
+            seed=body.get("seed"))
+        try:
+            params.validate()
+        except ValueError as e:
+            raise bad_request(str(e)) from e
+        return params
+
+    def _run(self, endpoint: str, body: dict, ctx: CallContext, on_tokens=None) -> GenerationResult:
+        try:
+            result = self.generator.generate(self._prompt(endpoint, body), self._params(body), stage=ctx.stage,
+                                             on_tokens=on_tokens, request_id=ctx.request_id)
+        except ValueError as e:  # bad parameters, context too long: this request alone fails
+            raise bad_request(str(e)) from e
+        ctx.spec = SpecStats(result.steps, result.drafted, result.accepted)
+        return result
+
+    async def complete(self, endpoint: str, body: dict, ctx: CallContext) -> dict:
+        self._params(body)  # bad parameters fail before taking a worker
+        loop = asyncio.get_running_loop()
+        try:
+            r = await loop.run_in_executor(self.pool, self._run, endpoint, body, ctx)
+        except APIError:
+            raise
+        except Exception as e:
+            raise APIError(500, f"generation failed: {e!r}", type="server_error") from e
+        usage = _usage(r)
+        if endpoint == CHAT:
+            choice = {"index": 0, "message": {"role": "assistant", "content": r.text},
+                      "finish_reason": r.finish_reason, "logprobs": None}
+            return _envelope("chat.completion", body, [choice], usage)
+        return _envelope("text_completion", body, [{"index": 0, "text": r.text, "finish_reason": r.finish_reason,
+                                                    "logprobs": None}], usage)
+
+    async def stream(self, endpoint: str, body: dict, ctx: CallContext) -> AsyncIterator[str]:
+        import json
+
+        params = self._params(body)
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        cancel = threading.Event()
+        deltas = TextDeltas(self.tokenizer.decode, params.stop)
+
+        def on_tokens(ids: list[int]) -> None:
+            if cancel.is_set():
+                raise _Cancelled()
+            text = deltas.push(ids)
+            if text:
+                loop.call_soon_threadsafe(queue.put_nowait, ("text", text))
+
+        def work() -> None:
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, ("done", self._run(endpoint, body, ctx, on_tokens)))
+            except BaseException as e:  # delivered to the stream, raised there
+                loop.call_soon_threadsafe(queue.put_nowait, ("error", e))
+
+        chat = endpoint == CHAT
+        head = {"id": _id(chat), "object": "chat.completion.chunk" if chat else "text_completion",
+                "created": int(time.time()), "model": body["model"]}
+
+        def chunk(text: str | None, finish: str | None = None, first: bool = False) -> str:
+            if chat:
+                delta = ({"role": "assistant", "content": text or ""} if first else
+                         {"content": text} if text else {})
+                choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+            else:
+                choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+            return json.dumps({**head, "choices": [choice]})
+
+        future = loop.run_in_executor(self.pool, work)
+        try:
+            if chat:
+                yield chunk("", first=True)
+            while True:
+                kind, value = await queue.get()
+                if kind == "text":
+                    yield chunk(value)
+                elif kind == "error":
+                    if isinstance(value, APIError):
+                        raise value
+                    raise APIError(500, f"generation failed: {value!r}", type="server_error") from value
+                else:
+                    rest = deltas.final(value.text)
+                    if rest:
+                        yield chunk(rest)
+                    yield chunk(None, value.finish_reason)
+                    if (body.get("stream_options") or {}).get("include_usage"):
+                        yield json.dumps({**head, "choices": [], "usage": _usage(value)})
+                    return
+        finally:
+            cancel.set()
+            await asyncio.wrap_future(future) if not future.done() else None
+
+
+def _id(chat: bool) -> str:
+    return ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+
+
+def _usage(r: GenerationResult) -> dict:
+    return {"prompt_tokens": r.prompt_tokens, "completion_tokens": r.completion_tokens,
+            "total_tokens": r.prompt_tokens + r.completion_tokens}
+
+
+def _envelope(kind: str, body: dict, choices: list[dict], usage: dict) -> dict:
+    return {"id": _id(kind == "chat.completion"), "object": kind, "created": int(time.time()),
+            "model": body["model"], "choices": choices, "usage": usage}
+
+
+def _engine_summary(engine: SuffixEngine) -> dict:
+    s = engine.stats()
+    return {"tokens": s["tokens"], "documents": s["documents"], "bytes": s["bytes"]}

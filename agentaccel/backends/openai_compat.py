@@ -1,0 +1,99 @@
+"""`--backend openai`: any OpenAI-compatible server upstream; agentaccel tags and records only.
+
+Upstream failures map to OpenAI-style errors: unreachable -> 502, timeout -> 504, an upstream
+4xx/5xx is passed on with its status and message. Closing a stream (the client went away)
+closes the upstream connection, which cancels the request there.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import httpx
+
+from agentaccel.backends.base import CHAT, Backend, CallContext
+from agentaccel.errors import APIError, upstream_timeout, upstream_unavailable
+
+_PATHS = {CHAT: "/chat/completions", "completions": "/completions"}
+
+
+class OpenAIBackend(Backend):
+    name = "openai"
+
+    def __init__(self, upstream: str, *, api_key: str | None = None, timeout: float = 600.0,
+                 max_connections: int = 1024) -> None:
+        base = upstream.rstrip("/")
+        self.base_url = base if base.endswith("/v1") else base + "/v1"
+        self.api_key = api_key
+        self.timeout = timeout
+        self.max_connections = max_connections
+        self.client: httpx.AsyncClient | None = None
+
+    async def start(self) -> None:
+        headers = {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        self.client = httpx.AsyncClient(
+            base_url=self.base_url, headers=headers,
+            timeout=httpx.Timeout(self.timeout, connect=10.0),
+            limits=httpx.Limits(max_connections=self.max_connections,
+                                max_keepalive_connections=self.max_connections))
+
+    async def close(self) -> None:
+        if self.client is not None:
+            await self.client.aclose()
+
+    def health(self) -> dict:
+        return {"backend": self.name, "upstream": self.base_url}
+
+    async def models(self) -> list[str]:
+        try:
+            r = await self.client.get("/models")
+        except httpx.TimeoutException as e:
+            raise upstream_timeout(f"upstream {self.base_url} timed out listing models") from e
+        except httpx.HTTPError as e:
+            raise upstream_unavailable(f"upstream {self.base_url} unreachable: {e!r}") from e
+        if r.status_code != 200:
+            raise _upstream_error(r.status_code, r.content, self.base_url)
+        return [m["id"] for m in r.json().get("data", []) if isinstance(m, dict) and "id" in m]
+
+    async def complete(self, endpoint: str, body: dict, ctx: CallContext) -> dict:
+        try:
+            r = await self.client.post(_PATHS[endpoint], json=body)
+        except httpx.TimeoutException as e:
+            raise upstream_timeout(f"upstream {self.base_url} timed out after {self.timeout:g} s") from e
+        except httpx.HTTPError as e:
+            raise upstream_unavailable(f"upstream {self.base_url} unreachable: {e!r}") from e
+        if r.status_code != 200:
+            raise _upstream_error(r.status_code, r.content, self.base_url)
+        return r.json()
+
+    async def stream(self, endpoint: str, body: dict, ctx: CallContext) -> AsyncIterator[str]:
+        try:
+            async with self.client.stream("POST", _PATHS[endpoint], json=body) as r:
+                if r.status_code != 200:
+                    raise _upstream_error(r.status_code, await r.aread(), self.base_url)
+                async for line in r.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue  # blank separators, comments, event names
+                    payload = line[5:].strip()
+                    if payload == "[DONE]":
+                        return
+                    yield payload
+        except httpx.TimeoutException as e:
+            raise upstream_timeout(f"upstream {self.base_url} timed out after {self.timeout:g} s") from e
+        except httpx.HTTPError as e:
+            raise upstream_unavailable(f"upstream {self.base_url} failed mid-request: {e!r}") from e
+
+
+def _upstream_error(status: int, content: bytes, base_url: str) -> APIError:
+    """The upstream's own error, status and message kept (OpenAI-style bodies are unwrapped)."""
+    try:
+        error = json.loads(content).get("error")
+    except (ValueError, AttributeError):
+        error = None
+    if isinstance(error, dict):
+        return APIError(status, str(error.get("message", "")), type=error.get("type") or "upstream_error",
+                        param=error.get("param"), code=error.get("code"))
+    text = content.decode("utf-8", "replace")[:500]
+    return APIError(status if status >= 400 else 502, f"upstream {base_url} answered {status}: {text}",
+                    type="upstream_error")

@@ -1,0 +1,152 @@
+"""`agentaccel serve`: the proxy in front of a backend (local by default, openai, or vllm)."""
+
+from __future__ import annotations
+
+import os
+import re
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+err = Console(stderr=True, soft_wrap=True)
+
+
+class BackendKind(str, Enum):
+    local = "local"
+    openai = "openai"
+    vllm = "vllm"
+
+
+def parse_size(text: str) -> int:
+    """'2GiB', '512MB', '1e9' -> bytes."""
+    m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([KMGT]?)(i?)B?\s*", text, re.IGNORECASE)
+    if not m:
+        raise typer.BadParameter(f"{text!r}: expected a size like 2GiB, 512MB or 1000000")
+    base = 1024 if m.group(3) or not m.group(2) else 1000
+    return int(float(m.group(1)) * base ** " KMGT".index(m.group(2).upper() or " "))
+
+
+def serve(
+    ctx: typer.Context,
+    backend: Annotated[BackendKind, typer.Option(help="local: embedded model (no GPU needed); openai: any "
+                                                      "OpenAI-compatible upstream; vllm: a managed `vllm serve`.")]
+    = BackendKind.local,
+    host: Annotated[str, typer.Option(help="Address to bind (loopback unless you mean otherwise).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    upstream: Annotated[str | None, typer.Option(help="openai backend: the upstream base URL.")] = None,
+    upstream_api_key: Annotated[str | None, typer.Option(envvar="AGENTACCEL_UPSTREAM_API_KEY",
+                                                         help="Bearer key for the upstream.")] = None,
+    model: Annotated[str | None, typer.Option(help="local: an HF model folder (default SmolLM2-135M-Instruct); "
+                                                   "vllm: the model to serve.")] = None,
+    served_model_name: Annotated[str | None, typer.Option(help="Model name clients use.")] = None,
+    api_key: Annotated[str | None, typer.Option(envvar="AGENTACCEL_API_KEY",
+                                                help="Require `Authorization: Bearer <key>`.")] = None,
+    db: Annotated[Path | None, typer.Option(help="Trace store (default $AGENTACCEL_DB or "
+                                                 "~/.agentaccel/traces.db).")] = None,
+    record: Annotated[bool, typer.Option(help="Record every call in the trace store.")] = True,
+    redact: Annotated[bool, typer.Option(help="Record without message or response text.")] = False,
+    seed: Annotated[bool, typer.Option(help="Seed the stage trees from the trace store at start.")] = True,
+    stage_rule: Annotated[list[str] | None, typer.Option(help="NAME=REGEX: requests whose system prompt matches "
+                                                              "go to stage NAME (repeatable, first match wins).")]
+    = None,
+    fingerprint: Annotated[bool, typer.Option(help="Untagged requests: stage = fingerprint of the system "
+                                                   "prompt.")] = True,
+    spec_config: Annotated[Path | None, typer.Option(help="JSON of per-stage drafting settings "
+                                                          '({"<stage>": {"alpha": 2, "min_score": 1}, "*": {...}}).')]
+    = None,
+    memory_budget: Annotated[str, typer.Option(help="Memory for the global trees (e.g. 2GiB).")] = "2GiB",
+    max_body: Annotated[str, typer.Option(help="Largest request body accepted.")] = "32MiB",
+    device: Annotated[str | None, typer.Option(help="local: torch device (default cuda if available).")] = None,
+    upstream_timeout: Annotated[float, typer.Option(help="Seconds before an upstream call gives up.")] = 600.0,
+) -> None:
+    """Run the OpenAI-compatible proxy. Arguments after `--` go to `vllm serve` (vllm backend)."""
+    import uvicorn
+
+    from agentaccel.proxy import ProxyConfig, create_app
+    from agentaccel.proxy.tagging import StageRule
+
+    try:
+        rules = [StageRule.parse(r) for r in stage_rule or []]
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--stage-rule") from e
+    config = ProxyConfig(host=host, port=port, api_key=api_key, max_body_bytes=parse_size(max_body), record=record,
+                         redact=redact, db_path=db, stage_rules=rules, fingerprint_system=fingerprint,
+                         upstream_timeout=upstream_timeout)
+    recorder = _recorder(config)
+    budget = parse_size(memory_budget)
+    if backend is BackendKind.openai:
+        if not upstream:
+            raise typer.BadParameter("the openai backend needs --upstream URL", param_hint="--upstream")
+        from agentaccel.backends.openai_compat import OpenAIBackend
+
+        impl = OpenAIBackend(upstream, api_key=upstream_api_key, timeout=upstream_timeout)
+    elif backend is BackendKind.local:
+        from agentaccel.traces.store import default_db_path
+
+        impl = _local_backend(model, served_model_name, device, spec_config, budget,
+                              (db or default_db_path()) if seed else None, recorder)
+    else:
+        if not model:
+            raise typer.BadParameter("the vllm backend needs --model", param_hint="--model")
+        from agentaccel.backends.vllm.backend import VLLMBackend
+
+        impl = VLLMBackend(model, served_name=served_model_name, extra_args=list(ctx.args), db_path=db,
+                           seed=seed, spec_config=spec_config, memory_budget_bytes=budget, timeout=upstream_timeout)
+    app = create_app(config, impl, recorder)
+    err.print(f"agentaccel: {backend.value} backend, listening on http://{host}:{port}/v1 "
+              f"(recording {'off' if recorder is None else 'to ' + str(recorder.store.path)})")
+    uvicorn.run(app, host=host, port=port, log_level=os.environ.get("AGENTACCEL_LOG_LEVEL", "warning"),
+                access_log=False)
+
+
+def _recorder(config):
+    if not config.record:
+        return None
+    from agentaccel.proxy.recorder import Recorder
+
+    try:
+        return Recorder(config.db_path, redact=config.redact)
+    except ValueError as e:
+        err.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from e
+
+
+def _local_backend(model, served_name, device, spec_config, budget, seed_db, recorder):
+    from agentaccel.backends.local.service import LocalBackend
+    from agentaccel.engine import SpecConfig, SuffixEngine
+    from agentaccel.engine.stage_config import load_stage_specs
+
+    stage_specs = {}
+    if spec_config is not None:
+        try:
+            _, stage_specs = load_stage_specs(spec_config, SpecConfig(cost=0.02, min_score=1.5))
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="--spec-config") from e
+    engine = SuffixEngine(memory_budget_bytes=budget)
+
+    def on_ready(engine, tokenizer) -> None:
+        if recorder is not None:
+            recorder.tokenize = (tokenizer.fingerprint, tokenizer.encode_batch)
+        if seed_db is not None:
+            seed_engine(engine, seed_db, tokenizer)
+
+    return LocalBackend(engine, model_path=model, device=device, served_name=served_name, stage_specs=stage_specs,
+                        on_ready=on_ready)
+
+
+def seed_engine(engine, db_path, tokenizer) -> None:
+    """Seeds the engine from the trace store, with a progress bar."""
+    from rich.progress import Progress
+
+    from agentaccel.engine.seeding import seed_from_store
+    from agentaccel.traces.store import TraceStore
+
+    with TraceStore(db_path) as store, Progress(console=err, transient=True) as progress:
+        task = progress.add_task("seeding stage trees from the trace store", total=None)
+        report = seed_from_store(engine, store, tokenizer,
+                                 progress=lambda done, total: progress.update(task, completed=done, total=total))
+    err.print(f"agentaccel: seeded {report.calls} outputs ({report.tokens} tokens, {report.stages} stages) "
+              f"from {db_path}")

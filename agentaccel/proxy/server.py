@@ -1,0 +1,225 @@
+"""The Starlette app: OpenAI-compatible endpoints in front of one backend.
+
+A request walks: auth -> body (size limit, JSON, types) -> model check -> tagging (stage,
+session; proxy-only fields stripped) -> backend -> response, then metrics and the recorder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from agentaccel.backends.base import CHAT, COMPLETIONS, Backend, CallContext
+from agentaccel.errors import APIError, bad_request
+from agentaccel.proxy import tagging
+from agentaccel.proxy.accumulate import Accumulated, Accumulator, from_body
+from agentaccel.proxy.config import ProxyConfig
+from agentaccel.proxy.metrics import Metrics
+from agentaccel.proxy.recorder import RecordedCall, Recorder
+from agentaccel.proxy.validation import parse_json, validate
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+class Proxy:
+    def __init__(self, config: ProxyConfig, backend: Backend, recorder: Recorder | None = None) -> None:
+        self.config = config
+        self.backend = backend
+        self.recorder = recorder
+        self.metrics = Metrics()
+        if recorder is not None:
+            recorder.on_error = lambda _e: self.metrics.recorder_dropped.inc()
+        self._models: list[str] = []
+
+    # ------------------------------------------------------------------ lifecycle
+    @contextlib.asynccontextmanager
+    async def lifespan(self, _app):
+        await self.backend.start()
+        try:
+            yield
+        finally:
+            await self.backend.close()
+            if self.recorder is not None:
+                await asyncio.to_thread(self.recorder.close)
+
+    # ------------------------------------------------------------------ plumbing
+    def _authorize(self, request: Request) -> None:
+        if self.config.api_key is None:
+            return
+        if request.headers.get("authorization", "") != f"Bearer {self.config.api_key}":
+            raise APIError(401, "invalid or missing API key (Authorization: Bearer <key>)",
+                           type="authentication_error", code="invalid_api_key")
+
+    async def _read_body(self, request: Request) -> dict:
+        limit = self.config.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > limit:
+            raise bad_request(f"request body of {declared} bytes is over the limit of {limit}", code="body_too_large")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise bad_request(f"request body is over the limit of {limit} bytes", code="body_too_large")
+            chunks.append(chunk)
+        return parse_json(b"".join(chunks))
+
+    async def _check_model(self, name: str) -> None:
+        if name in self._models:
+            return
+        self._models = await self.backend.models()  # refreshed on a miss: upstreams add models
+        if name not in self._models:
+            raise bad_request(f"unknown model {name!r}; this server has {self._models}", param="model",
+                              code="model_not_found")
+
+    # ------------------------------------------------------------------ endpoints
+    async def chat(self, request: Request) -> Response:
+        return await self._complete(request, CHAT)
+
+    async def completions(self, request: Request) -> Response:
+        return await self._complete(request, COMPLETIONS)
+
+    async def _complete(self, request: Request, endpoint: str) -> Response:
+        t0 = time.perf_counter()
+        try:
+            self._authorize(request)
+            body = await self._read_body(request)
+            validate(endpoint, body)
+            await self._check_model(body["model"])
+        except APIError as e:
+            self.metrics.requests.labels("-", endpoint, str(e.status)).inc()
+            return _error(e)
+        tags = tagging.resolve(request.headers, body, self.config.stage_rules, self.config.fingerprint_system)
+        ctx = CallContext(stage=tags.stage, session_id=tags.session_id, request_id=uuid.uuid4().hex)
+        forward = self.backend.prepare(tagging.strip_proxy_fields(body), ctx)
+        if body.get("stream"):
+            return await self._stream(endpoint, body, forward, ctx, t0)
+        try:
+            reply = await self.backend.complete(endpoint, forward, ctx)
+        except APIError as e:
+            self._observe(endpoint, ctx, e.status, t0)
+            return _error(e)
+        summary = from_body(endpoint, reply)
+        self._observe(endpoint, ctx, 200, t0, summary)
+        self._record(endpoint, body, ctx, summary, t0)
+        return JSONResponse(reply)
+
+    async def _stream(self, endpoint: str, body: dict, forward: dict, ctx: CallContext, t0: float) -> Response:
+        want_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        # Usage is always asked of the backend (recording and metrics need it); the chunk that only
+        # carries it is dropped again when the client did not ask.
+        forward = {**forward, "stream_options": {**(forward.get("stream_options") or {}), "include_usage": True}}
+        chunks = self.backend.stream(endpoint, forward, ctx)
+        try:
+            first = await anext(chunks, None)  # errors before the first chunk become a proper HTTP status
+        except APIError as e:
+            self._observe(endpoint, ctx, e.status, t0)
+            return _error(e)
+        acc = Accumulator(endpoint)
+
+        async def events() -> AsyncIterator[bytes]:
+            status = 200
+            first_token_at = None
+            try:
+                payload = first
+                while payload is not None:
+                    chunk = json.loads(payload)
+                    acc.add(chunk)
+                    if first_token_at is None and chunk.get("choices"):
+                        first_token_at = time.perf_counter()
+                    if want_usage or chunk.get("choices") or not chunk.get("usage"):
+                        yield b"data: " + payload.encode() + b"\n\n"
+                    payload = await anext(chunks, None)
+                yield SSE_DONE
+            except APIError as e:  # after the headers went out, the error travels as an SSE event
+                status = e.status
+                yield b"data: " + json.dumps(e.body()).encode() + b"\n\n"
+            except asyncio.CancelledError:  # the client went away: the backend stream is closed below
+                status = 499
+                raise
+            finally:
+                await chunks.aclose()
+                if first_token_at is not None:
+                    self.metrics.ttft.labels(ctx.stage).observe(first_token_at - t0)
+                summary = acc.finish()
+                self._observe(endpoint, ctx, status, t0, summary)
+                if status == 200:
+                    self._record(endpoint, body, ctx, summary, t0)
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"cache-control": "no-cache", "x-agentaccel-stage": ctx.stage})
+
+    def _observe(self, endpoint: str, ctx: CallContext, status: int, t0: float,
+                 summary: Accumulated | None = None) -> None:
+        self.metrics.observe(ctx.stage, endpoint, status, time.perf_counter() - t0,
+                             summary.prompt_tokens if summary else 0, summary.output_tokens if summary else 0,
+                             ctx.spec)
+
+    def _record(self, endpoint: str, body: dict, ctx: CallContext, summary: Accumulated, t0: float) -> None:
+        if self.recorder is None:
+            return
+        if endpoint == CHAT:
+            messages = body["messages"]
+        else:
+            prompt = body["prompt"]
+            messages = [{"role": "user", "content": prompt if isinstance(prompt, str) else json.dumps(prompt)}]
+        self.recorder.submit(RecordedCall(
+            stage=ctx.stage, session_id=ctx.session_id, model=body.get("model"), messages=messages,
+            response=summary.text, tool_calls=summary.tool_calls or None, tools=body.get("tools"),
+            finish_reason=summary.finish_reason, prompt_tokens=summary.prompt_tokens or None,
+            completion_tokens=summary.output_tokens or None, latency=time.perf_counter() - t0,
+            metadata={"endpoint": endpoint, "spec": ctx.spec.as_dict() if ctx.spec else None}))
+
+    async def list_models(self, request: Request) -> Response:
+        try:
+            self._authorize(request)
+            self._models = await self.backend.models()
+        except APIError as e:
+            return _error(e)
+        return JSONResponse({"object": "list", "data": [
+            {"id": m, "object": "model", "created": 0, "owned_by": "agentaccel"} for m in self._models]})
+
+    async def model_info(self, request: Request) -> Response:
+        """litellm proxy's `/v1/model/info` (OpenHands calls it for `litellm_proxy/` models)."""
+        try:
+            self._authorize(request)
+            self._models = await self.backend.models()
+        except APIError as e:
+            return _error(e)
+        return JSONResponse({"data": [
+            {"model_name": m, "litellm_params": {"model": m}, "model_info": {"id": m, "mode": "chat"}}
+            for m in self._models]})
+
+    async def health(self, _request: Request) -> Response:
+        return JSONResponse({"status": "ok", **self.backend.health()})
+
+    async def prometheus(self, _request: Request) -> Response:
+        return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
+
+
+def _error(e: APIError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status)
+
+
+def create_app(config: ProxyConfig, backend: Backend, recorder: Recorder | None = None) -> Starlette:
+    proxy = Proxy(config, backend, recorder)
+    routes = [
+        Route("/v1/chat/completions", proxy.chat, methods=["POST"]),
+        Route("/v1/completions", proxy.completions, methods=["POST"]),
+        Route("/v1/models", proxy.list_models, methods=["GET"]),
+        Route("/v1/model/info", proxy.model_info, methods=["GET"]),
+        Route("/model/info", proxy.model_info, methods=["GET"]),
+        Route("/health", proxy.health, methods=["GET"]),
+        Route("/metrics", proxy.prometheus, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, lifespan=proxy.lifespan)
+    app.state.proxy = proxy
+    return app

@@ -1,0 +1,108 @@
+"""Which stage and session a request belongs to, and the body to forward without the fields only
+the proxy understands.
+
+Stage, first match wins: header `X-Agentaccel-Stage`; body `metadata.stage` or `metadata.tags`
+(litellm convention; OpenHands sends `agent:CodeActAgent` there, the same rule the importers
+apply); `vllm_xargs.stage`; a configured rule (regex over the system prompt); a stable
+fingerprint of the system prompt; else "default".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from agentaccel.traces.records import message_text
+from agentaccel.traces.stages import DEFAULT_STAGE, explicit_stage
+
+STAGE_HEADER = "x-agentaccel-stage"
+SESSION_HEADERS = ("x-agentaccel-session", "x-litellm-session-id")
+# metadata keys the proxy consumes; anything else in metadata is forwarded untouched
+_METADATA_KEYS = ("stage", "tags", "session_id", "litellm_session_id")
+_SESSION_METADATA = ("session_id", "litellm_session_id")
+
+
+@dataclass(frozen=True)
+class StageRule:
+    stage: str
+    pattern: re.Pattern
+
+    @classmethod
+    def parse(cls, spec: str) -> StageRule:
+        """`NAME=REGEX` (the regex is searched in the system prompt)."""
+        name, sep, regex = spec.partition("=")
+        if not sep or not name or not regex:
+            raise ValueError(f"stage rule {spec!r}: expected NAME=REGEX")
+        try:
+            return cls(name, re.compile(regex))
+        except re.error as e:
+            raise ValueError(f"stage rule {spec!r}: bad regex ({e})") from e
+
+
+@dataclass
+class Tags:
+    stage: str
+    stage_source: str  # header, metadata, vllm_xargs, rule, system, default
+    session_id: str | None
+
+
+def system_prompt(body: Mapping) -> str | None:
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        for m in messages:
+            if isinstance(m, dict) and m.get("role") in ("system", "developer"):
+                return message_text(m)
+    return None
+
+
+def system_fingerprint(text: str) -> str:
+    return "sys-" + hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
+def resolve(headers: Mapping[str, str], body: Mapping, rules: list[StageRule], fingerprint: bool = True) -> Tags:
+    metadata = body.get("metadata") if isinstance(body.get("metadata"), dict) else None
+    session = next((headers[h] for h in SESSION_HEADERS if headers.get(h)), None)
+    if session is None and metadata:
+        session = next((str(metadata[k]) for k in _SESSION_METADATA if metadata.get(k)), None)
+
+    def tags(stage: str, source: str) -> Tags:
+        return Tags(stage, source, session)
+
+    if headers.get(STAGE_HEADER):
+        return tags(headers[STAGE_HEADER], "header")
+    tagged = explicit_stage(metadata)
+    if tagged:
+        return tags(tagged, "metadata")
+    xargs = body.get("vllm_xargs")
+    if isinstance(xargs, dict) and isinstance(xargs.get("stage"), str) and xargs["stage"]:
+        return tags(xargs["stage"], "vllm_xargs")
+    system = system_prompt(body)
+    if system is not None:
+        for rule in rules:
+            if rule.pattern.search(system):
+                return tags(rule.stage, "rule")
+        if fingerprint:
+            return tags(system_fingerprint(system), "system")
+    return tags(DEFAULT_STAGE, "default")
+
+
+def strip_proxy_fields(body: dict) -> dict:
+    """A copy of the body without what only the proxy understands (it would confuse upstreams)."""
+    out = dict(body)
+    metadata = out.get("metadata")
+    if isinstance(metadata, dict):
+        rest = {k: v for k, v in metadata.items() if k not in _METADATA_KEYS}
+        if rest:
+            out["metadata"] = rest
+        else:
+            out.pop("metadata")
+    xargs = out.get("vllm_xargs")
+    if isinstance(xargs, dict):
+        rest = {k: v for k, v in xargs.items() if k != "stage"}
+        if rest:
+            out["vllm_xargs"] = rest
+        else:
+            out.pop("vllm_xargs")
+    return out

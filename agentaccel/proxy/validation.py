@@ -1,0 +1,60 @@
+"""Checks of request bodies: wrong types become a 400 naming the field, before anything is sent on."""
+
+from __future__ import annotations
+
+import json
+
+from agentaccel.errors import bad_request
+
+CHAT = "chat"
+COMPLETIONS = "completions"
+
+
+def parse_json(raw: bytes) -> dict:
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise bad_request(f"malformed JSON body: {e}", code="invalid_json") from e
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object", code="invalid_json")
+    return body
+
+
+def _check(body: dict, field: str, types: tuple, what: str) -> None:
+    value = body.get(field)
+    if value is not None and (not isinstance(value, types) or isinstance(value, bool) and bool not in types):
+        raise bad_request(f"'{field}' must be {what}, got {type(value).__name__}", param=field, code="invalid_type")
+
+
+def validate(endpoint: str, body: dict) -> None:
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        raise bad_request("'model' is required and must be a string", param="model", code="invalid_type")
+    if endpoint == CHAT:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise bad_request("'messages' must be a non-empty list", param="messages", code="invalid_type")
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                raise bad_request(f"messages[{i}] must be an object with a string 'role'", param=f"messages[{i}]",
+                                  code="invalid_type")
+            content = m.get("content")
+            if content is not None and not isinstance(content, str | list):
+                raise bad_request(f"messages[{i}].content must be a string or a list of parts",
+                                  param=f"messages[{i}].content", code="invalid_type")
+        _check(body, "tools", (list,), "a list")
+    else:
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str | list) or isinstance(prompt, list) and not prompt:
+            raise bad_request("'prompt' must be a string or a non-empty list", param="prompt", code="invalid_type")
+    _check(body, "stream", (bool,), "a boolean")
+    _check(body, "max_tokens", (int,), "an integer")
+    _check(body, "max_completion_tokens", (int,), "an integer")
+    _check(body, "n", (int,), "an integer")
+    for field in ("temperature", "top_p"):
+        _check(body, field, (int, float), "a number")
+    _check(body, "stop", (str, list), "a string or a list of strings")
+    _check(body, "metadata", (dict,), "an object")
+    _check(body, "stream_options", (dict,), "an object")
+    for field in ("max_tokens", "max_completion_tokens"):
+        if isinstance(body.get(field), int) and body[field] < 1:
+            raise bad_request(f"'{field}' must be >= 1", param=field, code="invalid_value")
