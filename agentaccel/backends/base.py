@@ -32,6 +32,7 @@ class CallContext:
     stage: str
     session_id: str | None = None
     request_id: str = ""
+    headers: dict[str, str] = field(default_factory=dict)  # client headers an upstream may need
     spec: SpecStats | None = None  # filled by backends that speculate
     extra: dict = field(default_factory=dict)
 
@@ -61,3 +62,8 @@ class Backend(ABC):
 
     def health(self) -> dict:
         return {"backend": self.name}
+
+    def stage_stats(self) -> dict[str, dict[str, int]] | None:
+        """Per-stage speculation totals kept by the backend itself (None: the proxy sums each
+        call's `CallContext.spec`)."""
+        return None

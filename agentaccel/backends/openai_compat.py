@@ -45,6 +45,11 @@ class OpenAIBackend(Backend):
     def health(self) -> dict:
         return {"backend": self.name, "upstream": self.base_url}
 
+    def _headers(self, ctx: CallContext) -> dict[str, str]:
+        if self.api_key:  # the configured upstream key wins over whatever the client sent
+            return {k: v for k, v in ctx.headers.items() if k != "authorization"}
+        return ctx.headers
+
     async def models(self) -> list[str]:
         try:
             r = await self.client.get("/models")
@@ -58,7 +63,7 @@ class OpenAIBackend(Backend):
 
     async def complete(self, endpoint: str, body: dict, ctx: CallContext) -> dict:
         try:
-            r = await self.client.post(_PATHS[endpoint], json=body)
+            r = await self.client.post(_PATHS[endpoint], json=body, headers=self._headers(ctx))
         except httpx.TimeoutException as e:
             raise upstream_timeout(f"upstream {self.base_url} timed out after {self.timeout:g} s") from e
         except httpx.HTTPError as e:
@@ -69,7 +74,7 @@ class OpenAIBackend(Backend):
 
     async def stream(self, endpoint: str, body: dict, ctx: CallContext) -> AsyncIterator[str]:
         try:
-            async with self.client.stream("POST", _PATHS[endpoint], json=body) as r:
+            async with self.client.stream("POST", _PATHS[endpoint], json=body, headers=self._headers(ctx)) as r:
                 if r.status_code != 200:
                     raise _upstream_error(r.status_code, await r.aread(), self.base_url)
                 async for line in r.aiter_lines():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import re
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -14,7 +14,7 @@ from rich.console import Console
 err = Console(stderr=True, soft_wrap=True)
 
 
-class BackendKind(str, Enum):
+class BackendKind(StrEnum):
     local = "local"
     openai = "openai"
     vllm = "vllm"

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from agentaccel.backends.base import SpecStats
 
@@ -12,7 +15,10 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 
 
 class Metrics:
-    def __init__(self) -> None:
+    """`external_spec`, when given, supplies the per-stage speculation totals (a backend that
+    drafts out of process, like vLLM); otherwise they are summed from each call's SpecStats."""
+
+    def __init__(self, external_spec: Callable[[], dict[str, dict[str, int]]] | None = None) -> None:
         self.registry = r = CollectorRegistry()
         self.requests = Counter("agentaccel_requests", "Requests served", ["stage", "endpoint", "status"], registry=r)
         self.latency = Histogram("agentaccel_request_latency_seconds", "Request latency", ["stage", "endpoint"],
@@ -21,17 +27,10 @@ class Metrics:
                               ["stage"], buckets=_LATENCY_BUCKETS, registry=r)
         self.prompt_tokens = Counter("agentaccel_prompt_tokens", "Prompt tokens", ["stage"], registry=r)
         self.output_tokens = Counter("agentaccel_output_tokens", "Output tokens", ["stage"], registry=r)
-        self.steps = Counter("agentaccel_spec_steps", "Verification steps (forward passes after prefill)",
-                             ["stage"], registry=r)
-        self.drafted = Counter("agentaccel_draft_tokens", "Draft tokens proposed", ["stage"], registry=r)
-        self.accepted = Counter("agentaccel_accepted_tokens", "Draft tokens accepted", ["stage"], registry=r)
-        self.acceptance = Gauge("agentaccel_acceptance_rate", "Accepted / drafted tokens", ["stage"], registry=r)
-        self.mean_accepted = Gauge("agentaccel_mean_accepted_length",
-                                   "Tokens produced per verification step, the bonus token included", ["stage"],
-                                   registry=r)
         self.recorder_dropped = Counter("agentaccel_recorder_errors", "Calls the recorder failed to store",
                                         registry=r)
-        self._totals: dict[str, list[int]] = {}  # stage -> [calls, steps, drafted, accepted, output tokens]
+        self._spec_totals: dict[str, dict[str, int]] = {}
+        r.register(_SpecCollector(external_spec or (lambda: self._spec_totals)))
 
     def observe(self, stage: str, endpoint: str, status: int, seconds: float,
                 prompt_tokens: int = 0, output_tokens: int = 0, spec: SpecStats | None = None) -> None:
@@ -42,19 +41,37 @@ class Metrics:
         if output_tokens:
             self.output_tokens.labels(stage).inc(output_tokens)
         if spec is not None:
-            self.observe_spec(stage, spec, output_tokens)
-
-    def observe_spec(self, stage: str, spec: SpecStats, output_tokens: int) -> None:
-        self.steps.labels(stage).inc(spec.steps)
-        self.drafted.labels(stage).inc(spec.drafted)
-        self.accepted.labels(stage).inc(spec.accepted)
-        t = self._totals.setdefault(stage, [0, 0, 0, 0, 0])
-        for i, v in enumerate((1, spec.steps, spec.drafted, spec.accepted, output_tokens)):
-            t[i] += v
-        if t[2]:
-            self.acceptance.labels(stage).set(t[3] / t[2])
-        # the prefill's forward pass yields a token too (as GenerationResult.mean_accepted counts)
-        self.mean_accepted.labels(stage).set(t[4] / (t[0] + t[1]))
+            totals = self._spec_totals.setdefault(stage, {"steps": 0, "drafted": 0, "accepted": 0})
+            for key, value in spec.as_dict().items():
+                totals[key] += value
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _SpecCollector:
+    """Speculation metrics per stage, computed at scrape time from running totals."""
+
+    def __init__(self, source: Callable[[], dict[str, dict[str, int]]]) -> None:
+        self.source = source
+
+    def describe(self):
+        return []  # names are only known at collect time; nothing else registers them
+
+    def collect(self):
+        steps = CounterMetricFamily("agentaccel_spec_steps", "Verification steps (forward passes that checked a "
+                                    "draft, or could have)", labels=["stage"])
+        drafted = CounterMetricFamily("agentaccel_draft_tokens", "Draft tokens proposed", labels=["stage"])
+        accepted = CounterMetricFamily("agentaccel_accepted_tokens", "Draft tokens accepted", labels=["stage"])
+        rate = GaugeMetricFamily("agentaccel_acceptance_rate", "Accepted / drafted tokens", labels=["stage"])
+        mean = GaugeMetricFamily("agentaccel_mean_accepted_length", "Tokens produced per verification step "
+                                 "(accepted drafts + the bonus token)", labels=["stage"])
+        for stage, t in sorted(self.source().items()):
+            steps.add_metric([stage], t.get("steps", 0))
+            drafted.add_metric([stage], t.get("drafted", 0))
+            accepted.add_metric([stage], t.get("accepted", 0))
+            if t.get("drafted"):
+                rate.add_metric([stage], t["accepted"] / t["drafted"])
+            if t.get("steps"):
+                mean.add_metric([stage], (t["accepted"] + t["steps"]) / t["steps"])
+        yield from (steps, drafted, accepted, rate, mean)

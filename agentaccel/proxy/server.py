@@ -35,7 +35,7 @@ class Proxy:
         self.config = config
         self.backend = backend
         self.recorder = recorder
-        self.metrics = Metrics()
+        self.metrics = Metrics(backend.stage_stats if backend.stage_stats() is not None else None)
         if recorder is not None:
             recorder.on_error = lambda _e: self.metrics.recorder_dropped.inc()
         self._models: list[str] = []
@@ -98,7 +98,8 @@ class Proxy:
             self.metrics.requests.labels("-", endpoint, str(e.status)).inc()
             return _error(e)
         tags = tagging.resolve(request.headers, body, self.config.stage_rules, self.config.fingerprint_system)
-        ctx = CallContext(stage=tags.stage, session_id=tags.session_id, request_id=uuid.uuid4().hex)
+        ctx = CallContext(stage=tags.stage, session_id=tags.session_id, request_id=uuid.uuid4().hex,
+                          headers=tagging.forward_headers(request.headers, self.config.api_key is None))
         forward = self.backend.prepare(tagging.strip_proxy_fields(body), ctx)
         if body.get("stream"):
             return await self._stream(endpoint, body, forward, ctx, t0)

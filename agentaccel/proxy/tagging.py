@@ -88,6 +88,26 @@ def resolve(headers: Mapping[str, str], body: Mapping, rules: list[StageRule], f
     return tags(DEFAULT_STAGE, "default")
 
 
+# Not passed on: hop-by-hop and framing headers (the proxy's own client sets them), and ours.
+_NOT_FORWARDED = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "trailer",
+                  "upgrade", "proxy-authorization", "proxy-connection", "accept-encoding", "content-type",
+                  "user-agent", "cookie"}
+
+
+def forward_headers(headers: Mapping[str, str], keep_authorization: bool) -> dict[str, str]:
+    """Client headers worth passing upstream (provider-specific ones like OpenAI-Organization).
+    `Authorization` goes on only when the proxy takes no key of its own and the upstream has none
+    configured: then the client's key is the upstream's."""
+    out = {}
+    for name, value in headers.items():
+        name = name.lower()
+        if name in _NOT_FORWARDED or name.startswith("x-agentaccel-") or (name == "authorization"
+                                                                          and not keep_authorization):
+            continue
+        out[name] = value
+    return out
+
+
 def strip_proxy_fields(body: dict) -> dict:
     """A copy of the body without what only the proxy understands (it would confuse upstreams)."""
     out = dict(body)

@@ -50,7 +50,8 @@ def default_spec(device_type: str) -> SpecConfig:
 
 class LocalGenerator:
     def __init__(self, model, tokenizer, engine: SuffixEngine | None = None, spec: SpecConfig | None = None,
-                 max_draft: int = 32, drafter: str = "suffix", stage_specs: dict[str, SpecConfig] | None = None) -> None:
+                 max_draft: int = 32, drafter: str = "suffix",
+                 stage_specs: dict[str, SpecConfig] | None = None) -> None:
         """`drafter`: "suffix" (the engine's trees) or "pld" (prompt lookup in the request's own
         context, the baseline; the engine then only holds the request). `stage_specs`: per-stage
         drafting policy (alpha, tau, ...) overriding `spec`."""

@@ -1,0 +1,37 @@
+"""The `vllm.general_plugins` entry point. vLLM calls `register()` in every process it starts
+(API server, engine core, workers), possibly more than once, so it only patches names:
+
+* `SuffixDecodingProposer` (where vLLM looks it up) -> `AgentaccelProposer`;
+* the arctic-inference check of `method="suffix"` -> satisfied (our engine needs none).
+
+`AGENTACCEL_VLLM_PLUGIN=0` leaves vLLM untouched.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+log = logging.getLogger("agentaccel.vllm")
+
+
+def register() -> None:
+    if os.environ.get("AGENTACCEL_VLLM_PLUGIN", "1") == "0":
+        return
+    import vllm
+
+    from agentaccel.backends.vllm import SUPPORTED_VLLM
+
+    if vllm.__version__ not in SUPPORTED_VLLM:
+        log.warning("agentaccel: vLLM %s is untested (supported: %s)", vllm.__version__, ", ".join(SUPPORTED_VLLM))
+    import vllm.config.speculative as speculative
+    import vllm.v1.spec_decode.suffix_decoding as suffix_decoding
+
+    from agentaccel.backends.vllm.proposer import AgentaccelProposer
+
+    speculative.has_arctic_inference = lambda: True
+    suffix_decoding.SuffixDecodingProposer = AgentaccelProposer
+    runner = sys.modules.get("vllm.v1.worker.gpu_model_runner")
+    if runner is not None:  # imported before the plugins ran: patch its own reference too
+        runner.SuffixDecodingProposer = AgentaccelProposer

@@ -1,0 +1,251 @@
+"""The proxy in front of a real HTTP upstream (the fast upstream of `bench proxy`): OpenAI
+endpoints through the official client, litellm and raw httpx; stage tagging; bad input;
+upstream faults; recording; metrics."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from servers import ServerThread, free_port
+
+from agentaccel.backends.openai_compat import OpenAIBackend
+from agentaccel.bench.upstream import MODEL, create_upstream
+from agentaccel.proxy import ProxyConfig, create_app
+from agentaccel.proxy.recorder import Recorder
+from agentaccel.proxy.tagging import StageRule, resolve, strip_proxy_fields, system_fingerprint
+from agentaccel.traces.store import TraceStore
+
+MESSAGES = [{"role": "system", "content": "You are a SQL expert."}, {"role": "user", "content": "count users"}]
+
+
+@pytest.fixture
+def upstream():
+    with ServerThread(create_upstream(tokens=8, token_delay=0.0)) as server:
+        yield server
+
+
+@pytest.fixture
+def slow_upstream():
+    with ServerThread(create_upstream(tokens=200, token_delay=0.02)) as server:
+        yield server
+
+
+def make_proxy(upstream_url: str, tmp_path, **config):
+    recorder = Recorder(tmp_path / "traces.db", redact=config.pop("redact", False))
+    backend = OpenAIBackend(upstream_url, timeout=config.pop("timeout", 30.0))
+    return ServerThread(create_app(ProxyConfig(**config), backend, recorder)), recorder
+
+
+def stored_calls(path):
+    with TraceStore(path) as store:
+        store.check()
+        return list(store.iter_calls())
+
+
+# ---------------------------------------------------------------------------- tagging
+def test_stage_resolution_order():
+    rules = [StageRule.parse("sql=SQL expert")]
+    body = {"messages": MESSAGES, "metadata": {"stage": "meta", "tags": ["agent:CodeActAgent"]},
+            "vllm_xargs": {"stage": "xargs"}}
+    assert resolve({"x-agentaccel-stage": "hdr"}, body, rules).stage == "hdr"
+    assert resolve({}, body, rules).stage == "meta"
+    body["metadata"] = {"tags": ["agent:CodeActAgent"]}
+    assert resolve({}, body, rules).stage == "openhands:CodeActAgent"  # the importers' rule, same name
+    body.pop("metadata")
+    assert resolve({}, body, rules).stage == "xargs"
+    body.pop("vllm_xargs")
+    assert (resolve({}, body, rules).stage, resolve({}, body, rules).stage_source) == ("sql", "rule")
+    assert resolve({}, body, []).stage == system_fingerprint("You are a SQL expert.")
+    assert resolve({}, body, []).stage == resolve({}, json.loads(json.dumps(body)), []).stage  # stable
+    assert resolve({}, {"messages": MESSAGES[1:]}, []).stage == "default"
+    assert resolve({"x-litellm-session-id": "s1"}, body, []).session_id == "s1"
+    assert resolve({}, {**body, "metadata": {"session_id": "s2"}}, []).session_id == "s2"
+    with pytest.raises(ValueError, match="NAME=REGEX"):
+        StageRule.parse("no-equals-sign")
+
+
+def test_proxy_fields_are_stripped_before_forwarding():
+    body = {"model": "m", "metadata": {"stage": "a", "tags": ["x"], "user_field": 1},
+            "vllm_xargs": {"stage": "a", "other": 2}}
+    assert strip_proxy_fields(body) == {"model": "m", "metadata": {"user_field": 1}, "vllm_xargs": {"other": 2}}
+    assert strip_proxy_fields({"model": "m", "metadata": {"stage": "a"}}) == {"model": "m"}
+    assert body["metadata"]["stage"] == "a"  # the caller's body is left alone
+
+
+# ---------------------------------------------------------------------------- clients
+def test_openai_client_streaming_and_not(upstream, tmp_path):
+    openai = pytest.importorskip("openai")
+    proxy, recorder = make_proxy(upstream.url, tmp_path)
+    with proxy:
+        client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="unused")
+        assert [m.id for m in client.models.list()] == [MODEL]
+        r = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=5,
+                                           extra_headers={"X-Agentaccel-Stage": "sql", "X-Agentaccel-Session": "s1"},
+                                           extra_body={"metadata": {"stage": "ignored", "keep": "me"}})
+        assert r.choices[0].message.content == "tok " * 5 and r.usage.completion_tokens == 5
+        forwarded = httpx.get(upstream.url + "/stats").json()["last_body"]
+        assert forwarded["metadata"] == {"keep": "me"}
+        chunks = list(client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=6, stream=True,
+                                                     extra_headers={"X-Agentaccel-Stage": "sql",
+                                                                    "X-Agentaccel-Session": "s1"}))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "tok " * 6
+        assert all(c.usage is None for c in chunks)  # not asked for: the proxy's own usage request is hidden
+        chunks = list(client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=3, stream=True,
+                                                     stream_options={"include_usage": True}))
+        assert chunks[-1].usage.completion_tokens == 3
+        recorder.flush()
+    calls = stored_calls(tmp_path / "traces.db")
+    assert [c.stage for c in calls][:2] == ["sql", "sql"]
+    assert calls[2].stage == system_fingerprint("You are a SQL expert.")
+    assert calls[1].response == "tok " * 6 and calls[1].messages == MESSAGES
+    assert calls[0].session_id == calls[1].session_id != calls[2].session_id
+    assert [c.position for c in calls[:2]] == [0, 1]
+
+
+def test_litellm_through_the_proxy(upstream, tmp_path):
+    litellm = pytest.importorskip("litellm")
+    proxy, recorder = make_proxy(upstream.url, tmp_path)
+    with proxy:
+        kwargs = dict(model=f"openai/{MODEL}", api_base=proxy.url + "/v1", api_key="unused", messages=MESSAGES,
+                      max_tokens=4, extra_headers={"X-Agentaccel-Stage": "agent"})
+        r = litellm.completion(**kwargs)
+        assert r.choices[0].message.content == "tok " * 4
+        text = "".join(c.choices[0].delta.content or "" for c in litellm.completion(**kwargs, stream=True))
+        assert text == "tok " * 4
+        metrics = httpx.get(proxy.url + "/metrics").text
+    assert 'agentaccel_requests_total{endpoint="chat",stage="agent",status="200"} 2.0' in metrics
+
+
+# ---------------------------------------------------------------------------- bad input
+def test_bad_input_gets_openai_style_400s(upstream, tmp_path):
+    proxy, recorder = make_proxy(upstream.url, tmp_path, max_body_bytes=4096)
+    with proxy, httpx.Client(base_url=proxy.url) as c:
+        def error(response, status=400):
+            assert response.status_code == status, response.text
+            body = response.json()["error"]
+            assert set(body) == {"message", "type", "param", "code"} and body["message"]
+            return body
+
+        assert error(c.post("/v1/chat/completions", content=b"{not json"))["code"] == "invalid_json"
+        assert error(c.post("/v1/chat/completions", json=[1, 2]))["code"] == "invalid_json"
+        assert error(c.post("/v1/chat/completions", json={"model": MODEL, "messages": "hi"}))["param"] == "messages"
+        assert error(c.post("/v1/chat/completions", json={"model": MODEL, "messages": MESSAGES,
+                                                          "max_tokens": "5"}))["param"] == "max_tokens"
+        assert error(c.post("/v1/chat/completions", json={"model": MODEL, "messages": MESSAGES,
+                                                          "stream": "yes"}))["param"] == "stream"
+        assert error(c.post("/v1/chat/completions", json={"model": "nope", "messages": MESSAGES}))["code"] == \
+            "model_not_found"
+        big = {"model": MODEL, "messages": [{"role": "user", "content": "x" * 5000}]}
+        assert error(c.post("/v1/chat/completions", json=big))["code"] == "body_too_large"
+        assert httpx.get(upstream.url + "/stats").json()["requests"] == 0  # nothing bad went on
+        assert c.post("/v1/chat/completions", json={"model": MODEL, "messages": MESSAGES}).status_code == 200
+
+
+def test_api_key_is_required_and_never_stored(upstream, tmp_path):
+    proxy, recorder = make_proxy(upstream.url, tmp_path, api_key="sekrit-key-123")
+    with proxy, httpx.Client(base_url=proxy.url) as c:
+        body = {"model": MODEL, "messages": MESSAGES}
+        r = c.post("/v1/chat/completions", json=body)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        assert c.post("/v1/chat/completions", json=body, headers={"authorization": "Bearer wrong"}).status_code == 401
+        ok = c.post("/v1/chat/completions", json=body, headers={"authorization": "Bearer sekrit-key-123"})
+        assert ok.status_code == 200
+        assert c.get("/health").status_code == 200
+        recorder.flush()
+    assert len(stored_calls(tmp_path / "traces.db")) == 1
+    raw = b"".join(p.read_bytes() for p in tmp_path.glob("traces.db*"))
+    assert b"sekrit-key-123" not in raw
+
+
+# ---------------------------------------------------------------------------- upstream faults
+def test_upstream_down_is_502_and_timeout_is_504(upstream, tmp_path):
+    dead = f"http://127.0.0.1:{free_port()}"
+    proxy, _ = make_proxy(dead, tmp_path)
+    with proxy, httpx.Client(base_url=proxy.url) as c:
+        r = c.post("/v1/chat/completions", json={"model": MODEL, "messages": MESSAGES})
+        assert r.status_code == 502 and "unreachable" in r.json()["error"]["message"]
+    proxy, _ = make_proxy(upstream.url, tmp_path / "b", timeout=0.5)
+    with proxy, httpx.Client(base_url=proxy.url) as c:
+        for stream in (False, True):
+            r = c.post("/v1/chat/completions", json={"model": MODEL, "messages": MESSAGES, "stream": stream},
+                       headers={"x-upstream-fault": "hang"})
+            assert r.status_code == 504 and "timed out" in r.json()["error"]["message"]
+        r = c.post("/v1/chat/completions", json={"model": MODEL, "messages": MESSAGES},
+                   headers={"x-upstream-fault": "error"})
+        assert r.status_code == 500 and r.json()["error"]["message"] == "upstream exploded"
+        r = c.post("/v1/chat/completions", json={"model": MODEL, "messages": MESSAGES, "stream": True},
+                   headers={"x-upstream-fault": "drop"})
+        assert r.status_code == 200  # headers were out before the upstream failed...
+        events = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
+        assert json.loads(events[-1])["error"]["code"] == "upstream_unavailable"  # ...so the error is an event
+        assert r.text.count("tok") == 1
+        metrics = c.get("/metrics").text
+        assert 'status="504"' in metrics and 'status="502"' in metrics
+
+
+def test_client_disconnect_cancels_the_upstream_request(slow_upstream, tmp_path):
+    proxy, _ = make_proxy(slow_upstream.url, tmp_path)
+    with proxy:
+        with httpx.Client(base_url=proxy.url) as c, c.stream(
+                "POST", "/v1/chat/completions",
+                json={"model": MODEL, "messages": MESSAGES, "stream": True}) as r:
+            lines = r.iter_lines()
+            assert next(lines).startswith("data: ")
+        deadline = time.monotonic() + 10
+        while httpx.get(slow_upstream.url + "/stats").json()["cancelled"] < 1:
+            assert time.monotonic() < deadline, "upstream stream was not cancelled"
+            time.sleep(0.05)
+        assert httpx.get(slow_upstream.url + "/stats").json()["completed"] == 0
+
+
+# ---------------------------------------------------------------------------- recording
+def test_redacted_recording_keeps_no_text(upstream, tmp_path):
+    proxy, recorder = make_proxy(upstream.url, tmp_path, redact=True)
+    with proxy, httpx.Client(base_url=proxy.url) as c:
+        c.post("/v1/chat/completions", json={"model": MODEL, "messages": MESSAGES, "max_tokens": 3},
+               headers={"x-agentaccel-stage": "private"})
+        recorder.flush()
+    (call,) = stored_calls(tmp_path / "traces.db")
+    assert call.stage == "private" and call.response == ""
+    assert all(m["content"] == "" for m in call.messages)
+    raw = b"".join(p.read_bytes() for p in tmp_path.glob("traces.db*"))
+    assert b"SQL expert" not in raw and b"count users" not in raw
+
+
+def test_a_killed_proxy_loses_no_committed_call(upstream, tmp_path):
+    db = tmp_path / "traces.db"
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "agentaccel.cli.main", "serve", "--backend", "openai",
+                             "--upstream", upstream.url, "--port", str(port), "--db", str(db), "--no-seed"],
+                            stderr=subprocess.PIPE)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(url + "/health").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read().decode()
+            time.sleep(0.1)
+        with httpx.Client(base_url=url) as c:
+            for i in range(20):
+                body = {"model": MODEL, "messages": [{"role": "user", "content": f"call {i}"}], "stream": i % 2 == 0}
+                assert c.post("/v1/chat/completions", json=body, headers={"x-agentaccel-session": "run"}).status_code \
+                    == 200
+        deadline = time.monotonic() + 10
+        while len(stored_calls(db)) < 20:  # the writer commits in the background
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    calls = stored_calls(db)
+    assert sorted(c.messages[0]["content"] for c in calls) == sorted(f"call {i}" for i in range(20))
+    assert sorted(c.position for c in calls) == list(range(20))
