@@ -17,6 +17,10 @@ class TextDeltas:
         self.ids += ids
         text = self.decode(self.ids)
         safe = len(text) - 1 if text.endswith("\ufffd") else len(text)  # a character still incomplete
+        for stop in self.stops:  # a stop string now complete: nothing from it on is ever sent
+            at = text.find(stop, max(0, self.sent - len(stop) + 1))
+            if at != -1:
+                safe = min(safe, at)
         safe -= self._stop_prefix(text[:safe])
         if safe <= self.sent:
             return ""

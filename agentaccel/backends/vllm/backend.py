@@ -29,6 +29,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _has_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
 class VLLMBackend(OpenAIBackend):
     name = "vllm"
 
@@ -46,8 +54,15 @@ class VLLMBackend(OpenAIBackend):
                 "--host", "127.0.0.1", "--port", str(self.port), "--served-model-name", self.served_name]
         if "--speculative-config" not in extra:
             argv += ["--speculative-config", json.dumps(DEFAULT_SPECULATIVE_CONFIG)]
+        cpu = not _has_cuda()
+        if cpu and "--gpu-memory-utilization" not in extra:
+            # On CPU this flag is the share of the NUMA node's memory vLLM reserves; its 0.92
+            # default fails on a machine that also runs anything else.
+            argv += ["--gpu-memory-utilization", "0.3"]
         env = {**os.environ, "AGENTACCEL_VLLM_STATS": str(self.stats_path), "AGENTACCEL_SEED": "1" if seed else "0",
                "AGENTACCEL_MEMORY_BUDGET": str(memory_budget_bytes)}
+        if cpu:
+            env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB of KV cache; vLLM's CPU default is larger
         if db_path is not None:
             env["AGENTACCEL_DB"] = str(db_path)
         else:

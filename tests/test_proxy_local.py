@@ -1,0 +1,170 @@
+"""`agentaccel serve` on the embedded backend (the real SmolLM2): OpenAI clients get the same
+tokens as plain greedy decoding, streamed or not; stages learn online and from the trace store;
+concurrent requests and a failing one; the openai backend chained in front."""
+
+import asyncio
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+pytest.importorskip("torch")
+openai = pytest.importorskip("openai")
+
+from agentaccel.backends.local.service import LocalBackend  # noqa: E402
+from agentaccel.backends.openai_compat import OpenAIBackend  # noqa: E402
+from agentaccel.engine import SuffixEngine  # noqa: E402
+from agentaccel.engine.seeding import seed_from_store  # noqa: E402
+from agentaccel.proxy import ProxyConfig, create_app  # noqa: E402
+from agentaccel.proxy.recorder import Recorder  # noqa: E402
+from agentaccel.traces.store import TraceStore  # noqa: E402
+from servers import ServerThread  # noqa: E402
+
+MODEL = "SmolLM2-135M-Instruct"
+QUESTIONS = ["Write a SQL query that counts users per country.", "List three colors.",
+             "Explain recursion in one sentence."]
+
+
+def metric(url, name, stage):
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith(f'{name}{{stage="{stage}"}}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory):
+    db = tmp_path_factory.mktemp("local") / "traces.db"
+    recorder = Recorder(db)
+    backend = LocalBackend(SuffixEngine())
+    with ServerThread(create_app(ProxyConfig(), backend, recorder)) as server:
+        yield server, backend, recorder, db
+
+
+def greedy(backend, messages, n):
+    from agentaccel.traces.render import render_prompt
+
+    gen = backend.generator
+    prompt = backend.tokenizer.encode(render_prompt(messages, backend.tokenizer.chat_template))
+    from agentaccel.backends.local import SamplingParams
+
+    return gen.generate(prompt, SamplingParams(max_tokens=n), speculate=False).text
+
+
+def test_same_text_as_plain_greedy_streamed_or_not(local):
+    server, backend, recorder, db = local
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+    for q in QUESTIONS:
+        messages = [{"role": "user", "content": q}]
+        want = greedy(backend, messages, 48)
+        got = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=48, temperature=0,
+                                             extra_headers={"X-Agentaccel-Stage": "qa"})
+        assert got.choices[0].message.content == want
+        assert got.usage.completion_tokens > 0
+        streamed = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=48, temperature=0,
+                                                  stream=True, extra_headers={"X-Agentaccel-Stage": "qa"})
+        assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == want
+    # the second ask of each question drafts from the first's output, which joined stage "qa"
+    assert metric(server.url, "agentaccel_accepted_tokens_total", "qa") > 60
+    assert metric(server.url, "agentaccel_mean_accepted_length", "qa") > 1.5
+    recorder.flush()
+    with TraceStore(db) as store:
+        assert sum(c.stage == "qa" for c in store.iter_calls()) == 2 * len(QUESTIONS)
+
+
+def test_stop_strings_and_completions_endpoint(local):
+    server, backend, _, _ = local
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+    messages = [{"role": "user", "content": "List three colors."}]
+    full = greedy(backend, messages, 40)
+    stop = full[10:14]
+    r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=40, temperature=0, stop=[stop])
+    assert r.choices[0].finish_reason == "stop" and r.choices[0].message.content == full[: full.index(stop)]
+    streamed = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=40, temperature=0,
+                                              stop=[stop], stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == full[: full.index(stop)]
+    c = client.completions.create(model=MODEL, prompt="SELECT name FROM", max_tokens=8, temperature=0)
+    assert c.choices[0].text and c.usage.completion_tokens == 8 and c.choices[0].finish_reason == "length"
+
+
+def test_eight_concurrent_streams_and_one_failing_request(local):
+    server, backend, _, _ = local
+    questions = [f"Name {i + 2} animals." for i in range(8)]
+    want = {q: greedy(backend, [{"role": "user", "content": q}], 24) for q in questions}
+
+    async def run():
+        async with httpx.AsyncClient(base_url=server.url, timeout=300) as c:
+            async def one(q):
+                body = {"model": MODEL, "messages": [{"role": "user", "content": q}], "max_tokens": 24,
+                        "temperature": 0, "stream": True}
+                async with c.stream("POST", "/v1/chat/completions", json=body) as r:
+                    text = ""
+                    async for line in r.aiter_lines():
+                        if line.startswith("data: {"):
+                            choices = json.loads(line[6:])["choices"]
+                            text += (choices[0]["delta"].get("content") or "") if choices else ""
+                    return q, text
+
+            too_long = c.post("/v1/chat/completions", json={
+                "model": MODEL, "messages": [{"role": "user", "content": "word " * 9000}], "max_tokens": 10})
+            results = await asyncio.gather(too_long, *(one(q) for q in questions))
+            return results[0], results[1:]
+
+    failed, results = asyncio.run(run())
+    assert failed.status_code == 400 and "context too long" in failed.json()["error"]["message"]
+    assert dict(results) == want
+
+
+def test_openai_backend_in_front_of_a_real_model(local, tmp_path):
+    server, backend, _, _ = local
+    front = ServerThread(create_app(ProxyConfig(), OpenAIBackend(server.url), Recorder(tmp_path / "front.db")))
+    with front:
+        client = openai.OpenAI(base_url=front.url + "/v1", api_key="unused")
+        messages = [{"role": "user", "content": QUESTIONS[1]}]
+        r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=32, temperature=0,
+                                           extra_headers={"X-Agentaccel-Stage": "chained"})
+        assert r.choices[0].message.content == greedy(backend, messages, 32)
+        # the stage header is the proxy's own: the back proxy sees an untagged request
+        assert metric(front.url, "agentaccel_output_tokens_total", "chained") == r.usage.completion_tokens
+
+
+def test_seeding_from_the_trace_store_drafts_on_the_first_call(local, tmp_path):
+    server, backend, recorder, db = local
+    recorder.flush()
+    engine = SuffixEngine()
+    with TraceStore(db) as store:
+        report = seed_from_store(engine, store, backend.tokenizer)
+        assert report.calls == store.total_calls() and report.tokens > 0
+        assert report.stages >= 1 and "qa" in engine.stats()["stages"]
+        small = SuffixEngine()
+        limited = seed_from_store(small, store, backend.tokenizer, budget_bytes=2000)
+        assert 0 < limited.calls < report.calls and limited.skipped_for_budget > 0
+    fresh = LocalBackend(engine)
+    with ServerThread(create_app(ProxyConfig(), fresh)) as cold:
+        client = openai.OpenAI(base_url=cold.url + "/v1", api_key="unused")
+        messages = [{"role": "user", "content": QUESTIONS[0]}]
+        r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=48, temperature=0,
+                                           extra_headers={"X-Agentaccel-Stage": "qa"})
+        assert r.choices[0].message.content == greedy(backend, messages, 48)
+        # a cold first call accepts a handful (2 of 44 tokens for the SQL question); seeded, most are drafted
+        assert metric(cold.url, "agentaccel_accepted_tokens_total", "qa") > 20
+
+
+def test_client_disconnect_stops_local_generation(local):
+    server, backend, _, _ = local
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Write a long story about a dragon."}],
+            "max_tokens": 1000, "temperature": 0, "stream": True}
+    with httpx.Client(base_url=server.url, timeout=60) as c, c.stream("POST", "/v1/chat/completions", json=body) as r:
+        lines = r.iter_lines()
+        next(lines)
+    import time
+
+    deadline = time.monotonic() + 20
+    while backend.engine.stats()["requests"]:
+        assert time.monotonic() < deadline, "generation kept running after the client left"
+        time.sleep(0.1)
+    with ThreadPoolExecutor(1) as pool:  # and the server still serves
+        ok = pool.submit(httpx.post, server.url + "/v1/chat/completions", json={**body, "max_tokens": 4,
+                                                                                "stream": False}, timeout=60)
+        assert ok.result().status_code == 200
