@@ -14,7 +14,7 @@ import pytest
 from servers import ServerThread, free_port
 
 from agentaccel.backends.openai_compat import OpenAIBackend
-from agentaccel.bench.upstream import MODEL, create_upstream
+from agentaccel.bench.upstream import MODEL, Upstream
 from agentaccel.proxy import ProxyConfig, create_app
 from agentaccel.proxy.recorder import Recorder
 from agentaccel.proxy.tagging import StageRule, resolve, strip_proxy_fields, system_fingerprint
@@ -25,13 +25,13 @@ MESSAGES = [{"role": "system", "content": "You are a SQL expert."}, {"role": "us
 
 @pytest.fixture
 def upstream():
-    with ServerThread(create_upstream(tokens=8, token_delay=0.0)) as server:
+    with Upstream(tokens=8) as server:
         yield server
 
 
 @pytest.fixture
 def slow_upstream():
-    with ServerThread(create_upstream(tokens=200, token_delay=0.02)) as server:
+    with Upstream(tokens=200, token_delay=0.02) as server:
         yield server
 
 

@@ -12,6 +12,8 @@ import pytest
 pytest.importorskip("torch")
 openai = pytest.importorskip("openai")
 
+from servers import ServerThread  # noqa: E402
+
 from agentaccel.backends.local.service import LocalBackend  # noqa: E402
 from agentaccel.backends.openai_compat import OpenAIBackend  # noqa: E402
 from agentaccel.engine import SuffixEngine  # noqa: E402
@@ -19,7 +21,6 @@ from agentaccel.engine.seeding import seed_from_store  # noqa: E402
 from agentaccel.proxy import ProxyConfig, create_app  # noqa: E402
 from agentaccel.proxy.recorder import Recorder  # noqa: E402
 from agentaccel.traces.store import TraceStore  # noqa: E402
-from servers import ServerThread  # noqa: E402
 
 MODEL = "SmolLM2-135M-Instruct"
 QUESTIONS = ["Write a SQL query that counts users per country.", "List three colors.",

@@ -1,8 +1,8 @@
 """What every backend behind the proxy provides: OpenAI-shaped completions, whole or streamed.
 
 Backends speak OpenAI JSON both ways, so the proxy stays the same whichever serves the tokens:
-`complete` returns the response body, `stream` yields the SSE `data:` payloads (JSON text, no
-`[DONE]`). Speculation statistics, when the backend has them, land in `CallContext.spec`.
+`complete` returns the response body, `stream` yields the SSE `data:` payloads (JSON as bytes,
+no `[DONE]`). Speculation statistics, when the backend has them, land in `CallContext.spec`.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ class Backend(ABC):
     async def complete(self, endpoint: str, body: dict, ctx: CallContext) -> dict: ...
 
     @abstractmethod
-    def stream(self, endpoint: str, body: dict, ctx: CallContext) -> AsyncIterator[str]: ...
+    def stream(self, endpoint: str, body: dict, ctx: CallContext) -> AsyncIterator[bytes]: ...
 
     def health(self) -> dict:
         return {"backend": self.name}

@@ -22,25 +22,35 @@ class OpenAIBackend(Backend):
     name = "openai"
 
     def __init__(self, upstream: str, *, api_key: str | None = None, timeout: float = 600.0,
-                 max_connections: int = 1024) -> None:
+                 max_connections: int = 1024, shards: int = 16) -> None:
         base = upstream.rstrip("/")
         self.base_url = base if base.endswith("/v1") else base + "/v1"
         self.api_key = api_key
         self.timeout = timeout
         self.max_connections = max_connections
-        self.client: httpx.AsyncClient | None = None
+        self.shards = shards
+        self.clients: list[httpx.AsyncClient] = []
+        self._turn = 0
 
     async def start(self) -> None:
+        # Several small connection pools instead of one large one: httpcore scans every connection
+        # of a pool on each request and response event, which at 64+ concurrent streams cost more
+        # CPU than everything else the proxy does (bench proxy, docs/BENCHMARKS.md).
         headers = {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        self.client = httpx.AsyncClient(
-            base_url=self.base_url, headers=headers,
-            timeout=httpx.Timeout(self.timeout, connect=10.0),
-            limits=httpx.Limits(max_connections=self.max_connections,
-                                max_keepalive_connections=self.max_connections))
+        per_shard = max(1, self.max_connections // self.shards)
+        self.clients = [httpx.AsyncClient(
+            base_url=self.base_url, headers=headers, timeout=httpx.Timeout(self.timeout, connect=10.0),
+            limits=httpx.Limits(max_connections=per_shard, max_keepalive_connections=per_shard))
+            for _ in range(self.shards)]
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        self._turn = (self._turn + 1) % len(self.clients)
+        return self.clients[self._turn]
 
     async def close(self) -> None:
-        if self.client is not None:
-            await self.client.aclose()
+        for client in self.clients:
+            await client.aclose()
 
     def health(self) -> dict:
         return {"backend": self.name, "upstream": self.base_url}
@@ -72,18 +82,22 @@ class OpenAIBackend(Backend):
             raise _upstream_error(r.status_code, r.content, self.base_url)
         return r.json()
 
-    async def stream(self, endpoint: str, body: dict, ctx: CallContext) -> AsyncIterator[str]:
+    async def stream(self, endpoint: str, body: dict, ctx: CallContext) -> AsyncIterator[bytes]:
         try:
             async with self.client.stream("POST", _PATHS[endpoint], json=body, headers=self._headers(ctx)) as r:
                 if r.status_code != 200:
                     raise _upstream_error(r.status_code, await r.aread(), self.base_url)
-                async for line in r.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue  # blank separators, comments, event names
-                    payload = line[5:].strip()
-                    if payload == "[DONE]":
-                        return
-                    yield payload
+                # Split SSE lines by hand over raw byte chunks: httpx's text and line decoders cost
+                # more per event than the rest of the proxy's work on it.
+                pending = b""
+                async for data in r.aiter_bytes():
+                    pending += data
+                    *lines, pending = pending.split(b"\n")
+                    for line in lines:
+                        if line.startswith(b"data:"):
+                            payload = line[5:].strip()
+                            if payload != b"[DONE]":  # read on to the end: a half-read response can't be reused
+                                yield payload
         except httpx.TimeoutException as e:
             raise upstream_timeout(f"upstream {self.base_url} timed out after {self.timeout:g} s") from e
         except httpx.HTTPError as e:

@@ -173,6 +173,44 @@ def bench_e2e(
         json_out.write_text(json.dumps(result, indent=2))
 
 
+@bench_app.command("proxy")
+def bench_proxy_cmd(
+    streams: Annotated[str, typer.Option(help="Concurrent streams, comma-separated.")] = "64,256",
+    requests: Annotated[int, typer.Option(help="Requests per stream per round.")] = 10,
+    tokens: Annotated[int, typer.Option(help="Tokens per streamed response.")] = 16,
+    rounds: Annotated[int, typer.Option(help="Alternating direct/proxied rounds.")] = 3,
+    record: Annotated[bool, typer.Option(help="Proxy records every call (as in production).")] = True,
+    token_delay: Annotated[float, typer.Option(help="Seconds between upstream tokens (0: saturation test).")]
+    = 0.02,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write the rows as JSON.")] = None,
+) -> None:
+    """Added latency of the proxy at N concurrent streams against a fast local upstream."""
+    from rich.progress import Progress
+
+    from agentaccel.bench.proxy_bench import bench_proxy
+
+    levels = [int(x) for x in streams.split(",") if x.strip()]
+    with Progress(console=err, transient=True) as progress:
+        task = progress.add_task("load rounds", total=len(levels) * rounds * 2)
+        rows = bench_proxy(levels, requests, tokens, rounds, record, token_delay,
+                           progress=lambda *_: progress.advance(task, 2))
+    table = Table(title=f"proxy overhead ({tokens} tokens per stream, {token_delay * 1000:g} ms apart; recording "
+                        f"{'on' if record else 'off'})")
+    for col in ("streams", "requests", "errors", "added 1st chunk p50 ms", "added 1st chunk p99 ms",
+                "direct p50 ms", "proxy p50 ms", "added p50 ms", "direct p99 ms", "proxy p99 ms", "added p99 ms",
+                "direct req/s", "proxy req/s"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(str(r["streams"]), str(r["requests"]), str(r["errors"]), f"{r['added_first_chunk_p50_ms']:.2f}",
+                      f"{r['added_first_chunk_p99_ms']:.2f}", f"{r['direct_p50_ms']:.2f}",
+                      f"{r['proxy_p50_ms']:.2f}", f"{r['added_p50_ms']:.2f}", f"{r['direct_p99_ms']:.2f}",
+                      f"{r['proxy_p99_ms']:.2f}", f"{r['added_p99_ms']:.2f}", f"{r['direct_rps']:.0f}",
+                      f"{r['proxy_rps']:.0f}")
+    console.print(table)
+    if json_out:
+        json_out.write_text(json.dumps(rows, indent=2))
+
+
 @bench_app.command("replay")
 def bench_replay(
     db: DbOption = None,

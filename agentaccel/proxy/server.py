@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from agentaccel.backends.base import CHAT, COMPLETIONS, Backend, CallContext
@@ -23,6 +23,7 @@ from agentaccel.errors import APIError, bad_request
 from agentaccel.proxy import tagging
 from agentaccel.proxy.accumulate import Accumulated, Accumulator, from_body
 from agentaccel.proxy.config import ProxyConfig
+from agentaccel.proxy.event_stream import EventStream
 from agentaccel.proxy.metrics import Metrics
 from agentaccel.proxy.recorder import RecordedCall, Recorder
 from agentaccel.proxy.validation import parse_json, validate
@@ -137,7 +138,7 @@ class Proxy:
                     if first_token_at is None and chunk.get("choices"):
                         first_token_at = time.perf_counter()
                     if want_usage or chunk.get("choices") or not chunk.get("usage"):
-                        yield b"data: " + payload.encode() + b"\n\n"
+                        yield b"data: " + payload + b"\n\n"
                     payload = await anext(chunks, None)
                 yield SSE_DONE
             except APIError as e:  # after the headers went out, the error travels as an SSE event
@@ -155,8 +156,7 @@ class Proxy:
                 if status == 200:
                     self._record(endpoint, body, ctx, summary, t0)
 
-        return StreamingResponse(events(), media_type="text/event-stream",
-                                 headers={"cache-control": "no-cache", "x-agentaccel-stage": ctx.stage})
+        return EventStream(events(), {"x-agentaccel-stage": ctx.stage})
 
     def _observe(self, endpoint: str, ctx: CallContext, status: int, t0: float,
                  summary: Accumulated | None = None) -> None:

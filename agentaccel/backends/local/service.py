@@ -124,7 +124,7 @@ class LocalBackend(Backend):
         return _envelope("text_completion", body, [{"index": 0, "text": r.text, "finish_reason": r.finish_reason,
                                                     "logprobs": None}], usage)
 
-    async def stream(self, endpoint: str, body: dict, ctx: CallContext) -> AsyncIterator[str]:
+    async def stream(self, endpoint: str, body: dict, ctx: CallContext) -> AsyncIterator[bytes]:
         import json
 
         params = self._params(body)
@@ -150,14 +150,14 @@ class LocalBackend(Backend):
         head = {"id": _id(chat), "object": "chat.completion.chunk" if chat else "text_completion",
                 "created": int(time.time()), "model": body["model"]}
 
-        def chunk(text: str | None, finish: str | None = None, first: bool = False) -> str:
+        def chunk(text: str | None, finish: str | None = None, first: bool = False) -> bytes:
             if chat:
                 delta = ({"role": "assistant", "content": text or ""} if first else
                          {"content": text} if text else {})
                 choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
             else:
                 choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
-            return json.dumps({**head, "choices": [choice]})
+            return json.dumps({**head, "choices": [choice]}).encode()
 
         future = loop.run_in_executor(self.pool, work)
         try:
@@ -177,7 +177,7 @@ class LocalBackend(Backend):
                         yield chunk(rest)
                     yield chunk(None, value.finish_reason)
                     if (body.get("stream_options") or {}).get("include_usage"):
-                        yield json.dumps({**head, "choices": [], "usage": _usage(value)})
+                        yield json.dumps({**head, "choices": [], "usage": _usage(value)}).encode()
                     return
         finally:
             cancel.set()

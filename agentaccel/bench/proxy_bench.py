@@ -1,0 +1,170 @@
+"""`agentaccel bench proxy`: what the proxy adds to a request under load.
+
+A fast upstream (bench/upstream.py) and `agentaccel serve --backend openai` run as separate
+processes on 127.0.0.1; N concurrent streams send chat requests, first straight to the upstream,
+then through the proxy, alternating rounds so both see the same machine. Latency = request sent
+to `[DONE]` received. Added latency = proxied percentile - direct percentile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from agentaccel.backends.vllm.backend import free_port
+from agentaccel.bench.upstream import MODEL
+
+
+@dataclass
+class LoadResult:
+    latencies: list[float] = field(default_factory=list)
+    first_chunk: list[float] = field(default_factory=list)  # time to the first streamed chunk
+    errors: int = 0
+    seconds: float = 0.0
+
+    def pct(self, q: float, first: bool = False) -> float:
+        values = self.first_chunk if first else self.latencies
+        return float(np.percentile(values, q)) * 1000 if values else float("nan")
+
+
+class _Connection:
+    """One keep-alive HTTP/1.1 connection speaking just enough to send a chat request and read a
+    chunked SSE answer: a load generator much cheaper than the server it measures."""
+
+    def __init__(self, host: str, port: int, body: dict) -> None:
+        self.host, self.port = host, port
+        payload = json.dumps(body).encode()
+        self.request = (f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}:{port}\r\n"
+                        f"content-type: application/json\r\ncontent-length: {len(payload)}\r\n\r\n").encode() + payload
+        self.reader = self.writer = None
+
+    async def roundtrip(self) -> tuple[float, float]:
+        """(seconds to the first chunk, seconds to the end of the stream)"""
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        t0 = time.perf_counter()
+        self.writer.write(self.request)
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        if not head.startswith(b"HTTP/1.1 200"):
+            raise RuntimeError(head.split(b"\r\n", 1)[0].decode())
+        body = b""
+        first = None
+        while True:  # chunked transfer: size line, data, CRLF; a 0-size chunk ends it
+            size = int((await self.reader.readuntil(b"\r\n"))[:-2], 16)
+            data = await self.reader.readexactly(size + 2)
+            first = first or time.perf_counter() - t0
+            if size == 0:
+                break
+            body += data[:-2]
+        if b"data: [DONE]" not in body:
+            raise RuntimeError("stream ended without [DONE]")
+        return first, time.perf_counter() - t0
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+async def run_load(url: str, streams: int, requests_per_stream: int, tokens: int) -> LoadResult:
+    host, port = url.removeprefix("http://").split(":")
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": tokens,
+            "stream": True}
+    result = LoadResult()
+
+    async def worker():
+        conn = _Connection(host, int(port), body)
+        try:
+            for _ in range(requests_per_stream):
+                try:
+                    first, total = await conn.roundtrip()
+                    result.first_chunk.append(first)
+                    result.latencies.append(total)
+                except (OSError, RuntimeError, asyncio.IncompleteReadError, ValueError):
+                    result.errors += 1
+                    conn.close()
+                    conn = _Connection(host, int(port), body)
+        finally:
+            conn.close()
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(streams)))
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+@contextlib.contextmanager
+def _process(argv: list[str], health: str, env: dict | None = None):
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+                            env={**os.environ, **(env or {})})
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(health, timeout=1).status_code == 200:
+                    break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{argv[2]} did not start: {proc.stderr.read().decode()[-2000:]}")
+            time.sleep(0.1)
+        yield proc
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def bench_proxy(concurrency: list[int], requests_per_stream: int, tokens: int, rounds: int, record: bool,
+                token_delay: float = 0.02, progress=None) -> list[dict]:
+    """`token_delay`: seconds between the upstream's tokens (0.02: 50 tokens/s per stream, a fast
+    GPU decode); 0 turns the run into a saturation test (the proxy's throughput ceiling)."""
+    up_port, proxy_port = free_port(), free_port()
+    upstream = f"http://127.0.0.1:{up_port}"
+    proxy = f"http://127.0.0.1:{proxy_port}"
+    with tempfile.TemporaryDirectory() as tmp:
+        serve = [sys.executable, "-m", "agentaccel.cli.main", "serve", "--backend", "openai", "--upstream", upstream,
+                 "--port", str(proxy_port), "--db", str(Path(tmp) / "bench.db"), "--no-seed"]
+        if not record:
+            serve.append("--no-record")
+        with _process([sys.executable, "-m", "agentaccel.bench.upstream", "--port", str(up_port), "--tokens",
+                       str(tokens), "--delay", str(token_delay)], upstream + "/v1/models"), \
+                _process(serve, proxy + "/health"):
+            asyncio.run(run_load(proxy, 8, 5, tokens))  # warm both (connections, code paths)
+            asyncio.run(run_load(upstream, 8, 5, tokens))
+            rows = []
+            for n in concurrency:
+                direct, proxied = LoadResult(), LoadResult()
+                for r in range(rounds):
+                    for target, into in ((upstream, direct), (proxy, proxied)):
+                        got = asyncio.run(run_load(target, n, requests_per_stream, tokens))
+                        into.latencies += got.latencies
+                        into.first_chunk += got.first_chunk
+                        into.errors += got.errors
+                        into.seconds += got.seconds
+                        if progress:
+                            progress(n, r)
+                rows.append({
+                    "streams": n, "requests": len(proxied.latencies) + proxied.errors,
+                    "errors": proxied.errors + direct.errors,
+                    "token_delay_ms": token_delay * 1000,
+                    "added_first_chunk_p50_ms": proxied.pct(50, True) - direct.pct(50, True),
+                    "added_first_chunk_p99_ms": proxied.pct(99, True) - direct.pct(99, True),
+                    "direct_p50_ms": direct.pct(50), "direct_p99_ms": direct.pct(99),
+                    "proxy_p50_ms": proxied.pct(50), "proxy_p99_ms": proxied.pct(99),
+                    "added_p50_ms": proxied.pct(50) - direct.pct(50), "added_p99_ms": proxied.pct(99) - direct.pct(99),
+                    "direct_rps": len(direct.latencies) / direct.seconds,
+                    "proxy_rps": len(proxied.latencies) / proxied.seconds,
+                })
+            return rows
