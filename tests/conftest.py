@@ -7,3 +7,6 @@ settings.register_profile("ci", derandomize=True, print_blob=True)
 settings.register_profile("sanitize", derandomize=True, print_blob=True, max_examples=60)
 settings.register_profile("dev", print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))
+
+# litellm fetches a price list from the internet at import unless told not to (no network here).
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")

@@ -12,7 +12,8 @@ def agentaccel(*args, **kw):
 
 
 def test_every_command_has_help():
-    for cmd in ([], ["bench"], ["bench", "engine"], ["import-traces"], ["traces", "stats"], ["export-traces"]):
+    for cmd in ([], ["bench"], ["bench", "engine"], ["bench", "proxy"], ["import-traces"], ["traces", "stats"],
+                ["export-traces"], ["serve"], ["openhands-config"]):
         out = agentaccel(*cmd, "--help")
         assert out.returncode == 0 and "Usage" in out.stdout, cmd
 
@@ -44,3 +45,46 @@ def test_bad_input_gets_a_clear_message(tmp_path):
     (tmp_path / "bad.db").write_bytes(b"garbage" * 1000)
     out = agentaccel("traces", "stats", "--db", str(tmp_path / "bad.db"))
     assert out.returncode == 2 and "bad.db" in out.stderr and "not a usable trace store" in out.stderr
+
+
+def test_openhands_config_names_the_served_model(tmp_path):
+    import tomllib
+
+    from servers import ServerThread, free_port
+
+    from agentaccel.backends.openai_compat import OpenAIBackend
+    from agentaccel.bench.upstream import MODEL, Upstream
+    from agentaccel.proxy import ProxyConfig, create_app
+
+    with Upstream() as up, ServerThread(create_app(ProxyConfig(), OpenAIBackend(up.url))) as proxy:
+        out = subprocess.run([sys.executable, "-m", "agentaccel.cli.main", "openhands-config", "--url", proxy.url],
+                             capture_output=True, text=True, check=True).stdout
+    toml_part = out.split("# OpenHands SDK")[0]
+    llm = tomllib.loads(toml_part)["llm"]
+    assert llm == {"model": f"litellm_proxy/{MODEL}", "base_url": proxy.url, "api_key": "none"}
+    assert f'model="litellm_proxy/{MODEL}"' in out
+    down = subprocess.run([sys.executable, "-m", "agentaccel.cli.main", "openhands-config", "--url",
+                           f"http://127.0.0.1:{free_port()}"], capture_output=True, text=True)
+    assert down.returncode == 2 and "no proxy answering" in down.stderr
+
+
+def test_serve_rejects_bad_settings_with_a_clear_message(tmp_path):
+    def serve(*args):
+        return subprocess.run([sys.executable, "-m", "agentaccel.cli.main", "serve", "--no-record", *args],
+                              capture_output=True, text=True, timeout=120)
+
+    r = serve("--backend", "openai")
+    assert r.returncode == 2 and "--upstream" in r.stderr
+    r = serve("--backend", "vllm")
+    assert r.returncode == 2 and "--model" in r.stderr
+    r = serve("--stage-rule", "no-regex-here")
+    assert r.returncode == 2 and "NAME=REGEX" in r.stderr
+    bad = tmp_path / "stages.json"
+    bad.write_text('{"sql": {"alpah": 2}}')
+    r = serve("--spec-config", str(bad))
+    assert r.returncode == 2 and "stages.json" in r.stderr and "alpah" in r.stderr
+    bad.write_text("{not json")
+    r = serve("--spec-config", str(bad))
+    assert r.returncode == 2 and "not valid JSON" in r.stderr
+    r = serve("--memory-budget", "lots")
+    assert r.returncode == 2 and "2GiB" in r.stderr

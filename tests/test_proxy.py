@@ -117,8 +117,14 @@ def test_litellm_through_the_proxy(upstream, tmp_path):
         assert r.choices[0].message.content == "tok " * 4
         text = "".join(c.choices[0].delta.content or "" for c in litellm.completion(**kwargs, stream=True))
         assert text == "tok " * 4
+        # OpenHands' way: the litellm_proxy provider (base URL without /v1) with agent tags in metadata
+        r = litellm.completion(model=f"litellm_proxy/{MODEL}", api_base=proxy.url, api_key="unused",
+                               messages=MESSAGES, extra_body={"metadata": {"tags": ["agent:CodeActAgent"]}})
+        assert r.choices[0].message.content == "tok " * 8
+        assert "metadata" not in httpx.get(upstream.url + "/stats").json()["last_body"]
         metrics = httpx.get(proxy.url + "/metrics").text
     assert 'agentaccel_requests_total{endpoint="chat",stage="agent",status="200"} 2.0' in metrics
+    assert 'agentaccel_requests_total{endpoint="chat",stage="openhands:CodeActAgent",status="200"} 1.0' in metrics
 
 
 # ---------------------------------------------------------------------------- bad input

@@ -120,6 +120,7 @@ class Upstream:
             self._loop.run_until_complete(self.serve())
             ready.set()
             self._loop.run_forever()
+            self._loop.set_exception_handler(lambda _loop, _context: None)  # connections cut on purpose
             tasks = asyncio.all_tasks(self._loop)  # open connections: end them before the loop goes
             for task in tasks:
                 task.cancel()

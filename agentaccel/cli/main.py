@@ -297,6 +297,36 @@ def import_traces_cmd(
         store.close()
 
 
+@app.command("openhands-config")
+def openhands_config(
+    url: Annotated[str, typer.Option(help="The running proxy.")] = "http://127.0.0.1:8000",
+    api_key: Annotated[str | None, typer.Option(envvar="AGENTACCEL_API_KEY", help="The proxy's --api-key.")] = None,
+    model: Annotated[str | None, typer.Option(help="Model name (default: the first the proxy serves).")] = None,
+) -> None:
+    """Print OpenHands' config.toml [llm] section and the SDK equivalent for a running proxy."""
+    import httpx
+
+    from agentaccel.adapters.openhands import config_toml, sdk_snippet
+
+    base = url.rstrip("/").removesuffix("/v1")
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        r = httpx.get(base + "/v1/models", headers=headers, timeout=10)
+    except httpx.HTTPError as e:
+        err.print(f"[red]error:[/red] no proxy answering at {base} ({e}); start one with `agentaccel serve`")
+        raise typer.Exit(2) from e
+    if r.status_code != 200:
+        err.print(f"[red]error:[/red] {base}/v1/models answered {r.status_code}: {r.text[:300]}")
+        raise typer.Exit(2)
+    served = [m["id"] for m in r.json().get("data", [])]
+    if model is not None and model not in served:
+        err.print(f"[red]error:[/red] {base} does not serve {model!r} (it serves {served})")
+        raise typer.Exit(2)
+    name = model or served[0]
+    print(config_toml(base, name, api_key))
+    print(sdk_snippet(base, name, api_key))
+
+
 @traces_app.command("stats")
 def traces_stats(
     db: DbOption = None,

@@ -75,8 +75,9 @@ def serve(
     config = ProxyConfig(host=host, port=port, api_key=api_key, max_body_bytes=parse_size(max_body), record=record,
                          redact=redact, db_path=db, stage_rules=rules, fingerprint_system=fingerprint,
                          upstream_timeout=upstream_timeout)
-    recorder = _recorder(config)
     budget = parse_size(memory_budget)
+    stage_specs = _stage_specs(spec_config)  # checked here for every backend (vLLM reads it in its worker)
+    recorder = _recorder(config)
     if backend is BackendKind.openai:
         if not upstream:
             raise typer.BadParameter("the openai backend needs --upstream URL", param_hint="--upstream")
@@ -86,7 +87,7 @@ def serve(
     elif backend is BackendKind.local:
         from agentaccel.traces.store import default_db_path
 
-        impl = _local_backend(model, served_model_name, device, spec_config, budget,
+        impl = _local_backend(model, served_model_name, device, stage_specs, budget,
                               (db or default_db_path()) if seed else None, recorder)
     else:
         if not model:
@@ -114,17 +115,23 @@ def _recorder(config):
         raise typer.Exit(2) from e
 
 
-def _local_backend(model, served_name, device, spec_config, budget, seed_db, recorder):
-    from agentaccel.backends.local.service import LocalBackend
-    from agentaccel.engine import SpecConfig, SuffixEngine
+def _stage_specs(spec_config: Path | None) -> dict:
+    if spec_config is None:
+        return {}
+    from agentaccel.engine import SpecConfig
     from agentaccel.engine.stage_config import load_stage_specs
 
-    stage_specs = {}
-    if spec_config is not None:
-        try:
-            _, stage_specs = load_stage_specs(spec_config, SpecConfig(cost=0.02, min_score=1.5))
-        except ValueError as e:
-            raise typer.BadParameter(str(e), param_hint="--spec-config") from e
+    try:
+        # stages not named in the file keep the backend's own default policy
+        return load_stage_specs(spec_config, SpecConfig(cost=0.02, min_score=1.5))[1]
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--spec-config") from e
+
+
+def _local_backend(model, served_name, device, stage_specs, budget, seed_db, recorder):
+    from agentaccel.backends.local.service import LocalBackend
+    from agentaccel.engine import SuffixEngine
+
     engine = SuffixEngine(memory_budget_bytes=budget)
 
     def on_ready(engine, tokenizer) -> None:

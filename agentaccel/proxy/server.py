@@ -212,12 +212,14 @@ def _error(e: APIError) -> JSONResponse:
 
 def create_app(config: ProxyConfig, backend: Backend, recorder: Recorder | None = None) -> Starlette:
     proxy = Proxy(config, backend, recorder)
-    routes = [
-        Route("/v1/chat/completions", proxy.chat, methods=["POST"]),
-        Route("/v1/completions", proxy.completions, methods=["POST"]),
-        Route("/v1/models", proxy.list_models, methods=["GET"]),
-        Route("/v1/model/info", proxy.model_info, methods=["GET"]),
+    api = [
+        Route("/chat/completions", proxy.chat, methods=["POST"]),
+        Route("/completions", proxy.completions, methods=["POST"]),
+        Route("/models", proxy.list_models, methods=["GET"]),
         Route("/model/info", proxy.model_info, methods=["GET"]),
+    ]
+    # Served with and without /v1, as litellm's proxy is: clients differ in which base URL they take.
+    routes = [Route("/v1" + r.path, r.endpoint, methods=r.methods) for r in api] + api + [
         Route("/health", proxy.health, methods=["GET"]),
         Route("/metrics", proxy.prometheus, methods=["GET"]),
     ]

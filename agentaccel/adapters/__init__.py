@@ -1,0 +1,1 @@
+"""Glue for agent frameworks pointed at the proxy."""
