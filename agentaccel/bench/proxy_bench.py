@@ -127,7 +127,7 @@ def _process(argv: list[str], health: str, env: dict | None = None):
 
 
 def bench_proxy(concurrency: list[int], requests_per_stream: int, tokens: int, rounds: int, record: bool,
-                token_delay: float = 0.02, progress=None) -> list[dict]:
+                token_delay: float = 0.02, pin: bool = False, progress=None) -> list[dict]:
     """`token_delay`: seconds between the upstream's tokens (0.02: 50 tokens/s per stream, a fast
     GPU decode); 0 turns the run into a saturation test (the proxy's throughput ceiling)."""
     up_port, proxy_port = free_port(), free_port()
@@ -139,32 +139,45 @@ def bench_proxy(concurrency: list[int], requests_per_stream: int, tokens: int, r
         if not record:
             serve.append("--no-record")
         with _process([sys.executable, "-m", "agentaccel.bench.upstream", "--port", str(up_port), "--tokens",
-                       str(tokens), "--delay", str(token_delay)], upstream + "/v1/models"), \
-                _process(serve, proxy + "/health"):
-            asyncio.run(run_load(proxy, 8, 5, tokens))  # warm both (connections, code paths)
-            asyncio.run(run_load(upstream, 8, 5, tokens))
-            rows = []
-            for n in concurrency:
-                direct, proxied = LoadResult(), LoadResult()
-                for r in range(rounds):
-                    for target, into in ((upstream, direct), (proxy, proxied)):
-                        got = asyncio.run(run_load(target, n, requests_per_stream, tokens))
-                        into.latencies += got.latencies
-                        into.first_chunk += got.first_chunk
-                        into.errors += got.errors
-                        into.seconds += got.seconds
-                        if progress:
-                            progress(n, r)
-                rows.append({
-                    "streams": n, "requests": len(proxied.latencies) + proxied.errors,
-                    "errors": proxied.errors + direct.errors,
-                    "token_delay_ms": token_delay * 1000,
-                    "added_first_chunk_p50_ms": proxied.pct(50, True) - direct.pct(50, True),
-                    "added_first_chunk_p99_ms": proxied.pct(99, True) - direct.pct(99, True),
-                    "direct_p50_ms": direct.pct(50), "direct_p99_ms": direct.pct(99),
-                    "proxy_p50_ms": proxied.pct(50), "proxy_p99_ms": proxied.pct(99),
-                    "added_p50_ms": proxied.pct(50) - direct.pct(50), "added_p99_ms": proxied.pct(99) - direct.pct(99),
-                    "direct_rps": len(direct.latencies) / direct.seconds,
-                    "proxy_rps": len(proxied.latencies) / proxied.seconds,
-                })
-            return rows
+                       str(tokens), "--delay", str(token_delay)], upstream + "/v1/models") as upstream_proc, \
+                _process(serve, proxy + "/health") as proxy_proc:
+            cores = sorted(os.sched_getaffinity(0))
+            if pin:  # the proxy alone on the last core; upstream and load generator share the others
+                if len(cores) > 1:
+                    os.sched_setaffinity(proxy_proc.pid, {cores[-1]})
+                    os.sched_setaffinity(0, set(cores[:-1]))
+                    os.sched_setaffinity(upstream_proc.pid, set(cores[:-1]))
+            try:
+                return _rounds(concurrency, requests_per_stream, tokens, token_delay, rounds, upstream, proxy, progress)
+            finally:
+                os.sched_setaffinity(0, set(cores))
+
+
+def _rounds(concurrency, requests_per_stream, tokens, token_delay, rounds, upstream, proxy, progress) -> list[dict]:
+    asyncio.run(run_load(proxy, 8, 5, tokens))  # warm both (connections, code paths)
+    asyncio.run(run_load(upstream, 8, 5, tokens))
+    rows = []
+    for n in concurrency:
+        direct, proxied = LoadResult(), LoadResult()
+        for r in range(rounds):
+            for target, into in ((upstream, direct), (proxy, proxied)):
+                got = asyncio.run(run_load(target, n, requests_per_stream, tokens))
+                into.latencies += got.latencies
+                into.first_chunk += got.first_chunk
+                into.errors += got.errors
+                into.seconds += got.seconds
+                if progress:
+                    progress(n, r)
+        rows.append({
+            "streams": n, "requests": len(proxied.latencies) + proxied.errors,
+            "errors": proxied.errors + direct.errors,
+            "token_delay_ms": token_delay * 1000,
+            "added_first_chunk_p50_ms": proxied.pct(50, True) - direct.pct(50, True),
+            "added_first_chunk_p99_ms": proxied.pct(99, True) - direct.pct(99, True),
+            "direct_p50_ms": direct.pct(50), "direct_p99_ms": direct.pct(99),
+            "proxy_p50_ms": proxied.pct(50), "proxy_p99_ms": proxied.pct(99),
+            "added_p50_ms": proxied.pct(50) - direct.pct(50), "added_p99_ms": proxied.pct(99) - direct.pct(99),
+            "direct_rps": len(direct.latencies) / direct.seconds,
+            "proxy_rps": len(proxied.latencies) / proxied.seconds,
+        })
+    return rows

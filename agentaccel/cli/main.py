@@ -182,6 +182,8 @@ def bench_proxy_cmd(
     record: Annotated[bool, typer.Option(help="Proxy records every call (as in production).")] = True,
     token_delay: Annotated[float, typer.Option(help="Seconds between upstream tokens (0: saturation test).")]
     = 0.02,
+    pin: Annotated[bool, typer.Option(help="Give the proxy a core of its own (the upstream and the load generator "
+                                           "share the rest): its own cost, without their contention.")] = False,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the rows as JSON.")] = None,
 ) -> None:
     """Added latency of the proxy at N concurrent streams against a fast local upstream."""
@@ -192,10 +194,10 @@ def bench_proxy_cmd(
     levels = [int(x) for x in streams.split(",") if x.strip()]
     with Progress(console=err, transient=True) as progress:
         task = progress.add_task("load rounds", total=len(levels) * rounds * 2)
-        rows = bench_proxy(levels, requests, tokens, rounds, record, token_delay,
+        rows = bench_proxy(levels, requests, tokens, rounds, record, token_delay, pin,
                            progress=lambda *_: progress.advance(task, 2))
     table = Table(title=f"proxy overhead ({tokens} tokens per stream, {token_delay * 1000:g} ms apart; recording "
-                        f"{'on' if record else 'off'})")
+                        f"{'on' if record else 'off'}{'; proxy on its own core' if pin else ''})")
     for col in ("streams", "requests", "errors", "added 1st chunk p50 ms", "added 1st chunk p99 ms",
                 "direct p50 ms", "proxy p50 ms", "added p50 ms", "direct p99 ms", "proxy p99 ms", "added p99 ms",
                 "direct req/s", "proxy req/s"):
