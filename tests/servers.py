@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import socket
+import subprocess
 import threading
 import time
 
+import httpx
 import uvicorn
 
 
@@ -35,3 +37,18 @@ class ServerThread:
     def __exit__(self, *exc) -> None:
         self.server.should_exit = True
         self.thread.join(30)
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout: float, ready=lambda health: True) -> None:
+    """Until `url`/health answers 200 and `ready(its JSON)`; fails if the process exits first."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            r = httpx.get(url + "/health", timeout=5)
+            if r.status_code == 200 and ready(r.json()):
+                return
+        except httpx.HTTPError:
+            pass
+        assert proc.poll() is None, "the server exited"
+        assert time.monotonic() < deadline, "the server was not ready in time"
+        time.sleep(0.2)

@@ -11,7 +11,7 @@ import time
 
 import httpx
 import pytest
-from servers import ServerThread, free_port
+from servers import ServerThread, free_port, wait_healthy
 
 from agentaccel.backends.openai_compat import OpenAIBackend
 from agentaccel.bench.upstream import MODEL, Upstream
@@ -231,15 +231,7 @@ def test_a_killed_proxy_loses_no_committed_call(upstream, tmp_path):
                             stderr=subprocess.PIPE)
     try:
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(url + "/health").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read().decode()
-            time.sleep(0.1)
+        wait_healthy(url, proc, 60)
         with httpx.Client(base_url=url) as c:
             for i in range(20):
                 body = {"model": MODEL, "messages": [{"role": "user", "content": f"call {i}"}], "stream": i % 2 == 0}

@@ -14,24 +14,10 @@ import pytest
 pytest.importorskip("vllm")
 pytest.importorskip("torch")
 
-from servers import free_port  # noqa: E402
+from servers import free_port, wait_healthy  # noqa: E402
 
 PROMPTS = ["Write a SQL query counting users per country.", "List three colors.",
            "Write a Python function that reverses a string.", "Explain recursion in one sentence."]
-
-
-def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 600) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            r = httpx.get(url + "/health", timeout=5)
-            if r.status_code == 200 and r.json().get("state") == "ready":
-                return
-        except httpx.HTTPError:
-            pass
-        assert proc.poll() is None, "agentaccel serve exited"
-        assert time.monotonic() < deadline, "vllm backend not ready in time"
-        time.sleep(1)
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +38,7 @@ def served(tmp_path_factory):
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_healthy(url, proc)
+        wait_healthy(url, proc, 600, ready=lambda health: health.get("state") == "ready")
         yield url, db
     finally:
         os.killpg(proc.pid, signal.SIGTERM)

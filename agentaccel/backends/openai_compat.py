@@ -62,27 +62,25 @@ class OpenAIBackend(Backend):
             return upstream_unavailable(f"upstream {self.base_url} unreachable: {e}")
         return upstream_unavailable(f"upstream {self.base_url} failed {what}: {e!r}")
 
-    async def models(self) -> list[str]:
+    async def _call(self, method: str, path: str, what: str, **kwargs) -> bytes:
+        """One whole (not streamed) upstream exchange; the body when it answered 200."""
         try:
-            async with self.session.get(self.base_url + "/models") as r:
+            async with self.session.request(method, self.base_url + path, **kwargs) as r:
                 content = await r.read()
                 status = r.status
         except (TimeoutError, aiohttp.ClientError) as e:
-            raise self._failure(e, "listing models") from e
+            raise self._failure(e, what) from e
         if status != 200:
             raise _upstream_error(status, content, self.base_url)
-        return [m["id"] for m in json.loads(content).get("data", []) if isinstance(m, dict) and "id" in m]
+        return content
+
+    async def models(self) -> list[str]:
+        data = json.loads(await self._call("GET", "/models", "listing models")).get("data", [])
+        return [m["id"] for m in data if isinstance(m, dict) and "id" in m]
 
     async def complete(self, endpoint: str, body: dict, ctx: CallContext) -> dict:
-        try:
-            async with self.session.post(self.base_url + _PATHS[endpoint], json=body, headers=self._headers(ctx)) as r:
-                content = await r.read()
-                status = r.status
-        except (TimeoutError, aiohttp.ClientError) as e:
-            raise self._failure(e, "before answering") from e
-        if status != 200:
-            raise _upstream_error(status, content, self.base_url)
-        return json.loads(content)
+        return json.loads(await self._call("POST", _PATHS[endpoint], "before answering", json=body,
+                                           headers=self._headers(ctx)))
 
     async def stream(self, endpoint: str, body: dict, ctx: CallContext) -> AsyncIterator[bytes]:
         try:

@@ -179,25 +179,23 @@ class Proxy:
             completion_tokens=summary.output_tokens or None, latency=time.perf_counter() - t0,
             metadata={"endpoint": endpoint, "spec": ctx.spec.as_dict() if ctx.spec else None}))
 
-    async def list_models(self, request: Request) -> Response:
+    async def _served(self, request: Request, render) -> Response:
         try:
             self._authorize(request)
             self._models = await self.backend.models()
         except APIError as e:
             return _error(e)
-        return JSONResponse({"object": "list", "data": [
-            {"id": m, "object": "model", "created": 0, "owned_by": "agentaccel"} for m in self._models]})
+        return JSONResponse(render(self._models))
+
+    async def list_models(self, request: Request) -> Response:
+        return await self._served(request, lambda models: {"object": "list", "data": [
+            {"id": m, "object": "model", "created": 0, "owned_by": "agentaccel"} for m in models]})
 
     async def model_info(self, request: Request) -> Response:
         """litellm proxy's `/v1/model/info` (OpenHands calls it for `litellm_proxy/` models)."""
-        try:
-            self._authorize(request)
-            self._models = await self.backend.models()
-        except APIError as e:
-            return _error(e)
-        return JSONResponse({"data": [
+        return await self._served(request, lambda models: {"data": [
             {"model_name": m, "litellm_params": {"model": m}, "model_info": {"id": m, "mode": "chat"}}
-            for m in self._models]})
+            for m in models]})
 
     async def health(self, _request: Request) -> Response:
         return JSONResponse({"status": "ok", **self.backend.health()})
