@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -77,13 +78,17 @@ class _Connection:
             self.writer.close()
 
 
-async def run_load(url: str, streams: int, requests_per_stream: int, tokens: int) -> LoadResult:
+async def run_load(url: str, streams: int, requests_per_stream: int, tokens: int, spread: float = 0.0) -> LoadResult:
+    """`spread`: each stream starts after a random delay up to this many seconds, so that streams
+    are not phase-locked (agents do not start their calls in the same millisecond; locked
+    streams hit the proxy in bursts of N events at once)."""
     host, port = url.removeprefix("http://").split(":")
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": tokens,
             "stream": True}
     result = LoadResult()
 
     async def worker():
+        await asyncio.sleep(random.uniform(0, spread))
         conn = _Connection(host, int(port), body)
         try:
             for _ in range(requests_per_stream):
