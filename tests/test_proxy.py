@@ -247,3 +247,44 @@ def test_a_killed_proxy_loses_no_committed_call(upstream, tmp_path):
     calls = stored_calls(db)
     assert sorted(c.messages[0]["content"] for c in calls) == sorted(f"call {i}" for i in range(20))
     assert sorted(c.position for c in calls) == list(range(20))
+
+
+def test_streamed_tool_calls_are_reassembled_for_the_record():
+    from agentaccel.proxy.accumulate import Accumulator, from_body
+
+    acc = Accumulator("chat")
+    deltas = [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"index": 0, "id": "call_1", "type": "function", "function": {"name": "run_sql", "arguments": ""}}]},
+        {"tool_calls": [{"index": 0, "function": {"arguments": '{"query": "SEL'}}]},
+        {"tool_calls": [{"index": 0, "function": {"arguments": 'ECT 1"}'}},
+                        {"index": 1, "id": "call_2", "function": {"name": "done", "arguments": "{}"}}]},
+    ]
+    for d in deltas:
+        acc.add({"choices": [{"index": 0, "delta": d, "finish_reason": None}]})
+    acc.add({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+    acc.add({"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 7}})
+    out = acc.finish()
+    assert out.finish_reason == "tool_calls" and out.text == "" and (out.prompt_tokens, out.output_tokens) == (9, 7)
+    assert out.tool_calls == [
+        {"id": "call_1", "type": "function", "function": {"name": "run_sql", "arguments": '{"query": "SELECT 1"}'}},
+        {"id": "call_2", "type": "function", "function": {"name": "done", "arguments": "{}"}}]
+    whole = from_body("chat", {"choices": [{"message": {"content": None, "tool_calls": out.tool_calls},
+                                            "finish_reason": "tool_calls"}]})
+    assert whole.tool_calls == out.tool_calls and whole.text == ""
+
+
+def test_tools_reach_the_upstream(upstream, tmp_path):
+    tools = [{"type": "function", "function": {"name": "run_sql", "parameters": {"type": "object"}}}]
+    proxy, recorder = make_proxy(upstream.url, tmp_path)
+    with proxy, httpx.Client(base_url=proxy.url) as c:
+        r = c.post("/v1/chat/completions", json={"model": MODEL, "messages": MESSAGES, "tools": tools,
+                                                 "tool_choice": "auto"})
+        assert r.status_code == 200
+        forwarded = httpx.get(upstream.url + "/stats").json()["last_body"]
+        assert forwarded["tools"] == tools and forwarded["tool_choice"] == "auto"
+        recorder.flush()
+    (call,) = stored_calls(tmp_path / "traces.db")
+    with TraceStore(tmp_path / "traces.db") as store:
+        (tools_json,) = store.conn.execute("SELECT b.json FROM calls c JOIN blobs b ON b.id = c.tools").fetchone()
+    assert json.loads(tools_json) == tools
