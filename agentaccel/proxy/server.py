@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import time
 import uuid
@@ -45,6 +46,9 @@ class Proxy:
     @contextlib.asynccontextmanager
     async def lifespan(self, _app):
         await self.backend.start()
+        # Everything loaded so far (modules, the model, seeded trees' Python side) lives as long as the
+        # server: moved out of the collector's sight, full collections stop rescanning it mid-request.
+        gc.freeze()
         try:
             yield
         finally:
