@@ -52,6 +52,19 @@ def _capture_stages() -> None:
     InputBatch.add_request = add_request
 
 
+def _tokenizer_file(spec: str) -> str:
+    """A local folder as it is; a hub model name -> the tokenizer.json vLLM already has in the HF
+    cache (nothing is downloaded here)."""
+    if Path(spec).exists():
+        return spec
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return spec
+    cached = try_to_load_from_cache(spec, "tokenizer.json")
+    return cached if isinstance(cached, str) else spec
+
+
 class AgentaccelProposer:
     def __init__(self, vllm_config) -> None:
         config = vllm_config.speculative_config
@@ -77,7 +90,7 @@ class AgentaccelProposer:
         from agentaccel.traces.tokenization import load_tokenizer
 
         try:
-            tokenizer = load_tokenizer(vllm_config.model_config.tokenizer)
+            tokenizer = load_tokenizer(_tokenizer_file(vllm_config.model_config.tokenizer))
         except ValueError as e:
             log.warning("agentaccel: not seeding, no usable tokenizer (%s)", e)
             return
@@ -95,8 +108,10 @@ class AgentaccelProposer:
             num_tokens = int(input_batch.num_tokens_no_spec[i])
             stage, speculate = _REQUESTS.get(req_id, ("default", True))
             if not self.engine.has_request(req_id):
-                prompt = input_batch.token_ids_cpu[i, : int(input_batch.num_prompt_tokens[i])]
-                self.engine.start_request(req_id, prompt, stage=stage)
+                # Everything before this step's tokens: the prompt, and after a preemption also what
+                # the request generated before it (vLLM re-adds preempted requests as new ones).
+                context = input_batch.token_ids_cpu[i, : num_tokens - len(sampled)]
+                self.engine.start_request(req_id, context, stage=stage)
             self.engine.extend(req_id, list(sampled))
             self._count(stage, req_id, len(sampled))
             budget = min(num_speculative_tokens, self.num_speculative_tokens, self.max_model_len - num_tokens - 1)
