@@ -11,8 +11,8 @@ Read once at start: vLLM's speculative config (`num_speculative_tokens` caps a d
   /metrics reads it).
 
 Each request's stage comes from `SamplingParams.extra_args["stage"]` (the proxy sends it as
-`vllm_xargs.stage`); `extra_args["speculate"] = false` turns drafting off for one request (a
-baseline inside the same server). vLLM verifies a chain of draft tokens, so drafts are linear.
+`vllm_xargs.stage`); `extra_args["speculate"] = false` makes one request a baseline inside the
+same server: no drafts, and its output is not learned from. vLLM verifies a chain of draft tokens, so drafts are linear.
 """
 
 from __future__ import annotations
@@ -113,7 +113,8 @@ class AgentaccelProposer:
                 context = input_batch.token_ids_cpu[i, : num_tokens - len(sampled)]
                 self.engine.start_request(req_id, context, stage=stage)
             self.engine.extend(req_id, list(sampled))
-            self._count(stage, req_id, len(sampled))
+            if speculate:
+                self._count(stage, req_id, len(sampled))
             budget = min(num_speculative_tokens, self.num_speculative_tokens, self.max_model_len - num_tokens - 1)
             tokens: list[int] = []
             if budget > 0 and speculate:
@@ -123,9 +124,9 @@ class AgentaccelProposer:
         live = set(input_batch.req_id_to_index)
         for req_id in [r for r in self._last_draft if r not in live]:  # finished (or preempted) requests
             self._last_draft.pop(req_id)
-            if self.engine.has_request(req_id):
-                self.engine.finish_request(req_id, keep_output=True)  # its output joins its stage tree
-            _REQUESTS.pop(req_id, None)
+            _, speculated = _REQUESTS.pop(req_id, ("default", True))
+            if self.engine.has_request(req_id):  # its output joins its stage tree (baseline requests' do not)
+                self.engine.finish_request(req_id, keep_output=speculated)
         self._write_stats()
         return drafts
 
