@@ -288,3 +288,17 @@ def test_tools_reach_the_upstream(upstream, tmp_path):
     with TraceStore(tmp_path / "traces.db") as store:
         (tools_json,) = store.conn.execute("SELECT b.json FROM calls c JOIN blobs b ON b.id = c.tools").fetchone()
     assert json.loads(tools_json) == tools
+
+
+def test_a_backend_bug_is_an_openai_style_500_and_the_server_lives_on(upstream, tmp_path):
+    class Broken(OpenAIBackend):  # a fault no real upstream can cause: the backend itself raising
+        async def complete(self, endpoint, body, ctx):
+            if body["messages"][-1]["content"] == "explode":
+                raise RuntimeError("backend bug")
+            return await super().complete(endpoint, body, ctx)
+
+    with ServerThread(create_app(ProxyConfig(), Broken(upstream.url))) as proxy, httpx.Client(base_url=proxy.url) as c:
+        r = c.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "explode"}]})
+        assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
+        assert "backend bug" in r.json()["error"]["message"]
+        assert c.post("/v1/chat/completions", json={"model": MODEL, "messages": MESSAGES}).status_code == 200

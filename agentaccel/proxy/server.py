@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import gc
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -30,6 +31,7 @@ from agentaccel.proxy.recorder import RecordedCall, Recorder
 from agentaccel.proxy.validation import parse_json, validate
 
 SSE_DONE = b"data: [DONE]\n\n"
+log = logging.getLogger("agentaccel.proxy")
 
 
 class Proxy:
@@ -93,6 +95,13 @@ class Proxy:
         return await self._complete(request, COMPLETIONS)
 
     async def _complete(self, request: Request, endpoint: str) -> Response:
+        try:
+            return await self._handle(request, endpoint)
+        except Exception as e:  # noqa: BLE001 - whatever broke, the client gets an OpenAI-style 500
+            self.metrics.requests.labels("-", endpoint, "500").inc()
+            return _internal_error(e)
+
+    async def _handle(self, request: Request, endpoint: str) -> Response:
         t0 = time.perf_counter()
         try:
             self._authorize(request)
@@ -137,7 +146,10 @@ class Proxy:
             try:
                 payload = first
                 while payload is not None:
-                    chunk = json.loads(payload)
+                    try:
+                        chunk = json.loads(payload)
+                    except ValueError:  # not ours to judge: relayed as it came, left out of the record
+                        chunk = {"choices": [None]}
                     acc.add(chunk)
                     if first_token_at is None and chunk.get("choices"):
                         first_token_at = time.perf_counter()
@@ -210,6 +222,12 @@ class Proxy:
 
 def _error(e: APIError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status)
+
+
+def _internal_error(exc: Exception) -> JSONResponse:
+    """A bug or an unexpected backend failure still answers in the OpenAI shape (and is logged)."""
+    log.error("unhandled error", exc_info=exc)
+    return _error(APIError(500, f"internal error: {exc!r}", type="server_error"))
 
 
 def create_app(config: ProxyConfig, backend: Backend, recorder: Recorder | None = None) -> Starlette:
