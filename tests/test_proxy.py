@@ -302,3 +302,14 @@ def test_a_backend_bug_is_an_openai_style_500_and_the_server_lives_on(upstream, 
         assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
         assert "backend bug" in r.json()["error"]["message"]
         assert c.post("/v1/chat/completions", json={"model": MODEL, "messages": MESSAGES}).status_code == 200
+
+
+def test_stage_labels_are_bounded():
+    from agentaccel.proxy.metrics import MAX_STAGES, Metrics
+
+    m = Metrics()
+    for i in range(MAX_STAGES + 10):
+        m.observe(f"s{i}", "chat", 200, 0.01)
+    text = m.render().decode()
+    assert 'stage="s0"' in text and f'stage="s{MAX_STAGES + 5}"' not in text
+    assert 'agentaccel_requests_total{endpoint="chat",stage="other",status="200"} 10.0' in text

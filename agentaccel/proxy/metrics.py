@@ -11,6 +11,7 @@ from agentaccel.backends.base import SpecStats
 
 disable_created_metrics()  # the *_created series double the output and nothing here reads them
 
+MAX_STAGES = 512  # distinct stage labels before the rest are counted as "other"
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 
@@ -30,10 +31,21 @@ class Metrics:
         self.recorder_dropped = Counter("agentaccel_recorder_errors", "Calls the recorder failed to store",
                                         registry=r)
         self._spec_totals: dict[str, dict[str, int]] = {}
+        self._labels: set[str] = set()
         r.register(_SpecCollector(external_spec or (lambda: self._spec_totals)))
+
+    def label(self, stage: str) -> str:
+        """Stage names come from clients: past MAX_STAGES distinct ones, the rest share the label
+        "other" (each label value is a time series in Prometheus; a client must not be able to
+        create them without bound)."""
+        if stage in self._labels or len(self._labels) < MAX_STAGES:
+            self._labels.add(stage)
+            return stage
+        return "other"
 
     def observe(self, stage: str, endpoint: str, status: int, seconds: float,
                 prompt_tokens: int = 0, output_tokens: int = 0, spec: SpecStats | None = None) -> None:
+        stage = self.label(stage)
         self.requests.labels(stage, endpoint, str(status)).inc()
         self.latency.labels(stage, endpoint).observe(seconds)
         if prompt_tokens:

@@ -166,7 +166,7 @@ class Proxy:
             finally:
                 await chunks.aclose()
                 if first_token_at is not None:
-                    self.metrics.ttft.labels(ctx.stage).observe(first_token_at - t0)
+                    self.metrics.ttft.labels(self.metrics.label(ctx.stage)).observe(first_token_at - t0)
                 summary = acc.finish()
                 self._observe(endpoint, ctx, status, t0, summary)
                 if status == 200:
