@@ -99,6 +99,7 @@ NB_MODULE(_core, m) {
       .def("has_request", &Engine::has_request, "req_id"_a, Release())
       .def("stage_stats", &Engine::stage_stats, Release())
       .def("global_bytes", &Engine::global_bytes, Release())
+      .def("compact", &Engine::compact, Release())
       .def("predictability",
            [](const Engine& e, const std::string& stage, Tokens t) { return e.predictability(stage, t.data(), t.shape(0)); },
            "stage"_a, "tokens"_a, Release())

@@ -473,6 +473,11 @@ Predictability Engine::predictability(const std::string& stage, const uint32_t* 
   return out;
 }
 
+void Engine::compact() {
+  std::unique_lock lock(stages_mu_);
+  for (auto& stage : stages_) stage->sam.compact();
+}
+
 uint64_t Engine::global_bytes() const {
   std::shared_lock lock(stages_mu_);
   return global_bytes_locked();

@@ -284,3 +284,23 @@ def test_prompt_lookup_baseline():
     assert eng.prompt_lookup("s").token_ids == []
     with pytest.raises(ValueError):
         eng.prompt_lookup("s", min_n=3, max_n=2)
+
+
+def test_compact_gives_back_capacity_and_changes_no_draft():
+    import random
+
+    rng = random.Random(7)
+    eng = SuffixEngine(max_depth=16)
+    docs = [[rng.randrange(50) for _ in range(rng.randrange(20, 200))] for _ in range(300)]
+    for d in docs:
+        eng.add_document(d, stage="s")
+    eng.start_request("r", docs[3][:30], stage="s")
+    before_draft = eng.speculate("r", 16)
+    before = eng.stats()["bytes"]
+    eng.compact()
+    assert eng.stats()["bytes"] < before
+    after_draft = eng.speculate("r", 16)
+    assert (after_draft.token_ids, after_draft.parents) == (before_draft.token_ids, before_draft.parents)
+    eng.check_integrity()
+    eng.add_document(docs[0], stage="s")  # still growable afterwards
+    eng.check_integrity()
