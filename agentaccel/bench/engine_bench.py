@@ -61,6 +61,7 @@ def _build_child(corpus_npz: str, max_depth: int, save_path: str) -> None:
     t0 = time.perf_counter()
     for doc in docs:
         eng.add_document(doc)
+    eng.compact()  # as seeding from the trace store does
     build = time.perf_counter() - t0
     rss1 = proc.memory_info().rss
     t0 = time.perf_counter()
