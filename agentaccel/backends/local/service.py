@@ -8,6 +8,7 @@ asyncio queue. A client that goes away cancels its generation at the next step.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 import uuid
@@ -125,8 +126,6 @@ class LocalBackend(Backend):
                                                     "logprobs": None}], usage)
 
     async def stream(self, endpoint: str, body: dict, ctx: CallContext) -> AsyncIterator[bytes]:
-        import json
-
         params = self._params(body)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
@@ -180,8 +179,9 @@ class LocalBackend(Backend):
                         yield json.dumps({**head, "choices": [], "usage": _usage(value)}).encode()
                     return
         finally:
-            cancel.set()
-            await asyncio.wrap_future(future) if not future.done() else None
+            cancel.set()  # the worker stops at its next step; its finally frees the request tree
+            if not future.done():
+                await asyncio.wrap_future(future)
 
 
 def _id(chat: bool) -> str:
