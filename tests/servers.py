@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import threading
 import time
@@ -10,11 +9,7 @@ import time
 import httpx
 import uvicorn
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from agentaccel.backends.vllm.backend import free_port  # noqa: F401 - one definition, re-exported for tests
 
 
 class ServerThread:

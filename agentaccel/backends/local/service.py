@@ -99,9 +99,10 @@ class LocalBackend(Backend):
             raise bad_request(str(e)) from e
         return params
 
-    def _run(self, endpoint: str, body: dict, ctx: CallContext, on_tokens=None) -> GenerationResult:
+    def _run(self, endpoint: str, body: dict, params: SamplingParams, ctx: CallContext,
+             on_tokens=None) -> GenerationResult:
         try:
-            result = self.generator.generate(self._prompt(endpoint, body), self._params(body), stage=ctx.stage,
+            result = self.generator.generate(self._prompt(endpoint, body), params, stage=ctx.stage,
                                              on_tokens=on_tokens, request_id=ctx.request_id)
         except ValueError as e:  # bad parameters, context too long: this request alone fails
             raise bad_request(str(e)) from e
@@ -109,10 +110,10 @@ class LocalBackend(Backend):
         return result
 
     async def complete(self, endpoint: str, body: dict, ctx: CallContext) -> dict:
-        self._params(body)  # bad parameters fail before taking a worker
+        params = self._params(body)  # bad parameters fail before taking a worker
         loop = asyncio.get_running_loop()
         try:
-            r = await loop.run_in_executor(self.pool, self._run, endpoint, body, ctx)
+            r = await loop.run_in_executor(self.pool, self._run, endpoint, body, params, ctx)
         except APIError:
             raise
         except Exception as e:
@@ -141,7 +142,7 @@ class LocalBackend(Backend):
 
         def work() -> None:
             try:
-                loop.call_soon_threadsafe(queue.put_nowait, ("done", self._run(endpoint, body, ctx, on_tokens)))
+                loop.call_soon_threadsafe(queue.put_nowait, ("done", self._run(endpoint, body, params, ctx, on_tokens)))
             except BaseException as e:  # delivered to the stream, raised there
                 loop.call_soon_threadsafe(queue.put_nowait, ("error", e))
 
