@@ -174,8 +174,18 @@ class Grower {
     return slot;
   }
 
-  Draft grow_tree(bool* room_hit) {
+  // One allocation per array instead of one per doubling.
+  Draft empty_draft() const {
     Draft draft;
+    const size_t expected = size_t(std::clamp(lim_.budget, 0, 128));
+    draft.tokens.reserve(expected);
+    draft.parents.reserve(expected);
+    draft.probs.reserve(expected);
+    return draft;
+  }
+
+  Draft grow_tree(bool* room_hit) {
+    Draft draft = empty_draft();
     std::priority_queue<Candidate, std::vector<Candidate>, Worse> heap;
     auto push_next_kid = [&](uint32_t slot) {
       Node& n = nodes_[slot];
@@ -198,7 +208,7 @@ class Grower {
   }
 
   Draft grow_path(bool* room_hit) {
-    Draft draft;
+    Draft draft = empty_draft();
     uint32_t slot = 0;
     while (int(draft.tokens.size()) < lim_.budget && nodes_[slot].kid_begin < nodes_[slot].kid_end) {
       Kid kid = kids_[nodes_[slot].kid_begin];

@@ -299,7 +299,10 @@ Draft Engine::speculate(const std::string& rid, const SpecParams& params) {
     const Match& m = match_locked(*req, req->stage);
     trees.push_back(Tree{"stage", {&stages_[req->stage]->sam}, {m.state}, {m.matched}});
   }
-  if (params.trees & kUnionTree) {
+  // In paper mode a union of the request's own stage alone is the stage tree again: same draft,
+  // and ties keep the earlier tree, so it is skipped.
+  const bool union_is_stage = params.paper && (params.trees & kStageTree) && stages_.size() == 1;
+  if ((params.trees & kUnionTree) && !union_is_stage) {
     Tree all{"union", {}, {}, {}};
     for (uint32_t s = 0; s < stages_.size(); ++s) {
       // A mixture already has the request's own stage as a source: the union adds the others.

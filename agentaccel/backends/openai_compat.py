@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 
+from agentaccel import jsonfast
 from agentaccel.backends.base import CHAT, Backend, CallContext
 from agentaccel.errors import APIError, upstream_timeout, upstream_unavailable
 
@@ -36,11 +37,16 @@ class OpenAIBackend(Backend):
         self.session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
-        headers = {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        headers = {"content-type": "application/json"}  # bodies go out pre-encoded (jsonfast)
+        if self.api_key:
+            headers["authorization"] = f"Bearer {self.api_key}"
         # `timeout` bounds each wait for the upstream (connecting, then every read), not the whole
         # call: a long generation that keeps streaming is fine, a silent upstream is not.
         self.session = aiohttp.ClientSession(
-            headers=headers, timeout=aiohttp.ClientTimeout(total=None, sock_connect=10.0, sock_read=self.timeout),
+            # No cookie jar: one upstream cookie must never ride along with another client's request
+            # (and the jar's per-request bookkeeping is a measurable share of a relayed call).
+            headers=headers, cookie_jar=aiohttp.DummyCookieJar(),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10.0, sock_read=self.timeout),
             connector=aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0, keepalive_timeout=30))
 
     async def close(self) -> None:
@@ -79,12 +85,13 @@ class OpenAIBackend(Backend):
         return [m["id"] for m in data if isinstance(m, dict) and "id" in m]
 
     async def complete(self, endpoint: str, body: dict, ctx: CallContext) -> dict:
-        return json.loads(await self._call("POST", _PATHS[endpoint], "before answering", json=body,
-                                           headers=self._headers(ctx)))
+        return jsonfast.loads(await self._call("POST", _PATHS[endpoint], "before answering",
+                                               data=jsonfast.dumps(body), headers=self._headers(ctx)))
 
     async def stream(self, endpoint: str, body: dict, ctx: CallContext) -> AsyncIterator[bytes]:
         try:
-            async with self.session.post(self.base_url + _PATHS[endpoint], json=body, headers=self._headers(ctx)) as r:
+            async with self.session.post(self.base_url + _PATHS[endpoint], data=jsonfast.dumps(body),
+                                         headers=self._headers(ctx)) as r:
                 if r.status != 200:
                     raise _upstream_error(r.status, await r.read(), self.base_url)
                 pending = b""

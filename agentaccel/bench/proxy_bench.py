@@ -25,6 +25,7 @@ import httpx
 import numpy as np
 
 from agentaccel.backends.vllm.backend import free_port
+from agentaccel.bench import aio
 from agentaccel.bench.upstream import MODEL
 
 
@@ -159,14 +160,16 @@ def bench_proxy(concurrency: list[int], requests_per_stream: int, tokens: int, r
 
 
 def _rounds(concurrency, requests_per_stream, tokens, token_delay, rounds, upstream, proxy, progress) -> list[dict]:
-    asyncio.run(run_load(proxy, 8, 5, tokens))  # warm both (connections, code paths)
-    asyncio.run(run_load(upstream, 8, 5, tokens))
+    aio.run(run_load(proxy, 8, 5, tokens))  # warm both (connections, code paths)
+    aio.run(run_load(upstream, 8, 5, tokens))
+    # Streams start at random offsets within one response time, as independent agents do.
+    spread = tokens * token_delay
     rows = []
     for n in concurrency:
         direct, proxied = LoadResult(), LoadResult()
         for r in range(rounds):
             for target, into in ((upstream, direct), (proxy, proxied)):
-                got = asyncio.run(run_load(target, n, requests_per_stream, tokens))
+                got = aio.run(run_load(target, n, requests_per_stream, tokens, spread))
                 into.latencies += got.latencies
                 into.first_chunk += got.first_chunk
                 into.errors += got.errors

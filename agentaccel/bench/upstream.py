@@ -14,6 +14,8 @@ import json
 import threading
 import time
 
+from agentaccel.bench import aio
+
 MODEL = "fast-upstream"
 
 
@@ -117,6 +119,7 @@ class Upstream:
 
         def run() -> None:
             self._loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(self._loop)  # gather() of no tasks at the end asks for it
             self._loop.run_until_complete(self.serve())
             ready.set()
             self._loop.run_forever()
@@ -150,7 +153,7 @@ def main() -> None:
         await Upstream(args.tokens, args.delay).serve(args.port)
         await asyncio.Event().wait()
 
-    asyncio.run(forever())
+    aio.run(forever())
 
 
 if __name__ == "__main__":

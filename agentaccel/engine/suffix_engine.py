@@ -103,6 +103,9 @@ class SuffixEngine:
         self.vocab_size = vocab_size
         self.config = config or SpecConfig()
         self._native_params: dict[tuple[SpecConfig, int], _core.SpecParams] = {}
+        self._last_config: SpecConfig | None = None
+        self._last_max_tokens = -1
+        self._last_params: _core.SpecParams | None = None
 
     # ------------------------------------------------------------------ global trees
     def add_document(self, token_ids: Sequence[int] | np.ndarray, stage: str = "default") -> int:
@@ -149,6 +152,8 @@ class SuffixEngine:
         node `parents[i]`. `config` (default: the engine's) is a `SpecConfig`; keyword overrides
         replace some of its fields (slower: hot loops should pass a prebuilt `config`)."""
         config = config or self.config
+        if config is self._last_config and max_tokens == self._last_max_tokens and not overrides:
+            return self._eng.speculate(_rid(req_id), self._last_params)  # hot loop: skip hashing the config
         if overrides:
             config = _replace(config, overrides)
         key = (config, max_tokens)
@@ -157,6 +162,8 @@ class SuffixEngine:
             if len(self._native_params) > 256:
                 self._native_params.clear()
             params = self._native_params[key] = config.to_native(max_tokens)
+        if not overrides:
+            self._last_config, self._last_max_tokens, self._last_params = config, max_tokens, params
         return self._eng.speculate(_rid(req_id), params)
 
     def finish_request(self, req_id: str | int, keep_output: bool = True, retain: bool = False) -> int | None:

@@ -97,14 +97,20 @@ class Recorder:
     def _write(self, batch: list[RecordedCall]) -> None:
         sessions: dict[str, Session] = {}
         for call in batch:
-            key = f"live:{call.session_id}" if call.session_id else f"live-call:{uuid.uuid4().hex}"
+            if call.session_id:
+                key = f"live:{call.session_id}"
+            else:  # a call of its own: a fresh key, so position 0 without asking the database
+                key = f"live-call:{uuid.uuid4().hex}"
+                self._next_position[key] = 0
             session = sessions.get(key)
             if session is None:
                 session = sessions[key] = Session(key=key, framework="agentaccel-proxy", model=call.model,
                                                   started_at=call.created_at,
                                                   metadata={"session_id": call.session_id})
-            position = self._position(key)
-            session.calls.append(self._to_call(call, position))
+            session.calls.append(self._to_call(call, self._position(key)))
+        for key in sessions:  # single calls never come back: their counters would only pile up
+            if key.startswith("live-call:"):
+                del self._next_position[key]
         try:
             self.store.write_sessions(list(sessions.values()), stage_of=lambda _s, c: c.stage, fmt="proxy",
                                       tokenize=None if self.redact else self.tokenize)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from agentaccel import jsonfast
 from agentaccel.errors import bad_request
 
 CHAT = "chat"
@@ -12,7 +13,7 @@ COMPLETIONS = "completions"
 
 def parse_json(raw: bytes) -> dict:
     try:
-        body = json.loads(raw)
+        body = jsonfast.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise bad_request(f"malformed JSON body: {e}", code="invalid_json") from e
     if not isinstance(body, dict):
