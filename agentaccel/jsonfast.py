@@ -13,11 +13,12 @@ import orjson
 _LONG_NUMBER = re.compile(rb"\d{19}")  # may not fit 64 bits: the standard library keeps it exact
 
 
-def loads(data: bytes | str) -> Any:
-    """Parses like `json.loads` (and raises its `JSONDecodeError` on malformed input)."""
+def loads(data: bytes | str, exact: bool = True) -> Any:
+    """Parses like `json.loads` (and raises its `JSONDecodeError` on malformed input). With
+    `exact=False` integers over 64 bits may come back as floats: for what is only read, not sent on."""
     if isinstance(data, str):
         data = data.encode()
-    if _LONG_NUMBER.search(data):
+    if exact and _LONG_NUMBER.search(data):
         return json.loads(data)
     try:
         return orjson.loads(data)

@@ -10,6 +10,7 @@ import sys
 import time
 
 import httpx
+import psutil
 import pytest
 from servers import ServerThread, free_port, wait_healthy
 
@@ -241,12 +242,37 @@ def test_a_killed_proxy_loses_no_committed_call(upstream, tmp_path):
         while len(stored_calls(db)) < 20:  # the writer commits in the background
             assert time.monotonic() < deadline
             time.sleep(0.1)
+        writers = psutil.Process(proc.pid).children()
+        assert writers, "the recorder runs in a writer process"
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
+    _gone, alive = psutil.wait_procs(writers, timeout=10)
+    assert not alive, "the writer process outlived the server it recorded for"
     calls = stored_calls(db)
     assert sorted(c.messages[0]["content"] for c in calls) == sorted(f"call {i}" for i in range(20))
     assert sorted(c.position for c in calls) == list(range(20))
+
+
+def test_a_call_that_cannot_be_stored_is_counted_and_the_writer_lives_on(tmp_path):
+    from agentaccel.proxy.metrics import Metrics
+    from agentaccel.proxy.recorder import RecordedCall
+
+    recorder = Recorder(tmp_path / "traces.db", flush_seconds=0.01)
+    try:
+        # a set pickles (it reaches the writer) but is no JSON: that transaction fails
+        recorder.submit(RecordedCall(stage="s", session_id=None, model=MODEL,
+                                     messages=[{"role": "user", "content": {1, 2}}], response="x"))
+        recorder.flush()
+        assert (recorder.written, recorder.failed) == (0, 1)
+        recorder.submit(RecordedCall(stage="s", session_id=None, model=MODEL, messages=MESSAGES, response="ok"))
+        recorder.flush()
+        assert (recorder.written, recorder.failed) == (1, 1)
+        text = Metrics(recorder_failed=lambda: recorder.failed).render().decode()
+        assert "agentaccel_recorder_errors_total 1.0" in text
+    finally:
+        recorder.close()
+    assert [c.response for c in stored_calls(tmp_path / "traces.db")] == ["ok"]
 
 
 def test_streamed_tool_calls_are_reassembled_for_the_record():

@@ -99,7 +99,7 @@ def serve(
                            seed=seed, spec_config=spec_config, memory_budget_bytes=budget, timeout=upstream_timeout)
     app = create_app(config, impl, recorder)
     err.print(f"agentaccel: {backend.value} backend, listening on http://{host}:{port}/v1 "
-              f"(recording {'off' if recorder is None else 'to ' + str(recorder.store.path)})")
+              f"(recording {'off' if recorder is None else 'to ' + str(recorder.path)})")
     # The recorder thread (and the local backend's workers) must not hold the event loop off the
     # GIL for the default 5 ms: a streamed event waiting that long is a latency spike.
     sys.setswitchinterval(0.0005)
@@ -140,7 +140,7 @@ def _local_backend(model, served_name, device, stage_specs, budget, seed_db, rec
 
     def on_ready(engine, tokenizer) -> None:
         if recorder is not None:
-            recorder.tokenize = (tokenizer.fingerprint, tokenizer.encode_batch)
+            recorder.set_tokenizer((tokenizer.fingerprint, tokenizer.encode_batch))
         if seed_db is not None:
             seed_engine(engine, seed_db, tokenizer)
 

@@ -19,7 +19,8 @@ class Metrics:
     """`external_spec`, when given, supplies the per-stage speculation totals (a backend that
     drafts out of process, like vLLM); otherwise they are summed from each call's SpecStats."""
 
-    def __init__(self, external_spec: Callable[[], dict[str, dict[str, int]]] | None = None) -> None:
+    def __init__(self, external_spec: Callable[[], dict[str, dict[str, int]]] | None = None,
+                 recorder_failed: Callable[[], int] | None = None) -> None:
         self.registry = r = CollectorRegistry()
         self.requests = Counter("agentaccel_requests", "Requests served", ["stage", "endpoint", "status"], registry=r)
         self.latency = Histogram("agentaccel_request_latency_seconds", "Request latency", ["stage", "endpoint"],
@@ -28,11 +29,12 @@ class Metrics:
                               ["stage"], buckets=_LATENCY_BUCKETS, registry=r)
         self.prompt_tokens = Counter("agentaccel_prompt_tokens", "Prompt tokens", ["stage"], registry=r)
         self.output_tokens = Counter("agentaccel_output_tokens", "Output tokens", ["stage"], registry=r)
-        self.recorder_dropped = Counter("agentaccel_recorder_errors", "Calls the recorder failed to store",
-                                        registry=r)
         self._spec_totals: dict[str, dict[str, int]] = {}
         self._labels: set[str] = set()
         r.register(_SpecCollector(external_spec or (lambda: self._spec_totals)))
+        if recorder_failed is not None:  # counted by the recorder's writer process
+            r.register(_ValueCollector(CounterMetricFamily, "agentaccel_recorder_errors",
+                                       "Calls the recorder failed to store", recorder_failed))
 
     def label(self, stage: str) -> str:
         """Stage names come from clients: past MAX_STAGES distinct ones, the rest share the label
@@ -87,3 +89,16 @@ class _SpecCollector:
             if t.get("steps"):
                 mean.add_metric([stage], (t["accepted"] + t["steps"]) / t["steps"])
         yield from (steps, drafted, accepted, rate, mean)
+
+
+class _ValueCollector:
+    """One unlabelled value read at scrape time."""
+
+    def __init__(self, family, name: str, doc: str, read: Callable[[], float]) -> None:
+        self.family, self.name, self.doc, self.read = family, name, doc, read
+
+    def describe(self):
+        return [self.family(self.name, self.doc)]
+
+    def collect(self):
+        yield self.family(self.name, self.doc, value=self.read())

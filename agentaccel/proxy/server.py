@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import itertools
 import json
 import logging
 import time
@@ -40,10 +41,11 @@ class Proxy:
         self.config = config
         self.backend = backend
         self.recorder = recorder
-        self.metrics = Metrics(backend.stage_stats if backend.stage_stats() is not None else None)
-        if recorder is not None:
-            recorder.on_error = lambda _e: self.metrics.recorder_dropped.inc()
+        self.metrics = Metrics(backend.stage_stats if backend.stage_stats() is not None else None,
+                               recorder_failed=(lambda: recorder.failed) if recorder is not None else None)
         self._models: list[str] = []
+        # unique within this server (what the engine's request trees need) without a syscall per call
+        self._request_ids = (f"{uuid.uuid4().hex[:12]}-{n}" for n in itertools.count())
 
     # ------------------------------------------------------------------ lifecycle
     @contextlib.asynccontextmanager
@@ -113,7 +115,7 @@ class Proxy:
             self.metrics.requests.labels("-", endpoint, str(e.status)).inc()
             return _error(e)
         tags = tagging.resolve(request.headers, body, self.config.stage_rules, self.config.fingerprint_system)
-        ctx = CallContext(stage=tags.stage, session_id=tags.session_id, request_id=uuid.uuid4().hex,
+        ctx = CallContext(stage=tags.stage, session_id=tags.session_id, request_id=next(self._request_ids),
                           headers=tagging.forward_headers(request.headers, self.config.api_key is None))
         forward = self.backend.prepare(tagging.strip_proxy_fields(body), ctx)
         if body.get("stream"):
@@ -148,7 +150,7 @@ class Proxy:
                 payload = first
                 while payload is not None:
                     try:
-                        chunk = jsonfast.loads(payload)
+                        chunk = jsonfast.loads(payload, exact=False)  # read for the record only
                     except ValueError:  # not ours to judge: relayed as it came, left out of the record
                         chunk = {"choices": [None]}
                     acc.add(chunk)
