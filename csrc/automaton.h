@@ -20,16 +20,23 @@ namespace agentaccel {
 
 constexpr uint32_t kNil = 0xFFFFFFFFu;
 
+// Longest document (or request context) a tree takes: State::len has 24 bits.
+constexpr uint32_t kMaxDocumentTokens = (1u << 24) - 1;
+// Throws InvalidInput when a document of `have` tokens cannot take `n` more.
+void check_document_length(uint64_t have, size_t n);
+
 // Most states have exactly one outgoing edge, so the first edge lives inside the state: one
 // cache line per drafted node, and no edge record at all for most states.
 struct State {
-  int32_t len;      // length of the longest string in this end-position class
+  uint32_t len : 24;    // length of the longest string in this end-position class
+  uint32_t degree : 8;  // outgoing edges, saturating at 255 (hub and cache thresholds only)
   int32_t link;     // suffix link: class of the longest proper suffix outside this class (-1 at root)
   uint32_t occ;     // |endpos|: occurrences of every string of the class (the paper's COUNT)
   uint32_t token0;  // token of the first outgoing edge
   uint32_t target0; // target of the first outgoing edge (kNil: no edges at all)
   uint32_t more;    // head of the list of further edges in the edge arena (kNil when none)
 };
+static_assert(sizeof(State) == 24, "State must stay 24 bytes: it is most of the index");
 
 struct Edge {
   uint32_t token;   // token id labelling the transition
@@ -43,8 +50,27 @@ constexpr EdgeRef kInlineEdge = 0x80000000u;
 
 struct DocRecord {
   uint64_t id;      // engine-wide document id (also its age: smaller is older)
-  uint64_t offset;  // start of the document's tokens in the token arena
+  uint64_t offset;  // start of the document in the packed token arena, in bytes
   uint64_t length;  // number of tokens
+};
+
+// The tokens of a global tree's documents, back to back as LEB128 varints: 1 to 3 bytes per
+// token for vocabularies under 2^21 (~2 for BPE ids) instead of 4. Only rebuilds after
+// removals and integrity checks read them, sequentially.
+class PackedTokens {
+ public:
+  uint64_t append(const uint32_t* tokens, size_t n);  // returns the byte offset of the first token
+  // Decodes n tokens from `offset`; false when the bytes run out or a varint is malformed.
+  bool decode(uint64_t offset, uint64_t n, std::vector<uint32_t>& out) const;
+  size_t bytes() const { return bytes_.capacity(); }
+  size_t size_bytes() const { return bytes_.size(); }
+  void compact() { bytes_.shrink_to_fit(); }
+  void clear() { bytes_.clear(); }
+  std::vector<uint8_t>& raw() { return bytes_; }
+  const std::vector<uint8_t>& raw() const { return bytes_; }
+
+ private:
+  std::vector<uint8_t> bytes_;
 };
 
 // One child of a state, as the drafter sees it.
@@ -83,7 +109,9 @@ class Automaton {
   static constexpr uint32_t kCachedDegree = 16;  // above this many edges, top children are cached
   static constexpr uint32_t kTopK = 64;          // children kept per cached state
 
-  explicit Automaton(bool cache_top_children = false);
+  // A request tree keeps its tokens as they are (drafting and prompt lookup read them at random);
+  // a global tree (`global_tree`) keeps documents, packed tokens and a cache of top children.
+  explicit Automaton(bool global_tree = false);
   Automaton(Automaton&&) = default;
   Automaton& operator=(Automaton&&) = default;
 
@@ -91,6 +119,8 @@ class Automaton {
   void add_document(uint64_t id, const uint32_t* tokens, size_t n);
   // Streams tokens into the single open document (request trees).
   void append(const uint32_t* tokens, size_t n);
+  // The tokens of one document (global trees).
+  std::vector<uint32_t> document_tokens(const DocRecord& doc) const;
 
   // Transition lookup; returns kNil when absent.
   uint32_t next(uint32_t state, uint32_t token) const;
@@ -106,15 +136,16 @@ class Automaton {
 
   const State& state(uint32_t s) const { return states_[s]; }
   bool has_children(uint32_t s) const { return states_[s].target0 != kNil; }
-  uint32_t degree(uint32_t s) const { return degree_[s]; }  // saturates at 255
+  uint32_t degree(uint32_t s) const { return states_[s].degree; }  // saturates at 255
   uint32_t last() const { return last_; }
   size_t num_states() const { return states_.size(); }
   size_t num_edges() const { return edges_.size(); }
-  size_t num_tokens() const { return tokens_.size(); }
+  size_t num_tokens() const { return num_tokens_; }
   const std::vector<DocRecord>& docs() const { return docs_; }
-  const std::vector<uint32_t>& tokens() const { return tokens_; }
+  const std::vector<uint32_t>& tokens() const { return tokens_; }  // request trees only (empty otherwise)
   size_t bytes() const;
-  // Releases spare capacity (after a rebuild, so that the budget counts only what is used).
+  // Releases spare capacity (after a rebuild, so that the budget counts only what is used) and
+  // hands freed heap pages back to the system.
   void compact();
 
   // Full structural check; returns an empty string when sound, else the first problem found.
@@ -138,10 +169,12 @@ class Automaton {
   void index_hub(uint32_t state);
   void rebuild_hub();
 
+  bool global_;                     // global tree (documents, packed tokens) or request tree
   std::vector<State> states_;       // states_[0] is the root
-  std::vector<uint8_t> degree_;     // outgoing edges per state, saturating at 255 (thresholds only)
   std::vector<Edge> edges_;         // all transitions, chained per source state
-  std::vector<uint32_t> tokens_;    // token arena: every document, back to back
+  std::vector<uint32_t> tokens_;    // request trees: the context, token by token
+  PackedTokens packed_;             // global trees: every document, back to back
+  uint64_t num_tokens_ = 0;         // tokens indexed
   std::vector<DocRecord> docs_;     // documents in insertion order (empty for request trees)
   HubIndex hub_;                    // fast lookup for high-degree states
   uint32_t last_ = 0;               // state of the whole current document (append point)

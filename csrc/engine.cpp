@@ -23,7 +23,7 @@ namespace {
 // Payload: i32 max_depth, u64 budget, f64 slack, u64 next_doc_id, u64 evicted, u32 stages,
 //   then per stage: u32 name length, name, u64 generation, automaton arrays.
 constexpr char kMagic[8] = {'A', 'A', 'E', 'N', 'G', 'I', 'D', 'X'};
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 2: degree inside State, packed document tokens
 constexpr uint32_t kByteOrder = 0x01020304u;
 constexpr size_t kHeaderBytes = 40;
 
@@ -84,6 +84,7 @@ uint32_t Engine::stage_index(const std::string& name) {
 }
 
 uint64_t Engine::add_document(const std::string& stage, const uint32_t* tokens, size_t n) {
+  check_document_length(0, n);  // refused before a stage is created for it
   std::unique_lock lock(stages_mu_);
   uint32_t idx = stage_index(stage);
   uint64_t id = next_doc_id_++;
@@ -104,11 +105,11 @@ bool Engine::remove_document(uint64_t doc_id) {
 }
 
 void Engine::rebuild_without_locked(Stage& stage, const std::vector<uint64_t>& doomed) {
-  Automaton fresh(/*cache_top_children=*/true);
-  const auto& toks = stage.sam.tokens();
+  Automaton fresh(/*global_tree=*/true);
   for (const DocRecord& d : stage.sam.docs()) {
     if (std::find(doomed.begin(), doomed.end(), d.id) != doomed.end()) continue;
-    fresh.add_document(d.id, toks.data() + d.offset, d.length);
+    std::vector<uint32_t> tokens = stage.sam.document_tokens(d);
+    fresh.add_document(d.id, tokens.data(), tokens.size());
   }
   fresh.compact();
   stage.sam = std::move(fresh);

@@ -98,7 +98,7 @@ class Engine {
  private:
   struct Stage {
     std::string name;
-    Automaton sam{/*cache_top_children=*/true};
+    Automaton sam{/*global_tree=*/true};
     uint64_t generation = 0;  // bumped on every change; invalidates cached request matches
   };
   struct Match {  // a request's matching-statistics cursor in one stage tree

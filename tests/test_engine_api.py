@@ -304,3 +304,36 @@ def test_compact_gives_back_capacity_and_changes_no_draft():
     eng.check_integrity()
     eng.add_document(docs[0], stage="s")  # still growable afterwards
     eng.check_integrity()
+
+
+def test_documents_and_contexts_over_the_length_limit_are_refused_cleanly():
+    eng = filled()
+    before = without_bytes(eng.stats())
+    too_long = np.zeros(2**24, dtype=np.uint32)  # State::len has 24 bits
+    with pytest.raises(ValueError, match="limited to 16777215 tokens"):
+        eng.add_document(too_long, stage="new-stage")
+    with pytest.raises(ValueError, match="limited to"):
+        eng.start_request("long", too_long)
+    assert without_bytes(eng.stats()) == before and not eng.has_request("long")
+    eng.start_request("r", [1, 2, 3])
+    with pytest.raises(ValueError, match="limited to"):
+        eng.extend("r", too_long)
+    assert eng.request_tokens("r") == [1, 2, 3]
+    eng.check_integrity()
+
+
+def test_wide_token_ids_survive_rebuilds_and_files(tmp_path):
+    """Document tokens are stored as varints of 1 to 5 bytes: every width must come back intact."""
+    widths = [0, 127, 128, 16383, 16384, 2**21 - 1, 2**21, 2**28, 2**32 - 2]
+    eng = SuffixEngine()
+    doomed = eng.add_document([5, 6, 7])
+    kept = eng.add_document(widths * 3)
+    eng.remove_document(doomed)  # a rebuild decodes every kept document
+    eng.check_integrity(counts=True)
+    path = tmp_path / "wide.aai"
+    eng.save(path)
+    back = SuffixEngine.load(path)
+    back.check_integrity(counts=True)
+    assert back.document_ids() == [kept]
+    back.start_request("q", widths[:4])
+    assert back.speculate("q", 8, mode="paper", tree=False).token_ids[:3] == widths[4:7]

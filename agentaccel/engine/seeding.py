@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from agentaccel.engine.suffix_engine import SuffixEngine
 from agentaccel.traces.store import TraceStore
 
-# A measured upper end of index bytes per token (`bench engine`: 35 B/token at depth 64) with room.
+# A measured upper end of index bytes per token (`bench engine`: 31 B/token at depth 64) with room:
+# small stages cost more per token than the large corpus measured there.
 BYTES_PER_TOKEN = 40
 
 
