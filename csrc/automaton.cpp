@@ -30,28 +30,37 @@ inline uint64_t mix(uint64_t x) {  // splitmix64 finalizer: spreads (state, toke
 
 // Grows by 1.125x instead of 2x so that capacity (what the memory budget counts) stays close
 // to what is used.
-template <class T>
-inline void push(std::vector<T>& v, const T& x) {
+template <class Array, class T>
+inline void push(Array& v, const T& x) {
   if (v.size() == v.capacity()) v.reserve(v.capacity() + std::max<size_t>(v.capacity() / 8, 256));
   v.push_back(x);
 }
 
+constexpr size_t kAlign = 8;  // arrays start at multiples of this in a file, to be used in place
+
 template <class T>
-void put_array(std::string& out, const std::vector<T>& v) {
+void put_array(std::string& out, const Column<T>& v) {
+  static_assert(alignof(T) <= kAlign);
   uint64_t n = v.size();
   out.append(reinterpret_cast<const char*>(&n), 8);
+  out.append((kAlign - out.size() % kAlign) % kAlign, '\0');
   out.append(reinterpret_cast<const char*>(v.data()), n * sizeof(T));
 }
 
+// Padding was computed from the payload's start, which the engine keeps 8-aligned in memory:
+// the absolute address gives the same answer.
 template <class T>
-void get_array(const char*& p, const char* end, std::vector<T>& v) {
+void get_array(char*& p, const char* end, Column<T>& v, const std::shared_ptr<void>& mapping) {
   uint64_t n;
   if (end - p < 8) throw std::runtime_error("truncated array header");
   std::memcpy(&n, p, 8);
   p += 8;
+  size_t pad = (kAlign - reinterpret_cast<uintptr_t>(p) % kAlign) % kAlign;
+  if (size_t(end - p) < pad) throw std::runtime_error("truncated array header");
+  p += pad;
   if (n > uint64_t(end - p) / sizeof(T)) throw std::runtime_error("array longer than the file");
-  v.resize(n);
-  std::memcpy(v.data(), p, n * sizeof(T));
+  if (reinterpret_cast<uintptr_t>(p) % alignof(T) != 0) throw std::runtime_error("misaligned array");
+  v.view(reinterpret_cast<T*>(p), n, mapping);
   p += n * sizeof(T);
 }
 
@@ -92,10 +101,8 @@ void HubIndex::insert(uint64_t key, EdgeRef edge) {
 }
 
 void HubIndex::grow() {
-  std::vector<uint64_t> old_keys;
-  std::vector<uint32_t> old_vals;
-  old_keys.swap(keys_);
-  old_vals.swap(vals_);
+  Column<uint64_t> old_keys = std::move(keys_);
+  Column<uint32_t> old_vals = std::move(vals_);
   size_t cap = old_keys.empty() ? 1024 : old_keys.size() * 2;
   keys_.assign(cap, kEmptyKey);
   vals_.assign(cap, kNil);
@@ -110,6 +117,34 @@ void HubIndex::clear() {
   vals_.clear();
   vals_.shrink_to_fit();
   size_ = 0;
+}
+
+void HubIndex::write(std::string& out) const {
+  uint64_t n = size_;
+  out.append(reinterpret_cast<const char*>(&n), 8);
+  put_array(out, keys_);
+  put_array(out, vals_);
+}
+
+void HubIndex::read(char*& p, const char* end, const std::shared_ptr<void>& mapping, size_t states, size_t edges) {
+  if (end - p < 8) throw std::runtime_error("truncated hub");
+  uint64_t n;
+  std::memcpy(&n, p, 8);
+  p += 8;
+  get_array(p, end, keys_, mapping);
+  get_array(p, end, vals_, mapping);
+  size_ = n;
+  const size_t cap = keys_.size();
+  if (vals_.size() != cap || (cap & (cap - 1)) != 0) throw std::runtime_error("malformed hub index");
+  size_t used = 0;
+  for (size_t i = 0; i < cap; ++i) {
+    EdgeRef e = vals_[i];
+    if (keys_[i] == kEmptyKey) continue;
+    ++used;
+    if (e & kInlineEdge ? (e & ~kInlineEdge) >= states : e >= edges) throw std::runtime_error("hub entry out of range");
+  }
+  // Probing stops at an empty slot: the load limit guarantees there is one.
+  if (used != n || n * 10 > cap * 7) throw std::runtime_error("malformed hub index");
 }
 
 // ---------------------------------------------------------------- PackedTokens
@@ -224,12 +259,6 @@ void Automaton::index_hub(uint32_t state) {
   if (s.target0 == kNil) return;
   hub_.insert(edge_key(state, s.token0), kInlineEdge | state);
   for (uint32_t e = s.more; e != kNil; e = edges_[e].next) hub_.insert(edge_key(state, edges_[e].token), e);
-}
-
-void Automaton::rebuild_hub() {
-  hub_.clear();
-  for (uint32_t s = 0; s < states_.size(); ++s)
-    if (states_[s].degree > kHubDegree) index_hub(s);
 }
 
 void Automaton::copy_edges(uint32_t from, uint32_t to) {
@@ -389,6 +418,7 @@ std::string Automaton::check() const {
     }
     for (uint32_t e = st.more; e != kNil; e = edges_[e].next) {
       if (e >= m) return "edge index out of range" + at;
+      if (edges_[e].next != kNil && edges_[e].next >= e) return "edge list runs to a newer edge" + at;
       if (seen[e]++) return "edge shared or cyclic" + at;
       if (edges_[e].target >= n) return "edge target out of range" + at;
       if (states_[edges_[e].target].len < st.len + 1) return "edge does not lengthen" + at;
@@ -396,6 +426,11 @@ std::string Automaton::check() const {
       ++listed;
     }
     if (std::min<uint32_t>(count, 255) != st.degree) return "degree mismatch" + at;
+    if (st.degree > kHubDegree) {  // every edge of a hub state must be found through the hub
+      if (hub_.find(edge_key(uint32_t(s), st.token0)) != (kInlineEdge | uint32_t(s))) return "hub misses an edge" + at;
+      for (uint32_t e = st.more; e != kNil; e = edges_[e].next)
+        if (hub_.find(edge_key(uint32_t(s), edges_[e].token)) != e) return "hub misses an edge" + at;
+    }
   }
   if (listed != m) return "orphan edges";
   if (!global_ && (!docs_.empty() || num_tokens_ != tokens_.size())) return "request tree token count mismatch";
@@ -450,21 +485,49 @@ void Automaton::write(std::string& out) const {
   put_array(out, docs_);
   out.append(reinterpret_cast<const char*>(&num_tokens_), 8);
   out.append(reinterpret_cast<const char*>(&last_), 4);
+  hub_.write(out);  // saved rather than rebuilt: a rebuild scans every state at load
 }
 
-void Automaton::read(const char*& p, const char* end) {
-  get_array(p, end, states_);
-  get_array(p, end, edges_);
-  get_array(p, end, packed_.raw());
-  get_array(p, end, docs_);
+void Automaton::read(char*& p, const char* end, const std::shared_ptr<void>& mapping) {
+  get_array(p, end, states_, mapping);
+  get_array(p, end, edges_, mapping);
+  get_array(p, end, packed_.raw(), mapping);
+  get_array(p, end, docs_, mapping);
   if (end - p < 12) throw std::runtime_error("truncated automaton");
   std::memcpy(&num_tokens_, p, 8);
   std::memcpy(&last_, p + 8, 4);
   p += 12;
-  std::string problem = check();
+  hub_.read(p, end, mapping, states_.size(), edges_.size());
+  std::string problem = check_bounds();
   if (!problem.empty()) throw std::runtime_error("inconsistent automaton: " + problem);
-  rebuild_hub();
   if (top_cache_) top_cache_->by_state.clear();
+}
+
+std::string Automaton::check_bounds() const {
+  const size_t n = states_.size(), m = edges_.size();
+  if (n == 0 || n >= kNil || m >= kInlineEdge) return "bad array sizes";
+  if (states_[0].link != -1 || states_[0].len != 0) return "bad root state";
+  if (last_ >= n) return "append point out of range";
+  for (size_t s = 1; s < n; ++s) {
+    const State& st = states_[s];
+    // Also a link to itself would make suffix-link walks endless (longer cycles need check()).
+    if (st.link < 0 || size_t(st.link) >= n || size_t(st.link) == s) return "suffix link out of range at state " + std::to_string(s);
+  }
+  for (size_t s = 0; s < n; ++s) {
+    const State& st = states_[s];
+    if (st.target0 != kNil && st.target0 >= n) return "edge target out of range at state " + std::to_string(s);
+    if (st.more != kNil && (st.more >= m || st.target0 == kNil)) return "edge list out of range at state " + std::to_string(s);
+  }
+  // Each new edge heads its state's list, so a list always runs to older (smaller) indices: no cycle.
+  for (size_t e = 0; e < m; ++e)
+    if (edges_[e].target >= n || (edges_[e].next != kNil && edges_[e].next >= e)) return "edge out of range";
+  uint64_t listed = 0;
+  for (const DocRecord& d : docs_) {
+    if (d.offset > packed_.size_bytes() || d.length > packed_.size_bytes() - d.offset) return "document out of token range";
+    listed += d.length;
+  }
+  if (listed != num_tokens_ || (!global_ && num_tokens_ != tokens_.size())) return "token counts do not add up";
+  return {};
 }
 
 }  // namespace agentaccel

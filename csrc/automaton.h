@@ -16,6 +16,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "column.h"
+
 namespace agentaccel {
 
 constexpr uint32_t kNil = 0xFFFFFFFFu;
@@ -65,12 +67,11 @@ class PackedTokens {
   size_t bytes() const { return bytes_.capacity(); }
   size_t size_bytes() const { return bytes_.size(); }
   void compact() { bytes_.shrink_to_fit(); }
-  void clear() { bytes_.clear(); }
-  std::vector<uint8_t>& raw() { return bytes_; }
-  const std::vector<uint8_t>& raw() const { return bytes_; }
+  Column<uint8_t>& raw() { return bytes_; }
+  const Column<uint8_t>& raw() const { return bytes_; }
 
  private:
-  std::vector<uint8_t> bytes_;
+  Column<uint8_t> bytes_;
 };
 
 // One child of a state, as the drafter sees it.
@@ -95,12 +96,16 @@ class HubIndex {
   void clear();
   size_t bytes() const { return keys_.capacity() * 8 + vals_.capacity() * 4; }
   size_t size() const { return size_; }
+  void write(std::string& out) const;
+  // Reads what write() produced (viewing `mapping`); every value must name an edge of a tree
+  // with `states` states and `edges` edges. Throws std::runtime_error otherwise.
+  void read(char*& p, const char* end, const std::shared_ptr<void>& mapping, size_t states, size_t edges);
 
  private:
   void grow();
-  std::vector<uint64_t> keys_;  // kEmptyKey marks a free slot
-  std::vector<uint32_t> vals_;
-  size_t size_ = 0;
+  Column<uint64_t> keys_;  // kEmptyKey marks a free slot; a power of two long
+  Column<uint32_t> vals_;  // the EdgeRef of each key
+  size_t size_ = 0;        // keys stored
 };
 
 class Automaton {
@@ -141,7 +146,7 @@ class Automaton {
   size_t num_states() const { return states_.size(); }
   size_t num_edges() const { return edges_.size(); }
   size_t num_tokens() const { return num_tokens_; }
-  const std::vector<DocRecord>& docs() const { return docs_; }
+  const Column<DocRecord>& docs() const { return docs_; }
   const std::vector<uint32_t>& tokens() const { return tokens_; }  // request trees only (empty otherwise)
   size_t bytes() const;
   // Releases spare capacity (after a rebuild, so that the budget counts only what is used) and
@@ -150,14 +155,19 @@ class Automaton {
 
   // Full structural check; returns an empty string when sound, else the first problem found.
   std::string check() const;
+  // What loading checks (sequential, O(n)): every stored index is in range, so no lookup can
+  // leave the arrays; the file's checksum stands for the rest.
+  std::string check_bounds() const;
   // Recounts every occurrence from the stored tokens and compares with `occ` (tests only: O(n)).
   std::string check_counts() const;
 
-  // Serialization of the raw arrays (the engine adds framing and checksums).
+  // Serialization of the raw arrays (the engine adds framing and checksums); arrays start at
+  // multiples of 8 bytes from `out`'s start so that a mapped file can be used in place.
   void write(std::string& out) const;
-  // Reads what write() produced from [p, end); advances p. Throws std::runtime_error on
-  // inconsistency; never reads outside the range.
-  void read(const char*& p, const char* end);
+  // Takes the arrays write() produced in [p, end) as views of `mapping` (which must be
+  // writable and private, and 8-byte aligned where `out` began); advances p. Throws
+  // std::runtime_error on inconsistency (bounds only: see check_bounds); never reads outside.
+  void read(char*& p, const char* end, const std::shared_ptr<void>& mapping);
 
  private:
   void extend(uint32_t token);
@@ -167,15 +177,14 @@ class Automaton {
   uint32_t& target_of(EdgeRef e) { return e & kInlineEdge ? states_[e & ~kInlineEdge].target0 : edges_[e].target; }
   void copy_edges(uint32_t from, uint32_t to);
   void index_hub(uint32_t state);
-  void rebuild_hub();
 
   bool global_;                     // global tree (documents, packed tokens) or request tree
-  std::vector<State> states_;       // states_[0] is the root
-  std::vector<Edge> edges_;         // all transitions, chained per source state
+  Column<State> states_;            // states_[0] is the root
+  Column<Edge> edges_;              // all transitions, chained per source state
   std::vector<uint32_t> tokens_;    // request trees: the context, token by token
   PackedTokens packed_;             // global trees: every document, back to back
   uint64_t num_tokens_ = 0;         // tokens indexed
-  std::vector<DocRecord> docs_;     // documents in insertion order (empty for request trees)
+  Column<DocRecord> docs_;          // documents in insertion order (empty for request trees)
   HubIndex hub_;                    // fast lookup for high-degree states
   uint32_t last_ = 0;               // state of the whole current document (append point)
 

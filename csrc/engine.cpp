@@ -23,7 +23,7 @@ namespace {
 // Payload: i32 max_depth, u64 budget, f64 slack, u64 next_doc_id, u64 evicted, u32 stages,
 //   then per stage: u32 name length, name, u64 generation, automaton arrays.
 constexpr char kMagic[8] = {'A', 'A', 'E', 'N', 'G', 'I', 'D', 'X'};
-constexpr uint32_t kVersion = 2;  // 2: degree inside State, packed document tokens
+constexpr uint32_t kVersion = 3;  // 3: degree inside State, packed tokens, aligned arrays, saved hub
 constexpr uint32_t kByteOrder = 0x01020304u;
 constexpr size_t kHeaderBytes = 40;
 
@@ -54,7 +54,7 @@ void put(std::string& out, const T& x) {
 }
 
 template <class T>
-T get(const char*& p, const char* end) {
+T get(char*& p, const char* end) {
   if (size_t(end - p) < sizeof(T)) throw InvalidInput("truncated payload");
   T x;
   std::memcpy(&x, p, sizeof(T));
@@ -578,19 +578,20 @@ std::unique_ptr<Engine> Engine::load(const std::string& path) {
     ::close(fd);
     throw InvalidInput(path + " is not an agentaccel index (too short: " + std::to_string(size) + " bytes)");
   }
-  void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  // Private and writable: the arrays are used in place (no copy at load); a page written later
+  // (counts of a grown tree) is copied by the kernel, never written back to the file.
+  // Populated read-only (a writable populate would copy every page up front), then opened for
+  // writing.
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
   ::close(fd);
-  if (map == MAP_FAILED) throw InvalidInput("cannot map " + path);
-  ::madvise(map, size, MADV_SEQUENTIAL);
-  struct Unmap {
-    void* p;
-    size_t n;
-    ~Unmap() { ::munmap(p, n); }
-  } unmap{map, size};
+  if (map == MAP_FAILED) throw InvalidInput("cannot map " + path + ": " + std::strerror(errno));
+  std::shared_ptr<void> mapping(map, [size](void* m) { ::munmap(m, size); });
+  if (::mprotect(map, size, PROT_READ | PROT_WRITE) != 0)
+    throw InvalidInput("cannot map " + path + ": " + std::strerror(errno));
 
-  const char* base = static_cast<const char*>(map);
-  const char* p = base + 8;
-  const char* header_end = base + kHeaderBytes;
+  char* base = static_cast<char*>(map);
+  char* p = base + 8;
+  char* header_end = base + kHeaderBytes;
   if (std::memcmp(base, kMagic, 8) != 0) throw InvalidInput(path + " is not an agentaccel index (bad magic)");
   uint32_t version = get<uint32_t>(p, header_end);
   if (version != kVersion)
@@ -622,7 +623,7 @@ std::unique_ptr<Engine> Engine::load(const std::string& path) {
       uint32_t idx = eng->stage_index(name);
       Stage& s = *eng->stages_[idx];
       s.generation = get<uint64_t>(p, end);
-      s.sam.read(p, end);
+      s.sam.read(p, end, mapping);
       for (const DocRecord& d : s.sam.docs()) {
         if (d.id >= eng->next_doc_id_ || !eng->doc_stage_.emplace(d.id, idx).second)
           throw InvalidInput("document id " + std::to_string(d.id) + " repeated or out of range");

@@ -33,16 +33,18 @@ def _checksum(payload: bytes) -> int:
     return h
 
 
-def forge_link(data: bytes) -> bytes:
-    """Points the first stage's second state's suffix link at itself and re-signs the file."""
+def forge_links(data: bytes, links: dict[int, int]) -> bytes:
+    """Sets suffix links of the first stage's states ({state: link}) and re-signs the file."""
     payload = bytearray(data[HEADER:])
     # payload: i32 depth, u64 budget, f64 slack, u64 next id, u64 evicted, u32 stages, u32 name len
     off = 4 + 8 + 8 + 8 + 8 + 4
     (name_len,) = struct.unpack_from("<I", payload, off)
     off += 4 + name_len + 8  # name, generation
     off += 8  # states array length
+    off += -off % 8  # arrays start 8-aligned within the payload
     state_size = 24
-    struct.pack_into("<i", payload, off + state_size + 4, 1)  # state 1: link = 1
+    for state, link in links.items():
+        struct.pack_into("<i", payload, off + state_size * state + 4, link)  # State: len/degree, then link
     header = bytearray(data[:HEADER])
     struct.pack_into("<Q", header, 24, _checksum(bytes(payload)))
     return bytes(header) + bytes(payload)
