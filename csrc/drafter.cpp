@@ -120,26 +120,33 @@ class Grower {
     }
     const double parent_d = node.d;
     const uint32_t kid_begin = uint32_t(kids_.size());
+    // A source's share of a continuation. Mixture shares keep some mass for continuations never
+    // seen (PPM escape): a continuation seen once out of once is not certain.
+    auto share_of = [&](const Entry& e) {
+      double escape = lim_.escape * distinct_[e.source];
+      if (lim_.escape_length > 0) escape /= 1.0 + pool_[src_begin + e.source].matched / lim_.escape_length;
+      return double(e.count) / (double(totals_[e.source]) + escape);
+    };
     for (size_t a = 0; a < entries_.size();) {
       size_t b = a;
       uint64_t count = 0;
       double p = 0.0;
-      uint32_t kid_begin_pool = uint32_t(pool_.size());
       for (; b < entries_.size() && entries_[b].token == entries_[a].token; ++b) {
-        const Entry& e = entries_[b];
-        const Source& src = pool_[src_begin + e.source];
-        count += e.count;
-        // Mixture shares keep some mass for continuations never seen (PPM escape): a
-        // continuation seen once out of once is not certain.
-        double escape = lim_.escape * distinct_[e.source];
-        if (lim_.escape_length > 0) escape /= 1.0 + src.matched / lim_.escape_length;
-        double share = double(e.count) / (double(totals_[e.source]) + escape);
-        if (lim_.mixture) p += src.weight / weight_sum * share;
-        pool_.push_back(Source{src.automaton, e.target, src.weight * share, src.matched + 1});
+        count += entries_[b].count;
+        if (lim_.mixture) p += pool_[src_begin + entries_[b].source].weight / weight_sum * share_of(entries_[b]);
       }
       if (!lim_.mixture) p = double(count) / double(total);
-      if (parent_d * p >= lim_.min_prob)
-        kids_.push_back(Kid{entries_[a].token, count, p, kid_begin_pool, uint32_t(pool_.size())});
+      // Only kept kids get sources of their own (most continuations of a wide state fall below
+      // min_prob, and that loop was most of drafting's time).
+      if (parent_d * p >= lim_.min_prob) {
+        const uint32_t kid_pool = uint32_t(pool_.size());
+        for (size_t k = a; k < b; ++k) {
+          const Entry& e = entries_[k];
+          const Source& src = pool_[src_begin + e.source];
+          pool_.push_back(Source{src.automaton, e.target, src.weight * share_of(e), src.matched + 1});
+        }
+        kids_.push_back(Kid{entries_[a].token, count, p, kid_pool, uint32_t(pool_.size())});
+      }
       a = b;
     }
     std::sort(kids_.begin() + kid_begin, kids_.end(), [&](const Kid& x, const Kid& y) {

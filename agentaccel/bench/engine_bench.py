@@ -47,20 +47,24 @@ class BuildResult:
     file_bytes: int
 
 
-def _build_child(corpus_npz: str, max_depth: int, save_path: str) -> None:
-    """Runs in a fresh interpreter: builds the index and reports what it cost."""
+def _build_child(corpus_npz: str, max_depth: int, save_path: str, copies: int = 1) -> None:
+    """Runs in a fresh interpreter: builds the index and reports what it cost. With `copies` > 1
+    the documents are indexed that many times, each copy with token ids shifted past the last
+    copy's (an index of the same shape, `copies` times larger: the load-time scale test)."""
     import psutil
 
     data = np.load(corpus_npz)
-    tokens, offsets = data["tokens"], data["offsets"]
+    tokens, offsets = data["tokens"].astype(np.uint32), data["offsets"]
     keep = [i for i in range(len(offsets) - 1) if i % HOLD_OUT_EVERY != 0]
-    docs = [tokens[offsets[i] : offsets[i + 1]] for i in keep]
+    vocab = int(tokens.max()) + 1
     proc = psutil.Process()
     eng = SuffixEngine(max_depth=max_depth)
     rss0 = proc.memory_info().rss
     t0 = time.perf_counter()
-    for doc in docs:
-        eng.add_document(doc)
+    for k in range(copies):
+        shifted = tokens + np.uint32(k * vocab) if k else tokens
+        for i in keep:
+            eng.add_document(shifted[offsets[i] : offsets[i + 1]])
     eng.compact()  # as seeding from the trace store does
     build = time.perf_counter() - t0
     rss1 = proc.memory_info().rss
@@ -72,17 +76,30 @@ def _build_child(corpus_npz: str, max_depth: int, save_path: str) -> None:
                                  os.path.getsize(save_path)).__dict__))
 
 
-def build_in_fresh_process(corpus: TokenCorpus, max_depth: int, workdir: Path) -> BuildResult:
+def build_in_fresh_process(corpus: TokenCorpus, max_depth: int, workdir: Path, copies: int = 1,
+                           name: str = "engine.aai") -> BuildResult:
     npz = workdir / "corpus.npz"
-    np.savez(npz, tokens=corpus.tokens, offsets=corpus.offsets)
-    index = workdir / "engine.aai"
+    if not npz.exists():
+        np.savez(npz, tokens=corpus.tokens, offsets=corpus.offsets)
+    index = workdir / name
     out = subprocess.run(
         [sys.executable, "-c",
          f"from agentaccel.bench.engine_bench import _build_child; _build_child({str(npz)!r}, {max_depth}, "
-         f"{str(index)!r})"],
+         f"{str(index)!r}, {copies})"],
         check=True, capture_output=True, text=True,
     )
     return BuildResult(**json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def load_in_fresh_process(index: Path) -> float:
+    """Seconds `SuffixEngine.load` takes in a new interpreter (the file is in the page cache)."""
+    out = subprocess.run(
+        [sys.executable, "-c",
+         "import sys, time; from agentaccel.engine import SuffixEngine; t = time.perf_counter(); "
+         f"SuffixEngine.load({str(index)!r}); print(time.perf_counter() - t)"],
+        check=True, capture_output=True, text=True,
+    )
+    return float(out.stdout.strip().splitlines()[-1])
 
 
 def replay_requests(eng: SuffixEngine, corpus: TokenCorpus, config: SpecConfig, max_requests: int,
@@ -119,7 +136,8 @@ def replay_requests(eng: SuffixEngine, corpus: TokenCorpus, config: SpecConfig, 
 
 
 def run(corpus: TokenCorpus, max_depth: int = 64, max_requests: int = 200, max_output: int = 256,
-        prompt_tokens: int = 2048, max_tokens: int = 32, progress=None) -> dict:
+        prompt_tokens: int = 2048, max_tokens: int = 32, load_scale: int = 0, progress=None) -> dict:
+    """`load_scale` > 1 also builds an index `load_scale` times the corpus and times its load."""
     with tempfile.TemporaryDirectory(prefix="agentaccel-bench-") as tmp:
         workdir = Path(tmp)
         if progress:
@@ -136,6 +154,19 @@ def run(corpus: TokenCorpus, max_depth: int = 64, max_requests: int = 200, max_o
                 progress(f"replaying held-out requests: {name}")
             results[name] = replay_requests(eng, corpus, config, max_requests, max_output, prompt_tokens,
                                             max_tokens)
+        del eng
+        scaled = None
+        if load_scale > 1:
+            if progress:
+                progress(f"building a {load_scale}x index for the load-time test")
+            big = build_in_fresh_process(corpus, max_depth, workdir, copies=load_scale, name="scaled.aai")
+            (workdir / "engine.aai").unlink()
+            if progress:
+                progress("loading the scaled index in fresh processes")
+            loads = [load_in_fresh_process(workdir / "scaled.aai") for _ in range(3)]
+            scaled = {"copies": load_scale, "tokens": big.tokens, "file_bytes": big.file_bytes,
+                      "bytes_per_token": big.index_bytes / big.tokens, "save_seconds": big.save_seconds,
+                      "load_seconds": min(loads), "load_seconds_all": loads}
     return {
         "tokens": build.tokens,
         "documents": build.documents,
@@ -147,4 +178,5 @@ def run(corpus: TokenCorpus, max_depth: int = 64, max_requests: int = 200, max_o
         "load_seconds": load_seconds,
         "file_bytes": build.file_bytes,
         "speculate": results,
+        "scaled_load": scaled,
     }
