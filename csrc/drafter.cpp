@@ -86,6 +86,7 @@ class Grower {
         if (pool_[i].automaton->has_children(pool_[i].state)) *room_hit = true;
       return;
     }
+    if (expand_chain(slot, src_begin, src_end)) return;
     entries_.clear();
     totals_.assign(src_end - src_begin, 0);
     distinct_.assign(src_end - src_begin, 0);
@@ -110,7 +111,8 @@ class Grower {
     }
     if (entries_.empty()) return;
     if (src_end - src_begin > 1)
-      std::sort(entries_.begin(), entries_.end(), [](const Entry& a, const Entry& b) { return a.token < b.token; });
+      // stable: a token's sources stay in source order, the order expand_chain sums them in
+      std::stable_sort(entries_.begin(), entries_.end(), [](const Entry& a, const Entry& b) { return a.token < b.token; });
 
     uint64_t total = 0;
     double weight_sum = 0.0;
@@ -120,12 +122,8 @@ class Grower {
     }
     const double parent_d = node.d;
     const uint32_t kid_begin = uint32_t(kids_.size());
-    // A source's share of a continuation. Mixture shares keep some mass for continuations never
-    // seen (PPM escape): a continuation seen once out of once is not certain.
     auto share_of = [&](const Entry& e) {
-      double escape = lim_.escape * distinct_[e.source];
-      if (lim_.escape_length > 0) escape /= 1.0 + pool_[src_begin + e.source].matched / lim_.escape_length;
-      return double(e.count) / (double(totals_[e.source]) + escape);
+      return share(e.count, totals_[e.source], distinct_[e.source], pool_[src_begin + e.source].matched);
     };
     for (size_t a = 0; a < entries_.size();) {
       size_t b = a;
@@ -155,6 +153,56 @@ class Grower {
     });
     nodes_[slot].kid_begin = nodes_[slot].next_kid = kid_begin;
     nodes_[slot].kid_end = uint32_t(kids_.size());
+  }
+
+  // A source's share of one of its continuations. Mixture shares keep some mass for
+  // continuations never seen (PPM escape): a continuation seen once out of once is not certain.
+  double share(uint64_t count, uint64_t total, uint32_t distinct, int32_t matched) const {
+    double escape = lim_.escape * distinct;
+    if (lim_.escape_length > 0) escape /= 1.0 + matched / lim_.escape_length;
+    return double(count) / (double(total) + escape);
+  }
+
+  // The common case of a long match being copied: every source has exactly one continuation,
+  // the same token. The general path's arithmetic, in the same order, without its buffers,
+  // sort and grouping (this case is most of the nodes of a long draft).
+  bool expand_chain(uint32_t slot, uint32_t src_begin, uint32_t src_end) {
+    if (src_begin == src_end) return false;
+    const uint32_t token = pool_[src_begin].automaton->state(pool_[src_begin].state).token0;
+    for (uint32_t i = src_begin; i < src_end; ++i) {
+      const State& st = pool_[i].automaton->state(pool_[i].state);
+      if (st.degree != 1 || st.token0 != token) return false;
+    }
+    const uint32_t n = src_end - src_begin;
+    chain_.resize(n);
+    uint64_t count = 0;
+    double weight_sum = 0.0;
+    for (uint32_t i = 0; i < n; ++i) {
+      const Source& src = pool_[src_begin + i];
+      const uint32_t target = src.automaton->state(src.state).target0;
+      const uint32_t c = src.automaton->state(target).occ;
+      chain_[i] = {target, lim_.mixture ? share(c, c, 1, src.matched) : 0.0};
+      count += c;
+      weight_sum += src.weight;
+    }
+    double p = 1.0;  // paper mode: count / total with a single continuation
+    if (lim_.mixture) {
+      p = 0.0;
+      for (uint32_t i = 0; i < n; ++i) p += pool_[src_begin + i].weight / weight_sum * chain_[i].second;
+    }
+    const uint32_t kid_begin = uint32_t(kids_.size());
+    if (nodes_[slot].d * p >= lim_.min_prob) {
+      const uint32_t kid_pool = uint32_t(pool_.size());
+      for (uint32_t i = 0; i < n; ++i) {
+        const Source src = pool_[src_begin + i];  // a copy: push_back may move the pool
+        const double share = lim_.mixture ? chain_[i].second : 1.0;  // paper mode never reads weights
+        pool_.push_back(Source{src.automaton, chain_[i].first, src.weight * share, src.matched + 1});
+      }
+      kids_.push_back(Kid{token, count, p, kid_pool, uint32_t(pool_.size())});
+    }
+    nodes_[slot].kid_begin = nodes_[slot].next_kid = kid_begin;
+    nodes_[slot].kid_end = uint32_t(kids_.size());
+    return true;
   }
 
   bool worth_adding(double d, const Draft& draft) const {
@@ -227,6 +275,7 @@ class Grower {
   }
 
   const GrowLimits& lim_;
+  std::vector<std::pair<uint32_t, double>> chain_;  // expand_chain: each source's (target, share)
   std::vector<Node>& nodes_;
   std::vector<Kid>& kids_;
   std::vector<Source>& pool_;
