@@ -15,8 +15,10 @@ replaced by empty strings; stage, usage, timings and speculation stats are kept.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import multiprocessing
+import os
 import pickle
 import queue
 import threading
@@ -140,6 +142,9 @@ class Recorder:
 
 def _writer_main(path: str, redact: bool, batch_size: int, flush_seconds: float, pipe, written, failed) -> None:
     """The writer process: batches what arrives into transactions until the pipe closes."""
+    # Background work: when cores are short, serving goes first (batches absorb the delay).
+    with contextlib.suppress(OSError):
+        os.nice(10)
     writer = _Writer(TraceStore(path), redact)
     batch: list[RecordedCall] = []
     deadline = None
