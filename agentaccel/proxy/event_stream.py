@@ -15,9 +15,15 @@ _HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-con
 
 
 class EventStream:
-    def __init__(self, events: AsyncIterator[bytes], headers: dict[str, str] | None = None) -> None:
+    """`final`: the event that ends the response (the same object, e.g. `data: [DONE]`). The body
+    is closed with it, so the client is done while the event source's clean-up (metrics, the
+    record) still runs; whatever the source yields after it is dropped."""
+
+    def __init__(self, events: AsyncIterator[bytes], headers: dict[str, str] | None = None,
+                 final: bytes | None = None) -> None:
         self.events = events
         self.headers = _HEADERS + [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
+        self.final = final
 
     async def __call__(self, scope, receive, send) -> None:
         streamer = asyncio.current_task()
@@ -32,9 +38,15 @@ class EventStream:
         watcher = asyncio.create_task(watch())
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.headers})
+            ended = False
             async for event in self.events:
-                await send({"type": "http.response.body", "body": event, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+                if not ended:
+                    ended = event is self.final
+                    await send({"type": "http.response.body", "body": event, "more_body": not ended})
+                    if ended:  # the client has it all: its leaving now must not cut the clean-up short
+                        watcher.cancel()
+            if not ended:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
             if not gone.is_set():
                 raise  # cancelled from outside (shutdown): not ours to swallow

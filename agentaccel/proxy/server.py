@@ -167,15 +167,16 @@ class Proxy:
                 status = 499
                 raise
             finally:
-                await chunks.aclose()
+                # Bookkeeping first, without an await: a cancellation can't cut it short.
                 if first_token_at is not None:
                     self.metrics.ttft.labels(self.metrics.label(ctx.stage)).observe(first_token_at - t0)
                 summary = acc.finish()
                 self._observe(endpoint, ctx, status, t0, summary)
                 if status == 200:
                     self._record(endpoint, body, ctx, summary, t0)
+                await chunks.aclose()
 
-        return EventStream(events(), {"x-agentaccel-stage": ctx.stage})
+        return EventStream(events(), {"x-agentaccel-stage": ctx.stage}, final=SSE_DONE)
 
     def _observe(self, endpoint: str, ctx: CallContext, status: int, t0: float,
                  summary: Accumulated | None = None) -> None:
