@@ -39,12 +39,11 @@ inline void push(Array& v, const T& x) {
 constexpr size_t kAlign = 8;  // arrays start at multiples of this in a file, to be used in place
 
 template <class T>
-void put_array(std::string& out, const Column<T>& v) {
+void put_array(IndexWriter& out, const Column<T>& v) {
   static_assert(alignof(T) <= kAlign);
-  uint64_t n = v.size();
-  out.append(reinterpret_cast<const char*>(&n), 8);
-  out.append((kAlign - out.size() % kAlign) % kAlign, '\0');
-  out.append(reinterpret_cast<const char*>(v.data()), n * sizeof(T));
+  out.put(uint64_t(v.size()));
+  out.pad(kAlign);
+  out.append(v.data(), v.size() * sizeof(T));
 }
 
 // Padding was computed from the payload's start, which the engine keeps 8-aligned in memory:
@@ -119,9 +118,8 @@ void HubIndex::clear() {
   size_ = 0;
 }
 
-void HubIndex::write(std::string& out) const {
-  uint64_t n = size_;
-  out.append(reinterpret_cast<const char*>(&n), 8);
+void HubIndex::write(IndexWriter& out) const {
+  out.put(uint64_t(size_));
   put_array(out, keys_);
   put_array(out, vals_);
 }
@@ -478,13 +476,13 @@ std::string Automaton::check_counts() const {
   return {};
 }
 
-void Automaton::write(std::string& out) const {
+void Automaton::write(IndexWriter& out) const {
   put_array(out, states_);
   put_array(out, edges_);
   put_array(out, packed_.raw());
   put_array(out, docs_);
-  out.append(reinterpret_cast<const char*>(&num_tokens_), 8);
-  out.append(reinterpret_cast<const char*>(&last_), 4);
+  out.put(uint64_t(num_tokens_));
+  out.put(uint32_t(last_));
   hub_.write(out);  // saved rather than rebuilt: a rebuild scans every state at load
 }
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "column.h"
+#include "index_file.h"
 
 namespace agentaccel {
 
@@ -96,7 +97,7 @@ class HubIndex {
   void clear();
   size_t bytes() const { return keys_.capacity() * 8 + vals_.capacity() * 4; }
   size_t size() const { return size_; }
-  void write(std::string& out) const;
+  void write(IndexWriter& out) const;
   // Reads what write() produced (viewing `mapping`); every value must name an edge of a tree
   // with `states` states and `edges` edges. Throws std::runtime_error otherwise.
   void read(char*& p, const char* end, const std::shared_ptr<void>& mapping, size_t states, size_t edges);
@@ -161,9 +162,9 @@ class Automaton {
   // Recounts every occurrence from the stored tokens and compares with `occ` (tests only: O(n)).
   std::string check_counts() const;
 
-  // Serialization of the raw arrays (the engine adds framing and checksums); arrays start at
-  // multiples of 8 bytes from `out`'s start so that a mapped file can be used in place.
-  void write(std::string& out) const;
+  // Serialization of the raw arrays (the engine adds framing); arrays start at multiples of 8
+  // bytes from the payload's start so that a mapped file can be used in place.
+  void write(IndexWriter& out) const;
   // Takes the arrays write() produced in [p, end) as views of `mapping` (which must be
   // writable and private, and 8-byte aligned where `out` began); advances p. Throws
   // std::runtime_error on inconsistency (bounds only: see check_bounds); never reads outside.

@@ -12,6 +12,7 @@
 #include <stdexcept>
 
 #include "errors.h"
+#include "index_file.h"
 #include "prompt_lookup.h"
 
 namespace agentaccel {
@@ -26,32 +27,6 @@ constexpr char kMagic[8] = {'A', 'A', 'E', 'N', 'G', 'I', 'D', 'X'};
 constexpr uint32_t kVersion = 3;  // 3: degree inside State, packed tokens, aligned arrays, saved hub
 constexpr uint32_t kByteOrder = 0x01020304u;
 constexpr size_t kHeaderBytes = 40;
-
-inline uint64_t rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
-
-// xxHash64-style checksum over four independent lanes (several GB/s: loading stays I/O-bound).
-uint64_t checksum(const char* data, size_t n) {
-  constexpr uint64_t P1 = 11400714785074694791ULL, P2 = 14029467366897019727ULL, P3 = 1609587929392839161ULL;
-  uint64_t v[4] = {P1 + P2, P2, 0, 0 - P1};
-  size_t i = 0;
-  for (; i + 32 <= n; i += 32)
-    for (int k = 0; k < 4; ++k) {
-      uint64_t w;
-      std::memcpy(&w, data + i + 8 * k, 8);
-      v[k] = rotl(v[k] + w * P2, 31) * P1;
-    }
-  uint64_t h = rotl(v[0], 1) + rotl(v[1], 7) + rotl(v[2], 12) + rotl(v[3], 18) + n;
-  for (; i < n; ++i) h = rotl(h ^ (uint8_t(data[i]) * P3), 11) * P1;
-  h ^= h >> 33;
-  h *= P2;
-  h ^= h >> 29;
-  return h;
-}
-
-template <class T>
-void put(std::string& out, const T& x) {
-  out.append(reinterpret_cast<const char*>(&x), sizeof(T));
-}
 
 template <class T>
 T get(char*& p, const char* end) {
@@ -529,35 +504,36 @@ std::string Engine::check(bool counts) const {
 // ---------------------------------------------------------------- persistence
 
 void Engine::save(const std::string& path) const {
-  std::string payload;
-  {
-    std::shared_lock lock(stages_mu_);
-    put(payload, int32_t(max_depth_));
-    put(payload, budget_);
-    put(payload, evict_slack_);
-    put(payload, next_doc_id_);
-    put(payload, evicted_docs_);
-    put(payload, uint32_t(stages_.size()));
-    for (const auto& s : stages_) {
-      put(payload, uint32_t(s->name.size()));
-      payload.append(s->name);
-      put(payload, s->generation);
-      s->sam.write(payload);
-    }
-  }
-  std::string header(kMagic, 8);
-  put(header, kVersion);
-  put(header, kByteOrder);
-  put(header, uint64_t(payload.size()));
-  put(header, checksum(payload.data(), payload.size()));
-  put(header, uint64_t(0));
-
-  // Write beside the target and rename: a crash never leaves a half-written index in place.
+  // Written beside the target and renamed: a crash never leaves a half-written index in place.
+  // The payload streams to the file; the header (size, checksum) is written last, at the front.
   std::string tmp = path + ".tmp";
   FILE* f = std::fopen(tmp.c_str(), "wb");
   if (!f) throw InvalidInput("cannot write " + path + ": " + std::strerror(errno));
-  bool ok = std::fwrite(header.data(), 1, header.size(), f) == header.size() &&
-            std::fwrite(payload.data(), 1, payload.size(), f) == payload.size();
+  bool ok = std::fseek(f, long(kHeaderBytes), SEEK_SET) == 0;
+  IndexWriter out(f);
+  {
+    std::shared_lock lock(stages_mu_);
+    out.put(int32_t(max_depth_));
+    out.put(budget_);
+    out.put(evict_slack_);
+    out.put(next_doc_id_);
+    out.put(evicted_docs_);
+    out.put(uint32_t(stages_.size()));
+    for (const auto& s : stages_) {
+      out.put(uint32_t(s->name.size()));
+      out.append(s->name.data(), s->name.size());
+      out.put(s->generation);
+      s->sam.write(out);
+    }
+  }
+  char header[kHeaderBytes] = {};
+  std::memcpy(header, kMagic, 8);
+  const uint64_t payload = out.size(), sum = out.checksum();
+  std::memcpy(header + 8, &kVersion, 4);
+  std::memcpy(header + 12, &kByteOrder, 4);
+  std::memcpy(header + 16, &payload, 8);
+  std::memcpy(header + 24, &sum, 8);
+  ok = ok && out.ok() && std::fseek(f, 0, SEEK_SET) == 0 && std::fwrite(header, 1, kHeaderBytes, f) == kHeaderBytes;
   ok = (std::fclose(f) == 0) && ok;
   if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
     std::remove(tmp.c_str());
