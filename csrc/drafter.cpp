@@ -111,8 +111,10 @@ class Grower {
     }
     if (entries_.empty()) return;
     if (src_end - src_begin > 1)
-      // stable: a token's sources stay in source order, the order expand_chain sums them in
-      std::stable_sort(entries_.begin(), entries_.end(), [](const Entry& a, const Entry& b) { return a.token < b.token; });
+      // a token's sources in source order, the order expand_chain sums them in
+      std::sort(entries_.begin(), entries_.end(), [](const Entry& a, const Entry& b) {
+        return a.token != b.token ? a.token < b.token : a.source < b.source;
+      });
 
     uint64_t total = 0;
     double weight_sum = 0.0;

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <span>
 #include <stdexcept>
 
 #include "errors.h"
@@ -268,18 +269,36 @@ Draft Engine::speculate(const std::string& rid, const SpecParams& params) {
   std::lock_guard rlock(req->mu);
   std::shared_lock lock(stages_mu_);
 
-  std::vector<Tree> trees;
-  if (params.trees & kRequestTree)
-    trees.push_back(Tree{"request", {&req->sam}, {req->sam.last()}, {int32_t(req->sam.num_tokens())}});
+  // Tree lists are reused per thread: a step allocates nothing for them once warm.
+  thread_local std::vector<Tree> trees;
+  size_t used = 0;
+  auto add_tree = [&](const char* name) -> Tree& {
+    if (used == trees.size()) trees.emplace_back();
+    Tree& t = trees[used++];
+    t.name = name;
+    t.automata.clear();
+    t.states.clear();
+    t.matched.clear();
+    return t;
+  };
+  if (params.trees & kRequestTree) {
+    Tree& t = add_tree("request");
+    t.automata.push_back(&req->sam);
+    t.states.push_back(req->sam.last());
+    t.matched.push_back(int32_t(req->sam.num_tokens()));
+  }
   if (params.trees & kStageTree) {
     const Match& m = match_locked(*req, req->stage);
-    trees.push_back(Tree{"stage", {&stages_[req->stage]->sam}, {m.state}, {m.matched}});
+    Tree& t = add_tree("stage");
+    t.automata.push_back(&stages_[req->stage]->sam);
+    t.states.push_back(m.state);
+    t.matched.push_back(m.matched);
   }
   // In paper mode a union of the request's own stage alone is the stage tree again: same draft,
   // and ties keep the earlier tree, so it is skipped.
   const bool union_is_stage = params.paper && (params.trees & kStageTree) && stages_.size() == 1;
   if ((params.trees & kUnionTree) && !union_is_stage) {
-    Tree all{"union", {}, {}, {}};
+    Tree& all = add_tree("union");
     for (uint32_t s = 0; s < stages_.size(); ++s) {
       // A mixture already has the request's own stage as a source: the union adds the others.
       if (!params.paper && (params.trees & kStageTree) && s == req->stage) continue;
@@ -288,13 +307,13 @@ Draft Engine::speculate(const std::string& rid, const SpecParams& params) {
       all.states.push_back(m.state);
       all.matched.push_back(m.matched);
     }
-    trees.push_back(std::move(all));
   }
 
   Draft best;
   if (params.paper) {
     bool have = false;
-    for (const Tree& t : trees) {
+    for (size_t i = 0; i < used; ++i) {
+      const Tree& t = trees[i];
       Draft d = paper_best(t, params);
       if (!have || d.score > best.score) {  // ties keep the earlier tree
         best = std::move(d);
@@ -303,7 +322,7 @@ Draft Engine::speculate(const std::string& rid, const SpecParams& params) {
       }
     }
   } else {
-    best = mixture(trees, params);
+    best = mixture(trees.data(), used, params);
   }
   if (best.tokens.empty()) best.source.clear();
   if (best.score < params.min_score) {  // the paper's fallback: no suffix draft this step
@@ -372,11 +391,12 @@ Draft Engine::paper_best(const Tree& tree, const SpecParams& params) const {
   return best;
 }
 
-Draft Engine::mixture(const std::vector<Tree>& trees, const SpecParams& params) const {
+Draft Engine::mixture(const Tree* trees, size_t num_trees, const SpecParams& params) const {
   const int longest = params.max_pattern > 0 ? params.max_pattern : max_depth_;
-  std::vector<Source> sources;
+  thread_local std::vector<Source> sources;  // reused: no allocation per step once warm
+  sources.clear();
   int32_t match_len = 0;
-  for (const Tree& t : trees)
+  for (const Tree& t : std::span(trees, num_trees))
     for (size_t i = 0; i < t.automata.size(); ++i) {
       const Automaton& a = *t.automata[i];
       int32_t len = std::min<int32_t>(t.matched[i], longest);
@@ -385,7 +405,8 @@ Draft Engine::mixture(const std::vector<Tree>& trees, const SpecParams& params) 
       // Walk to shorter suffixes; each state that has continuations is one source of evidence.
       for (int taken = 0; taken < params.max_sources && st != 0;) {
         if (a.has_children(st)) {
-          sources.push_back(Source{&a, st, std::pow(double(len), params.length_power), len});
+          const double prior = params.length_power == 1.0 ? double(len) : std::pow(double(len), params.length_power);
+          sources.push_back(Source{&a, st, prior, len});
           match_len = std::max(match_len, len);
           ++taken;
         }

@@ -128,7 +128,7 @@ class Engine {
   void rebuild_without_locked(Stage& stage, const std::vector<uint64_t>& doomed);
   const Match& match_locked(Request& req, uint32_t stage_idx);
   Draft paper_best(const Tree& tree, const SpecParams& params) const;
-  Draft mixture(const std::vector<Tree>& trees, const SpecParams& params) const;
+  Draft mixture(const Tree* trees, size_t num_trees, const SpecParams& params) const;
 
   const int max_depth_;
   const uint64_t budget_;

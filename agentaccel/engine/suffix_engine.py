@@ -153,7 +153,8 @@ class SuffixEngine:
         replace some of its fields (slower: hot loops should pass a prebuilt `config`)."""
         config = config or self.config
         if config is self._last_config and max_tokens == self._last_max_tokens and not overrides:
-            return self._eng.speculate(_rid(req_id), self._last_params)  # hot loop: skip hashing the config
+            # the hot loop: no hashing of the config, no checks a str id does not need
+            return self._eng.speculate(req_id if type(req_id) is str else _rid(req_id), self._last_params)
         if overrides:
             config = _replace(config, overrides)
         key = (config, max_tokens)
