@@ -169,3 +169,25 @@ def test_client_disconnect_stops_local_generation(local):
         ok = pool.submit(httpx.post, server.url + "/v1/chat/completions", json={**body, "max_tokens": 4,
                                                                                 "stream": False}, timeout=60)
         assert ok.result().status_code == 200
+
+
+def test_the_writer_process_tokenizes_outputs_with_the_models_tokenizer(local, tmp_path):
+    """The tokenizer travels to the recorder's writer process (as `agentaccel serve` sends it once
+    the model is loaded): stored outputs get their token cache in the same transaction."""
+    from agentaccel.proxy.recorder import RecordedCall
+
+    _server, backend, _recorder, _db = local
+    tok = backend.tokenizer
+    recorder = Recorder(tmp_path / "t.db")
+    try:
+        recorder.set_tokenizer((tok.fingerprint, tok.encode_batch))
+        recorder.submit(RecordedCall(stage="s", session_id=None, model="m",
+                                     messages=[{"role": "user", "content": "hi"}], response="SELECT name FROM users"))
+        recorder.flush()
+        assert (recorder.written, recorder.failed) == (1, 0)
+    finally:
+        recorder.close()
+    with TraceStore(tmp_path / "t.db") as store:
+        (call_id,) = [c.id for c in store.iter_calls()]
+        ids = store.response_tokens([call_id], tok.fingerprint)[call_id]
+    assert list(ids) == tok.encode("SELECT name FROM users")
