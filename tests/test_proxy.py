@@ -268,11 +268,17 @@ def test_a_call_that_cannot_be_stored_is_counted_and_the_writer_lives_on(tmp_pat
         recorder.submit(RecordedCall(stage="s", session_id=None, model=MODEL, messages=MESSAGES, response="ok"))
         recorder.flush()
         assert (recorder.written, recorder.failed) == (1, 1)
+        # one call that cannot even be pickled for the writer fails alone, not with its batch
+        for response, metadata in (("a", {}), ("lost", {"f": lambda: 1}), ("b", {})):
+            recorder.submit(RecordedCall(stage="s", session_id=None, model=MODEL, messages=MESSAGES,
+                                         response=response, metadata=metadata))
+        recorder.flush()
+        assert (recorder.written, recorder.failed) == (3, 2)
         text = Metrics(recorder_failed=lambda: recorder.failed).render().decode()
-        assert "agentaccel_recorder_errors_total 1.0" in text
+        assert "agentaccel_recorder_errors_total 2.0" in text
     finally:
         recorder.close()
-    assert [c.response for c in stored_calls(tmp_path / "traces.db")] == ["ok"]
+    assert sorted(c.response for c in stored_calls(tmp_path / "traces.db")) == ["a", "b", "ok"]
 
 
 def test_streamed_tool_calls_are_reassembled_for_the_record():

@@ -128,16 +128,29 @@ class Recorder:
                     items.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            if items[-1] is None:
+            if any(item is None for item in items):  # close() was called: send what came before it
                 stop = True
-                items.pop()
-            try:
-                if items:
-                    self._pipe.send_bytes(pickle.dumps(items, protocol=pickle.HIGHEST_PROTOCOL))
-            except (OSError, pickle.PicklingError, TypeError) as e:
-                log.error("recorder: %d calls could not reach the writer: %r", len(items), e)
-                self._failed.value += sum(isinstance(i, RecordedCall) for i in items)
+                items = items[: items.index(None)]
+            if items:
+                self._send(items)
         self._pipe.close()
+
+    def _send(self, items: list) -> None:
+        try:
+            payload = pickle.dumps(items, protocol=pickle.HIGHEST_PROTOCOL)
+        except (pickle.PicklingError, TypeError, AttributeError):
+            if len(items) > 1:  # one call that can't be pickled must not take the others with it
+                for item in items:
+                    self._send([item])
+                return
+            log.error("recorder: a call could not be pickled for the writer", exc_info=True)
+            self._failed.value += 1
+            return
+        try:
+            self._pipe.send_bytes(payload)
+        except OSError as e:  # the writer is gone
+            log.error("recorder: %d calls could not reach the writer: %r", len(items), e)
+            self._failed.value += sum(isinstance(i, RecordedCall) for i in items)
 
 
 def _writer_main(path: str, redact: bool, batch_size: int, flush_seconds: float, pipe, written, failed) -> None:
