@@ -50,10 +50,7 @@ void put_array(IndexWriter& out, const Column<T>& v) {
 // the absolute address gives the same answer.
 template <class T>
 void get_array(char*& p, const char* end, Column<T>& v, const std::shared_ptr<void>& mapping) {
-  uint64_t n;
-  if (end - p < 8) throw std::runtime_error("truncated array header");
-  std::memcpy(&n, p, 8);
-  p += 8;
+  const uint64_t n = read_scalar<uint64_t>(p, end);
   size_t pad = (kAlign - reinterpret_cast<uintptr_t>(p) % kAlign) % kAlign;
   if (size_t(end - p) < pad) throw std::runtime_error("truncated array header");
   p += pad;
@@ -61,12 +58,6 @@ void get_array(char*& p, const char* end, Column<T>& v, const std::shared_ptr<vo
   if (reinterpret_cast<uintptr_t>(p) % alignof(T) != 0) throw std::runtime_error("misaligned array");
   v.view(reinterpret_cast<T*>(p), n, mapping);
   p += n * sizeof(T);
-}
-
-size_t encoded_size(const std::vector<uint32_t>& tokens) {
-  size_t n = 0;
-  for (uint32_t t : tokens) n += t < (1u << 7) ? 1 : t < (1u << 14) ? 2 : t < (1u << 21) ? 3 : t < (1u << 28) ? 4 : 5;
-  return n;
 }
 
 }  // namespace
@@ -125,10 +116,7 @@ void HubIndex::write(IndexWriter& out) const {
 }
 
 void HubIndex::read(char*& p, const char* end, const std::shared_ptr<void>& mapping, size_t states, size_t edges) {
-  if (end - p < 8) throw std::runtime_error("truncated hub");
-  uint64_t n;
-  std::memcpy(&n, p, 8);
-  p += 8;
+  const uint64_t n = read_scalar<uint64_t>(p, end);
   get_array(p, end, keys_, mapping);
   get_array(p, end, vals_, mapping);
   size_ = n;
@@ -160,7 +148,7 @@ uint64_t PackedTokens::append(const uint32_t* tokens, size_t n) {
   return offset;
 }
 
-bool PackedTokens::decode(uint64_t offset, uint64_t n, std::vector<uint32_t>& out) const {
+bool PackedTokens::decode(uint64_t offset, uint64_t n, std::vector<uint32_t>& out, uint64_t* end_offset) const {
   out.clear();
   if (offset > bytes_.size()) return false;
   out.reserve(n);
@@ -176,6 +164,7 @@ bool PackedTokens::decode(uint64_t offset, uint64_t n, std::vector<uint32_t>& ou
     }
     out.push_back(t);
   }
+  if (end_offset) *end_offset = uint64_t(p - bytes_.data());
   return true;
 }
 
@@ -394,31 +383,23 @@ void Automaton::compact() {
 }
 
 std::string Automaton::check() const {
+  // Ranges first (what loading checks), then what needs random access: suffix links shorten,
+  // edges lengthen, no edge is shared, degrees and the hub agree, documents tile the arena.
+  if (std::string problem = check_bounds(); !problem.empty()) return problem;
   const size_t n = states_.size(), m = edges_.size();
-  if (n == 0 || states_[0].link != -1 || states_[0].len != 0) return "bad root state";
-  if (last_ >= n) return "append point out of range";
   std::vector<uint8_t> seen(m, 0);
   size_t listed = 0;
   for (size_t s = 0; s < n; ++s) {
     const State& st = states_[s];
     const std::string at = " at state " + std::to_string(s);
-    if (s > 0) {
-      if (st.link < 0 || size_t(st.link) >= n) return "suffix link out of range" + at;
-      if (states_[st.link].len >= st.len) return "suffix link does not shorten" + at;
-    }
+    if (s > 0 && states_[st.link].len >= st.len) return "suffix link does not shorten" + at;
     uint32_t count = 0;
     if (st.target0 != kNil) {
-      if (st.target0 >= n) return "edge target out of range" + at;
       if (states_[st.target0].len < st.len + 1) return "edge does not lengthen" + at;
       count = 1;
-    } else if (st.more != kNil) {
-      return "further edges without a first edge" + at;
     }
     for (uint32_t e = st.more; e != kNil; e = edges_[e].next) {
-      if (e >= m) return "edge index out of range" + at;
-      if (edges_[e].next != kNil && edges_[e].next >= e) return "edge list runs to a newer edge" + at;
       if (seen[e]++) return "edge shared or cyclic" + at;
-      if (edges_[e].target >= n) return "edge target out of range" + at;
       if (states_[edges_[e].target].len < st.len + 1) return "edge does not lengthen" + at;
       ++count;
       ++listed;
@@ -431,18 +412,13 @@ std::string Automaton::check() const {
     }
   }
   if (listed != m) return "orphan edges";
-  if (!global_ && (!docs_.empty() || num_tokens_ != tokens_.size())) return "request tree token count mismatch";
   if (global_) {
     // Documents tile the packed arena in order: each is decoded where the previous one ended.
     std::vector<uint32_t> buf;
-    uint64_t offset = 0, listed = 0;
-    for (const DocRecord& d : docs_) {
-      if (d.offset != offset || !packed_.decode(d.offset, d.length, buf)) return "document out of token range";
-      offset += encoded_size(buf);
-      listed += d.length;
-    }
+    uint64_t offset = 0;
+    for (const DocRecord& d : docs_)
+      if (d.offset != offset || !packed_.decode(d.offset, d.length, buf, &offset)) return "document out of token range";
     if (offset != packed_.size_bytes()) return "stray bytes after the last document";
-    if (listed != num_tokens_) return "document lengths do not add up to the token count";
   }
   return {};
 }
@@ -491,10 +467,8 @@ void Automaton::read(char*& p, const char* end, const std::shared_ptr<void>& map
   get_array(p, end, edges_, mapping);
   get_array(p, end, packed_.raw(), mapping);
   get_array(p, end, docs_, mapping);
-  if (end - p < 12) throw std::runtime_error("truncated automaton");
-  std::memcpy(&num_tokens_, p, 8);
-  std::memcpy(&last_, p + 8, 4);
-  p += 12;
+  num_tokens_ = read_scalar<uint64_t>(p, end);
+  last_ = read_scalar<uint32_t>(p, end);
   hub_.read(p, end, mapping, states_.size(), edges_.size());
   std::string problem = check_bounds();
   if (!problem.empty()) throw std::runtime_error("inconsistent automaton: " + problem);
@@ -506,15 +480,13 @@ std::string Automaton::check_bounds() const {
   if (n == 0 || n >= kNil || m >= kInlineEdge) return "bad array sizes";
   if (states_[0].link != -1 || states_[0].len != 0) return "bad root state";
   if (last_ >= n) return "append point out of range";
-  for (size_t s = 1; s < n; ++s) {
-    const State& st = states_[s];
-    // Also a link to itself would make suffix-link walks endless (longer cycles need check()).
-    if (st.link < 0 || size_t(st.link) >= n || size_t(st.link) == s) return "suffix link out of range at state " + std::to_string(s);
-  }
   for (size_t s = 0; s < n; ++s) {
     const State& st = states_[s];
-    if (st.target0 != kNil && st.target0 >= n) return "edge target out of range at state " + std::to_string(s);
-    if (st.more != kNil && (st.more >= m || st.target0 == kNil)) return "edge list out of range at state " + std::to_string(s);
+    const auto at = [s] { return " at state " + std::to_string(s); };
+    // Also a link to itself would make suffix-link walks endless (longer cycles need check()).
+    if (s > 0 && (st.link < 0 || size_t(st.link) >= n || size_t(st.link) == s)) return "suffix link out of range" + at();
+    if (st.target0 != kNil && st.target0 >= n) return "edge target out of range" + at();
+    if (st.more != kNil && (st.more >= m || st.target0 == kNil)) return "edge list out of range" + at();
   }
   // Each new edge heads its state's list, so a list always runs to older (smaller) indices: no cycle.
   for (size_t e = 0; e < m; ++e)

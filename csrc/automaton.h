@@ -63,8 +63,9 @@ struct DocRecord {
 class PackedTokens {
  public:
   uint64_t append(const uint32_t* tokens, size_t n);  // returns the byte offset of the first token
-  // Decodes n tokens from `offset`; false when the bytes run out or a varint is malformed.
-  bool decode(uint64_t offset, uint64_t n, std::vector<uint32_t>& out) const;
+  // Decodes n tokens from `offset` (and tells where they end); false when the bytes run out or
+  // a varint is malformed.
+  bool decode(uint64_t offset, uint64_t n, std::vector<uint32_t>& out, uint64_t* end_offset = nullptr) const;
   size_t bytes() const { return bytes_.capacity(); }
   size_t size_bytes() const { return bytes_.size(); }
   void compact() { bytes_.shrink_to_fit(); }

@@ -56,13 +56,14 @@ struct Scratch {
   std::vector<uint64_t> totals;
   std::vector<uint32_t> distinct;
   std::vector<Child> children;
+  std::vector<std::pair<uint32_t, double>> chain;  // expand_chain: each source's (target, share)
 };
 
 class Grower {
  public:
   Grower(const GrowLimits& limits, Scratch& s)
       : lim_(limits), nodes_(s.nodes), kids_(s.kids), pool_(s.pool), entries_(s.entries), totals_(s.totals),
-        distinct_(s.distinct), scratch_(s.children) {
+        distinct_(s.distinct), scratch_(s.children), chain_(s.chain) {
     nodes_.clear();
     kids_.clear();
     pool_.clear();
@@ -277,7 +278,6 @@ class Grower {
   }
 
   const GrowLimits& lim_;
-  std::vector<std::pair<uint32_t, double>> chain_;  // expand_chain: each source's (target, share)
   std::vector<Node>& nodes_;
   std::vector<Kid>& kids_;
   std::vector<Source>& pool_;
@@ -285,6 +285,7 @@ class Grower {
   std::vector<uint64_t>& totals_;
   std::vector<uint32_t>& distinct_;
   std::vector<Child>& scratch_;
+  std::vector<std::pair<uint32_t, double>>& chain_;
 };
 
 }  // namespace

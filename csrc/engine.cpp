@@ -29,14 +29,6 @@ constexpr uint32_t kVersion = 3;  // 3: degree inside State, packed tokens, alig
 constexpr uint32_t kByteOrder = 0x01020304u;
 constexpr size_t kHeaderBytes = 40;
 
-template <class T>
-T get(char*& p, const char* end) {
-  if (size_t(end - p) < sizeof(T)) throw InvalidInput("truncated payload");
-  T x;
-  std::memcpy(&x, p, sizeof(T));
-  p += sizeof(T);
-  return x;
-}
 
 }  // namespace
 
@@ -590,13 +582,13 @@ std::unique_ptr<Engine> Engine::load(const std::string& path) {
   char* p = base + 8;
   char* header_end = base + kHeaderBytes;
   if (std::memcmp(base, kMagic, 8) != 0) throw InvalidInput(path + " is not an agentaccel index (bad magic)");
-  uint32_t version = get<uint32_t>(p, header_end);
+  uint32_t version = read_scalar<uint32_t>(p, header_end);
   if (version != kVersion)
     throw InvalidInput(path + ": unsupported index version " + std::to_string(version) + " (this build reads " +
                        std::to_string(kVersion) + ")");
-  if (get<uint32_t>(p, header_end) != kByteOrder) throw InvalidInput(path + ": written on a machine of another byte order");
-  uint64_t payload_size = get<uint64_t>(p, header_end);
-  uint64_t sum = get<uint64_t>(p, header_end);
+  if (read_scalar<uint32_t>(p, header_end) != kByteOrder) throw InvalidInput(path + ": written on a machine of another byte order");
+  uint64_t payload_size = read_scalar<uint64_t>(p, header_end);
+  uint64_t sum = read_scalar<uint64_t>(p, header_end);
   if (payload_size != size - kHeaderBytes)
     throw InvalidInput(path + " is truncated or padded: header promises " + std::to_string(payload_size) +
                        " payload bytes, file has " + std::to_string(size - kHeaderBytes));
@@ -605,21 +597,21 @@ std::unique_ptr<Engine> Engine::load(const std::string& path) {
   if (checksum(p, payload_size) != sum) throw InvalidInput(path + " is corrupt (checksum mismatch)");
 
   try {
-    int32_t depth = get<int32_t>(p, end);
-    uint64_t budget = get<uint64_t>(p, end);
-    double slack = get<double>(p, end);
+    int32_t depth = read_scalar<int32_t>(p, end);
+    uint64_t budget = read_scalar<uint64_t>(p, end);
+    double slack = read_scalar<double>(p, end);
     auto eng = std::make_unique<Engine>(depth, budget, slack);
-    eng->next_doc_id_ = get<uint64_t>(p, end);
-    eng->evicted_docs_ = get<uint64_t>(p, end);
-    uint32_t nstages = get<uint32_t>(p, end);
+    eng->next_doc_id_ = read_scalar<uint64_t>(p, end);
+    eng->evicted_docs_ = read_scalar<uint64_t>(p, end);
+    uint32_t nstages = read_scalar<uint32_t>(p, end);
     for (uint32_t i = 0; i < nstages; ++i) {
-      uint32_t len = get<uint32_t>(p, end);
+      uint32_t len = read_scalar<uint32_t>(p, end);
       if (len > size_t(end - p)) throw InvalidInput("stage name longer than the file");
       std::string name(p, len);
       p += len;
       uint32_t idx = eng->stage_index(name);
       Stage& s = *eng->stages_[idx];
-      s.generation = get<uint64_t>(p, end);
+      s.generation = read_scalar<uint64_t>(p, end);
       s.sam.read(p, end, mapping);
       for (const DocRecord& d : s.sam.docs()) {
         if (d.id >= eng->next_doc_id_ || !eng->doc_stage_.emplace(d.id, idx).second)

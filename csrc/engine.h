@@ -81,8 +81,8 @@ class Engine {
   std::vector<StageStats> stage_stats() const;
   Predictability predictability(const std::string& stage, const uint32_t* tokens, size_t n) const;
   uint64_t global_bytes() const;
-  // Gives back the spare capacity of the global trees' arrays (after a bulk seed: growth by
-  // doubling leaves up to half of each array unused).
+  // Gives back the spare capacity of the global trees' arrays and the freed heap pages behind
+  // them (after a bulk seed or a rebuild).
   void compact();
   uint64_t request_bytes();
   uint64_t num_requests();

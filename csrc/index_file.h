@@ -8,7 +8,19 @@
 #include <cstring>
 #include <vector>
 
+#include "errors.h"
+
 namespace agentaccel {
+
+// Reads a T at p and advances p; the reading side of IndexWriter::put.
+template <class T>
+T read_scalar(char*& p, const char* end) {
+  if (size_t(end - p) < sizeof(T)) throw InvalidInput("truncated payload");
+  T x;
+  std::memcpy(&x, p, sizeof(T));
+  p += sizeof(T);
+  return x;
+}
 
 // xxHash64-style checksum over four independent lanes (several GB/s: loading stays I/O-bound),
 // fed incrementally: update(a); update(b) gives the checksum of a + b.

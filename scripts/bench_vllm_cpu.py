@@ -26,6 +26,7 @@ from agentaccel.backends.local.model import default_model_folder
 from agentaccel.backends.vllm.backend import free_port
 from agentaccel.bench.corpus import default_traces_dir
 from agentaccel.bench.e2e import sql_pipeline
+from agentaccel.bench.processes import wait_healthy
 
 
 def main() -> None:
@@ -43,15 +44,7 @@ def main() -> None:
              "--max-model-len", "4096", "--no-enable-prefix-caching"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         try:
-            deadline = time.monotonic() + 600
-            while True:
-                try:
-                    if httpx.get(url + "/health").json().get("state") == "ready":
-                        break
-                except (httpx.HTTPError, ValueError):
-                    pass
-                assert proc.poll() is None and time.monotonic() < deadline, "vllm backend did not start"
-                time.sleep(1)
+            wait_healthy(url, proc, 600, ready=lambda health: health.get("state") == "ready")
             totals = {False: [0, 0.0], True: [0, 0.0]}  # speculate -> [tokens, seconds]
             mismatches = 0
 

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
 import threading
 import time
 
-import httpx
 import uvicorn
 
 from agentaccel.backends.vllm.backend import free_port  # noqa: F401 - one definition, re-exported for tests
+from agentaccel.bench.processes import wait_healthy  # noqa: F401 - the same
 
 
 class ServerThread:
@@ -32,18 +31,3 @@ class ServerThread:
     def __exit__(self, *exc) -> None:
         self.server.should_exit = True
         self.thread.join(30)
-
-
-def wait_healthy(url: str, proc: subprocess.Popen, timeout: float, ready=lambda health: True) -> None:
-    """Until `url`/health answers 200 and `ready(its JSON)`; fails if the process exits first."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            r = httpx.get(url + "/health", timeout=5)
-            if r.status_code == 200 and ready(r.json()):
-                return
-        except httpx.HTTPError:
-            pass
-        assert proc.poll() is None, "the server exited"
-        assert time.monotonic() < deadline, "the server was not ready in time"
-        time.sleep(0.2)

@@ -95,7 +95,7 @@ def load_in_fresh_process(index: Path) -> float:
     """Seconds `SuffixEngine.load` takes in a new interpreter (the file is in the page cache)."""
     out = subprocess.run(
         [sys.executable, "-c",
-         "import sys, time; from agentaccel.engine import SuffixEngine; t = time.perf_counter(); "
+         "import time; from agentaccel.engine import SuffixEngine; t = time.perf_counter(); "
          f"SuffixEngine.load({str(index)!r}); print(time.perf_counter() - t)"],
         check=True, capture_output=True, text=True,
     )

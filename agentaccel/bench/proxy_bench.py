@@ -21,11 +21,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import numpy as np
 
 from agentaccel.backends.vllm.backend import free_port
 from agentaccel.bench import aio
+from agentaccel.bench.processes import wait_healthy
 from agentaccel.bench.upstream import MODEL
 
 
@@ -120,18 +120,14 @@ async def run_load(url: str, streams: int, requests_per_stream: int, tokens: int
 
 
 @contextlib.contextmanager
-def _process(argv: list[str], health: str, env: dict | None = None):
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
-                            env={**os.environ, **(env or {})})
+def _process(argv: list[str], url: str, health_path: str):
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(health, timeout=1).status_code == 200:
-                    break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{argv[2]} did not start: {proc.stderr.read().decode()[-2000:]}")
-            time.sleep(0.1)
+        try:
+            wait_healthy(url, proc, 60, path=health_path)
+        except RuntimeError as e:
+            os.killpg(proc.pid, signal.SIGKILL)  # its stderr can only be read to the end once it is gone
+            raise RuntimeError(f"{argv[2]}: {e}: {proc.stderr.read().decode()[-2000:]}") from e
         yield proc
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -154,14 +150,13 @@ def bench_proxy(concurrency: list[int], requests_per_stream: int, tokens: int, r
         if not record:
             serve.append("--no-record")
         with _process([sys.executable, "-m", "agentaccel.bench.upstream", "--port", str(up_port), "--tokens",
-                       str(tokens), "--delay", str(token_delay)], upstream + "/v1/models") as upstream_proc, \
-                _process(serve, proxy + "/health") as proxy_proc:
+                       str(tokens), "--delay", str(token_delay)], upstream, "/v1/models") as upstream_proc, \
+                _process(serve, proxy, "/health") as proxy_proc:
             cores = sorted(os.sched_getaffinity(0))
-            if pin:  # the proxy alone on the last core; upstream and load generator share the others
-                if len(cores) > 1:
-                    os.sched_setaffinity(proxy_proc.pid, {cores[-1]})
-                    os.sched_setaffinity(0, set(cores[:-1]))
-                    os.sched_setaffinity(upstream_proc.pid, set(cores[:-1]))
+            if pin and len(cores) > 1:  # the proxy alone on the last core; upstream and load generator share the others
+                os.sched_setaffinity(proxy_proc.pid, {cores[-1]})
+                os.sched_setaffinity(0, set(cores[:-1]))
+                os.sched_setaffinity(upstream_proc.pid, set(cores[:-1]))
             try:
                 return _rounds(concurrency, requests_per_stream, tokens, token_delay, rounds, upstream, proxy, progress)
             finally:

@@ -100,8 +100,8 @@ def serve(
     app = create_app(config, impl, recorder)
     err.print(f"agentaccel: {backend.value} backend, listening on http://{host}:{port}/v1 "
               f"(recording {'off' if recorder is None else 'to ' + str(recorder.path)})")
-    # The recorder thread (and the local backend's workers) must not hold the event loop off the
-    # GIL for the default 5 ms: a streamed event waiting that long is a latency spike.
+    # Background threads (the recorder's sender, the local backend's workers) must not hold the
+    # event loop off the GIL for the default 5 ms: a streamed event waiting that long is a spike.
     sys.setswitchinterval(0.0005)
     uvicorn.run(app, host=host, port=port, log_level=os.environ.get("AGENTACCEL_LOG_LEVEL", "warning"),
                 access_log=False, proxy_headers=False)  # nothing reads the client address: skip its middleware

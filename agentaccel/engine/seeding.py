@@ -56,5 +56,5 @@ def seed_from_store(engine: SuffixEngine, store: TraceStore, tokenizer, budget_b
         if progress:
             progress(min(start + chunk, len(chosen)), len(chosen))
     report.stages = len(stages)
-    engine.compact()  # the bulk insert grew arrays by doubling: give the unused half back
+    engine.compact()  # the bulk insert left spare array capacity and freed heap pages behind
     return report

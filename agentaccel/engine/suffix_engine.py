@@ -103,9 +103,7 @@ class SuffixEngine:
         self.vocab_size = vocab_size
         self.config = config or SpecConfig()
         self._native_params: dict[tuple[SpecConfig, int], _core.SpecParams] = {}
-        self._last_config: SpecConfig | None = None
-        self._last_max_tokens = -1
-        self._last_params: _core.SpecParams | None = None
+        self._last: tuple[SpecConfig | None, int, _core.SpecParams | None] = (None, -1, None)  # the hot loop's
 
     # ------------------------------------------------------------------ global trees
     def add_document(self, token_ids: Sequence[int] | np.ndarray, stage: str = "default") -> int:
@@ -117,8 +115,8 @@ class SuffixEngine:
             raise KeyError(f"unknown document id: {doc_id}")
 
     def compact(self) -> None:
-        """Returns the global trees' spare array capacity to the allocator; worth it after seeding
-        many documents at once (growth by doubling leaves up to half of each array unused)."""
+        """Gives back the global trees' spare array capacity and the freed heap pages behind it;
+        worth it after seeding many documents at once."""
         self._eng.compact()
 
     def document_ids(self, stage: str | None = None) -> list[int]:
@@ -152,9 +150,10 @@ class SuffixEngine:
         node `parents[i]`. `config` (default: the engine's) is a `SpecConfig`; keyword overrides
         replace some of its fields (slower: hot loops should pass a prebuilt `config`)."""
         config = config or self.config
-        if config is self._last_config and max_tokens == self._last_max_tokens and not overrides:
+        last_config, last_max_tokens, last_params = self._last
+        if config is last_config and max_tokens == last_max_tokens and not overrides:
             # the hot loop: no hashing of the config, no checks a str id does not need
-            return self._eng.speculate(req_id if type(req_id) is str else _rid(req_id), self._last_params)
+            return self._eng.speculate(req_id if type(req_id) is str else _rid(req_id), last_params)
         if overrides:
             config = _replace(config, overrides)
         key = (config, max_tokens)
@@ -164,7 +163,7 @@ class SuffixEngine:
                 self._native_params.clear()
             params = self._native_params[key] = config.to_native(max_tokens)
         if not overrides:
-            self._last_config, self._last_max_tokens, self._last_params = config, max_tokens, params
+            self._last = (config, max_tokens, params)
         return self._eng.speculate(_rid(req_id), params)
 
     def finish_request(self, req_id: str | int, keep_output: bool = True, retain: bool = False) -> int | None:

@@ -158,7 +158,7 @@ def _writer_main(path: str, redact: bool, batch_size: int, flush_seconds: float,
     # Background work: when cores are short, serving goes first (batches absorb the delay).
     with contextlib.suppress(OSError):
         os.nice(10)
-    writer = _Writer(TraceStore(path), redact)
+    writer = _Writer(TraceStore(path), redact, written, failed)
     batch: list[RecordedCall] = []
     deadline = None
     while True:
@@ -176,21 +176,22 @@ def _writer_main(path: str, redact: bool, batch_size: int, flush_seconds: float,
         if batch and deadline is None:
             deadline = time.monotonic() + flush_seconds
         if batch and (len(batch) >= batch_size or time.monotonic() >= deadline):
-            writer.write(batch, written, failed)
+            writer.write(batch)
             batch, deadline = [], None
     if batch:
-        writer.write(batch, written, failed)
+        writer.write(batch)
     writer.store.close()
 
 
 class _Writer:
-    def __init__(self, store: TraceStore, redact: bool) -> None:
+    def __init__(self, store: TraceStore, redact: bool, written, failed) -> None:
         self.store = store
         self.redact = redact
+        self.written, self.failed = written, failed  # counters shared with the server process
         self.tokenize: Tokenize | None = None
         self._next_position: dict[str, int] = {}
 
-    def write(self, batch: list[RecordedCall], written, failed) -> None:
+    def write(self, batch: list[RecordedCall]) -> None:
         sessions: dict[str, Session] = {}
         for call in batch:
             if call.session_id:
@@ -210,10 +211,10 @@ class _Writer:
         try:
             self.store.write_sessions(list(sessions.values()), stage_of=lambda _s, c: c.stage, fmt="proxy",
                                       tokenize=None if self.redact else self.tokenize)
-            written.value += len(batch)
+            self.written.value += len(batch)
         except Exception:  # a full disk must not take the proxy down; the loss is counted
             log.exception("recording %d calls failed", len(batch))
-            failed.value += len(batch)
+            self.failed.value += len(batch)
 
     def _position(self, key: str) -> int:
         if key not in self._next_position:

@@ -243,11 +243,10 @@ class HotPath:
     (`bench proxy`, py-spy). The handlers already answer every failure in the OpenAI shape.
     """
 
-    def __init__(self, app: Starlette, proxy: Proxy) -> None:
+    def __init__(self, app: Starlette, routes: dict) -> None:
         self.app = app
         self.state = app.state
-        paths = {"/chat/completions": proxy.chat, "/completions": proxy.completions}
-        self.routes = {**paths, **{"/v1" + path: handler for path, handler in paths.items()}}
+        self.routes = routes  # path -> handler, POST only
 
     async def __call__(self, scope, receive, send) -> None:
         handler = self.routes.get(scope.get("path")) if scope["type"] == "http" else None
@@ -260,9 +259,8 @@ class HotPath:
 
 def create_app(config: ProxyConfig, backend: Backend, recorder: Recorder | None = None) -> HotPath:
     proxy = Proxy(config, backend, recorder)
-    api = [
-        Route("/chat/completions", proxy.chat, methods=["POST"]),
-        Route("/completions", proxy.completions, methods=["POST"]),
+    completions = {"/chat/completions": proxy.chat, "/completions": proxy.completions}
+    api = [Route(path, handler, methods=["POST"]) for path, handler in completions.items()] + [
         Route("/models", proxy.list_models, methods=["GET"]),
         Route("/model/info", proxy.model_info, methods=["GET"]),
     ]
@@ -273,4 +271,5 @@ def create_app(config: ProxyConfig, backend: Backend, recorder: Recorder | None 
     ]
     app = Starlette(routes=routes, lifespan=proxy.lifespan)
     app.state.proxy = proxy
-    return HotPath(app, proxy)
+    # Starlette keeps the completion routes too: it answers their other methods (405).
+    return HotPath(app, {prefix + path: h for path, h in completions.items() for prefix in ("", "/v1")})

@@ -1,0 +1,28 @@
+"""Waiting for a server started as a child process to come up (benchmarks, scripts and tests)."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Callable
+
+import httpx
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout: float, ready: Callable[[object], bool] = lambda body: True,
+                 path: str = "/health") -> None:
+    """Until `url + path` answers 200 with a JSON body that `ready` accepts. RuntimeError when the
+    process exits first or `timeout` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            r = httpx.get(url + path, timeout=5)
+            if r.status_code == 200 and ready(r.json()):
+                return
+        except (httpx.HTTPError, ValueError):
+            pass
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited (code {proc.returncode}) before it was ready")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the server was not ready within {timeout:g} s")
+        time.sleep(0.1)
