@@ -1,7 +1,7 @@
 #include "drafter.h"
 
 #include <algorithm>
-#include <queue>
+#include <vector>
 
 namespace agentaccel {
 
@@ -57,25 +57,34 @@ struct Scratch {
   std::vector<uint32_t> distinct;
   std::vector<Child> children;
   std::vector<std::pair<uint32_t, double>> chain;  // expand_chain: each source's (target, share)
+  std::vector<double> per_count;  // expand: each source's share of one occurrence
+  std::vector<double> mixed;      // expand: each source's part of p per occurrence
+  std::vector<Source> run;        // add_run: the sources of the node a copy has reached
+  std::vector<Candidate> heap;    // grow_tree: candidates, best first under Worse
 };
 
 class Grower {
  public:
   Grower(const GrowLimits& limits, Scratch& s)
       : lim_(limits), nodes_(s.nodes), kids_(s.kids), pool_(s.pool), entries_(s.entries), totals_(s.totals),
-        distinct_(s.distinct), scratch_(s.children), chain_(s.chain) {
+        distinct_(s.distinct), scratch_(s.children), chain_(s.chain), per_count_(s.per_count), mixed_(s.mixed),
+        run_(s.run), heap_(s.heap) {
     nodes_.clear();
     kids_.clear();
     pool_.clear();
   }
 
-  Draft run(const std::vector<Source>& roots, bool* room_hit) {
+  void run(const std::vector<Source>& roots, bool* room_hit, Draft& draft) {
     *room_hit = false;
     uint32_t begin = uint32_t(pool_.size());
     for (const Source& s : roots) pool_.push_back(s);
     nodes_.push_back(Node{-1, 0, 1.0});
     expand(0, begin, uint32_t(pool_.size()), room_hit);
-    return lim_.tree ? grow_tree(room_hit) : grow_path(room_hit);
+    reset(draft);
+    if (lim_.tree)
+      grow_tree(draft, room_hit);
+    else
+      grow_path(draft, room_hit);
   }
 
  private:
@@ -88,30 +97,31 @@ class Grower {
       return;
     }
     if (expand_chain(slot, src_begin, src_end)) return;
+    const uint32_t num_sources = src_end - src_begin;
     entries_.clear();
-    totals_.assign(src_end - src_begin, 0);
-    distinct_.assign(src_end - src_begin, 0);
+    totals_.assign(num_sources, 0);
+    distinct_.assign(num_sources, 0);
     // The cached top children are exact for one source as long as no node can need more of
     // them than are cached; for a mixture, dropping the tail of a huge fan-out is harmless.
-    const bool cache_ok = lim_.mixture || (src_end - src_begin == 1 && lim_.budget < int(Automaton::kTopK));
-    for (uint32_t i = src_begin; i < src_end; ++i) {
-      const Automaton& a = *pool_[i].automaton;
-      const TopChildren* top = cache_ok ? a.top_children(pool_[i].state) : nullptr;
-      if (top) {
-        for (const Child& c : top->kids) entries_.push_back(Entry{c.token, i - src_begin, c.target, c.count});
-        totals_[i - src_begin] = top->total;
-        distinct_[i - src_begin] = a.degree(pool_[i].state);
+    const bool cache_ok = lim_.mixture || (num_sources == 1 && lim_.budget < int(Automaton::kTopK));
+    for (uint32_t k = 0; k < num_sources; ++k) {
+      const Automaton& a = *pool_[src_begin + k].automaton;
+      const uint32_t state = pool_[src_begin + k].state;
+      if (const TopChildren* top = cache_ok ? a.top_children(state) : nullptr) {
+        for (const Child& c : top->kids) entries_.push_back(Entry{c.token, k, c.target, c.count});
+        totals_[k] = top->total;
+        distinct_[k] = a.degree(state);
         continue;
       }
-      a.children(pool_[i].state, scratch_);
+      a.children(state, scratch_);
       for (const Child& c : scratch_) {
-        entries_.push_back(Entry{c.token, i - src_begin, c.target, c.count});
-        totals_[i - src_begin] += c.count;
+        entries_.push_back(Entry{c.token, k, c.target, c.count});
+        totals_[k] += c.count;
       }
-      distinct_[i - src_begin] = uint32_t(scratch_.size());
+      distinct_[k] = uint32_t(scratch_.size());
     }
     if (entries_.empty()) return;
-    if (src_end - src_begin > 1)
+    if (num_sources > 1)
       // a token's sources in source order, the order expand_chain sums them in
       std::sort(entries_.begin(), entries_.end(), [](const Entry& a, const Entry& b) {
         return a.token != b.token ? a.token < b.token : a.source < b.source;
@@ -119,22 +129,28 @@ class Grower {
 
     uint64_t total = 0;
     double weight_sum = 0.0;
-    for (uint32_t i = src_begin; i < src_end; ++i) {
-      total += totals_[i - src_begin];
-      if (totals_[i - src_begin] > 0) weight_sum += pool_[i].weight;
+    for (uint32_t k = 0; k < num_sources; ++k) {
+      total += totals_[k];
+      if (totals_[k] > 0) weight_sum += pool_[src_begin + k].weight;
     }
+    // Mixture: a source's share of a continuation is count x per_count (the divisions are done
+    // once per source, not per continuation), and its part of the kid's p is count x mixed.
+    per_count_.resize(num_sources);
+    mixed_.resize(num_sources);
+    if (lim_.mixture)
+      for (uint32_t k = 0; k < num_sources; ++k) {
+        per_count_[k] = share_scale(totals_[k], distinct_[k], pool_[src_begin + k].matched);
+        mixed_[k] = pool_[src_begin + k].weight / weight_sum * per_count_[k];
+      }
     const double parent_d = node.d;
     const uint32_t kid_begin = uint32_t(kids_.size());
-    auto share_of = [&](const Entry& e) {
-      return share(e.count, totals_[e.source], distinct_[e.source], pool_[src_begin + e.source].matched);
-    };
     for (size_t a = 0; a < entries_.size();) {
       size_t b = a;
       uint64_t count = 0;
       double p = 0.0;
       for (; b < entries_.size() && entries_[b].token == entries_[a].token; ++b) {
         count += entries_[b].count;
-        if (lim_.mixture) p += pool_[src_begin + entries_[b].source].weight / weight_sum * share_of(entries_[b]);
+        if (lim_.mixture) p += entries_[b].count * mixed_[entries_[b].source];
       }
       if (!lim_.mixture) p = double(count) / double(total);
       // Only kept kids get sources of their own (most continuations of a wide state fall below
@@ -144,7 +160,7 @@ class Grower {
         for (size_t k = a; k < b; ++k) {
           const Entry& e = entries_[k];
           const Source& src = pool_[src_begin + e.source];
-          pool_.push_back(Source{src.automaton, e.target, src.weight * share_of(e), src.matched + 1});
+          pool_.push_back(Source{src.automaton, e.target, src.weight * (e.count * per_count_[e.source]), src.matched + 1});
         }
         kids_.push_back(Kid{entries_[a].token, count, p, kid_pool, uint32_t(pool_.size())});
       }
@@ -158,48 +174,62 @@ class Grower {
     nodes_[slot].kid_end = uint32_t(kids_.size());
   }
 
-  // A source's share of one of its continuations. Mixture shares keep some mass for
-  // continuations never seen (PPM escape): a continuation seen once out of once is not certain.
-  double share(uint64_t count, uint64_t total, uint32_t distinct, int32_t matched) const {
+  // A source's share of one of its continuations is count x this. Mixture shares keep some
+  // mass for continuations never seen (PPM escape): a continuation seen once out of once is not
+  // certain.
+  double share_scale(uint64_t total, uint32_t distinct, int32_t matched) const {
     double escape = lim_.escape * distinct;
     if (lim_.escape_length > 0) escape /= 1.0 + matched / lim_.escape_length;
-    return double(count) / (double(total) + escape);
+    return 1.0 / (double(total) + escape);
   }
 
   // The common case of a long match being copied: every source has exactly one continuation,
-  // the same token. The general path's arithmetic, in the same order, without its buffers,
-  // sort and grouping (this case is most of the nodes of a long draft).
-  bool expand_chain(uint32_t slot, uint32_t src_begin, uint32_t src_end) {
-    if (src_begin == src_end) return false;
-    const uint32_t token = pool_[src_begin].automaton->state(pool_[src_begin].state).token0;
-    for (uint32_t i = src_begin; i < src_end; ++i) {
-      const State& st = pool_[i].automaton->state(pool_[i].state);
+  // the same token. If so, fills chain_ with each source's (target, share) and gives the
+  // continuation's token, summed count and p: the general path's arithmetic, in the same order,
+  // without its buffers, sort and grouping (this case is most of the nodes of a long draft).
+  bool chain_step(const Source* src, uint32_t n, uint32_t& token, uint64_t& count, double& p) {
+    if (n == 0) return false;
+    token = src[0].automaton->state(src[0].state).token0;
+    for (uint32_t i = 0; i < n; ++i) {
+      const State& st = src[i].automaton->state(src[i].state);
       if (st.degree != 1 || st.token0 != token) return false;
     }
-    const uint32_t n = src_end - src_begin;
     chain_.resize(n);
-    uint64_t count = 0;
+    count = 0;
     double weight_sum = 0.0;
     for (uint32_t i = 0; i < n; ++i) {
-      const Source& src = pool_[src_begin + i];
-      const uint32_t target = src.automaton->state(src.state).target0;
-      const uint32_t c = src.automaton->state(target).occ;
-      chain_[i] = {target, lim_.mixture ? share(c, c, 1, src.matched) : 0.0};
+      const uint32_t target = src[i].automaton->state(src[i].state).target0;
+      src[i].automaton->prefetch_after(target);
+      const uint32_t c = src[i].automaton->state(target).occ;
+      chain_[i] = {target, lim_.mixture ? c * share_scale(c, 1, src[i].matched) : 0.0};
       count += c;
-      weight_sum += src.weight;
+      weight_sum += src[i].weight;
     }
-    double p = 1.0;  // paper mode: count / total with a single continuation
+    p = 1.0;  // paper mode: count / total with a single continuation
     if (lim_.mixture) {
       p = 0.0;
-      for (uint32_t i = 0; i < n; ++i) p += pool_[src_begin + i].weight / weight_sum * chain_[i].second;
+      for (uint32_t i = 0; i < n; ++i) p += src[i].weight / weight_sum * chain_[i].second;
     }
+    return true;
+  }
+
+  // Source i of the last chain_step, one token further.
+  Source advanced(const Source& src, uint32_t i) const {
+    const double share = lim_.mixture ? chain_[i].second : 1.0;  // paper mode never reads weights
+    return Source{src.automaton, chain_[i].first, src.weight * share, src.matched + 1};
+  }
+
+  bool expand_chain(uint32_t slot, uint32_t src_begin, uint32_t src_end) {
+    uint32_t token;
+    uint64_t count;
+    double p;
+    if (!chain_step(pool_.data() + src_begin, src_end - src_begin, token, count, p)) return false;
     const uint32_t kid_begin = uint32_t(kids_.size());
     if (nodes_[slot].d * p >= lim_.min_prob) {
       const uint32_t kid_pool = uint32_t(pool_.size());
-      for (uint32_t i = 0; i < n; ++i) {
+      for (uint32_t i = 0; i < src_end - src_begin; ++i) {
         const Source src = pool_[src_begin + i];  // a copy: push_back may move the pool
-        const double share = lim_.mixture ? chain_[i].second : 1.0;  // paper mode never reads weights
-        pool_.push_back(Source{src.automaton, chain_[i].first, src.weight * share, src.matched + 1});
+        pool_.push_back(advanced(src, i));
       }
       kids_.push_back(Kid{token, count, p, kid_pool, uint32_t(pool_.size())});
     }
@@ -219,63 +249,110 @@ class Grower {
     return d > lim_.cost * (1.0 + draft.score) / (1.0 + lim_.cost * n);
   }
 
-  uint32_t add(Draft& draft, uint32_t parent_slot, const Kid& kid, double d, bool* room_hit) {
-    int32_t parent_index = nodes_[parent_slot].draft_index;
-    int32_t depth = nodes_[parent_slot].depth + 1;
-    draft.tokens.push_back(kid.token);
-    draft.parents.push_back(parent_index);
-    draft.probs.push_back(d);
-    draft.score += d;
-    nodes_.push_back(Node{int32_t(draft.tokens.size() - 1), depth, d});
-    uint32_t slot = uint32_t(nodes_.size() - 1);
-    expand(slot, kid.src_begin, kid.src_end, room_hit);
-    return slot;
-  }
-
-  // One allocation per array instead of one per doubling.
-  Draft empty_draft() const {
-    Draft draft;
+  // Empties the draft, keeping its buffers (one allocation per array instead of one per doubling).
+  void reset(Draft& draft) const {
+    draft.tokens.clear();
+    draft.parents.clear();
+    draft.probs.clear();
+    draft.score = 0.0;
+    draft.match_len = 0;
+    draft.source.clear();
     const size_t expected = size_t(std::clamp(lim_.budget, 0, 128));
     draft.tokens.reserve(expected);
     draft.parents.reserve(expected);
     draft.probs.reserve(expected);
-    return draft;
   }
 
-  Draft grow_tree(bool* room_hit) {
-    Draft draft = empty_draft();
-    std::priority_queue<Candidate, std::vector<Candidate>, Worse> heap;
+  static void append(Draft& draft, uint32_t token, int32_t parent_index, double d) {
+    draft.tokens.push_back(token);
+    draft.parents.push_back(parent_index);
+    draft.probs.push_back(d);
+    draft.score += d;
+  }
+
+  void grow_tree(Draft& draft, bool* room_hit) {
+    std::vector<Candidate>& heap = heap_;  // a max-heap under Worse
+    heap.clear();
     auto push_next_kid = [&](uint32_t slot) {
+      if (slot == kNoSlot) return;
       Node& n = nodes_[slot];
       if (n.next_kid < n.kid_end) {
         const Kid& k = kids_[n.next_kid];
-        heap.push(Candidate{n.d * k.p, n.draft_index, k.token, slot});
+        heap.push_back(Candidate{n.d * k.p, n.draft_index, k.token, slot});
+        std::push_heap(heap.begin(), heap.end(), Worse{});
       }
     };
+    // A run may go on while its next node would be the next candidate popped anyway: strictly
+    // better than the best waiting one (on a tie the waiting one wins: it has the older parent).
+    auto next_in_line = [&](double d) { return heap.empty() || d > heap.front().d; };
     push_next_kid(0);
     while (!heap.empty() && int(draft.tokens.size()) < lim_.budget) {
-      Candidate c = heap.top();
-      heap.pop();
+      std::pop_heap(heap.begin(), heap.end(), Worse{});
+      const Candidate c = heap.back();
+      heap.pop_back();
       if (!worth_adding(c.d, draft)) break;
-      Kid kid = kids_[nodes_[c.node].next_kid++];
+      const Kid kid = kids_[nodes_[c.node].next_kid++];
       push_next_kid(c.node);  // the parent's next-best child becomes a candidate
-      uint32_t slot = add(draft, c.node, kid, c.d, room_hit);
-      push_next_kid(slot);
+      push_next_kid(add_run(draft, c.node, kid, c.d, room_hit, next_in_line));
     }
-    return draft;
   }
 
-  Draft grow_path(bool* room_hit) {
-    Draft draft = empty_draft();
+  void grow_path(Draft& draft, bool* room_hit) {
+    auto always = [](double) { return true; };
     uint32_t slot = 0;
-    while (int(draft.tokens.size()) < lim_.budget && nodes_[slot].kid_begin < nodes_[slot].kid_end) {
+    while (slot != kNoSlot && int(draft.tokens.size()) < lim_.budget && nodes_[slot].kid_begin < nodes_[slot].kid_end) {
       Kid kid = kids_[nodes_[slot].kid_begin];
       double d = nodes_[slot].d * kid.p;
       if (!worth_adding(d, draft)) break;
-      slot = add(draft, slot, kid, d, room_hit);
+      slot = add_run(draft, slot, kid, d, room_hit, always);
     }
-    return draft;
   }
+
+  // Adds `kid` under parent_slot, then goes on copying while every source continues with one
+  // same token and `may_continue` says its next node would be drafted next anyway, keeping the
+  // sources in run_ instead of a node, kids and pool entries per token (the decisions of the
+  // node-by-node growth, in the same order; most nodes of a long draft are such copies).
+  // Returns the slot of the node where the run stopped, with its kids computed, or kNoSlot when
+  // that node can have none that would be drafted.
+  template <class MayContinue>
+  uint32_t add_run(Draft& draft, uint32_t parent_slot, const Kid& kid, double d, bool* room_hit,
+                   MayContinue&& may_continue) {
+    int32_t depth = nodes_[parent_slot].depth;
+    int32_t parent_index = nodes_[parent_slot].draft_index;
+    run_.assign(pool_.begin() + kid.src_begin, pool_.begin() + kid.src_end);
+    uint32_t token = kid.token;
+    auto node_here = [&] {
+      const uint32_t begin = uint32_t(pool_.size());
+      pool_.insert(pool_.end(), run_.begin(), run_.end());
+      nodes_.push_back(Node{parent_index, depth, d});
+      const uint32_t slot = uint32_t(nodes_.size() - 1);
+      expand(slot, begin, uint32_t(pool_.size()), room_hit);
+      return slot;
+    };
+    for (;;) {
+      append(draft, token, parent_index, d);
+      parent_index = int32_t(draft.tokens.size() - 1);
+      if (++depth >= lim_.room) {
+        for (const Source& src : run_)
+          if (src.automaton->has_children(src.state)) *room_hit = true;
+        return kNoSlot;
+      }
+      uint32_t next;
+      uint64_t count;
+      double p;
+      if (!chain_step(run_.data(), uint32_t(run_.size()), next, count, p)) return node_here();
+      const double next_d = d * p;
+      // The draft's threshold only rises as nodes are added, so a node that fails it now never passes.
+      if (next_d < lim_.min_prob || int(draft.tokens.size()) >= lim_.budget || !worth_adding(next_d, draft))
+        return kNoSlot;
+      if (!may_continue(next_d)) return node_here();
+      for (uint32_t i = 0; i < run_.size(); ++i) run_[i] = advanced(run_[i], i);
+      d = next_d;
+      token = next;
+    }
+  }
+
+  static constexpr uint32_t kNoSlot = 0xFFFFFFFFu;
 
   const GrowLimits& lim_;
   std::vector<Node>& nodes_;
@@ -286,14 +363,18 @@ class Grower {
   std::vector<uint32_t>& distinct_;
   std::vector<Child>& scratch_;
   std::vector<std::pair<uint32_t, double>>& chain_;
+  std::vector<double>& per_count_;
+  std::vector<double>& mixed_;
+  std::vector<Source>& run_;
+  std::vector<Candidate>& heap_;
 };
 
 }  // namespace
 
-Draft grow_draft(const std::vector<Source>& roots, const GrowLimits& limits, bool* room_hit) {
+void grow_draft(const std::vector<Source>& roots, const GrowLimits& limits, bool* room_hit, Draft& out) {
   thread_local Scratch scratch;
   Grower g(limits, scratch);
-  return g.run(roots, room_hit);
+  g.run(roots, room_hit, out);
 }
 
 }  // namespace agentaccel

@@ -45,8 +45,9 @@ struct GrowLimits {
   bool mixture = false;     // false: paper mode (summed counts)
 };
 
-// Grows a draft from `roots`. `room_hit` reports whether the depth limit cut off a candidate
-// (the engine then cannot reuse the draft for shorter patterns of the same state).
-Draft grow_draft(const std::vector<Source>& roots, const GrowLimits& limits, bool* room_hit);
+// Grows a draft from `roots` into `out` (whose buffers are reused). `room_hit` reports whether
+// the depth limit cut off a candidate (the engine then cannot reuse the draft for shorter
+// patterns of the same state).
+void grow_draft(const std::vector<Source>& roots, const GrowLimits& limits, bool* room_hit, Draft& out);
 
 }  // namespace agentaccel

@@ -335,17 +335,19 @@ Draft Engine::paper_best(const Tree& tree, const SpecParams& params) const {
   lim.min_prob = params.min_prob;
   lim.tree = params.tree;
 
-  auto draft_for = [&](int p, const std::vector<Source>& roots, bool* hit) {
+  // Candidates grow in per-thread buffers and are swapped in when better: a step allocates
+  // little more than the draft it returns (one draft per pattern range was ~half of a step).
+  thread_local std::vector<Source> roots;
+  thread_local Draft range_best, candidate;
+  auto draft_for = [&](int p, bool* hit, Draft& out) {
     lim.budget = std::min(params.max_tokens, int(std::floor(params.alpha * p)));
     lim.room = depth - p;
-    Draft d = grow_draft(roots, lim, hit);
-    d.match_len = p;
-    return d;
+    grow_draft(roots, lim, hit, out);
+    out.match_len = p;
   };
 
   Draft best;
   bool have = false;
-  std::vector<Source> roots;
   // Patterns p = 1..P, scanned from the longest: all p whose matched states coincide share one
   // set of counts, and the longest of them has the largest MAX_SPEC, so unless the depth limit
   // cut its draft it is at least as good as every shorter p of the range (and wins ties).
@@ -367,15 +369,15 @@ Draft Engine::paper_best(const Tree& tree, const SpecParams& params) const {
       roots.push_back(Source{&a, st, 1.0});
     }
     bool hit = false;
-    Draft range_best = draft_for(p, roots, &hit);
+    draft_for(p, &hit, range_best);
     if (hit)
       for (int q = p - 1; q > lo; --q) {
         bool ignored = false;
-        Draft d = draft_for(q, roots, &ignored);
-        if (d.score > range_best.score) range_best = std::move(d);
+        draft_for(q, &ignored, candidate);
+        if (candidate.score > range_best.score) std::swap(range_best, candidate);
       }
     if (!have || range_best.score > best.score) {  // ties keep the longer pattern
-      best = std::move(range_best);
+      std::swap(best, range_best);
       have = true;
     }
     p = lo;
@@ -415,7 +417,8 @@ Draft Engine::mixture(const Tree* trees, size_t num_trees, const SpecParams& par
   lim.tree = params.tree;
   lim.mixture = true;
   bool ignored = false;
-  Draft d = grow_draft(sources, lim, &ignored);
+  Draft d;
+  grow_draft(sources, lim, &ignored, d);
   d.match_len = match_len;
   d.source = "mixture";
   return d;

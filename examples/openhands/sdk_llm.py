@@ -1,6 +1,6 @@
 # OpenHands SDK: the same LLM in code
-from pydantic import SecretStr
 from openhands.sdk import LLM
+from pydantic import SecretStr
 
 llm = LLM(
     model="litellm_proxy/SmolLM2-135M-Instruct",

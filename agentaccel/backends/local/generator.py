@@ -39,12 +39,13 @@ class GenerationResult:
 
 
 def default_spec(device_type: str) -> SpecConfig:
-    """On CPU any draft costs ~0.8 of a step and extra draft tokens are cheap (docs/BENCHMARKS.md,
-    `bench backend`): draft only when the expected accepted length is high enough (tau = 1.5,
-    the optimum of `bench replay --cost <measured CPU curve> --sweep min_score=0.8,1.5,2,3` on all
-    four replay workloads), then generously. On GPU the linear c = 0.02 model holds."""
+    """On CPU a draft of 1-4 tokens costs 1.15-1.33 plain steps and 16 tokens 1.9
+    (docs/BENCHMARKS.md, `bench backend`): draft when the expected accepted length reaches 1
+    (tau), sized by c = 0.04 per token, the best of `bench replay --cost <that curve> --sweep
+    min_score=0.3,0.6,1,1.5 --sweep cost=0.01,0.02,0.04` over the four replay workloads.
+    On GPU the linear c = 0.02 model holds."""
     if device_type == "cpu":
-        return SpecConfig(cost=0.02, min_score=1.5)
+        return SpecConfig(cost=0.04, min_score=1.0)
     return SpecConfig(cost=0.02)
 
 

@@ -1,0 +1,49 @@
+"""Few-row products computed weight-first (backends/local/cpu_matmul.py) give the stock results."""
+
+import pytest
+import torch
+
+from agentaccel.backends.local.cpu_matmul import HEAD_MAX_ROWS, route_small_batches
+
+
+def tiny_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_routed_linear_matches_stock_for_every_row_count(bias):
+    lin = torch.nn.Linear(48, 96, bias=bias)
+    model = torch.nn.Sequential(lin)
+    stock = {rows: torch.nn.functional.linear(x, lin.weight, lin.bias)
+             for rows in range(1, HEAD_MAX_ROWS + 8)
+             for x in [torch.randn(1, rows, 48, generator=torch.Generator().manual_seed(rows))]}
+    assert route_small_batches(model) == 1
+    assert type(model[0]) is torch.nn.Linear
+    for rows, want in stock.items():
+        x = torch.randn(1, rows, 48, generator=torch.Generator().manual_seed(rows))
+        got = model(x)
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_routed_model_keeps_tied_weights_and_greedy_output():
+    model = tiny_llama()
+    prompt = torch.tensor([[5, 17, 42, 99, 7, 3]])
+    with torch.inference_mode():
+        want_logits = model(prompt).logits
+        want = model.generate(prompt, max_new_tokens=12, do_sample=False)
+    changed = route_small_batches(model)
+    assert changed == 2 * 7 + 1  # q, k, v, o, gate, up, down per layer, and the LM head
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    with torch.inference_mode():
+        torch.testing.assert_close(model(prompt).logits, want_logits, rtol=1e-4, atol=1e-5)
+        for rows in (2, 3, 4):  # a verification step's few rows, over a cache
+            out = model(prompt[:, :-rows], use_cache=True)
+            step = model(prompt[:, -rows:], past_key_values=out.past_key_values).logits
+            torch.testing.assert_close(step, want_logits[:, -rows:], rtol=1e-4, atol=1e-5)
+        assert torch.equal(model.generate(prompt, max_new_tokens=12, do_sample=False), want)
