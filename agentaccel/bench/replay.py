@@ -43,7 +43,11 @@ class Tally:
 
     def summary(self, profiles: list[CostProfile]) -> dict:
         drafted = np.asarray(self.drafted_per_step, dtype=float)
+        accepted = np.asarray(self.accepted_per_step, dtype=float)
         speedups = {p.name: self.tokens / float(p.step_cost(drafted).sum()) if self.steps else 0.0 for p in profiles}
+        # The same steps with every draft cut to exactly its accepted part: the most that any
+        # sizing of these drafts could give (only more correct tokens can go beyond it).
+        sized = self.tokens / float(profiles[0].step_cost(accepted).sum()) if self.steps and profiles else 0.0
         return {
             "calls": self.calls,
             "steps": self.steps,
@@ -54,6 +58,7 @@ class Tally:
             "spec_us_per_step": self.spec_ns / 1000 / self.steps if self.steps else 0.0,
             "est_speedup": speedups[profiles[0].name] if profiles else 0.0,
             "est_speedup_by_profile": speedups,
+            "est_speedup_sized_exactly": sized,
         }
 
 

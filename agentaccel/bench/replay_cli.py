@@ -84,7 +84,7 @@ def run_replay(console, err, store, tokenizer, *, stages, model, source, session
     rows = rp.summarize(tallies, profiles)
     table = Table(title=f"replay of {len(measured):,} calls ({len(warm_calls):,} warm-up) in {elapsed:.1f} s")
     cols = ["speculator", "stage", "steps", "MAT", "accept", "draft/step", "µs/step"] + [
-        f"speedup {p.name}" for p in profiles]
+        f"speedup {p.name}" for p in profiles] + (["drafts cut to accepted"] if profiles else [])
     for c in cols:
         table.add_column(c, justify="left" if c in ("speculator", "stage") else "right", no_wrap=True)
     for r in rows:
@@ -93,7 +93,8 @@ def run_replay(console, err, store, tokenizer, *, stages, model, source, session
         table.add_row(r["speculator"], "all" if r["stage"] == "*" else r["stage"], f"{r['steps']:,}",
                       f"{r['mat']:.2f}", f"{r['acceptance_rate']:.1%}", f"{r['draft_tokens_per_step']:.1f}",
                       f"{r['spec_us_per_step']:.1f}",
-                      *[f"{r['est_speedup_by_profile'][p.name]:.2f}x" for p in profiles])
+                      *[f"{r['est_speedup_by_profile'][p.name]:.2f}x" for p in profiles],
+                      *([f"{r['est_speedup_sized_exactly']:.2f}x"] if profiles else []))
     console.print(table)
     result = {"calls": len(measured), "warm_calls": len(warm_calls), "seconds": elapsed,
               "profiles": [p.name for p in profiles], "rows": rows}

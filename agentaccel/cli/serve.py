@@ -122,12 +122,11 @@ def _recorder(config):
 def _stage_specs(spec_config: Path | None) -> dict:
     if spec_config is None:
         return {}
-    from agentaccel.engine import SpecConfig
-    from agentaccel.engine.stage_config import load_stage_specs
+    from agentaccel.engine.stage_config import default_spec, load_stage_specs
 
     try:
         # stages not named in the file keep the backend's own default policy
-        return load_stage_specs(spec_config, SpecConfig(cost=0.02, min_score=1.5))[1]
+        return load_stage_specs(spec_config, default_spec("cpu"))[1]
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--spec-config") from e
 

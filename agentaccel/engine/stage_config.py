@@ -39,3 +39,15 @@ def _apply(path: Path, stage: str, base: SpecConfig, fields: dict) -> SpecConfig
     except (TypeError, ValueError) as e:
         raise ValueError(f"{path}: stage {stage!r}: {e}") from e
     return config
+
+
+def default_spec(device_type: str) -> SpecConfig:
+    """The embedded backend's default drafting policy per device (also the base of stages a
+    `--spec-config` file leaves out). On CPU a draft of 1-4 tokens costs 1.15-1.33 plain steps
+    and 16 tokens 1.9 (docs/BENCHMARKS.md, `bench backend`): draft when the expected accepted
+    length reaches 1 (tau), sized by c = 0.04 per token, the best of `bench replay --cost <that
+    curve> --sweep min_score=0.3,0.6,1,1.5 --sweep cost=0.01,0.02,0.04` over the four replay
+    workloads. On GPU the linear c = 0.02 model holds."""
+    if device_type == "cpu":
+        return SpecConfig(cost=0.04, min_score=1.0)
+    return SpecConfig(cost=0.02)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from agentaccel.backends.local.sampling import SamplingParams, chooser
 from agentaccel.backends.local.verifier import Sequence
 from agentaccel.engine import SpecConfig, SuffixEngine
+from agentaccel.engine.stage_config import default_spec
 
 OnTokens = Callable[[list[int]], None]
 
@@ -36,17 +37,6 @@ class GenerationResult:
     def mean_accepted(self) -> float:
         """Tokens per forward pass (MAT), the prefill's token included."""
         return self.completion_tokens / max(1, self.steps + 1)
-
-
-def default_spec(device_type: str) -> SpecConfig:
-    """On CPU a draft of 1-4 tokens costs 1.15-1.33 plain steps and 16 tokens 1.9
-    (docs/BENCHMARKS.md, `bench backend`): draft when the expected accepted length reaches 1
-    (tau), sized by c = 0.04 per token, the best of `bench replay --cost <that curve> --sweep
-    min_score=0.3,0.6,1,1.5 --sweep cost=0.01,0.02,0.04` over the four replay workloads.
-    On GPU the linear c = 0.02 model holds."""
-    if device_type == "cpu":
-        return SpecConfig(cost=0.04, min_score=1.0)
-    return SpecConfig(cost=0.02)
 
 
 class LocalGenerator:
