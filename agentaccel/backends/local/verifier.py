@@ -34,7 +34,8 @@ class Sequence:
         self.model = model
         self.device = next(model.parameters()).device
         # Prefill needs the logits of the last position only; the LM head over every prompt
-        # position was ~a fifth of a long prefill on CPU.
+        # position is thrown-away work (2 x 1,536 x 49,152 x 576 = 87 GFLOP for a SWE-agent
+        # prompt with SmolLM2, over a second on this CPU).
         self.last_logits_only = {"logits_to_keep": 1} if _takes_logits_to_keep(model) else {}
         self.cache = DynamicCache(config=model.config)
         self.prompt = prompt
