@@ -65,21 +65,18 @@ struct Scratch {
 
 class Grower {
  public:
-  Grower(const GrowLimits& limits, Scratch& s)
-      : lim_(limits), nodes_(s.nodes), kids_(s.kids), pool_(s.pool), entries_(s.entries), totals_(s.totals),
-        distinct_(s.distinct), scratch_(s.children), chain_(s.chain), per_count_(s.per_count), mixed_(s.mixed),
-        run_(s.run), heap_(s.heap) {
-    nodes_.clear();
-    kids_.clear();
-    pool_.clear();
+  Grower(const GrowLimits& limits, Scratch& s) : lim_(limits), s_(s) {
+    s_.nodes.clear();
+    s_.kids.clear();
+    s_.pool.clear();
   }
 
   void run(const std::vector<Source>& roots, bool* room_hit, Draft& draft) {
     *room_hit = false;
-    uint32_t begin = uint32_t(pool_.size());
-    for (const Source& s : roots) pool_.push_back(s);
-    nodes_.push_back(Node{-1, 0, 1.0});
-    expand(0, begin, uint32_t(pool_.size()), room_hit);
+    uint32_t begin = uint32_t(s_.pool.size());
+    for (const Source& s : roots) s_.pool.push_back(s);
+    s_.nodes.push_back(Node{-1, 0, 1.0});
+    expand(0, begin, uint32_t(s_.pool.size()), room_hit);
     reset(draft);
     if (lim_.tree)
       grow_tree(draft, room_hit);
@@ -88,90 +85,90 @@ class Grower {
   }
 
  private:
-  // Computes the children of nodes_[slot] from its sources.
+  // Computes the children of s_.nodes[slot] from its sources.
   void expand(uint32_t slot, uint32_t src_begin, uint32_t src_end, bool* room_hit) {
-    Node& node = nodes_[slot];
+    Node& node = s_.nodes[slot];
     if (node.depth >= lim_.room) {
       for (uint32_t i = src_begin; i < src_end; ++i)
-        if (pool_[i].automaton->has_children(pool_[i].state)) *room_hit = true;
+        if (s_.pool[i].automaton->has_children(s_.pool[i].state)) *room_hit = true;
       return;
     }
     if (expand_chain(slot, src_begin, src_end)) return;
     const uint32_t num_sources = src_end - src_begin;
-    entries_.clear();
-    totals_.assign(num_sources, 0);
-    distinct_.assign(num_sources, 0);
+    s_.entries.clear();
+    s_.totals.assign(num_sources, 0);
+    s_.distinct.assign(num_sources, 0);
     // The cached top children are exact for one source as long as no node can need more of
     // them than are cached; for a mixture, dropping the tail of a huge fan-out is harmless.
     const bool cache_ok = lim_.mixture || (num_sources == 1 && lim_.budget < int(Automaton::kTopK));
     for (uint32_t k = 0; k < num_sources; ++k) {
-      const Automaton& a = *pool_[src_begin + k].automaton;
-      const uint32_t state = pool_[src_begin + k].state;
+      const Automaton& a = *s_.pool[src_begin + k].automaton;
+      const uint32_t state = s_.pool[src_begin + k].state;
       if (const TopChildren* top = cache_ok ? a.top_children(state) : nullptr) {
-        for (const Child& c : top->kids) entries_.push_back(Entry{c.token, k, c.target, c.count});
-        totals_[k] = top->total;
-        distinct_[k] = a.degree(state);
+        for (const Child& c : top->kids) s_.entries.push_back(Entry{c.token, k, c.target, c.count});
+        s_.totals[k] = top->total;
+        s_.distinct[k] = a.degree(state);
         continue;
       }
-      a.children(state, scratch_);
-      for (const Child& c : scratch_) {
-        entries_.push_back(Entry{c.token, k, c.target, c.count});
-        totals_[k] += c.count;
+      a.children(state, s_.children);
+      for (const Child& c : s_.children) {
+        s_.entries.push_back(Entry{c.token, k, c.target, c.count});
+        s_.totals[k] += c.count;
       }
-      distinct_[k] = uint32_t(scratch_.size());
+      s_.distinct[k] = uint32_t(s_.children.size());
     }
-    if (entries_.empty()) return;
+    if (s_.entries.empty()) return;
     if (num_sources > 1)
       // a token's sources in source order, the order expand_chain sums them in
-      std::sort(entries_.begin(), entries_.end(), [](const Entry& a, const Entry& b) {
+      std::sort(s_.entries.begin(), s_.entries.end(), [](const Entry& a, const Entry& b) {
         return a.token != b.token ? a.token < b.token : a.source < b.source;
       });
 
     uint64_t total = 0;
     double weight_sum = 0.0;
     for (uint32_t k = 0; k < num_sources; ++k) {
-      total += totals_[k];
-      if (totals_[k] > 0) weight_sum += pool_[src_begin + k].weight;
+      total += s_.totals[k];
+      if (s_.totals[k] > 0) weight_sum += s_.pool[src_begin + k].weight;
     }
     // Mixture: a source's share of a continuation is count x per_count (the divisions are done
     // once per source, not per continuation), and its part of the kid's p is count x mixed.
-    per_count_.resize(num_sources);
-    mixed_.resize(num_sources);
+    s_.per_count.resize(num_sources);
+    s_.mixed.resize(num_sources);
     if (lim_.mixture)
       for (uint32_t k = 0; k < num_sources; ++k) {
-        per_count_[k] = share_scale(totals_[k], distinct_[k], pool_[src_begin + k].matched);
-        mixed_[k] = pool_[src_begin + k].weight / weight_sum * per_count_[k];
+        s_.per_count[k] = share_scale(s_.totals[k], s_.distinct[k], s_.pool[src_begin + k].matched);
+        s_.mixed[k] = s_.pool[src_begin + k].weight / weight_sum * s_.per_count[k];
       }
     const double parent_d = node.d;
-    const uint32_t kid_begin = uint32_t(kids_.size());
-    for (size_t a = 0; a < entries_.size();) {
+    const uint32_t kid_begin = uint32_t(s_.kids.size());
+    for (size_t a = 0; a < s_.entries.size();) {
       size_t b = a;
       uint64_t count = 0;
       double p = 0.0;
-      for (; b < entries_.size() && entries_[b].token == entries_[a].token; ++b) {
-        count += entries_[b].count;
-        if (lim_.mixture) p += entries_[b].count * mixed_[entries_[b].source];
+      for (; b < s_.entries.size() && s_.entries[b].token == s_.entries[a].token; ++b) {
+        count += s_.entries[b].count;
+        if (lim_.mixture) p += s_.entries[b].count * s_.mixed[s_.entries[b].source];
       }
       if (!lim_.mixture) p = double(count) / double(total);
       // Only kept kids get sources of their own (most continuations of a wide state fall below
       // min_prob, and that loop was most of drafting's time).
       if (parent_d * p >= lim_.min_prob) {
-        const uint32_t kid_pool = uint32_t(pool_.size());
+        const uint32_t kid_pool = uint32_t(s_.pool.size());
         for (size_t k = a; k < b; ++k) {
-          const Entry& e = entries_[k];
-          const Source& src = pool_[src_begin + e.source];
-          pool_.push_back(Source{src.automaton, e.target, src.weight * (e.count * per_count_[e.source]), src.matched + 1});
+          const Entry& e = s_.entries[k];
+          const Source& src = s_.pool[src_begin + e.source];
+          s_.pool.push_back(Source{src.automaton, e.target, src.weight * (e.count * s_.per_count[e.source]), src.matched + 1});
         }
-        kids_.push_back(Kid{entries_[a].token, count, p, kid_pool, uint32_t(pool_.size())});
+        s_.kids.push_back(Kid{s_.entries[a].token, count, p, kid_pool, uint32_t(s_.pool.size())});
       }
       a = b;
     }
-    std::sort(kids_.begin() + kid_begin, kids_.end(), [&](const Kid& x, const Kid& y) {
+    std::sort(s_.kids.begin() + kid_begin, s_.kids.end(), [&](const Kid& x, const Kid& y) {
       if (lim_.mixture ? x.p != y.p : x.count != y.count) return lim_.mixture ? x.p > y.p : x.count > y.count;
       return x.token < y.token;
     });
-    nodes_[slot].kid_begin = nodes_[slot].next_kid = kid_begin;
-    nodes_[slot].kid_end = uint32_t(kids_.size());
+    s_.nodes[slot].kid_begin = s_.nodes[slot].next_kid = kid_begin;
+    s_.nodes[slot].kid_end = uint32_t(s_.kids.size());
   }
 
   // A source's share of one of its continuations is count x this. Mixture shares keep some
@@ -184,7 +181,7 @@ class Grower {
   }
 
   // The common case of a long match being copied: every source has exactly one continuation,
-  // the same token. If so, fills chain_ with each source's (target, share) and gives the
+  // the same token. If so, fills s_.chain with each source's (target, share) and gives the
   // continuation's token, summed count and p: the general path's arithmetic, in the same order,
   // without its buffers, sort and grouping (this case is most of the nodes of a long draft).
   bool chain_step(const Source* src, uint32_t n, uint32_t& token, uint64_t& count, double& p) {
@@ -194,48 +191,53 @@ class Grower {
       const State& st = src[i].automaton->state(src[i].state);
       if (st.degree != 1 || st.token0 != token) return false;
     }
-    chain_.resize(n);
+    s_.chain.resize(n);
     count = 0;
     double weight_sum = 0.0;
     for (uint32_t i = 0; i < n; ++i) {
       const uint32_t target = src[i].automaton->state(src[i].state).target0;
       src[i].automaton->prefetch_after(target);
       const uint32_t c = src[i].automaton->state(target).occ;
-      chain_[i] = {target, lim_.mixture ? c * share_scale(c, 1, src[i].matched) : 0.0};
+      s_.chain[i] = {target, lim_.mixture ? c * share_scale(c, 1, src[i].matched) : 0.0};
       count += c;
       weight_sum += src[i].weight;
     }
     p = 1.0;  // paper mode: count / total with a single continuation
     if (lim_.mixture) {
       p = 0.0;
-      for (uint32_t i = 0; i < n; ++i) p += src[i].weight / weight_sum * chain_[i].second;
+      for (uint32_t i = 0; i < n; ++i) p += src[i].weight / weight_sum * s_.chain[i].second;
     }
     return true;
   }
 
   // Source i of the last chain_step, one token further.
   Source advanced(const Source& src, uint32_t i) const {
-    const double share = lim_.mixture ? chain_[i].second : 1.0;  // paper mode never reads weights
-    return Source{src.automaton, chain_[i].first, src.weight * share, src.matched + 1};
+    const double share = lim_.mixture ? s_.chain[i].second : 1.0;  // paper mode never reads weights
+    return Source{src.automaton, s_.chain[i].first, src.weight * share, src.matched + 1};
   }
 
   bool expand_chain(uint32_t slot, uint32_t src_begin, uint32_t src_end) {
     uint32_t token;
     uint64_t count;
     double p;
-    if (!chain_step(pool_.data() + src_begin, src_end - src_begin, token, count, p)) return false;
-    const uint32_t kid_begin = uint32_t(kids_.size());
-    if (nodes_[slot].d * p >= lim_.min_prob) {
-      const uint32_t kid_pool = uint32_t(pool_.size());
-      for (uint32_t i = 0; i < src_end - src_begin; ++i) {
-        const Source src = pool_[src_begin + i];  // a copy: push_back may move the pool
-        pool_.push_back(advanced(src, i));
-      }
-      kids_.push_back(Kid{token, count, p, kid_pool, uint32_t(pool_.size())});
-    }
-    nodes_[slot].kid_begin = nodes_[slot].next_kid = kid_begin;
-    nodes_[slot].kid_end = uint32_t(kids_.size());
+    if (!chain_step(s_.pool.data() + src_begin, src_end - src_begin, token, count, p)) return false;
+    add_chain_kid(slot, src_begin, src_end, token, count, p);
     return true;
+  }
+
+  // The single kid of a copy node whose chain_step gave (token, count, p), if it can pass min_prob.
+  void add_chain_kid(uint32_t slot, uint32_t src_begin, uint32_t src_end, uint32_t token, uint64_t count, double p) {
+    const uint32_t kid_begin = uint32_t(s_.kids.size());
+    if (s_.nodes[slot].d * p >= lim_.min_prob) {
+      const uint32_t kid_pool = uint32_t(s_.pool.size());
+      for (uint32_t i = 0; i < src_end - src_begin; ++i) {
+        const Source src = s_.pool[src_begin + i];  // a copy: push_back may move the pool
+        s_.pool.push_back(advanced(src, i));
+      }
+      s_.kids.push_back(Kid{token, count, p, kid_pool, uint32_t(s_.pool.size())});
+    }
+    s_.nodes[slot].kid_begin = s_.nodes[slot].next_kid = kid_begin;
+    s_.nodes[slot].kid_end = uint32_t(s_.kids.size());
   }
 
   bool worth_adding(double d, const Draft& draft) const {
@@ -271,13 +273,13 @@ class Grower {
   }
 
   void grow_tree(Draft& draft, bool* room_hit) {
-    std::vector<Candidate>& heap = heap_;  // a max-heap under Worse
+    std::vector<Candidate>& heap = s_.heap;  // a max-heap under Worse
     heap.clear();
     auto push_next_kid = [&](uint32_t slot) {
       if (slot == kNoSlot) return;
-      Node& n = nodes_[slot];
+      Node& n = s_.nodes[slot];
       if (n.next_kid < n.kid_end) {
-        const Kid& k = kids_[n.next_kid];
+        const Kid& k = s_.kids[n.next_kid];
         heap.push_back(Candidate{n.d * k.p, n.draft_index, k.token, slot});
         std::push_heap(heap.begin(), heap.end(), Worse{});
       }
@@ -291,7 +293,7 @@ class Grower {
       const Candidate c = heap.back();
       heap.pop_back();
       if (!worth_adding(c.d, draft)) break;
-      const Kid kid = kids_[nodes_[c.node].next_kid++];
+      const Kid kid = s_.kids[s_.nodes[c.node].next_kid++];
       push_next_kid(c.node);  // the parent's next-best child becomes a candidate
       push_next_kid(add_run(draft, c.node, kid, c.d, room_hit, next_in_line));
     }
@@ -300,9 +302,9 @@ class Grower {
   void grow_path(Draft& draft, bool* room_hit) {
     auto always = [](double) { return true; };
     uint32_t slot = 0;
-    while (slot != kNoSlot && int(draft.tokens.size()) < lim_.budget && nodes_[slot].kid_begin < nodes_[slot].kid_end) {
-      Kid kid = kids_[nodes_[slot].kid_begin];
-      double d = nodes_[slot].d * kid.p;
+    while (slot != kNoSlot && int(draft.tokens.size()) < lim_.budget && s_.nodes[slot].kid_begin < s_.nodes[slot].kid_end) {
+      Kid kid = s_.kids[s_.nodes[slot].kid_begin];
+      double d = s_.nodes[slot].d * kid.p;
       if (!worth_adding(d, draft)) break;
       slot = add_run(draft, slot, kid, d, room_hit, always);
     }
@@ -310,43 +312,50 @@ class Grower {
 
   // Adds `kid` under parent_slot, then goes on copying while every source continues with one
   // same token and `may_continue` says its next node would be drafted next anyway, keeping the
-  // sources in run_ instead of a node, kids and pool entries per token (the decisions of the
+  // sources in s_.run instead of a node, kids and pool entries per token (the decisions of the
   // node-by-node growth, in the same order; most nodes of a long draft are such copies).
   // Returns the slot of the node where the run stopped, with its kids computed, or kNoSlot when
   // that node can have none that would be drafted.
   template <class MayContinue>
   uint32_t add_run(Draft& draft, uint32_t parent_slot, const Kid& kid, double d, bool* room_hit,
                    MayContinue&& may_continue) {
-    int32_t depth = nodes_[parent_slot].depth;
-    int32_t parent_index = nodes_[parent_slot].draft_index;
-    run_.assign(pool_.begin() + kid.src_begin, pool_.begin() + kid.src_end);
+    int32_t depth = s_.nodes[parent_slot].depth;
+    int32_t parent_index = s_.nodes[parent_slot].draft_index;
+    s_.run.assign(s_.pool.begin() + kid.src_begin, s_.pool.begin() + kid.src_end);
     uint32_t token = kid.token;
+    // The node the run stopped at, with the run's sources in the pool.
     auto node_here = [&] {
-      const uint32_t begin = uint32_t(pool_.size());
-      pool_.insert(pool_.end(), run_.begin(), run_.end());
-      nodes_.push_back(Node{parent_index, depth, d});
-      const uint32_t slot = uint32_t(nodes_.size() - 1);
-      expand(slot, begin, uint32_t(pool_.size()), room_hit);
-      return slot;
+      const uint32_t begin = uint32_t(s_.pool.size());
+      s_.pool.insert(s_.pool.end(), s_.run.begin(), s_.run.end());
+      s_.nodes.push_back(Node{parent_index, depth, d});
+      return std::pair{uint32_t(s_.nodes.size() - 1), begin};
     };
     for (;;) {
       append(draft, token, parent_index, d);
       parent_index = int32_t(draft.tokens.size() - 1);
       if (++depth >= lim_.room) {
-        for (const Source& src : run_)
+        for (const Source& src : s_.run)
           if (src.automaton->has_children(src.state)) *room_hit = true;
         return kNoSlot;
       }
       uint32_t next;
       uint64_t count;
       double p;
-      if (!chain_step(run_.data(), uint32_t(run_.size()), next, count, p)) return node_here();
+      if (!chain_step(s_.run.data(), uint32_t(s_.run.size()), next, count, p)) {
+        const auto [slot, begin] = node_here();
+        expand(slot, begin, uint32_t(s_.pool.size()), room_hit);  // a branching node: the general path
+        return slot;
+      }
       const double next_d = d * p;
       // The draft's threshold only rises as nodes are added, so a node that fails it now never passes.
       if (next_d < lim_.min_prob || int(draft.tokens.size()) >= lim_.budget || !worth_adding(next_d, draft))
         return kNoSlot;
-      if (!may_continue(next_d)) return node_here();
-      for (uint32_t i = 0; i < run_.size(); ++i) run_[i] = advanced(run_[i], i);
+      if (!may_continue(next_d)) {  // its one kid waits among the candidates, as computed above
+        const auto [slot, begin] = node_here();
+        add_chain_kid(slot, begin, uint32_t(s_.pool.size()), next, count, p);
+        return slot;
+      }
+      for (uint32_t i = 0; i < s_.run.size(); ++i) s_.run[i] = advanced(s_.run[i], i);
       d = next_d;
       token = next;
     }
@@ -355,18 +364,7 @@ class Grower {
   static constexpr uint32_t kNoSlot = 0xFFFFFFFFu;
 
   const GrowLimits& lim_;
-  std::vector<Node>& nodes_;
-  std::vector<Kid>& kids_;
-  std::vector<Source>& pool_;
-  std::vector<Entry>& entries_;
-  std::vector<uint64_t>& totals_;
-  std::vector<uint32_t>& distinct_;
-  std::vector<Child>& scratch_;
-  std::vector<std::pair<uint32_t, double>>& chain_;
-  std::vector<double>& per_count_;
-  std::vector<double>& mixed_;
-  std::vector<Source>& run_;
-  std::vector<Candidate>& heap_;
+  Scratch& s_;  // every buffer, reused across calls on this thread
 };
 
 }  // namespace

@@ -29,7 +29,6 @@ constexpr uint32_t kVersion = 3;  // 3: degree inside State, packed tokens, alig
 constexpr uint32_t kByteOrder = 0x01020304u;
 constexpr size_t kHeaderBytes = 40;
 
-
 }  // namespace
 
 Engine::Engine(int max_depth, uint64_t memory_budget_bytes, double evict_slack)
