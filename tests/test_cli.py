@@ -86,5 +86,10 @@ def test_serve_rejects_bad_settings_with_a_clear_message(tmp_path):
     bad.write_text("{not json")
     r = serve("--spec-config", str(bad))
     assert r.returncode == 2 and "not valid JSON" in r.stderr
+    r = serve("--cost-profile", str(tmp_path / "missing.json"))
+    assert r.returncode == 2 and "missing.json" in r.stderr and "auto" in r.stderr
+    bad.write_text('{"draft_tokens": [1, 2]}')
+    r = serve("--cost-profile", str(bad))
+    assert r.returncode == 2 and "stages.json" in r.stderr and "draft_tokens" in r.stderr
     r = serve("--memory-budget", "lots")
     assert r.returncode == 2 and "2GiB" in r.stderr

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from agentaccel.backends.local.cpu_matmul import HEAD_MAX_ROWS, route_small_batches
+from agentaccel.backends.local.cpu_matmul import HEAD_ROWS, route_small_batches
 
 
 def tiny_llama():
@@ -20,7 +20,7 @@ def test_routed_linear_matches_stock_for_every_row_count(bias):
     lin = torch.nn.Linear(48, 96, bias=bias)
     model = torch.nn.Sequential(lin)
     stock = {rows: torch.nn.functional.linear(x, lin.weight, lin.bias)
-             for rows in range(1, HEAD_MAX_ROWS + 8)
+             for rows in range(1, HEAD_ROWS[1] + 8)
              for x in [torch.randn(1, rows, 48, generator=torch.Generator().manual_seed(rows))]}
     assert route_small_batches(model) == 1
     assert type(model[0]) is torch.nn.Linear
@@ -28,6 +28,7 @@ def test_routed_linear_matches_stock_for_every_row_count(bias):
         x = torch.randn(1, rows, 48, generator=torch.Generator().manual_seed(rows))
         got = model(x)
         assert got.shape == want.shape
+        assert got.is_contiguous()  # row-major like the stock result: SDPA's fused kernel needs it
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 

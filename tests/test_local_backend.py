@@ -14,6 +14,7 @@ from agentaccel.backends.local import LocalGenerator, SamplingParams, load_model
 from agentaccel.backends.local.sampling import distribution  # noqa: E402
 from agentaccel.bench.corpus import default_traces_dir  # noqa: E402
 from agentaccel.engine import SpecConfig, SuffixEngine  # noqa: E402
+from agentaccel.engine.draft_size import DraftSizer  # noqa: E402
 
 EAGER = SpecConfig(min_score=0.0, cost=0.02)  # always draft: exercises rejections too
 
@@ -159,3 +160,38 @@ def test_prompt_lookup_drafter_is_lossless_too(model_tok):
     want = reference_greedy(model, prompt, 30, LocalGenerator(model, tok).eos)
     got = LocalGenerator(model, tok, SuffixEngine(), drafter="pld").generate(prompt, SamplingParams(max_tokens=30))
     assert got.token_ids == want and got.accepted > 0
+
+
+def test_drafts_cut_by_a_cost_curve_stay_lossless(model_tok):
+    model, tok = model_tok
+    # one or two draft tokens cost one plain step, more cost far more: every draft is cut to <= 2
+    sizer = DraftSizer([1.0, 1.0, 1.0, 3.0, 4.0, 5.0])
+    gen = LocalGenerator(model, tok, SuffixEngine(), EAGER, sizer=sizer)
+    prompt = chat(tok, "Repeat exactly: alpha beta gamma delta alpha beta gamma delta alpha beta gamma delta")
+    want = reference_greedy(model, prompt, 30, gen.eos)
+    for _ in range(2):  # cold, then with its own output in the global tree (long drafts to cut)
+        got = gen.generate(prompt, SamplingParams(max_tokens=30))
+        assert got.token_ids == want
+    assert 0 < got.drafted <= 2 * got.steps and got.accepted > 0
+
+
+def test_the_cost_curve_is_measured_once_then_read_from_the_cache(tmp_path, monkeypatch):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from agentaccel.backends.local import cost_curve
+
+    monkeypatch.setenv("AGENTACCEL_CACHE", str(tmp_path))
+    torch.manual_seed(0)
+    tiny = LlamaForCausalLM(LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2)).eval()
+    said = []
+    first = cost_curve.draft_sizer(tiny, "tiny", say=said.append)
+    path = tmp_path / "profiles" / "tiny-cpu.json"
+    assert path.is_file() and len(said) == 1 and "measuring" in said[0]
+    assert len(first.relative_cost) == 33 and first.relative_cost[0] == 1.0
+    stamp = path.stat().st_mtime_ns
+    again = cost_curve.draft_sizer(tiny, "tiny", say=said.append)
+    assert again.relative_cost == first.relative_cost and len(said) == 1 and path.stat().st_mtime_ns == stamp
+    path.write_text("{half a profile")  # a damaged cache is measured again, with a word about it
+    cost_curve.draft_sizer(tiny, "tiny", say=said.append)
+    assert "unreadable" in said[1] and json.loads(path.read_text())["draft_tokens"][0] == 0

@@ -9,7 +9,7 @@ import pytest
 
 from agentaccel.bench import replay as rp
 from agentaccel.bench import speculators as sp
-from agentaccel.bench.cost import CostProfile, load_profile
+from agentaccel.engine.cost_profile import CostProfile, load_profile
 from agentaccel.traces.importer import import_traces
 from agentaccel.traces.store import TraceStore
 from agentaccel.traces.tokenization import load_tokenizer
@@ -112,3 +112,19 @@ def test_bench_replay_cli_json_sweep_and_plots(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "agentaccel.cli.main", "bench", "replay", "--db", str(db),
                           "--speculators", "none,magic"], capture_output=True, text=True)
     assert bad.returncode == 2 and "unknown speculator(s) magic" in bad.stderr
+
+
+def test_a_measured_curve_cuts_agentaccel_drafts_to_their_best_size(tmp_path):
+    db = repetitive_store(tmp_path)
+    with TraceStore(db) as store:
+        calls = rp.load_calls(store, load_tokenizer())
+    # up to 3 draft tokens cost one plain step; from 4 on a step costs 4 or more: never worth it
+    curve = CostProfile("steps", None, (0, 3, 4, 32), (1.0, 1.0, 4.0, 40.0))
+    (whole,) = sp.build(["agentaccel"], 0.02)
+    (cut,) = sp.build(["agentaccel"], 0.02, curve.sizer())
+    cut.name = "agentaccel-cut"
+    tallies = rp.replay(calls, [whole, cut])
+    w, c = tallies["agentaccel"]["*"], tallies["agentaccel-cut"]["*"]
+    assert max(w.drafted_per_step) > 3  # uncut, the repetitive outputs get long drafts
+    assert max(c.drafted_per_step) <= 3 and c.accepted > 0
+    assert c.summary([curve])["est_speedup"] > w.summary([curve])["est_speedup"]

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from agentaccel.backends.local import LocalGenerator, SamplingParams
 from agentaccel.engine import SuffixEngine
+from agentaccel.engine.draft_size import DraftSizer
 from agentaccel.traces.render import render_prompt
 
 Generate = Callable[[list[dict], str], str]  # (messages, stage) -> reply text
@@ -91,9 +92,12 @@ def sql_pipeline(traces: Path, n: int, generate: Generate) -> None:
 
 
 def run_method(method: str, model, tok, workload: str, traces: Path, n: int, max_tokens: int,
-               keep_prompt: int, progress: Callable[[str], None] | None = None) -> MethodResult:
+               keep_prompt: int, progress: Callable[[str], None] | None = None,
+               sizer: DraftSizer | None = None) -> MethodResult:
+    """`sizer`: cuts the suffix method's drafts as `agentaccel serve` does (its cost curve)."""
     engine = None if method == "vanilla" else SuffixEngine()
-    gen = LocalGenerator(model, tok, engine, drafter="pld" if method == "pld" else "suffix")
+    gen = LocalGenerator(model, tok, engine, drafter="pld" if method == "pld" else "suffix",
+                         sizer=sizer if method == "suffix" else None)
     result = MethodResult()
 
     def generate(messages: list[dict], stage: str) -> str:
@@ -121,10 +125,10 @@ def run_method(method: str, model, tok, workload: str, traces: Path, n: int, max
 
 
 def run(model, tok, traces: Path, workloads: list[str], n: int, max_tokens: int, keep_prompt: int,
-        progress=None) -> dict:
+        progress=None, sizer: DraftSizer | None = None) -> dict:
     out = {}
     for workload in workloads:
-        results = {m: run_method(m, model, tok, workload, traces, n, max_tokens, keep_prompt, progress)
+        results = {m: run_method(m, model, tok, workload, traces, n, max_tokens, keep_prompt, progress, sizer)
                    for m in METHODS}
         base = results["vanilla"]
         out[workload] = {

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agentaccel.bench.cost import CostProfile
 from agentaccel.bench.speculators import Speculator
+from agentaccel.engine.cost_profile import CostProfile
 from agentaccel.traces.store import TraceStore
 
 

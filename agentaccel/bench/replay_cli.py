@@ -14,7 +14,7 @@ from rich.table import Table
 from agentaccel.bench import plots
 from agentaccel.bench import replay as rp
 from agentaccel.bench import speculators as sp
-from agentaccel.bench.cost import load_profile
+from agentaccel.engine.cost_profile import load_profile
 
 
 def parse_sweep(items: list[str]) -> dict[str, list]:
@@ -57,10 +57,12 @@ def run_replay(console, err, store, tokenizer, *, stages, model, source, session
     try:
         profiles = [load_profile(c) for c in costs]
         names = [n.strip() for n in speculators.split(",") if n.strip()]
-        specs = sp.build(names, profiles[0].marginal)
+        # a measured curve (the embedded backend's) also cuts agentaccel's drafts, as serving does
+        sizer = profiles[0].sizer() if profiles[0].measured else None
+        specs = sp.build(names, profiles[0].marginal, sizer)
         grid = parse_sweep(sweep)
         if grid:
-            (base,) = sp.build([sweep_base], profiles[0].marginal)
+            (base,) = sp.build([sweep_base], profiles[0].marginal, sizer)
             if not isinstance(base, sp.Suffix):
                 raise ValueError(f"--sweep-base must be a suffix speculator, not {sweep_base}")
             specs += sweep_variants(base, grid)
@@ -115,7 +117,7 @@ def run_replay(console, err, store, tokenizer, *, stages, model, source, session
         points = []
         base_name = sweep_base if sweep_base in names else next((n for n in names if n.startswith("agentaccel")), None)
         for frac in (0.0, 0.1, 0.25, 0.5, 1.0):
-            (spec,) = sp.build([base_name], profiles[0].marginal)
+            (spec,) = sp.build([base_name], profiles[0].marginal, sizer)
             subset = warm_calls[: int(len(warm_calls) * frac)]
             for call in subset:
                 spec.warm(call.output, call.stage)

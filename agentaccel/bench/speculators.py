@@ -8,12 +8,20 @@ from dataclasses import replace
 import numpy as np
 
 from agentaccel.engine import SpecConfig, SuffixEngine
+from agentaccel.engine.draft_size import DraftSizer
 
 
 class Empty:
     token_ids: list[int] = []
     parents: list[int] = []
     match_len = 0
+
+
+class Cut:
+    """The leading nodes of a draft (what a DraftSizer keeps)."""
+
+    def __init__(self, draft, n: int) -> None:
+        self.token_ids, self.parents, self.match_len = draft.token_ids[:n], draft.parents[:n], draft.match_len
 
 
 class Speculator:
@@ -82,12 +90,17 @@ class Suffix(_EngineBacked):
     """The suffix engine with one configuration; `shared` puts every stage in one global tree."""
 
     def __init__(self, name: str, config: SpecConfig, max_tokens: int = 32, max_depth: int = 64,
-                 shared: bool = False) -> None:
+                 shared: bool = False, sizer: DraftSizer | None = None) -> None:
         super().__init__(max_depth)
         self.name, self.config, self.max_tokens, self.shared = name, config, max_tokens, shared
+        self.sizer = sizer  # as in the embedded backend: drafts cut to the best size under a cost curve
 
     def propose(self, key):
-        return self.engine.speculate(key, self.max_tokens, self.config)
+        draft = self.engine.speculate(key, self.max_tokens, self.config)
+        if self.sizer is None:
+            return draft
+        n = self.sizer.best_size(draft.probs)
+        return draft if n == len(draft.token_ids) else Cut(draft, n)
 
     def _stage(self, stage):
         return "shared" if self.shared else stage
@@ -95,7 +108,7 @@ class Suffix(_EngineBacked):
     def with_options(self, name: str, **options) -> Suffix:
         depth = options.pop("max_depth", self.engine.max_depth)
         max_tokens = options.pop("max_tokens", self.max_tokens)
-        return Suffix(name, replace(self.config, **options), max_tokens, depth, self.shared)
+        return Suffix(name, replace(self.config, **options), max_tokens, depth, self.shared, self.sizer)
 
 
 PAPER_TREES = ("request", "stage")  # the paper: the request tree and the (per-stage) global tree
@@ -112,19 +125,21 @@ def paper_tree() -> Suffix:
     return Suffix("paper-tree", PAPER_TREE, 32, 64)
 
 
-def agentaccel(cost: float, shared: bool = False) -> Suffix:
+def agentaccel(cost: float, shared: bool = False, sizer: DraftSizer | None = None) -> Suffix:
     name = "agentaccel-shared" if shared else "agentaccel"
-    return Suffix(name, SpecConfig(mode="agentaccel", cost=cost), 32, 64, shared)
+    return Suffix(name, SpecConfig(mode="agentaccel", cost=cost), 32, 64, shared, sizer)
 
 
-def build(names: list[str], cost: float) -> list[Speculator]:
+def build(names: list[str], cost: float, sizer: DraftSizer | None = None) -> list[Speculator]:
+    """`cost` drives agentaccel's cost-aware growth; `sizer` (a measured cost curve) then cuts
+    its drafts, as the embedded backend does."""
     factories = {
         "none": NoSpeculation,
         "pld": PromptLookup,
         "paper-linear": paper_linear,
         "paper-tree": paper_tree,
-        "agentaccel": lambda: agentaccel(cost),
-        "agentaccel-shared": lambda: agentaccel(cost, shared=True),
+        "agentaccel": lambda: agentaccel(cost, sizer=sizer),
+        "agentaccel-shared": lambda: agentaccel(cost, shared=True, sizer=sizer),
     }
     unknown = [n for n in names if n not in factories]
     if unknown:

@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from agentaccel.cli.serve import serve
+from agentaccel.cli.serve import check_cost_profile, serve
 
 app = typer.Typer(help="agentaccel: suffix speculation middleware for LLM agents.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -120,20 +120,18 @@ def bench_backend(
     = None,
 ) -> None:
     """Measure step time vs number of draft tokens and save it as a cost profile."""
-    from agentaccel.assets import cache_dir
-    from agentaccel.backends.local import load_model
-    from agentaccel.bench import backend_bench
+    from agentaccel.backends.local import cost_curve, load_model
 
     with console.status("loading the model"):
         m, _ = load_model(model, device)
     dev = next(m.parameters()).device.type
     with console.status("timing verification steps"):
-        times = backend_bench.step_times(m, context=context)
-    name = f"{(model.name if model else 'smollm2')}-{dev}"
-    prof = backend_bench.profile(name, times)
-    path = out or cache_dir() / "profiles" / f"{name}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(prof, indent=2))
+        times = cost_curve.step_times(m, context=context)
+    model_name = cost_curve.model_key(model)
+    prof = cost_curve.profile_of(f"{model_name}-{dev}", times)
+    # the default place is the one the embedded backend reads its draft sizes from
+    path = out or cost_curve.cached_profile_path(model_name, dev)
+    cost_curve.save_profile(path, prof)
     table = Table(title=f"verification step time, {dev}, context {context}")
     for col in ("draft tokens", "step ms", "relative to d=0"):
         table.add_column(col, justify="right")
@@ -153,9 +151,12 @@ def bench_e2e(
     = 1536,
     traces: TracesOption = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the results as JSON here.")] = None,
+    cost_profile: Annotated[str, typer.Option(help="How the suffix method sizes drafts, as `serve --cost-profile`: "
+                                                   "auto (the cached or a freshly measured cost curve), a "
+                                                   "profile file, or off.")] = "auto",
 ) -> None:
     """Wall-clock decoding on the real model: vanilla vs prompt lookup vs suffix, same prompts."""
-    from agentaccel.backends.local import load_model
+    from agentaccel.backends.local import cost_curve, load_model
     from agentaccel.bench import e2e
 
     chosen = workload or ["swe", "sql", "chat"]
@@ -163,9 +164,12 @@ def bench_e2e(
     if unknown:
         raise typer.BadParameter(f"unknown workload(s): {', '.join(sorted(unknown))}", param_hint="--workload")
     folder = _traces(traces)
+    check_cost_profile(cost_profile)
     with console.status("loading the model") as status:
         model, tok = load_model()
-        result = e2e.run(model, tok, folder, chosen, n, max_tokens, keep_prompt, progress=status.update)
+        # the suffix method sizes its drafts as `agentaccel serve` does: by this model's cost curve
+        sizer = cost_curve.draft_sizer(model, cost_curve.model_key(None), cost_profile, status.update)
+        result = e2e.run(model, tok, folder, chosen, n, max_tokens, keep_prompt, progress=status.update, sizer=sizer)
     table = Table(title=f"end-to-end decoding, {next(model.parameters()).device.type}, {max_tokens} tokens/call")
     for col in ("workload", "method", "calls", "tokens", "tok/s", "speedup", "decode tok/s", "decode speedup",
                 "MAT", "accept", "identical"):

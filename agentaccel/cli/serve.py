@@ -62,6 +62,10 @@ def serve(
     max_body: Annotated[str, typer.Option(help="Largest request body accepted.")] = "32MiB",
     device: Annotated[str | None, typer.Option(help="local: torch device (default cuda if available).")] = None,
     upstream_timeout: Annotated[float, typer.Option(help="Seconds before an upstream call gives up.")] = 600.0,
+    cost_profile: Annotated[str, typer.Option(help="local: how drafts are sized. auto: by this model's measured "
+                                                   "verification cost curve (measured at the first start, ~30 s, "
+                                                   "then cached); a file from `agentaccel bench backend`; or off "
+                                                   "(a fixed cost per draft token).")] = "auto",
 ) -> None:
     """Run the OpenAI-compatible proxy. Arguments after `--` go to `vllm serve` (vllm backend)."""
     import uvicorn
@@ -77,7 +81,8 @@ def serve(
                          redact=redact, db_path=db, stage_rules=rules, fingerprint_system=fingerprint,
                          upstream_timeout=upstream_timeout)
     budget = parse_size(memory_budget)
-    stage_specs = _stage_specs(spec_config)  # checked here for every backend (vLLM reads it in its worker)
+    # checked here for every backend (vLLM reads it in its worker)
+    stage_specs = _stage_specs(spec_config, sized=backend is BackendKind.local and cost_profile != "off")
     recorder = _recorder(config)
     if backend is BackendKind.openai:
         if not upstream:
@@ -88,8 +93,9 @@ def serve(
     elif backend is BackendKind.local:
         from agentaccel.traces.store import default_db_path
 
+        check_cost_profile(cost_profile)
         impl = _local_backend(model, served_model_name, device, stage_specs, budget,
-                              (db or default_db_path()) if seed else None, recorder)
+                              (db or default_db_path()) if seed else None, recorder, cost_profile)
     else:
         if not model:
             raise typer.BadParameter("the vllm backend needs --model", param_hint="--model")
@@ -107,6 +113,18 @@ def serve(
                 access_log=False, proxy_headers=False)  # nothing reads the client address: skip its middleware
 
 
+def check_cost_profile(value: str) -> None:
+    """`--cost-profile` is auto, off, or a readable profile file (checked before the model loads)."""
+    if value in ("auto", "off"):
+        return
+    from agentaccel.engine.cost_profile import load_profile
+
+    try:
+        load_profile(value)
+    except ValueError as e:
+        raise typer.BadParameter(f"{e} (or use auto / off)", param_hint="--cost-profile") from e
+
+
 def _recorder(config):
     if not config.record:
         return None
@@ -119,19 +137,19 @@ def _recorder(config):
         raise typer.Exit(2) from e
 
 
-def _stage_specs(spec_config: Path | None) -> dict:
+def _stage_specs(spec_config: Path | None, sized: bool) -> dict:
     if spec_config is None:
         return {}
     from agentaccel.engine.stage_config import default_spec, load_stage_specs
 
     try:
         # stages not named in the file keep the backend's own default policy
-        return load_stage_specs(spec_config, default_spec("cpu"))[1]
+        return load_stage_specs(spec_config, default_spec("cpu", sized))[1]
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--spec-config") from e
 
 
-def _local_backend(model, served_name, device, stage_specs, budget, seed_db, recorder):
+def _local_backend(model, served_name, device, stage_specs, budget, seed_db, recorder, cost_profile):
     from agentaccel.backends.local.service import LocalBackend
     from agentaccel.engine import SuffixEngine
 
@@ -144,7 +162,7 @@ def _local_backend(model, served_name, device, stage_specs, budget, seed_db, rec
             seed_engine(engine, seed_db, tokenizer)
 
     return LocalBackend(engine, model_path=model, device=device, served_name=served_name, stage_specs=stage_specs,
-                        on_ready=on_ready)
+                        on_ready=on_ready, cost_profile=cost_profile, say=lambda line: err.print(f"agentaccel: {line}"))
 
 
 def seed_engine(engine, db_path, tokenizer) -> None:

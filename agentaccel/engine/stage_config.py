@@ -41,13 +41,17 @@ def _apply(path: Path, stage: str, base: SpecConfig, fields: dict) -> SpecConfig
     return config
 
 
-def default_spec(device_type: str) -> SpecConfig:
+def default_spec(device_type: str, sized: bool = False) -> SpecConfig:
     """The embedded backend's default drafting policy per device (also the base of stages a
-    `--spec-config` file leaves out). On CPU a draft of 1-4 tokens costs 1.15-1.33 plain steps
-    and 16 tokens 1.9 (docs/BENCHMARKS.md, `bench backend`): draft when the expected accepted
-    length reaches 1 (tau), sized by c = 0.04 per token, the best of `bench replay --cost <that
-    curve> --sweep min_score=0.3,0.6,1,1.5 --sweep cost=0.01,0.02,0.04` over the four replay
+    `--spec-config` file leaves out). `sized`: a measured cost curve cuts every draft to its best
+    size (engine/draft_size.py), so growth only needs to go far enough and tau low enough for
+    the cut to choose: c = 0.02, tau 0.5 (`bench replay --cost <curve> --sweep cost=0.005,0.02,0.06
+    --sweep min_score=0,0.5,1`: within 2 % of each other on Spider and SWE-agent). Without a curve
+    on CPU: draft when the expected accepted length reaches 1 (tau), sized by c = 0.04 per token,
+    the best of `--sweep min_score=0.3,0.6,1,1.5 --sweep cost=0.01,0.02,0.04` over the four replay
     workloads. On GPU the linear c = 0.02 model holds."""
+    if sized:
+        return SpecConfig(cost=0.02, min_score=0.5)
     if device_type == "cpu":
         return SpecConfig(cost=0.04, min_score=1.0)
     return SpecConfig(cost=0.02)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from agentaccel.backends.local.sampling import SamplingParams, chooser
 from agentaccel.backends.local.verifier import Sequence
 from agentaccel.engine import SpecConfig, SuffixEngine
+from agentaccel.engine.draft_size import DraftSizer
 from agentaccel.engine.stage_config import default_spec
 
 OnTokens = Callable[[list[int]], None]
@@ -42,19 +43,21 @@ class GenerationResult:
 class LocalGenerator:
     def __init__(self, model, tokenizer, engine: SuffixEngine | None = None, spec: SpecConfig | None = None,
                  max_draft: int = 32, drafter: str = "suffix",
-                 stage_specs: dict[str, SpecConfig] | None = None) -> None:
+                 stage_specs: dict[str, SpecConfig] | None = None, sizer: DraftSizer | None = None) -> None:
         """`drafter`: "suffix" (the engine's trees) or "pld" (prompt lookup in the request's own
         context, the baseline; the engine then only holds the request). `stage_specs`: per-stage
-        drafting policy (alpha, tau, ...) overriding `spec`."""
+        drafting policy (alpha, tau, ...) overriding `spec`. `sizer`: cuts suffix drafts to the
+        size that pays best under this backend's measured cost curve."""
         if drafter not in ("suffix", "pld"):
             raise ValueError(f"drafter must be 'suffix' or 'pld', got {drafter!r}")
         self.model = model
         self.tokenizer = tokenizer
         self.engine = engine
-        self.spec = spec or default_spec(next(model.parameters()).device.type)
+        self.spec = spec or default_spec(next(model.parameters()).device.type, sized=sizer is not None)
         self.stage_specs = stage_specs or {}
         self.max_draft = max_draft
         self.drafter = drafter
+        self.sizer = sizer
         self.max_context = int(getattr(model.config, "max_position_embeddings", 8192))
         gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         self.eos = gen_eos if isinstance(gen_eos, int) else tokenizer.eos_token_id
@@ -106,9 +109,13 @@ class LocalGenerator:
             if engine is not None and budget > 0:
                 if self.drafter == "pld":
                     draft = engine.prompt_lookup(rid, 2, 5, min(8, budget))
+                    tokens, parents = draft.token_ids, draft.parents
                 else:
                     draft = engine.speculate(rid, budget, spec)
-                tokens, parents = draft.token_ids, draft.parents
+                    tokens, parents = draft.token_ids, draft.parents
+                    if self.sizer is not None:
+                        n = self.sizer.best_size(draft.probs)
+                        tokens, parents = tokens[:n], parents[:n]
             with self._forward:
                 path, pending = seq.step(tokens, parents, choose)
             steps += 1

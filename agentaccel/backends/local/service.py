@@ -36,9 +36,12 @@ class LocalBackend(Backend):
 
     def __init__(self, engine: SuffixEngine, *, model_path: str | Path | None = None, device: str | None = None,
                  served_name: str | None = None, stage_specs: dict[str, SpecConfig] | None = None,
-                 max_concurrency: int = 16, on_ready=None) -> None:
+                 max_concurrency: int = 16, on_ready=None, cost_profile: str | Path = "off",
+                 say=lambda _: None) -> None:
         """`on_ready(engine, tokenizer)` runs once the model is loaded (the serve command seeds the
-        engine's trees from the trace store there)."""
+        engine's trees from the trace store there). `cost_profile`: "auto" cuts drafts to their
+        best size under this model's measured verification cost curve (measured at the first
+        start, then cached), a path uses that profile, "off" keeps the per-token cost model."""
         self.engine = engine
         self.model_path = model_path
         self.device = device
@@ -46,6 +49,8 @@ class LocalBackend(Backend):
         self.stage_specs = stage_specs or {}
         self.pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="agentaccel-gen")
         self.on_ready = on_ready
+        self.cost_profile = cost_profile
+        self.say = say
         self.generator: LocalGenerator | None = None
 
     async def start(self) -> None:
@@ -53,7 +58,10 @@ class LocalBackend(Backend):
 
         model, tok = await asyncio.to_thread(load_model, self.model_path, self.device)
         self.tokenizer = tok
-        self.generator = LocalGenerator(model, tok, self.engine, stage_specs=self.stage_specs)
+        from agentaccel.backends.local.cost_curve import draft_sizer, model_key
+
+        sizer = await asyncio.to_thread(draft_sizer, model, model_key(self.model_path), self.cost_profile, self.say)
+        self.generator = LocalGenerator(model, tok, self.engine, stage_specs=self.stage_specs, sizer=sizer)
         if self.on_ready is not None:
             await asyncio.to_thread(self.on_ready, self.engine, tok)
 

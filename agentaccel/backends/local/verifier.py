@@ -56,8 +56,10 @@ class Sequence:
         """Verifies the draft; returns (accepted draft tokens, the new pending token)."""
         pos, mask = tree_inputs(draft_parents, self.past, self.device)
         ids = torch.tensor([[self.pending, *draft_tokens]], dtype=torch.long, device=self.device)
-        logits = self.model(input_ids=ids, position_ids=pos, attention_mask=mask, past_key_values=self.cache,
-                            use_cache=True).logits[0]
+        # A lone pending token sees the whole cache: without a mask SDPA runs its unmasked kernel
+        # with grouped KV heads instead of repeating them (a plain decoding step, ~5 % cheaper).
+        logits = self.model(input_ids=ids, position_ids=pos, attention_mask=mask if draft_tokens else None,
+                            past_key_values=self.cache, use_cache=True).logits[0]
         children: dict[int, dict[int, int]] = {}
         for i, (tok, parent) in enumerate(zip(draft_tokens, draft_parents, strict=True)):
             children.setdefault(parent, {}).setdefault(tok, i)

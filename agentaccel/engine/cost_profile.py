@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
+from agentaccel.engine.draft_size import DraftSizer
+
 NAMED = {
     "cpu-smollm2": 0.06,  # measured here: 16 draft tokens cost about 2x a 1-token step
     "gpu": 0.02,
@@ -26,6 +28,15 @@ class CostProfile:
         if self.per_token is not None:
             return 1.0 + self.per_token * drafted
         return np.interp(drafted, self.draft_tokens, self.relative_cost)
+
+    @property
+    def measured(self) -> bool:
+        return self.per_token is None
+
+    def sizer(self, max_tokens: int = 32) -> DraftSizer:
+        """Cuts drafts to their best size under this cost (drafts beyond a measured curve's last
+        size are priced at its last point)."""
+        return DraftSizer(self.step_cost(np.arange(max_tokens + 1)).tolist())
 
     @property
     def marginal(self) -> float:

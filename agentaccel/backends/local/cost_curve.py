@@ -1,0 +1,86 @@
+"""The verification cost curve of the embedded backend: the time of one decoding step that
+verifies d draft tokens (as a chain) over a context, for several d. Saved as a cost profile
+(`agentaccel bench backend`; `bench replay --cost FILE`), and what cuts the backend's drafts to
+their best size: measured once per model and device, then read from the cache folder."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from agentaccel.backends.local.verifier import Sequence
+from agentaccel.engine.cost_profile import load_profile
+from agentaccel.engine.draft_size import DraftSizer
+
+DRAFT_SIZES = (0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32)  # fine below 8: the CPU curve climbs by steps
+
+
+def step_times(model, context: int = 512, sizes=DRAFT_SIZES, repeats: int = 15) -> dict[int, float]:
+    """Median milliseconds of one verification step per draft size. The sizes take turns within
+    each round (a slow phase of the machine hits them all alike) over one prefilled context
+    (each step keeps only its pending token: the context grows by one token per step)."""
+    vocab = model.config.vocab_size
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(100, vocab - 1, (context,), generator=gen).tolist()
+    seq = Sequence(model, prompt)
+    seq.prefill(lambda logits: 5)
+    # the chooser never reads the logits, so on a GPU nothing would wait for the step to finish
+    sync = torch.cuda.synchronize if seq.device.type == "cuda" else (lambda: None)
+    samples: dict[int, list[float]] = {d: [] for d in sizes}
+    for _ in range(repeats + 1):  # the first round warms up and is not counted
+        for d in sizes:
+            draft = torch.randint(100, vocab - 1, (d,), generator=gen).tolist()
+            t0 = time.perf_counter()
+            seq.step(draft, list(range(-1, d - 1)), lambda logits: 7)  # nothing accepted: cost only
+            sync()
+            samples[d].append((time.perf_counter() - t0) * 1000)
+    return {d: statistics.median(ms[1:]) for d, ms in samples.items()}
+
+
+def profile_of(name: str, times: dict[int, float]) -> dict:
+    sizes = sorted(times)
+    return {"name": name, "draft_tokens": sizes, "step_ms": [round(times[d], 3) for d in sizes]}
+
+
+def model_key(model_path: str | Path | None) -> str:
+    """Names a model's cached cost profile: its folder's name, or the default model's."""
+    return Path(model_path).name if model_path else "smollm2"
+
+
+def cached_profile_path(model_name: str, device: str) -> Path:
+    from agentaccel.assets import cache_dir
+
+    return cache_dir() / "profiles" / f"{model_name}-{device}.json"
+
+
+def save_profile(path: Path, prof: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(prof, indent=2))
+    tmp.replace(path)  # a crash mid-write never leaves a half profile for the next start
+
+
+def draft_sizer(model, model_name: str, setting: str | Path = "auto", say: Callable[[str], None] = lambda _: None,
+                max_tokens: int = 32) -> DraftSizer | None:
+    """What `--cost-profile` asks for: "off" (no cut: the per-token cost model), a profile file
+    from `bench backend`, or "auto": this model and device's cached curve, else one measured now
+    (~30 s on CPU) and cached for the next start."""
+    if setting == "off":
+        return None
+    if setting != "auto":
+        return load_profile(str(setting)).sizer(max_tokens)
+    device = next(model.parameters()).device.type
+    path = cached_profile_path(model_name, device)
+    if path.is_file():
+        try:
+            return load_profile(str(path)).sizer(max_tokens)
+        except ValueError:
+            say(f"{path}: unreadable cost profile, measuring again")
+    say(f"measuring the verification cost curve of {model_name} on {device} (once; cached in {path})")
+    save_profile(path, profile_of(f"{model_name}-{device}", step_times(model)))
+    return load_profile(str(path)).sizer(max_tokens)
