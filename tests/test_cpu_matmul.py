@@ -48,3 +48,27 @@ def test_routed_model_keeps_tied_weights_and_greedy_output():
             step = model(prompt[:, -rows:], past_key_values=out.past_key_values).logits
             torch.testing.assert_close(step, want_logits[:, -rows:], rtol=1e-4, atol=1e-5)
         assert torch.equal(model.generate(prompt, max_new_tokens=12, do_sample=False), want)
+
+
+def test_grouped_kv_attention_gives_the_same_tree_step_logits():
+    from transformers import DynamicCache
+
+    from agentaccel.backends.local.cpu_attention import NAME, use_grouped_kv_attention
+    from agentaccel.backends.local.tree import tree_inputs
+
+    model = tiny_llama()  # 4 query heads over 2 KV heads: the repeat is what the switch avoids
+    prompt = torch.tensor([[5, 17, 42, 99, 7, 3, 11, 23]])
+    parents = [-1, 0, 0, 1, -1]  # a tree: two roots, a branching node
+    draft = torch.tensor([[8, 40, 41, 77, 90, 12]])  # the pending token, then the draft
+
+    def tree_step_logits():
+        cache = DynamicCache(config=model.config)
+        with torch.inference_mode():
+            model(input_ids=prompt, past_key_values=cache, use_cache=True)
+            pos, mask = tree_inputs(parents, prompt.shape[1], torch.device("cpu"))
+            return model(input_ids=draft, position_ids=pos, attention_mask=mask, past_key_values=cache,
+                         use_cache=True).logits
+
+    want = tree_step_logits()
+    assert use_grouped_kv_attention(model) and model.config._attn_implementation == NAME
+    torch.testing.assert_close(tree_step_logits(), want, rtol=1e-5, atol=1e-5)

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from agentaccel.assets import DEFAULT_MODEL_NAME, cache_dir, default_gguf
+from agentaccel.backends.local.cpu_attention import use_grouped_kv_attention
 from agentaccel.backends.local.cpu_matmul import route_small_batches
 
 _FOLDER_VERSION = 2  # bump when the converted folder's contents change
@@ -73,4 +74,5 @@ def load_model(path: str | Path | None = None, device: str | None = None):
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype).to(dev).eval()
     if dev.type == "cpu":
         route_small_batches(model)
+        use_grouped_kv_attention(model)
     return model, load_tokenizer(str(folder))
