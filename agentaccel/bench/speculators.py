@@ -18,10 +18,11 @@ class Empty:
 
 
 class Cut:
-    """The leading nodes of a draft (what a DraftSizer keeps)."""
+    """The leading nodes of a draft that a DraftSizer keeps."""
 
-    def __init__(self, draft, n: int) -> None:
-        self.token_ids, self.parents, self.match_len = draft.token_ids[:n], draft.parents[:n], draft.match_len
+    def __init__(self, draft, sizer: DraftSizer) -> None:
+        self.token_ids, self.parents = sizer.cut(draft)
+        self.match_len = draft.match_len
 
 
 class Speculator:
@@ -97,10 +98,7 @@ class Suffix(_EngineBacked):
 
     def propose(self, key):
         draft = self.engine.speculate(key, self.max_tokens, self.config)
-        if self.sizer is None:
-            return draft
-        n = self.sizer.best_size(draft.probs)
-        return draft if n == len(draft.token_ids) else Cut(draft, n)
+        return draft if self.sizer is None else Cut(draft, self.sizer)
 
     def _stage(self, stage):
         return "shared" if self.shared else stage

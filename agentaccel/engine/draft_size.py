@@ -36,3 +36,8 @@ class DraftSizer:
             if rate > best_rate:
                 best_n, best_rate = n, rate
         return best_n
+
+    def cut(self, draft) -> tuple[list[int], list[int]]:
+        """(token ids, parents) of the draft's leading `best_size` nodes."""
+        n = self.best_size(draft.probs)
+        return draft.token_ids[:n], draft.parents[:n]

@@ -112,10 +112,7 @@ class LocalGenerator:
                     tokens, parents = draft.token_ids, draft.parents
                 else:
                     draft = engine.speculate(rid, budget, spec)
-                    tokens, parents = draft.token_ids, draft.parents
-                    if self.sizer is not None:
-                        n = self.sizer.best_size(draft.probs)
-                        tokens, parents = tokens[:n], parents[:n]
+                    tokens, parents = self.sizer.cut(draft) if self.sizer else (draft.token_ids, draft.parents)
             with self._forward:
                 path, pending = seq.step(tokens, parents, choose)
             steps += 1
