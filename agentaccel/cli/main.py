@@ -126,12 +126,8 @@ def bench_backend(
         m, _ = load_model(model, device)
     dev = next(m.parameters()).device.type
     with console.status("timing verification steps"):
-        times = cost_curve.step_times(m, context=context)
-    model_name = cost_curve.model_key(model)
-    prof = cost_curve.profile_of(f"{model_name}-{dev}", times)
-    # the default place is the one the embedded backend reads its draft sizes from
-    path = out or cost_curve.cached_profile_path(model_name, dev)
-    cost_curve.save_profile(path, prof)
+        # by default written where the embedded backend reads its draft sizes from
+        prof, path = cost_curve.measure_profile(m, cost_curve.model_key(model), out, context)
     table = Table(title=f"verification step time, {dev}, context {context}")
     for col in ("draft tokens", "step ms", "relative to d=0"):
         table.add_column(col, justify="right")

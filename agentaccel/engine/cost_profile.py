@@ -62,8 +62,16 @@ def load_profile(spec: str) -> CostProfile:
         raise ValueError(f"cost profile {spec!r}: not one of {', '.join(NAMED)}, 'c=<number>', or a file")
     try:
         data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: a cost profile needs draft_tokens (including 0) and step_ms lists") from e
+    return measured_profile(data, path.stem, where=str(path))
+
+
+def measured_profile(data: dict, default_name: str, where: str = "cost profile") -> CostProfile:
+    """The profile of a measured curve ({"name", "draft_tokens": [...], "step_ms": [...]})."""
+    try:
         tokens, ms = data["draft_tokens"], data["step_ms"]
         base = ms[tokens.index(0)]
-    except (json.JSONDecodeError, KeyError, ValueError, TypeError) as e:
-        raise ValueError(f"{path}: a cost profile needs draft_tokens (including 0) and step_ms lists") from e
-    return CostProfile(data.get("name", path.stem), None, tuple(tokens), tuple(m / base for m in ms))
+        return CostProfile(data.get("name", default_name), None, tuple(tokens), tuple(m / base for m in ms))
+    except (KeyError, ValueError, TypeError, AttributeError) as e:
+        raise ValueError(f"{where}: a cost profile needs draft_tokens (including 0) and step_ms lists") from e

@@ -117,8 +117,8 @@ class SuffixEngine:
     def compact(self) -> None:
         """Gives back the global trees' spare array capacity and the freed heap pages behind it,
         and lays each state's edges out contiguously (reading a state's children then misses the
-        cache once, not once per edge);
-        worth it after seeding many documents at once. Needs ~16 bytes per edge while it runs."""
+        cache once, not once per edge); worth it after seeding many documents at once. Needs ~16
+        bytes per edge while it runs."""
         self._eng.compact()
 
     def document_ids(self, stage: str | None = None) -> list[int]:

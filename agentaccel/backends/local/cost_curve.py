@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from agentaccel.backends.local.verifier import Sequence
-from agentaccel.engine.cost_profile import load_profile
+from agentaccel.engine.cost_profile import load_profile, measured_profile
 from agentaccel.engine.draft_size import DraftSizer
 
 DRAFT_SIZES = (0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32)  # fine below 8: the CPU curve climbs by steps
@@ -58,11 +58,16 @@ def cached_profile_path(model_name: str, device: str) -> Path:
     return cache_dir() / "profiles" / f"{model_name}-{device}.json"
 
 
-def save_profile(path: Path, prof: dict) -> None:
+def measure_profile(model, model_name: str, path: Path | None = None, context: int = 512) -> tuple[dict, Path]:
+    """Times the steps and writes the profile (default: the cache file the backend reads)."""
+    device = next(model.parameters()).device.type
+    prof = profile_of(f"{model_name}-{device}", step_times(model, context=context))
+    path = path or cached_profile_path(model_name, device)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(prof, indent=2))
     tmp.replace(path)  # a crash mid-write never leaves a half profile for the next start
+    return prof, path
 
 
 def draft_sizer(model, model_name: str, setting: str | Path = "auto", say: Callable[[str], None] = lambda _: None,
@@ -82,5 +87,5 @@ def draft_sizer(model, model_name: str, setting: str | Path = "auto", say: Calla
         except ValueError:
             say(f"{path}: unreadable cost profile, measuring again")
     say(f"measuring the verification cost curve of {model_name} on {device} (once; cached in {path})")
-    save_profile(path, profile_of(f"{model_name}-{device}", step_times(model)))
-    return load_profile(str(path)).sizer(max_tokens)
+    prof, _ = measure_profile(model, model_name, path)
+    return measured_profile(prof, model_name).sizer(max_tokens)

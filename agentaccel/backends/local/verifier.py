@@ -19,12 +19,8 @@ Chooser = Callable[[torch.Tensor], int]
 
 
 @functools.cache
-def _forward_parameters(model_class: type) -> frozenset[str]:
-    return frozenset(inspect.signature(model_class.forward).parameters)
-
-
-def _takes_logits_to_keep(model) -> bool:
-    return "logits_to_keep" in _forward_parameters(type(model))
+def _takes_logits_to_keep(model_class: type) -> bool:
+    return "logits_to_keep" in inspect.signature(model_class.forward).parameters
 
 
 class Sequence:
@@ -36,7 +32,7 @@ class Sequence:
         # Prefill needs the logits of the last position only; the LM head over every prompt
         # position is thrown-away work (2 x 1,536 x 49,152 x 576 = 87 GFLOP for a SWE-agent
         # prompt with SmolLM2, over a second on this CPU).
-        self.last_logits_only = {"logits_to_keep": 1} if _takes_logits_to_keep(model) else {}
+        self.last_logits_only = {"logits_to_keep": 1} if _takes_logits_to_keep(type(model)) else {}
         self.cache = DynamicCache(config=model.config)
         self.prompt = prompt
         self.past = 0  # tokens in the KV cache
@@ -56,10 +52,8 @@ class Sequence:
         """Verifies the draft; returns (accepted draft tokens, the new pending token)."""
         pos, mask = tree_inputs(draft_parents, self.past, self.device)
         ids = torch.tensor([[self.pending, *draft_tokens]], dtype=torch.long, device=self.device)
-        # A lone pending token sees the whole cache: without a mask SDPA runs its unmasked kernel
-        # with grouped KV heads instead of repeating them (a plain decoding step, ~5 % cheaper).
-        logits = self.model(input_ids=ids, position_ids=pos, attention_mask=mask if draft_tokens else None,
-                            past_key_values=self.cache, use_cache=True).logits[0]
+        logits = self.model(input_ids=ids, position_ids=pos, attention_mask=mask, past_key_values=self.cache,
+                            use_cache=True).logits[0]
         children: dict[int, dict[int, int]] = {}
         for i, (tok, parent) in enumerate(zip(draft_tokens, draft_parents, strict=True)):
             children.setdefault(parent, {}).setdefault(tok, i)
