@@ -93,3 +93,5 @@ def test_serve_rejects_bad_settings_with_a_clear_message(tmp_path):
     assert r.returncode == 2 and "stages.json" in r.stderr and "draft_tokens" in r.stderr
     r = serve("--memory-budget", "lots")
     assert r.returncode == 2 and "2GiB" in r.stderr
+    r = serve("--dtype", "float64")
+    assert r.returncode == 2 and "--dtype" in r.stderr and "bfloat16" in r.stderr

@@ -30,7 +30,8 @@ def chat(tok, text):
 
 def reference_greedy(model, prompt, n, eos):
     with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False)[0, len(prompt):].tolist()
+        ids = torch.tensor([prompt], device=model.device)
+        out = model.generate(ids, max_new_tokens=n, do_sample=False)[0, len(prompt):].tolist()
     return out[: out.index(eos)] if eos in out else out
 
 
@@ -73,10 +74,10 @@ def test_sampling_draws_from_the_model_distribution(model_tok):
     prompt = chat(tok, "Name a color.")
     params = SamplingParams(max_tokens=2, temperature=1.0, top_k=3)
     with torch.no_grad():
-        first = distribution(model(torch.tensor([prompt])).logits[0, -1], params)
+        first = distribution(model(torch.tensor([prompt], device=model.device)).logits[0, -1], params)
         exact = {}
         for t1 in torch.nonzero(first).flatten().tolist():
-            second = distribution(model(torch.tensor([prompt + [t1]])).logits[0, -1], params)
+            second = distribution(model(torch.tensor([prompt + [t1]], device=model.device)).logits[0, -1], params)
             for t2 in torch.nonzero(second).flatten().tolist():
                 exact[(t1, t2)] = float(first[t1] * second[t2])
     engine = SuffixEngine()
@@ -139,6 +140,36 @@ def test_concurrent_requests_and_isolated_failures(model_tok):
         t.join()
     assert list(errors) == [8] and "context too long" in str(errors[8])
     assert [results[i] for i in range(8)] == expected
+
+
+def test_static_cache_slots_decode_as_plain_decoding(model_tok):
+    """The static-cache path (CUDA graphs on a GPU, eager here): drafts padded to buckets, tree
+    masks over stale columns, accepted entries moved. With two slots, a third concurrent request
+    and one longer than a slot decode on the dynamic cache; all match plain greedy decoding."""
+    model, tok = model_tok
+    gen = LocalGenerator(model, tok, SuffixEngine(), EAGER, static_slots=2, static_len=1024)
+    prompts = [chat(tok, q) for q in ("List three colors.", "Write a SQL query that counts users per country.",
+                                      "Count from one to twenty in words.")] + agent_prompts(tok, keep=900)
+    expected = [reference_greedy(model, p, 40, gen.eos) for p in prompts]
+    drafted = accepted = 0
+    for _ in range(2):  # cold, then with the outputs in the global tree (long drafts)
+        for prompt, want in zip(prompts, expected, strict=True):
+            got = gen.generate(prompt, SamplingParams(max_tokens=40))
+            assert got.token_ids == want
+            drafted, accepted = drafted + got.drafted, accepted + got.accepted
+    assert accepted > 20 and drafted > accepted
+    results = {}
+    threads = [threading.Thread(target=lambda i=i: results.update({i: gen.generate(prompts[i], SamplingParams(
+        max_tokens=40)).token_ids})) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [results[i] for i in range(3)] == expected[:3]
+    long_prompt = (prompts[1] * 30)[-1000:]  # 1000 + 40 tokens: more than a slot holds
+    assert gen.generate(long_prompt, SamplingParams(max_tokens=40)).token_ids == reference_greedy(
+        model, long_prompt, 40, gen.eos)
+    assert gen.slots.made == 2 and len(gen.slots.free) == 2  # both slots served, and came back
 
 
 def test_bad_parameters_raise_clear_errors(model_tok):

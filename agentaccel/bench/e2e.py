@@ -93,11 +93,12 @@ def sql_pipeline(traces: Path, n: int, generate: Generate) -> None:
 
 def run_method(method: str, model, tok, workload: str, traces: Path, n: int, max_tokens: int,
                keep_prompt: int, progress: Callable[[str], None] | None = None,
-               sizer: DraftSizer | None = None) -> MethodResult:
-    """`sizer`: cuts the suffix method's drafts as `agentaccel serve` does (its cost curve)."""
+               sizer: DraftSizer | None = None, static_slots: int | None = None) -> MethodResult:
+    """`sizer`: cuts the suffix method's drafts as `agentaccel serve` does (its cost curve).
+    `static_slots`: as LocalGenerator's (None: its default, CUDA graphs on a GPU)."""
     engine = None if method == "vanilla" else SuffixEngine()
     gen = LocalGenerator(model, tok, engine, drafter="pld" if method == "pld" else "suffix",
-                         sizer=sizer if method == "suffix" else None)
+                         sizer=sizer if method == "suffix" else None, static_slots=static_slots)
     result = MethodResult()
 
     def generate(messages: list[dict], stage: str) -> str:
@@ -125,11 +126,11 @@ def run_method(method: str, model, tok, workload: str, traces: Path, n: int, max
 
 
 def run(model, tok, traces: Path, workloads: list[str], n: int, max_tokens: int, keep_prompt: int,
-        progress=None, sizer: DraftSizer | None = None) -> dict:
+        progress=None, sizer: DraftSizer | None = None, static_slots: int | None = None) -> dict:
     out = {}
     for workload in workloads:
-        results = {m: run_method(m, model, tok, workload, traces, n, max_tokens, keep_prompt, progress, sizer)
-                   for m in METHODS}
+        results = {m: run_method(m, model, tok, workload, traces, n, max_tokens, keep_prompt, progress, sizer,
+                                 static_slots) for m in METHODS}
         base = results["vanilla"]
         out[workload] = {
             "identical_outputs": all(r.outputs == base.outputs for r in results.values()),

@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from agentaccel.cli.serve import check_cost_profile, serve
+from agentaccel.cli.serve import Dtype, DtypeOption, check_cost_profile, serve
 
 app = typer.Typer(help="agentaccel: suffix speculation middleware for LLM agents.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -115,6 +115,7 @@ def bench_backend(
     model: Annotated[Path | None, typer.Option(help="Local HF model folder (default: SmolLM2-135M-Instruct).")]
     = None,
     device: Annotated[str | None, typer.Option(help="cpu or cuda (default: cuda when available).")] = None,
+    dtype: DtypeOption = Dtype.float32,
     context: Annotated[int, typer.Option(help="Context length the steps run over.")] = 512,
     out: Annotated[Path | None, typer.Option("--out", help="Cost profile JSON (default: in the cache folder).")]
     = None,
@@ -123,12 +124,12 @@ def bench_backend(
     from agentaccel.backends.local import cost_curve, load_model
 
     with console.status("loading the model"):
-        m, _ = load_model(model, device)
+        m, _ = load_model(model, device, dtype.value)
     dev = next(m.parameters()).device.type
     with console.status("timing verification steps"):
         # by default written where the embedded backend reads its draft sizes from
         prof, path = cost_curve.measure_profile(m, cost_curve.model_key(model), out, context)
-    table = Table(title=f"verification step time, {dev}, context {context}")
+    table = Table(title=f"verification step time, {dev} {dtype.value}, context {context}")
     for col in ("draft tokens", "step ms", "relative to d=0"):
         table.add_column(col, justify="right")
     for d, ms in zip(prof["draft_tokens"], prof["step_ms"], strict=True):
@@ -150,6 +151,10 @@ def bench_e2e(
     cost_profile: Annotated[str, typer.Option(help="How the suffix method sizes drafts, as `serve --cost-profile`: "
                                                    "auto (the cached or a freshly measured cost curve), a "
                                                    "profile file, or off.")] = "auto",
+    dtype: DtypeOption = Dtype.float32,
+    static_slots: Annotated[int | None, typer.Option(help="Requests decoded on static-cache slots, whose steps "
+                                                          "replay as CUDA graphs (default: 4 on a GPU, 0 on a CPU; "
+                                                          "0 turns them off).", min=0)] = None,
 ) -> None:
     """Wall-clock decoding on the real model: vanilla vs prompt lookup vs suffix, same prompts."""
     from agentaccel.backends.local import cost_curve, load_model
@@ -162,11 +167,13 @@ def bench_e2e(
     folder = _traces(traces)
     check_cost_profile(cost_profile)
     with console.status("loading the model") as status:
-        model, tok = load_model()
+        model, tok = load_model(dtype=dtype.value)
         # the suffix method sizes its drafts as `agentaccel serve` does: by this model's cost curve
         sizer = cost_curve.draft_sizer(model, cost_curve.model_key(None), cost_profile, status.update)
-        result = e2e.run(model, tok, folder, chosen, n, max_tokens, keep_prompt, progress=status.update, sizer=sizer)
-    table = Table(title=f"end-to-end decoding, {next(model.parameters()).device.type}, {max_tokens} tokens/call")
+        result = e2e.run(model, tok, folder, chosen, n, max_tokens, keep_prompt, progress=status.update, sizer=sizer,
+                         static_slots=static_slots)
+    table = Table(title=f"end-to-end decoding, {next(model.parameters()).device.type} {dtype.value}, "
+                        f"{max_tokens} tokens/call")
     for col in ("workload", "method", "calls", "tokens", "tok/s", "speedup", "decode tok/s", "decode speedup",
                 "MAT", "accept", "identical"):
         table.add_column(col, justify="left" if col in ("workload", "method") else "right")

@@ -21,6 +21,20 @@ class BackendKind(StrEnum):
     vllm = "vllm"
 
 
+class Dtype(StrEnum):
+    """Weights and activations of the embedded model (see backends/local/model.py: float32
+    keeps greedy verification token-identical to plain decoding)."""
+
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
+DtypeOption = Annotated[Dtype, typer.Option(help="local: precision of the embedded model. float32 (default) keeps "
+                                                 "outputs identical to plain decoding; half precision is for "
+                                                 "large models on a GPU.")]
+
+
 def parse_size(text: str) -> int:
     """'2GiB', '512MB', '1e9' -> bytes."""
     m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([KMGT]?)(i?)B?\s*", text, re.IGNORECASE)
@@ -61,6 +75,7 @@ def serve(
     memory_budget: Annotated[str, typer.Option(help="Memory for the global trees (e.g. 2GiB).")] = "2GiB",
     max_body: Annotated[str, typer.Option(help="Largest request body accepted.")] = "32MiB",
     device: Annotated[str | None, typer.Option(help="local: torch device (default cuda if available).")] = None,
+    dtype: DtypeOption = Dtype.float32,
     upstream_timeout: Annotated[float, typer.Option(help="Seconds before an upstream call gives up.")] = 600.0,
     cost_profile: Annotated[str, typer.Option(help="local: how drafts are sized. auto: by this model's measured "
                                                    "verification cost curve (measured at the first start, ~30 s, "
@@ -94,7 +109,7 @@ def serve(
         from agentaccel.traces.store import default_db_path
 
         check_cost_profile(cost_profile)
-        impl = _local_backend(model, served_model_name, device, stage_specs, budget,
+        impl = _local_backend(model, served_model_name, device, dtype.value, stage_specs, budget,
                               (db or default_db_path()) if seed else None, recorder, cost_profile)
     else:
         if not model:
@@ -149,7 +164,7 @@ def _stage_specs(spec_config: Path | None, sized: bool) -> dict:
         raise typer.BadParameter(str(e), param_hint="--spec-config") from e
 
 
-def _local_backend(model, served_name, device, stage_specs, budget, seed_db, recorder, cost_profile):
+def _local_backend(model, served_name, device, dtype, stage_specs, budget, seed_db, recorder, cost_profile):
     from agentaccel.backends.local.service import LocalBackend
     from agentaccel.engine import SuffixEngine
 
@@ -161,8 +176,9 @@ def _local_backend(model, served_name, device, stage_specs, budget, seed_db, rec
         if seed_db is not None:
             seed_engine(engine, seed_db, tokenizer)
 
-    return LocalBackend(engine, model_path=model, device=device, served_name=served_name, stage_specs=stage_specs,
-                        on_ready=on_ready, cost_profile=cost_profile, say=lambda line: err.print(f"agentaccel: {line}"))
+    return LocalBackend(engine, model_path=model, device=device, dtype=dtype, served_name=served_name,
+                        stage_specs=stage_specs, on_ready=on_ready, cost_profile=cost_profile,
+                        say=lambda line: err.print(f"agentaccel: {line}"))
 
 
 def seed_engine(engine, db_path, tokenizer) -> None:

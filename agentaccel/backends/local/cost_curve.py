@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from agentaccel.backends.local.cuda_graphs import GraphSlot, SlotSequence, context_len, default_slots
 from agentaccel.backends.local.verifier import Sequence
 from agentaccel.engine.cost_profile import load_profile, measured_profile
 from agentaccel.engine.draft_size import DraftSizer
@@ -27,10 +28,10 @@ def step_times(model, context: int = 512, sizes=DRAFT_SIZES, repeats: int = 15) 
     vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(100, vocab - 1, (context,), generator=gen).tolist()
-    seq = Sequence(model, prompt)
+    seq = _serving_sequence(model, prompt)
     seq.prefill(lambda logits: 5)
     # the chooser never reads the logits, so on a GPU nothing would wait for the step to finish
-    sync = torch.cuda.synchronize if seq.device.type == "cuda" else (lambda: None)
+    sync = torch.cuda.synchronize if next(model.parameters()).device.type == "cuda" else (lambda: None)
     samples: dict[int, list[float]] = {d: [] for d in sizes}
     for _ in range(repeats + 1):  # the first round warms up and is not counted
         for d in sizes:
@@ -40,6 +41,14 @@ def step_times(model, context: int = 512, sizes=DRAFT_SIZES, repeats: int = 15) 
             sync()
             samples[d].append((time.perf_counter() - t0) * 1000)
     return {d: statistics.median(ms[1:]) for d, ms in samples.items()}
+
+
+def _serving_sequence(model, prompt: list[int]):
+    """A sequence of the kind the generator decodes on: on a GPU a static-cache slot replaying
+    CUDA graphs (its steps cost by bucket, over all its columns), else the dynamic cache."""
+    if default_slots(model):
+        return SlotSequence(GraphSlot(model, context_len(model)), prompt)
+    return Sequence(model, prompt)
 
 
 def profile_of(name: str, times: dict[int, float]) -> dict:
@@ -52,6 +61,14 @@ def model_key(model_path: str | Path | None) -> str:
     return Path(model_path).name if model_path else "smollm2"
 
 
+def device_tag(model) -> str:
+    """Where and how a model runs, as its cost curve depends on it: "cpu", "cuda",
+    "cuda-bfloat16" (float32, the default, goes unnamed)."""
+    param = next(model.parameters())
+    dtype = str(param.dtype).removeprefix("torch.")
+    return param.device.type if dtype == "float32" else f"{param.device.type}-{dtype}"
+
+
 def cached_profile_path(model_name: str, device: str) -> Path:
     from agentaccel.assets import cache_dir
 
@@ -60,7 +77,7 @@ def cached_profile_path(model_name: str, device: str) -> Path:
 
 def measure_profile(model, model_name: str, path: Path | None = None, context: int = 512) -> tuple[dict, Path]:
     """Times the steps and writes the profile (default: the cache file the backend reads)."""
-    device = next(model.parameters()).device.type
+    device = device_tag(model)
     prof = profile_of(f"{model_name}-{device}", step_times(model, context=context))
     path = path or cached_profile_path(model_name, device)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -79,7 +96,7 @@ def draft_sizer(model, model_name: str, setting: str | Path = "auto", say: Calla
         return None
     if setting != "auto":
         return load_profile(str(setting)).sizer(max_tokens)
-    device = next(model.parameters()).device.type
+    device = device_tag(model)
     path = cached_profile_path(model_name, device)
     if path.is_file():
         try:

@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from agentaccel.backends.local.cuda_graphs import SlotPool, SlotSequence, context_len, default_slots
 from agentaccel.backends.local.sampling import SamplingParams, chooser
 from agentaccel.backends.local.verifier import Sequence
 from agentaccel.engine import SpecConfig, SuffixEngine
@@ -43,11 +44,14 @@ class GenerationResult:
 class LocalGenerator:
     def __init__(self, model, tokenizer, engine: SuffixEngine | None = None, spec: SpecConfig | None = None,
                  max_draft: int = 32, drafter: str = "suffix",
-                 stage_specs: dict[str, SpecConfig] | None = None, sizer: DraftSizer | None = None) -> None:
+                 stage_specs: dict[str, SpecConfig] | None = None, sizer: DraftSizer | None = None,
+                 static_slots: int | None = None, static_len: int | None = None) -> None:
         """`drafter`: "suffix" (the engine's trees) or "pld" (prompt lookup in the request's own
         context, the baseline; the engine then only holds the request). `stage_specs`: per-stage
         drafting policy (alpha, tau, ...) overriding `spec`. `sizer`: cuts suffix drafts to the
-        size that pays best under this backend's measured cost curve."""
+        size that pays best under this backend's measured cost curve. `static_slots`: requests
+        decoded at once on a static KV cache of `static_len` columns (default: the context),
+        whose steps replay as CUDA graphs on a GPU (default: cuda_graphs.default_slots)."""
         if drafter not in ("suffix", "pld"):
             raise ValueError(f"drafter must be 'suffix' or 'pld', got {drafter!r}")
         self.model = model
@@ -58,10 +62,12 @@ class LocalGenerator:
         self.max_draft = max_draft
         self.drafter = drafter
         self.sizer = sizer
-        self.max_context = int(getattr(model.config, "max_position_embeddings", 8192))
+        self.max_context = context_len(model)
         gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         self.eos = gen_eos if isinstance(gen_eos, int) else tokenizer.eos_token_id
         self._forward = threading.Lock()
+        slots = default_slots(model) if static_slots is None else static_slots
+        self.slots = SlotPool(model, slots, static_len or self.max_context, self._forward) if slots else None
 
     def generate(self, prompt_ids: list[int], params: SamplingParams | None = None, *, stage: str = "default",
                  speculate: bool = True, on_tokens: OnTokens | None = None,
@@ -85,8 +91,16 @@ class LocalGenerator:
                 engine.finish_request(rid, keep_output=False)
 
     def _decode(self, prompt, params, engine, rid, on_tokens, spec: SpecConfig) -> GenerationResult:
+        slot = self.slots.acquire(len(prompt) + params.max_tokens) if self.slots else None
+        try:
+            seq = SlotSequence(slot, prompt) if slot else Sequence(self.model, prompt)
+            return self._run(seq, prompt, params, engine, rid, on_tokens, spec)
+        finally:
+            if slot:
+                self.slots.release(slot)
+
+    def _run(self, seq, prompt, params, engine, rid, on_tokens, spec: SpecConfig) -> GenerationResult:
         choose = chooser(params)
-        seq = Sequence(self.model, prompt)
         t0 = time.perf_counter()
         with self._forward:
             first = seq.prefill(choose)

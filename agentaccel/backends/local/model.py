@@ -60,7 +60,19 @@ def pick_device(device: str | None = None) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def load_model(path: str | Path | None = None, device: str | None = None):
+# float32 by default on every device: a step verifying a draft runs other kernel shapes than a
+# one-token step, and in half precision their roundings differ enough to flip near-tied argmaxes
+# (greedy output would then drift from plain decoding's). Half precision is for large models.
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}: choose one of {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def load_model(path: str | Path | None = None, device: str | None = None, dtype: str = "float32"):
     """(model, tokenizer) ready for inference; `path` is a local HF folder (default: SmolLM2)."""
     from transformers import AutoModelForCausalLM
 
@@ -70,8 +82,7 @@ def load_model(path: str | Path | None = None, device: str | None = None):
     if not (folder / "config.json").is_file():
         raise ValueError(f"{folder}: not a model folder (no config.json)")
     dev = pick_device(device)
-    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype).to(dev).eval()
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch_dtype(dtype)).to(dev).eval()
     if dev.type == "cpu":
         route_small_batches(model)
         use_grouped_kv_attention(model)

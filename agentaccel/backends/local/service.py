@@ -35,7 +35,8 @@ class LocalBackend(Backend):
     name = "local"
 
     def __init__(self, engine: SuffixEngine, *, model_path: str | Path | None = None, device: str | None = None,
-                 served_name: str | None = None, stage_specs: dict[str, SpecConfig] | None = None,
+                 dtype: str = "float32", served_name: str | None = None,
+                 stage_specs: dict[str, SpecConfig] | None = None,
                  max_concurrency: int = 16, on_ready=None, cost_profile: str | Path = "off",
                  say=lambda _: None) -> None:
         """`on_ready(engine, tokenizer)` runs once the model is loaded (the serve command seeds the
@@ -45,6 +46,7 @@ class LocalBackend(Backend):
         self.engine = engine
         self.model_path = model_path
         self.device = device
+        self.dtype = dtype
         self.served_name = served_name or (Path(model_path).name if model_path else "SmolLM2-135M-Instruct")
         self.stage_specs = stage_specs or {}
         self.pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="agentaccel-gen")
@@ -56,7 +58,7 @@ class LocalBackend(Backend):
     async def start(self) -> None:
         from agentaccel.backends.local.model import load_model
 
-        model, tok = await asyncio.to_thread(load_model, self.model_path, self.device)
+        model, tok = await asyncio.to_thread(load_model, self.model_path, self.device, self.dtype)
         self.tokenizer = tok
         from agentaccel.backends.local.cost_curve import draft_sizer, model_key
 

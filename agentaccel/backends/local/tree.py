@@ -16,6 +16,30 @@ def depths(parents: list[int]) -> list[int]:
     return out
 
 
+def visibility(parents: list[int], size: int) -> torch.Tensor:
+    """(size, size) bool over the pending token and the draft: row 0 is the pending token, row
+    i + 1 draft node i, which sees the pending token, its ancestors and itself. Rows past the
+    draft (padding up to `size`) see only themselves (a row seeing nothing gives NaN). Built as
+    Python lists: element writes into a tensor cost microseconds each, ~1 ms for a 32-deep chain."""
+    rows = [[False] * size for _ in range(size)]
+    for r in range(size):
+        rows[r][r] = True
+    rows[0][0] = True
+    lineage: list[list[int]] = []  # each node's row: itself and its ancestors
+    for i, p in enumerate(parents):
+        lineage.append([*(lineage[p] if p >= 0 else []), i + 1])
+        row = rows[i + 1]
+        row[0] = True
+        for col in lineage[i]:
+            row[col] = True
+    return torch.tensor(rows)
+
+
+def positions(parents: list[int], past: int) -> list[int]:
+    """Position ids of the pending token and the draft nodes: the cache length + depth."""
+    return [past] + [past + 1 + d for d in depths(parents)]
+
+
 def tree_inputs(parents: list[int], past: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(position_ids of shape (1, q), boolean attention mask of shape (1, 1, q, past + q)),
     q = 1 + len(parents): index 0 is the pending token, index i + 1 is draft node i. With no
@@ -24,14 +48,8 @@ def tree_inputs(parents: list[int], past: int, device: torch.device) -> tuple[to
     if not parents:
         return torch.tensor([[past]], dtype=torch.long, device=device), None
     q = 1 + len(parents)
-    allow = torch.zeros(q, past + q, dtype=torch.bool)
-    allow[:, : past + 1] = True  # the cache and the pending token
-    for i, p in enumerate(parents):
-        row = i + 1
-        allow[row, past + row] = True
-        j = p
-        while j >= 0:
-            allow[row, past + 1 + j] = True
-            j = parents[j]
-    pos = torch.tensor([[past] + [past + 1 + d for d in depths(parents)]], dtype=torch.long)
+    allow = torch.empty(q, past + q, dtype=torch.bool)
+    allow[:, :past] = True  # the cache
+    allow[:, past:] = visibility(parents, q)
+    pos = torch.tensor([positions(parents, past)], dtype=torch.long)
     return pos.to(device), allow[None, None].to(device)

@@ -23,16 +23,20 @@ def _takes_logits_to_keep(model_class: type) -> bool:
     return "logits_to_keep" in inspect.signature(model_class.forward).parameters
 
 
+def last_logits_only(model) -> dict:
+    """Forward arguments for a prefill, which needs the logits of the last position only: the LM
+    head over every prompt position is thrown-away work (2 x 1,536 x 49,152 x 576 = 87 GFLOP for
+    a SWE-agent prompt with SmolLM2, over a second on this CPU)."""
+    return {"logits_to_keep": 1} if _takes_logits_to_keep(type(model)) else {}
+
+
 class Sequence:
     def __init__(self, model, prompt: list[int]) -> None:
         from transformers import DynamicCache
 
         self.model = model
         self.device = next(model.parameters()).device
-        # Prefill needs the logits of the last position only; the LM head over every prompt
-        # position is thrown-away work (2 x 1,536 x 49,152 x 576 = 87 GFLOP for a SWE-agent
-        # prompt with SmolLM2, over a second on this CPU).
-        self.last_logits_only = {"logits_to_keep": 1} if _takes_logits_to_keep(type(model)) else {}
+        self.last_logits_only = last_logits_only(model)
         self.cache = DynamicCache(config=model.config)
         self.prompt = prompt
         self.past = 0  # tokens in the KV cache
@@ -54,32 +58,41 @@ class Sequence:
         ids = torch.tensor([[self.pending, *draft_tokens]], dtype=torch.long, device=self.device)
         logits = self.model(input_ids=ids, position_ids=pos, attention_mask=mask, past_key_values=self.cache,
                             use_cache=True).logits[0]
-        children: dict[int, dict[int, int]] = {}
-        for i, (tok, parent) in enumerate(zip(draft_tokens, draft_parents, strict=True)):
-            children.setdefault(parent, {}).setdefault(tok, i)
-        node, path = -1, []
-        while True:
-            chosen = choose(logits[node + 1])
-            child = children.get(node, {}).get(chosen)
-            if child is None:
-                break
-            path.append(child)
-            node = child
-        self._keep(path)
-        self.pending = chosen
-        return [draft_tokens[i] for i in path], chosen
-
-    def _keep(self, path: list[int]) -> None:
-        """Keeps the pending token and the accepted path in the cache; drops the other nodes.
-        Path indices only grow (children come after parents), so moving entries forward in
-        order never overwrites one still to be moved."""
+        path, chosen = accept(logits, draft_tokens, draft_parents, choose)
         base = self.past + 1
-        for layer in self.cache.layers:
-            for j, i in enumerate(path):
-                if i != j:
-                    layer.keys[:, :, base + j] = layer.keys[:, :, base + i]
-                    layer.values[:, :, base + j] = layer.values[:, :, base + i]
+        move_accepted([(layer.keys, layer.values) for layer in self.cache.layers], base, path)
         dropped = self.cache.get_seq_length() - (base + len(path))
         self.past = base + len(path)
         if dropped > 0:
             self.cache.crop(-dropped)  # transformers >= 5: a negative count removes that many
+        self.pending = chosen
+        return [draft_tokens[i] for i in path], chosen
+
+
+def accept(logits: torch.Tensor, draft_tokens: list[int], draft_parents: list[int],
+           choose: Chooser) -> tuple[list[int], int]:
+    """Walks the tree from the pending token (logits row 0; node i is row i + 1), choosing at
+    each node as plain decoding would and following the draft child holding that choice.
+    Returns (indices of the accepted nodes, the first choice no child holds)."""
+    children: dict[int, dict[int, int]] = {}
+    for i, (tok, parent) in enumerate(zip(draft_tokens, draft_parents, strict=True)):
+        children.setdefault(parent, {}).setdefault(tok, i)
+    node, path = -1, []
+    while True:
+        chosen = choose(logits[node + 1])
+        child = children.get(node, {}).get(chosen)
+        if child is None:
+            return path, chosen
+        path.append(child)
+        node = child
+
+
+def move_accepted(kv: list[tuple[torch.Tensor, torch.Tensor]], base: int, path: list[int]) -> None:
+    """Moves the accepted nodes' KV entries (at base + node index) to follow one another from
+    `base`. Path indices only grow (children come after parents), so moving entries forward in
+    order never overwrites one still to be moved."""
+    moves = [(j, i) for j, i in enumerate(path) if i != j]
+    for keys, values in kv:
+        for j, i in moves:
+            keys[:, :, base + j] = keys[:, :, base + i]
+            values[:, :, base + j] = values[:, :, base + i]
