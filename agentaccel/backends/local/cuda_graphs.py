@@ -164,7 +164,7 @@ class SlotSequence:
         logits = slot.run(b)
         path, chosen = accept(logits, draft_tokens, draft_parents, choose)
         base = past + 1
-        move_accepted([(layer.keys, layer.values) for layer in slot.cache.layers], base, path)
+        move_accepted(slot.cache.layers, base, path)
         self.past = base + len(path)
         self.pending = chosen
         return [draft_tokens[i] for i in path], chosen

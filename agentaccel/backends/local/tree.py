@@ -24,7 +24,6 @@ def visibility(parents: list[int], size: int) -> torch.Tensor:
     rows = [[False] * size for _ in range(size)]
     for r in range(size):
         rows[r][r] = True
-    rows[0][0] = True
     lineage: list[list[int]] = []  # each node's row: itself and its ancestors
     for i, p in enumerate(parents):
         lineage.append([*(lineage[p] if p >= 0 else []), i + 1])

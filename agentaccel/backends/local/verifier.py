@@ -60,7 +60,7 @@ class Sequence:
                             use_cache=True).logits[0]
         path, chosen = accept(logits, draft_tokens, draft_parents, choose)
         base = self.past + 1
-        move_accepted([(layer.keys, layer.values) for layer in self.cache.layers], base, path)
+        move_accepted(self.cache.layers, base, path)
         dropped = self.cache.get_seq_length() - (base + len(path))
         self.past = base + len(path)
         if dropped > 0:
@@ -87,12 +87,15 @@ def accept(logits: torch.Tensor, draft_tokens: list[int], draft_parents: list[in
         node = child
 
 
-def move_accepted(kv: list[tuple[torch.Tensor, torch.Tensor]], base: int, path: list[int]) -> None:
-    """Moves the accepted nodes' KV entries (at base + node index) to follow one another from
-    `base`. Path indices only grow (children come after parents), so moving entries forward in
-    order never overwrites one still to be moved."""
+def move_accepted(layers, base: int, path: list[int]) -> None:
+    """Moves the accepted nodes' KV entries (at base + node index) in every cache layer (each
+    with `keys` and `values`) to follow one another from `base`. Path indices only grow
+    (children come after parents), so moving entries forward in order never overwrites one
+    still to be moved."""
     moves = [(j, i) for j, i in enumerate(path) if i != j]
-    for keys, values in kv:
+    if not moves:  # a linear draft's accepted path is already in place
+        return
+    for layer in layers:
         for j, i in moves:
-            keys[:, :, base + j] = keys[:, :, base + i]
-            values[:, :, base + j] = values[:, :, base + i]
+            layer.keys[:, :, base + j] = layer.keys[:, :, base + i]
+            layer.values[:, :, base + j] = layer.values[:, :, base + i]
