@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 build=build/sanitize
 cmake -S . -B "$build" -DAGENTACCEL_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug \
   -DPython_EXECUTABLE="$(command -v python3)" -Dnanobind_DIR="$(python3 -m nanobind --cmake_dir)" >/dev/null
-cmake --build "$build" -j"$(nproc)" >/dev/null
+cmake --build "$build" --target _core -j"$(nproc)" >/dev/null
 core=$(ls "$build"/_core*.so)
 runtime="$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libubsan.so)"
 # Python itself is not instrumented: leak checking would report the interpreter's own arenas.

@@ -1,9 +1,12 @@
-"""Few-row products computed weight-first (backends/local/cpu_matmul.py) give the stock results."""
+"""Few-row products (backends/local/cpu_matmul.py: the native kernel, or weight-first in torch
+without it) give the stock results; the kernel computes every row exactly as it would alone."""
 
 import pytest
 import torch
 
-from agentaccel.backends.local.cpu_matmul import HEAD_ROWS, route_small_batches
+from agentaccel.backends.local.cpu_matmul import HEAD_ROWS, KERNEL_ROWS, _kernels, route_small_batches
+
+needs_kernel = pytest.mark.skipif(_kernels() is None, reason="the native kernel needs an x86 CPU with AVX2 and FMA")
 
 
 def tiny_llama():
@@ -15,21 +18,39 @@ def tiny_llama():
     return LlamaForCausalLM(config).eval()
 
 
+@pytest.mark.parametrize("use_kernel", [True, False])
 @pytest.mark.parametrize("bias", [False, True])
-def test_routed_linear_matches_stock_for_every_row_count(bias):
-    lin = torch.nn.Linear(48, 96, bias=bias)
+def test_routed_linear_matches_stock_for_every_row_count(bias, use_kernel):
+    lin = torch.nn.Linear(52, 98, bias=bias)  # inner 52: the kernel's 8-wide loop leaves a tail; 98 rows of W too
     model = torch.nn.Sequential(lin)
     stock = {rows: torch.nn.functional.linear(x, lin.weight, lin.bias)
-             for rows in range(1, HEAD_ROWS[1] + 8)
-             for x in [torch.randn(1, rows, 48, generator=torch.Generator().manual_seed(rows))]}
-    assert route_small_batches(model) == 1
+             for rows in range(1, max(HEAD_ROWS[1], KERNEL_ROWS) + 8)
+             for x in [torch.randn(1, rows, 52, generator=torch.Generator().manual_seed(rows))]}
+    assert route_small_batches(model, use_kernel=use_kernel) == 1
     assert type(model[0]) is torch.nn.Linear
     for rows, want in stock.items():
-        x = torch.randn(1, rows, 48, generator=torch.Generator().manual_seed(rows))
+        x = torch.randn(1, rows, 52, generator=torch.Generator().manual_seed(rows))
         got = model(x)
         assert got.shape == want.shape
         assert got.is_contiguous()  # row-major like the stock result: SDPA's fused kernel needs it
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
+def test_kernel_rows_are_bit_identical_alone_and_together():
+    """A verification step's pending-token row must equal a plain step's: same products, same
+    summation order, whatever the rows beside it (or a non-contiguous input)."""
+    lin = torch.nn.Linear(576, 1536, bias=False)
+    route_small_batches(torch.nn.Sequential(lin))
+    x = torch.randn(33, 576, generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        alone = torch.cat([lin(x[i : i + 1]) for i in range(33)])
+        for rows in (2, 3, 8, 17, 33):
+            assert torch.equal(lin(x[:rows]), alone[:rows]), rows
+        strided = x.t().contiguous().t()  # the same values, column-major
+        assert not strided.is_contiguous()
+        assert torch.equal(lin(strided), alone)
+        torch.testing.assert_close(alone, torch.nn.functional.linear(x, lin.weight), rtol=1e-4, atol=1e-4)
 
 
 def test_routed_model_keeps_tied_weights_and_greedy_output():

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agentaccel.backends.local import LocalGenerator, SamplingParams
+from agentaccel.backends.local.prefix_cache import DEFAULT_BUDGET_BYTES
 from agentaccel.engine import SuffixEngine
 from agentaccel.engine.draft_size import DraftSizer
 from agentaccel.traces.render import render_prompt
@@ -36,6 +37,8 @@ class MethodResult:
     steps: int = 0  # forward passes, prefill included
     drafted: int = 0
     accepted: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens whose KV entries the prefix cache supplied
     outputs: list[list[int]] = field(default_factory=list)
 
     def summary(self) -> dict:
@@ -43,6 +46,8 @@ class MethodResult:
                 "tokens_per_s": self.tokens / self.seconds if self.seconds else 0.0,
                 "decode_tokens_per_s": self.tokens / self.decode_seconds if self.decode_seconds else 0.0,
                 "mat": self.tokens / self.steps if self.steps else 0.0,
+                "prefill_seconds": self.seconds - self.decode_seconds,
+                "cached_prompt_share": self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0,
                 "acceptance_rate": self.accepted / self.drafted if self.drafted else 0.0}
 
 
@@ -93,12 +98,16 @@ def sql_pipeline(traces: Path, n: int, generate: Generate) -> None:
 
 def run_method(method: str, model, tok, workload: str, traces: Path, n: int, max_tokens: int,
                keep_prompt: int, progress: Callable[[str], None] | None = None,
-               sizer: DraftSizer | None = None, static_slots: int | None = None) -> MethodResult:
+               sizer: DraftSizer | None = None, static_slots: int | None = None,
+               prefix_cache_bytes: int = DEFAULT_BUDGET_BYTES) -> MethodResult:
     """`sizer`: cuts the suffix method's drafts as `agentaccel serve` does (its cost curve).
-    `static_slots`: as LocalGenerator's (None: its default, CUDA graphs on a GPU)."""
+    `static_slots`, `prefix_cache_bytes`: as LocalGenerator's (None: its default, CUDA graphs on a
+    GPU). Every method gets the same prefix cache: it holds prompts only, so each method reuses
+    the same entries and the comparison stays token for token."""
     engine = None if method == "vanilla" else SuffixEngine()
     gen = LocalGenerator(model, tok, engine, drafter="pld" if method == "pld" else "suffix",
-                         sizer=sizer if method == "suffix" else None, static_slots=static_slots)
+                         sizer=sizer if method == "suffix" else None, static_slots=static_slots,
+                         prefix_cache_bytes=prefix_cache_bytes)
     result = MethodResult()
 
     def generate(messages: list[dict], stage: str) -> str:
@@ -112,6 +121,8 @@ def run_method(method: str, model, tok, workload: str, traces: Path, n: int, max
         result.steps += r.steps + 1
         result.drafted += r.drafted
         result.accepted += r.accepted
+        result.prompt_tokens += r.prompt_tokens
+        result.cached_tokens += r.cached_tokens
         result.outputs.append(r.token_ids)
         if progress:
             progress(f"{workload}/{method}: call {result.calls}")
@@ -126,11 +137,12 @@ def run_method(method: str, model, tok, workload: str, traces: Path, n: int, max
 
 
 def run(model, tok, traces: Path, workloads: list[str], n: int, max_tokens: int, keep_prompt: int,
-        progress=None, sizer: DraftSizer | None = None, static_slots: int | None = None) -> dict:
+        progress=None, sizer: DraftSizer | None = None, static_slots: int | None = None,
+        prefix_cache_bytes: int = DEFAULT_BUDGET_BYTES) -> dict:
     out = {}
     for workload in workloads:
         results = {m: run_method(m, model, tok, workload, traces, n, max_tokens, keep_prompt, progress, sizer,
-                                 static_slots) for m in METHODS}
+                                 static_slots, prefix_cache_bytes) for m in METHODS}
         base = results["vanilla"]
         out[workload] = {
             "identical_outputs": all(r.outputs == base.outputs for r in results.values()),

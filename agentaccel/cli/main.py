@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from agentaccel.cli.serve import Dtype, DtypeOption, check_cost_profile, serve
+from agentaccel.cli.serve import Dtype, DtypeOption, check_cost_profile, parse_size, serve
 
 app = typer.Typer(help="agentaccel: suffix speculation middleware for LLM agents.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -155,6 +155,9 @@ def bench_e2e(
     static_slots: Annotated[int | None, typer.Option(help="Requests decoded on static-cache slots, whose steps "
                                                           "replay as CUDA graphs (default: 4 on a GPU, 0 on a CPU; "
                                                           "0 turns them off).", min=0)] = None,
+    prefix_cache: Annotated[str, typer.Option(help="Memory for prompts' KV entries reused by later prompts "
+                                                   "that begin alike, the same for every method (0: off).")]
+    = "512MiB",
 ) -> None:
     """Wall-clock decoding on the real model: vanilla vs prompt lookup vs suffix, same prompts."""
     from agentaccel.backends.local import cost_curve, load_model
@@ -166,23 +169,25 @@ def bench_e2e(
         raise typer.BadParameter(f"unknown workload(s): {', '.join(sorted(unknown))}", param_hint="--workload")
     folder = _traces(traces)
     check_cost_profile(cost_profile)
+    prefix_cache_bytes = parse_size(prefix_cache)
     with console.status("loading the model") as status:
         model, tok = load_model(dtype=dtype.value)
         # the suffix method sizes its drafts as `agentaccel serve` does: by this model's cost curve
         sizer = cost_curve.draft_sizer(model, cost_curve.model_key(None), cost_profile, status.update)
         result = e2e.run(model, tok, folder, chosen, n, max_tokens, keep_prompt, progress=status.update, sizer=sizer,
-                         static_slots=static_slots)
+                         static_slots=static_slots, prefix_cache_bytes=prefix_cache_bytes)
     table = Table(title=f"end-to-end decoding, {next(model.parameters()).device.type} {dtype.value}, "
                         f"{max_tokens} tokens/call")
     for col in ("workload", "method", "calls", "tokens", "tok/s", "speedup", "decode tok/s", "decode speedup",
-                "MAT", "accept", "identical"):
+                "MAT", "accept", "prefill s", "cached", "identical"):
         table.add_column(col, justify="left" if col in ("workload", "method") else "right")
     for w, r in result.items():
         for m in e2e.METHODS:
             x = r[m]
             table.add_row(w, m, str(x["calls"]), f"{x['tokens']:,}", f"{x['tokens_per_s']:.1f}",
                           f"{x['speedup']:.2f}x", f"{x['decode_tokens_per_s']:.1f}", f"{x['decode_speedup']:.2f}x",
-                          f"{x['mat']:.2f}", f"{x['acceptance_rate']:.1%}", "yes" if r["identical_outputs"] else "NO")
+                          f"{x['mat']:.2f}", f"{x['acceptance_rate']:.1%}", f"{x['prefill_seconds']:.1f}",
+                          f"{x['cached_prompt_share']:.0%}", "yes" if r["identical_outputs"] else "NO")
     console.print(table)
     if json_out:
         json_out.write_text(json.dumps(result, indent=2))

@@ -81,6 +81,8 @@ def serve(
                                                    "verification cost curve (measured at the first start, ~30 s, "
                                                    "then cached); a file from `agentaccel bench backend`; or off "
                                                    "(a fixed cost per draft token).")] = "auto",
+    prefix_cache: Annotated[str, typer.Option(help="local: memory for prompts' KV entries, reused by later "
+                                                   "prompts that begin alike (0 turns it off).")] = "512MiB",
 ) -> None:
     """Run the OpenAI-compatible proxy. Arguments after `--` go to `vllm serve` (vllm backend)."""
     import uvicorn
@@ -110,7 +112,8 @@ def serve(
 
         check_cost_profile(cost_profile)
         impl = _local_backend(model, served_model_name, device, dtype.value, stage_specs, budget,
-                              (db or default_db_path()) if seed else None, recorder, cost_profile)
+                              (db or default_db_path()) if seed else None, recorder, cost_profile,
+                              parse_size(prefix_cache))
     else:
         if not model:
             raise typer.BadParameter("the vllm backend needs --model", param_hint="--model")
@@ -164,7 +167,8 @@ def _stage_specs(spec_config: Path | None, sized: bool) -> dict:
         raise typer.BadParameter(str(e), param_hint="--spec-config") from e
 
 
-def _local_backend(model, served_name, device, dtype, stage_specs, budget, seed_db, recorder, cost_profile):
+def _local_backend(model, served_name, device, dtype, stage_specs, budget, seed_db, recorder, cost_profile,
+                   prefix_cache_bytes):
     from agentaccel.backends.local.service import LocalBackend
     from agentaccel.engine import SuffixEngine
 
@@ -178,7 +182,7 @@ def _local_backend(model, served_name, device, dtype, stage_specs, budget, seed_
 
     return LocalBackend(engine, model_path=model, device=device, dtype=dtype, served_name=served_name,
                         stage_specs=stage_specs, on_ready=on_ready, cost_profile=cost_profile,
-                        say=lambda line: err.print(f"agentaccel: {line}"))
+                        prefix_cache_bytes=prefix_cache_bytes, say=lambda line: err.print(f"agentaccel: {line}"))
 
 
 def seed_engine(engine, db_path, tokenizer) -> None:

@@ -62,11 +62,15 @@ def model_key(model_path: str | Path | None) -> str:
 
 
 def device_tag(model) -> str:
-    """Where and how a model runs, as its cost curve depends on it: "cpu", "cuda",
-    "cuda-bfloat16" (float32, the default, goes unnamed)."""
+    """Where and how a model runs, as its cost curve depends on it: "cpu-kernel" (the native
+    few-row products, backends/local/cpu_matmul.py), "cpu", "cuda", "cuda-bfloat16" (float32,
+    the default, goes unnamed)."""
     param = next(model.parameters())
     dtype = str(param.dtype).removeprefix("torch.")
-    return param.device.type if dtype == "float32" else f"{param.device.type}-{dtype}"
+    device = param.device.type
+    if device == "cpu" and getattr(model, "cpu_products", None) == "kernel":
+        device = "cpu-kernel"
+    return device if dtype == "float32" else f"{device}-{dtype}"
 
 
 def cached_profile_path(model_name: str, device: str) -> Path:

@@ -1,17 +1,16 @@
-"""Small-batch matrix products for verification steps on CPU.
+"""Few-row matrix products for decoding and verification steps on CPU.
 
-A verification step runs a few rows through every linear layer (the pending token plus the
-draft). On CPU, `F.linear(x, W)` with 2-8 rows takes MKL's GEMM path, which is poor for such a
-skinny left operand: SmolLM2's LM head (49,152 x 576) takes 8.7 ms for one row and 20-33 ms for
-two to five. `W @ x.T`, the weight as the left operand, reads the weights once for all rows and
-stays at 5.5-8 ms; decoding is bound by reading the weights, so a few more rows come almost free.
-Over the whole model (`agentaccel bench backend`, context 512) a draft of 1-3 tokens costs about
-one plain step and 7 tokens 1.4 (docs/BENCHMARKS.md).
+A step runs a few rows through every linear layer (the pending token plus the draft), and is
+bound by reading the weights from memory. torch's `F.linear` reaches about half of this
+machine's read bandwidth for one row and less for 2-16 (MKL's GEMV/GEMM: SmolLM2's LM head,
+49,152 x 576, takes 8.4 ms for one row, 17 ms for two). The native kernel in
+csrc/cpu_kernels streams each weight once for all rows (the head: 3.9 ms for one row, 4.6 for
+two, 7 for eight; docs/BENCHMARKS.md), and computes every row exactly as it would alone, so a
+verification step's logits for the pending token are bit-identical to a plain step's.
 
-The product comes out column-major and is copied to row-major (a few rows): a column-major
-query sends SDPA to its slow math kernel instead of the fused one. One row (plain decoding)
-keeps the stock path, so vanilla decoding is untouched; so do long inputs (prefill), where GEMM
-is compute-bound either way.
+Without the kernel (a CPU lacking AVX2/FMA, or not x86) few-row products run weight-first in
+torch (`W @ x.T`, which reads the weights once for all rows) and one row keeps `F.linear`.
+Long inputs (prefill) keep `F.linear` either way: GEMM is compute-bound there and does well.
 """
 
 from __future__ import annotations
@@ -21,12 +20,35 @@ import types
 import torch
 import torch.nn.functional as F
 
-# (fewest rows, most rows) computed weight-first, from `agentaccel bench backend` and per-layer
-# timings here: the LM head wins at every draft size measured (up to 33 rows), the other layers
-# (at most 1,536 x 576) from 2 to ~9 rows, GEMM from ~12. One row (plain decoding) ties either
-# way in the whole model and keeps the stock path.
+KERNEL_ROWS = 64  # rows up to which the native kernel beats MKL's GEMM here (measured to 33)
+# Without the kernel: rows computed weight-first in torch, from `agentaccel bench backend` and
+# per-layer timings: the LM head wins at every draft size measured, the other layers from 2 to ~9.
 HEAD_ROWS = (2, 64)
 BODY_ROWS = (2, 9)
+
+
+def _kernels():
+    try:
+        from agentaccel import _cpu_kernels
+    except ImportError:  # a build without the module: torch's products
+        return None
+    return _cpu_kernels if _cpu_kernels.available() else None
+
+
+def _kernel_forward(linear_into):
+    def forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1]
+        w = self.weight
+        if rows > KERNEL_ROWS or rows == 0 or x.dtype != torch.float32 or w.dtype != torch.float32:
+            return F.linear(x, w, self.bias)
+        x2 = x.reshape(rows, x.shape[-1]).contiguous()
+        y = torch.empty(rows, w.shape[0], dtype=torch.float32)
+        linear_into(x2.data_ptr(), rows, w.shape[1], w.data_ptr(), w.shape[0], y.data_ptr())
+        if self.bias is not None:
+            y += self.bias
+        return y.reshape(*x.shape[:-1], w.shape[0])
+
+    return forward
 
 
 def _weight_first_forward(rows_range: tuple[int, int]):
@@ -46,14 +68,20 @@ def _weight_first_forward(rows_range: tuple[int, int]):
     return forward
 
 
-def route_small_batches(model: torch.nn.Module) -> int:
-    """Makes the model's linear layers compute few-row inputs weight-first (CPU only; the
-    modules stay nn.Linear, their weights and any tying untouched). Returns how many changed."""
+def route_small_batches(model: torch.nn.Module, use_kernel: bool = True) -> int:
+    """Makes the model's CPU linear layers compute few-row inputs with the native kernel (or
+    weight-first in torch without it; `use_kernel=False` forces that). The modules stay
+    nn.Linear, their weights and any tying untouched. Returns how many changed."""
+    kernels = _kernels() if use_kernel else None
+    model.cpu_products = "kernel" if kernels is not None else "torch"  # cost profiles are cached per kind
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     changed = 0
     for module in model.modules():
         if type(module) is torch.nn.Linear and module.weight.device.type == "cpu":
-            rows = HEAD_ROWS if module is head else BODY_ROWS
-            module.forward = types.MethodType(_weight_first_forward(rows), module)
+            if kernels is not None and module.weight.is_contiguous():
+                forward = _kernel_forward(kernels.linear_into)
+            else:
+                forward = _weight_first_forward(HEAD_ROWS if module is head else BODY_ROWS)
+            module.forward = types.MethodType(forward, module)
             changed += 1
     return changed

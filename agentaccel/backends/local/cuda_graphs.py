@@ -16,8 +16,9 @@ import threading
 
 import torch
 
+from agentaccel.backends.local.prefix_cache import LayerKV, PrefixHit
 from agentaccel.backends.local.tree import positions, visibility
-from agentaccel.backends.local.verifier import Chooser, accept, last_logits_only, move_accepted
+from agentaccel.backends.local.verifier import Chooser, accept, last_logits_only, layer_kv, move_accepted
 
 log = logging.getLogger("agentaccel.local")
 
@@ -131,18 +132,29 @@ class SlotSequence:
         self.pending: int | None = None
 
     @torch.inference_mode()
-    def prefill(self, choose: Chooser) -> int:
+    def prefill(self, choose: Chooser, reuse: PrefixHit | None = None) -> int:
         slot, n = self.slot, len(self.prompt)
         dev = slot.device
-        ids = torch.tensor([self.prompt], dtype=torch.long, device=dev)
-        slot.write_at.positions = torch.arange(n, device=dev)
-        causal = torch.arange(slot.max_len, device=dev)[None, :] <= torch.arange(n, device=dev)[:, None]
+        start = reuse.tokens if reuse else 0
+        for i, layer in enumerate(slot.cache.layers if reuse else ()):
+            keys, values = reuse.keys_values(i)
+            if not layer.is_initialized:  # a slot's first request (captured slots are initialized)
+                layer.lazy_initialization(keys, values)
+            layer.keys[:, :, :start].copy_(keys)
+            layer.values[:, :, :start].copy_(values)
+        ids = torch.tensor([self.prompt[start:]], dtype=torch.long, device=dev)
+        slot.write_at.positions = torch.arange(start, n, device=dev)
+        causal = torch.arange(slot.max_len, device=dev)[None, :] <= slot.write_at.positions[:, None]
         logits = slot.model(input_ids=ids, position_ids=slot.write_at.positions[None],
                             attention_mask=causal[None, None], past_key_values=slot.cache, use_cache=True,
                             **last_logits_only(slot.model)).logits[0, -1]
         self.past = n
         self.pending = choose(logits)
         return self.pending
+
+    def cache_layers(self) -> list[LayerKV]:
+        """Every layer's keys and values over all the slot's columns, the prompt's first."""
+        return layer_kv(self.slot.cache)
 
     @torch.inference_mode()
     def step(self, draft_tokens: list[int], draft_parents: list[int], choose: Chooser) -> tuple[list[int], int]:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from agentaccel.backends.local.cuda_graphs import SlotPool, SlotSequence, context_len, default_slots
+from agentaccel.backends.local.prefix_cache import DEFAULT_BUDGET_BYTES, PrefixCache
 from agentaccel.backends.local.sampling import SamplingParams, chooser
 from agentaccel.backends.local.verifier import Sequence
 from agentaccel.engine import SpecConfig, SuffixEngine
@@ -34,6 +35,7 @@ class GenerationResult:
     accepted: int  # draft tokens accepted
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
+    cached_tokens: int = 0  # prompt tokens whose KV entries came from the prefix cache
 
     @property
     def mean_accepted(self) -> float:
@@ -45,13 +47,16 @@ class LocalGenerator:
     def __init__(self, model, tokenizer, engine: SuffixEngine | None = None, spec: SpecConfig | None = None,
                  max_draft: int = 32, drafter: str = "suffix",
                  stage_specs: dict[str, SpecConfig] | None = None, sizer: DraftSizer | None = None,
-                 static_slots: int | None = None, static_len: int | None = None) -> None:
+                 static_slots: int | None = None, static_len: int | None = None,
+                 prefix_cache_bytes: int = DEFAULT_BUDGET_BYTES) -> None:
         """`drafter`: "suffix" (the engine's trees) or "pld" (prompt lookup in the request's own
         context, the baseline; the engine then only holds the request). `stage_specs`: per-stage
         drafting policy (alpha, tau, ...) overriding `spec`. `sizer`: cuts suffix drafts to the
         size that pays best under this backend's measured cost curve. `static_slots`: requests
         decoded at once on a static KV cache of `static_len` columns (default: the context),
-        whose steps replay as CUDA graphs on a GPU (default: cuda_graphs.default_slots)."""
+        whose steps replay as CUDA graphs on a GPU (default: cuda_graphs.default_slots).
+        `prefix_cache_bytes`: memory for prompts' KV entries reused by later prompts that begin
+        alike (0: none)."""
         if drafter not in ("suffix", "pld"):
             raise ValueError(f"drafter must be 'suffix' or 'pld', got {drafter!r}")
         self.model = model
@@ -68,6 +73,7 @@ class LocalGenerator:
         self._forward = threading.Lock()
         slots = default_slots(model) if static_slots is None else static_slots
         self.slots = SlotPool(model, slots, static_len or self.max_context, self._forward) if slots else None
+        self.prefix_cache = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes else None
 
     def generate(self, prompt_ids: list[int], params: SamplingParams | None = None, *, stage: str = "default",
                  speculate: bool = True, on_tokens: OnTokens | None = None,
@@ -102,8 +108,11 @@ class LocalGenerator:
     def _run(self, seq, prompt, params, engine, rid, on_tokens, spec: SpecConfig) -> GenerationResult:
         choose = chooser(params)
         t0 = time.perf_counter()
+        reuse = self.prefix_cache.lookup(prompt) if self.prefix_cache else None
         with self._forward:
-            first = seq.prefill(choose)
+            first = seq.prefill(choose, reuse)
+        if self.prefix_cache:
+            self.prefix_cache.store(prompt, seq.cache_layers())
         t1 = time.perf_counter()
         out: list[int] = []
         steps = drafted = accepted = 0
@@ -140,7 +149,8 @@ class LocalGenerator:
         if finish == "stop_string":
             text = self._before_stop(text, params.stop)
             finish = "stop"
-        return GenerationResult(out, text, finish, len(prompt), len(out), steps, drafted, accepted, t1 - t0, t2 - t1)
+        return GenerationResult(out, text, finish, len(prompt), len(out), steps, drafted, accepted, t1 - t0, t2 - t1,
+                                reuse.tokens if reuse else 0)
 
     def _cut(self, out: list[int], new: list[int], params: SamplingParams) -> tuple[list[int], str | None]:
         """Trims newly accepted tokens at EOS, max_tokens or a stop string."""

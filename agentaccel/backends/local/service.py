@@ -19,6 +19,7 @@ from pathlib import Path
 from agentaccel.backends.base import CHAT, Backend, CallContext, SpecStats
 from agentaccel.backends.local.detokenize import TextDeltas
 from agentaccel.backends.local.generator import GenerationResult, LocalGenerator
+from agentaccel.backends.local.prefix_cache import DEFAULT_BUDGET_BYTES
 from agentaccel.backends.local.sampling import SamplingParams
 from agentaccel.engine import SpecConfig, SuffixEngine
 from agentaccel.errors import APIError, bad_request
@@ -38,7 +39,7 @@ class LocalBackend(Backend):
                  dtype: str = "float32", served_name: str | None = None,
                  stage_specs: dict[str, SpecConfig] | None = None,
                  max_concurrency: int = 16, on_ready=None, cost_profile: str | Path = "off",
-                 say=lambda _: None) -> None:
+                 prefix_cache_bytes: int = DEFAULT_BUDGET_BYTES, say=lambda _: None) -> None:
         """`on_ready(engine, tokenizer)` runs once the model is loaded (the serve command seeds the
         engine's trees from the trace store there). `cost_profile`: "auto" cuts drafts to their
         best size under this model's measured verification cost curve (measured at the first
@@ -52,6 +53,7 @@ class LocalBackend(Backend):
         self.pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="agentaccel-gen")
         self.on_ready = on_ready
         self.cost_profile = cost_profile
+        self.prefix_cache_bytes = prefix_cache_bytes
         self.say = say
         self.generator: LocalGenerator | None = None
 
@@ -63,7 +65,8 @@ class LocalBackend(Backend):
         from agentaccel.backends.local.cost_curve import draft_sizer, model_key
 
         sizer = await asyncio.to_thread(draft_sizer, model, model_key(self.model_path), self.cost_profile, self.say)
-        self.generator = LocalGenerator(model, tok, self.engine, stage_specs=self.stage_specs, sizer=sizer)
+        self.generator = LocalGenerator(model, tok, self.engine, stage_specs=self.stage_specs, sizer=sizer,
+                                        prefix_cache_bytes=self.prefix_cache_bytes)
         if self.on_ready is not None:
             await asyncio.to_thread(self.on_ready, self.engine, tok)
 
@@ -201,7 +204,8 @@ def _id(chat: bool) -> str:
 
 def _usage(r: GenerationResult) -> dict:
     return {"prompt_tokens": r.prompt_tokens, "completion_tokens": r.completion_tokens,
-            "total_tokens": r.prompt_tokens + r.completion_tokens}
+            "total_tokens": r.prompt_tokens + r.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": r.cached_tokens}}
 
 
 def _envelope(kind: str, body: dict, choices: list[dict], usage: dict) -> dict:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import torch
 
+from agentaccel.backends.local.prefix_cache import LayerKV, PrefixHit
 from agentaccel.backends.local.tree import tree_inputs
 
 Chooser = Callable[[torch.Tensor], int]
@@ -43,13 +44,22 @@ class Sequence:
         self.pending: int | None = None  # chosen but not yet run through the model
 
     @torch.inference_mode()
-    def prefill(self, choose: Chooser) -> int:
-        ids = torch.tensor([self.prompt], dtype=torch.long, device=self.device)
+    def prefill(self, choose: Chooser, reuse: PrefixHit | None = None) -> int:
+        """Runs the prompt (after the entries `reuse` holds for its beginning) and chooses the
+        first output token."""
+        start = reuse.tokens if reuse else 0
+        for i in range(len(reuse.layers) if reuse else 0):
+            self.cache.update(*reuse.keys_values(i), i)  # copied: the stored entries stay as they are
+        ids = torch.tensor([self.prompt[start:]], dtype=torch.long, device=self.device)
         logits = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True,
                             **self.last_logits_only).logits[0, -1]
         self.past = len(self.prompt)
         self.pending = choose(logits)
         return self.pending
+
+    def cache_layers(self) -> list[LayerKV]:
+        """Every layer's keys and values, the prompt's first (read right after the prefill)."""
+        return layer_kv(self.cache)
 
     @torch.inference_mode()
     def step(self, draft_tokens: list[int], draft_parents: list[int], choose: Chooser) -> tuple[list[int], int]:
@@ -85,6 +95,10 @@ def accept(logits: torch.Tensor, draft_tokens: list[int], draft_parents: list[in
             return path, chosen
         path.append(child)
         node = child
+
+
+def layer_kv(cache) -> list[LayerKV]:
+    return [(layer.keys, layer.values) for layer in cache.layers]
 
 
 def move_accepted(layers, base: int, path: list[int]) -> None:
