@@ -101,9 +101,9 @@ def run_method(method: str, model, tok, workload: str, traces: Path, n: int, max
                sizer: DraftSizer | None = None, static_slots: int | None = None,
                prefix_cache_bytes: int = DEFAULT_BUDGET_BYTES) -> MethodResult:
     """`sizer`: cuts the suffix method's drafts as `agentaccel serve` does (its cost curve).
-    `static_slots`, `prefix_cache_bytes`: as LocalGenerator's (None: its default, CUDA graphs on a
-    GPU). Every method gets the same prefix cache: it holds prompts only, so each method reuses
-    the same entries and the comparison stays token for token."""
+    `static_slots` (None: CUDA graphs on a GPU) and `prefix_cache_bytes`: as LocalGenerator's.
+    Every method gets the same prefix cache: it holds prompts only, so each method reuses the
+    same entries and the comparison stays token for token."""
     engine = None if method == "vanilla" else SuffixEngine()
     gen = LocalGenerator(model, tok, engine, drafter="pld" if method == "pld" else "suffix",
                          sizer=sizer if method == "suffix" else None, static_slots=static_slots,

@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from agentaccel.cli.serve import Dtype, DtypeOption, check_cost_profile, parse_size, serve
+from agentaccel.cli.serve import PREFIX_CACHE, Dtype, DtypeOption, check_cost_profile, parse_size, serve
 
 app = typer.Typer(help="agentaccel: suffix speculation middleware for LLM agents.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -157,7 +157,7 @@ def bench_e2e(
                                                           "0 turns them off).", min=0)] = None,
     prefix_cache: Annotated[str, typer.Option(help="Memory for prompts' KV entries reused by later prompts "
                                                    "that begin alike, the same for every method (0: off).")]
-    = "512MiB",
+    = PREFIX_CACHE,
 ) -> None:
     """Wall-clock decoding on the real model: vanilla vs prompt lookup vs suffix, same prompts."""
     from agentaccel.backends.local import cost_curve, load_model

@@ -44,6 +44,9 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * base ** " KMGT".index(m.group(2).upper() or " "))
 
 
+PREFIX_CACHE = "512MiB"  # as prefix_cache.DEFAULT_BUDGET_BYTES (the CLI does not import torch to parse options)
+
+
 def serve(
     ctx: typer.Context,
     backend: Annotated[BackendKind, typer.Option(help="local: embedded model (no GPU needed); openai: any "
@@ -82,7 +85,7 @@ def serve(
                                                    "then cached); a file from `agentaccel bench backend`; or off "
                                                    "(a fixed cost per draft token).")] = "auto",
     prefix_cache: Annotated[str, typer.Option(help="local: memory for prompts' KV entries, reused by later "
-                                                   "prompts that begin alike (0 turns it off).")] = "512MiB",
+                                                   "prompts that begin alike (0 turns it off).")] = PREFIX_CACHE,
 ) -> None:
     """Run the OpenAI-compatible proxy. Arguments after `--` go to `vllm serve` (vllm backend)."""
     import uvicorn

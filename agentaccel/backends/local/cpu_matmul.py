@@ -39,7 +39,7 @@ def _kernel_forward(linear_into):
     def forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
         w = self.weight
-        if rows > KERNEL_ROWS or rows == 0 or x.dtype != torch.float32 or w.dtype != torch.float32:
+        if rows > KERNEL_ROWS or rows == 0 or x.dtype != torch.float32:
             return F.linear(x, w, self.bias)
         x2 = x.reshape(rows, x.shape[-1]).contiguous()
         y = torch.empty(rows, w.shape[0], dtype=torch.float32)
@@ -78,7 +78,7 @@ def route_small_batches(model: torch.nn.Module, use_kernel: bool = True) -> int:
     changed = 0
     for module in model.modules():
         if type(module) is torch.nn.Linear and module.weight.device.type == "cpu":
-            if kernels is not None and module.weight.is_contiguous():
+            if kernels is not None and module.weight.is_contiguous() and module.weight.dtype == torch.float32:
                 forward = _kernel_forward(kernels.linear_into)
             else:
                 forward = _weight_first_forward(HEAD_ROWS if module is head else BODY_ROWS)

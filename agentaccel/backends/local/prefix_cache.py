@@ -81,30 +81,38 @@ class PrefixCache:
         """Keeps a prompt's entries (`layers` hold at least its columns; they are copied). A
         stored prompt that begins the new one is dropped: the new one serves every lookup it
         served."""
-        key = tuple(prompt)
-        nbytes = sum(2 * k.element_size() * k[:, :, : len(prompt)].numel() for k, _ in layers)
-        if len(prompt) < self.min_reuse or nbytes > self.budget_bytes:
+        n, ids = len(prompt), np.asarray(prompt, dtype=np.int64)
+        nbytes = sum(2 * k.element_size() * k[:, :, :n].numel() for k, _ in layers)
+        if n < self.min_reuse or nbytes > self.budget_bytes or self._covered(ids):
             return
-        ids = np.asarray(prompt, dtype=np.int64)
+        copies = [(k[:, :, :n].clone(), v[:, :, :n].clone()) for k, v in layers]  # outside the lock
         with self._lock:
-            if any(len(e.ids) >= len(ids) and _common_prefix(ids, e.ids) == len(ids) for e in self._entries.values()):
-                return  # already covered by a stored prompt that begins with this one
-        copies = [(k[:, :, : len(prompt)].clone(), v[:, :, : len(prompt)].clone()) for k, v in layers]
-        with self._lock:
-            for old in [k for k, e in self._entries.items() if len(e.ids) < len(ids)
-                        and _common_prefix(ids, e.ids) == len(e.ids)]:
-                self._bytes -= self._entries.pop(old).nbytes
-            if key in self._entries:
+            if self._covered_locked(ids):  # stored meanwhile by another request
                 return
-            self._entries[key] = _Entry(ids, copies, nbytes)
+            for old in [key for key, e in self._entries.items() if _begins(e.ids, ids)]:
+                self._bytes -= self._entries.pop(old).nbytes
+            self._entries[tuple(prompt)] = _Entry(ids, copies, nbytes)
             self._bytes += nbytes
             while self._bytes > self.budget_bytes:
                 self._bytes -= self._entries.popitem(last=False)[1].nbytes
+
+    def _covered(self, ids: np.ndarray) -> bool:
+        with self._lock:
+            return self._covered_locked(ids)
+
+    def _covered_locked(self, ids: np.ndarray) -> bool:
+        """Whether a stored prompt begins with `ids` (or is it): it serves every lookup `ids` would."""
+        return any(_begins(ids, e.ids) for e in self._entries.values())
 
     def stats(self) -> dict:
         with self._lock:
             return {"entries": len(self._entries), "bytes": self._bytes, "lookups": self.lookups,
                     "hits": self.hits, "reused_tokens": self.reused_tokens}
+
+
+def _begins(head: np.ndarray, ids: np.ndarray) -> bool:
+    """Whether `ids` begins with `head`."""
+    return len(head) <= len(ids) and _common_prefix(head, ids) == len(head)
 
 
 def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
