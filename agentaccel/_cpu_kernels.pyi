@@ -1,5 +1,8 @@
 """Type stubs of the embedded backend's CPU kernels (csrc/cpu_kernels/skinny_linear.cpp)."""
 
+VERSION: int
+"""Raised whenever a change alters the kernels' speed; cached cost profiles are keyed by it."""
+
 def available() -> bool:
     """Whether this CPU runs the kernels (x86 with AVX2 and FMA)."""
 

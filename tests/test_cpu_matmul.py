@@ -51,6 +51,12 @@ def test_kernel_rows_are_bit_identical_alone_and_together():
         assert not strided.is_contiguous()
         assert torch.equal(lin(strided), alone)
         torch.testing.assert_close(alone, torch.nn.functional.linear(x, lin.weight), rtol=1e-4, atol=1e-4)
+        # More rows than one pass of the kernel keeps (64; the backend sends those to torch): the
+        # kernel itself still handles them, group by group, with the same per-row results.
+        many = torch.cat([x, x, x[:4]])
+        out = torch.empty(len(many), 1536)
+        _kernels().linear_into(many.data_ptr(), len(many), 576, lin.weight.data_ptr(), 1536, out.data_ptr())
+        assert torch.equal(out, torch.cat([alone, alone, alone[:4]]))
 
 
 def test_routed_model_keeps_tied_weights_and_greedy_output():
@@ -93,3 +99,17 @@ def test_grouped_kv_attention_gives_the_same_tree_step_logits():
     want = tree_step_logits()
     assert use_grouped_kv_attention(model) and model.config._attn_implementation == NAME
     torch.testing.assert_close(tree_step_logits(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("use_kernel", [True, False])
+def test_cost_profiles_are_cached_per_kind_of_products(use_kernel):
+    """A kernel whose speed changed must not draft on the curve cached for the previous one."""
+    from agentaccel.backends.local.cost_curve import cached_profile_path, device_tag
+
+    model = tiny_llama()
+    route_small_batches(model, use_kernel=use_kernel)
+    kernels = _kernels() if use_kernel else None
+    want = f"cpu-kernel-v{kernels.VERSION}" if kernels is not None else "cpu"
+    assert device_tag(model) == want
+    assert cached_profile_path("smollm2", device_tag(model)).name == f"smollm2-{want}.json"
+    assert device_tag(tiny_llama()) == "cpu"  # not routed: torch's products

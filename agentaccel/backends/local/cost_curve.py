@@ -62,14 +62,15 @@ def model_key(model_path: str | Path | None) -> str:
 
 
 def device_tag(model) -> str:
-    """Where and how a model runs, as its cost curve depends on it: "cpu-kernel" (the native
-    few-row products, backends/local/cpu_matmul.py), "cpu", "cuda", "cuda-bfloat16" (float32,
-    the default, goes unnamed)."""
+    """Where and how a model runs, as its cost curve depends on it: "cpu-kernel-v2" (the native
+    few-row products of that kernel version, backends/local/cpu_matmul.py), "cpu", "cuda",
+    "cuda-bfloat16" (float32, the default, goes unnamed)."""
     param = next(model.parameters())
     dtype = str(param.dtype).removeprefix("torch.")
     device = param.device.type
-    if device == "cpu" and getattr(model, "cpu_products", None) == "kernel":
-        device = "cpu-kernel"
+    products = getattr(model, "cpu_products", "torch")
+    if device == "cpu" and products.startswith("kernel"):
+        device = f"cpu-{products}"
     return device if dtype == "float32" else f"{device}-{dtype}"
 
 

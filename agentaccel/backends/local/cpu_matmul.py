@@ -4,9 +4,10 @@ A step runs a few rows through every linear layer (the pending token plus the dr
 bound by reading the weights from memory. torch's `F.linear` reaches about half of this
 machine's read bandwidth for one row and less for 2-16 (MKL's GEMV/GEMM: SmolLM2's LM head,
 49,152 x 576, takes 8.4 ms for one row, 17 ms for two). The native kernel in
-csrc/cpu_kernels streams each weight once for all rows (the head: 3.9 ms for one row, 4.6 for
-two, 7 for eight; docs/BENCHMARKS.md), and computes every row exactly as it would alone, so a
-verification step's logits for the pending token are bit-identical to a plain step's.
+csrc/cpu_kernels streams each weight once for all rows (the head: ~4.4 ms for one row, 4.8 for
+two, 7 for eight, 10 for sixteen; docs/BENCHMARKS.md), and computes every row exactly as it
+would alone, so a verification step's logits for the pending token are bit-identical to a plain
+step's.
 
 Without the kernel (a CPU lacking AVX2/FMA, or not x86) few-row products run weight-first in
 torch (`W @ x.T`, which reads the weights once for all rows) and one row keeps `F.linear`.
@@ -73,7 +74,8 @@ def route_small_batches(model: torch.nn.Module, use_kernel: bool = True) -> int:
     weight-first in torch without it; `use_kernel=False` forces that). The modules stay
     nn.Linear, their weights and any tying untouched. Returns how many changed."""
     kernels = _kernels() if use_kernel else None
-    model.cpu_products = "kernel" if kernels is not None else "torch"  # cost profiles are cached per kind
+    # Cost profiles are cached per kind of products (cost_curve.device_tag).
+    model.cpu_products = f"kernel-v{kernels.VERSION}" if kernels is not None else "torch"
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     changed = 0
     for module in model.modules():
