@@ -195,10 +195,13 @@ def test_prompt_lookup_drafter_is_lossless_too(model_tok):
 
 def test_drafts_cut_by_a_cost_curve_stay_lossless(model_tok):
     model, tok = model_tok
-    # one or two draft tokens cost one plain step, more cost far more: every draft is cut to <= 2
-    sizer = DraftSizer([1.0, 1.0, 1.0, 3.0, 4.0, 5.0])
+    # over the prompt's context one or two draft tokens cost one plain step, more cost far more:
+    # every draft is cut to <= 2; over no context any draft costs 5 steps (a generator pricing
+    # steps by a context other than its request's would draft nothing)
+    sizer = DraftSizer({0: [1.0, 5.0, 5.0, 5.0, 5.0, 5.0], 16: [1.0, 1.0, 1.0, 3.0, 4.0, 5.0]})
     gen = LocalGenerator(model, tok, SuffixEngine(), EAGER, sizer=sizer)
     prompt = chat(tok, "Repeat exactly: alpha beta gamma delta alpha beta gamma delta alpha beta gamma delta")
+    assert len(prompt) >= 16
     want = reference_greedy(model, prompt, 30, gen.eos)
     for _ in range(2):  # cold, then with its own output in the global tree (long drafts to cut)
         got = gen.generate(prompt, SamplingParams(max_tokens=30))
@@ -218,11 +221,80 @@ def test_the_cost_curve_is_measured_once_then_read_from_the_cache(tmp_path, monk
     said = []
     first = cost_curve.draft_sizer(tiny, "tiny", say=said.append)
     path = tmp_path / "profiles" / "tiny-cpu.json"
-    assert path.is_file() and len(said) == 1 and "measuring" in said[0]
-    assert len(first.relative_cost) == 33 and first.relative_cost[0] == 1.0
+    assert path.is_file() and "measuring" in said[0] and len(said) == 3  # and one line per context timed
+    # timed over a short and a long context, within the model's 2,048 positions
+    assert first.contexts == (512, 2048 - 33) and [len(c) for c in first.curves] == [33, 33]
+    assert all(c[0] == 1.0 for c in first.curves)
     stamp = path.stat().st_mtime_ns
     again = cost_curve.draft_sizer(tiny, "tiny", say=said.append)
-    assert again.relative_cost == first.relative_cost and len(said) == 1 and path.stat().st_mtime_ns == stamp
+    assert again.curves == first.curves and len(said) == 3 and path.stat().st_mtime_ns == stamp
     path.write_text("{half a profile")  # a damaged cache is measured again, with a word about it
     cost_curve.draft_sizer(tiny, "tiny", say=said.append)
-    assert "unreadable" in said[1] and json.loads(path.read_text())["draft_tokens"][0] == 0
+    assert "unreadable" in said[3] and json.loads(path.read_text())["draft_tokens"][0] == 0
+    older = json.loads(path.read_text())
+    del older["curves"]  # a profile of an earlier version, over one context: measured again too
+    path.write_text(json.dumps(older))
+    assert len(cost_curve.draft_sizer(tiny, "tiny", say=said.append).contexts) == 2
+    assert "one context" in said[7] and "curves" in json.loads(path.read_text())
+
+
+def test_bench_backend_times_each_context_and_writes_a_profile_over_them(tmp_path):
+    """`agentaccel bench backend` as a user runs it, on a small random model folder."""
+    import shutil
+    import subprocess
+    import sys
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from agentaccel.backends.local.model import default_model_folder
+    from agentaccel.engine.cost_profile import load_profile
+
+    folder = tmp_path / "tiny"
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2)).save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(default_model_folder() / name, folder / name)
+    out = tmp_path / "p.json"
+    run = subprocess.run([sys.executable, "-m", "agentaccel.cli.main", "bench", "backend", "--model", str(folder),
+                          "--device", "cpu", "--context", "300", "--context", "100", "--out", str(out)],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert "100 context" in run.stdout and "300 context" in run.stdout and str(out) in run.stdout.replace("\n", "")
+    profile = load_profile(str(out))
+    assert [c for c, _ in profile.by_context] == [100, 300]
+    assert all(costs[0] == 1.0 and len(costs) == len(profile.draft_tokens) for _, costs in profile.by_context)
+
+
+def test_bench_e2e_runs_every_method_on_the_same_prompts_and_checks_outputs(tmp_path):
+    """`agentaccel bench e2e` as a user runs it, on a small traces folder of chat instructions and
+    one Spider question (the 5-stage pipeline): every method decodes every call, identically."""
+    import subprocess
+    import sys
+
+    traces = tmp_path / "traces"
+    chat_file = traces / "chat/alpaca_eval/Meta-Llama-3-8B-Instruct/model_outputs.json"
+    chat_file.parent.mkdir(parents=True)
+    chat_file.write_text(json.dumps([{"instruction": "Name three colors."}, {"instruction": "Count to five."}]))
+    spider = traces / "text2sql/spider"
+    spider.mkdir(parents=True)
+    spider.joinpath("dev.json").write_text(json.dumps([{"db_id": "shop", "question": "How many items are there?"}]))
+    spider.joinpath("tables.json").write_text(json.dumps([{"db_id": "shop", "table_names_original": ["items"],
+                                                          "column_names_original": [[-1, "*"], [0, "id"],
+                                                                                    [0, "name"]]}]))
+
+    def e2e(*args):
+        return subprocess.run([sys.executable, "-m", "agentaccel.cli.main", "bench", "e2e", "--traces", str(traces),
+                               "--max-tokens", "8", "--cost-profile", "off", *args], capture_output=True, text=True)
+
+    out = tmp_path / "e2e.json"
+    run = e2e("--workload", "chat", "--workload", "sql", "--n", "1", "--json", str(out))
+    assert run.returncode == 0, run.stderr
+    result = json.loads(out.read_text())
+    assert result["chat"]["identical_outputs"] and result["sql"]["identical_outputs"]
+    for workload, calls in (("chat", 1), ("sql", 5)):
+        rows = [result[workload][m] for m in ("vanilla", "pld", "suffix")]
+        assert [r["calls"] for r in rows] == [calls] * 3 and len({r["tokens"] for r in rows}) == 1
+        assert rows[0]["tokens"] > 0 and rows[0]["speedup"] == 1.0 and rows[0]["mat"] <= 1.0  # a token a pass
+    missing = e2e("--workload", "swe", "--n", "1")  # no SWE-agent trajectories in this folder
+    assert missing.returncode != 0 and "no SWE-agent trajectories" in missing.stderr

@@ -1,5 +1,6 @@
 """`agentaccel bench e2e`: wall-clock decoding on the real model, vanilla vs prompt lookup vs
-suffix speculation, same prompts, one run. Outputs are compared across methods (lossless).
+suffix speculation, same prompts, one run, the methods taking turns call by call. Outputs are
+compared across methods (lossless).
 
 Workloads:
 * swe: the first LLM calls of the SWE-agent trajectories (prompt truncated from the left to fit;
@@ -51,15 +52,31 @@ class MethodResult:
                 "acceptance_rate": self.accepted / self.drafted if self.drafted else 0.0}
 
 
+CHAT_FILE = "chat/alpaca_eval/Meta-Llama-3-8B-Instruct/model_outputs.json"
+SWE_TRAJECTORIES = "swe-agent/20240825_SWE-agent_deepseek-chat-v2/trajs/*.traj"
+SPIDER_FILES = ("text2sql/spider/dev.json", "text2sql/spider/tables.json")
+
+
+def missing_input(traces: Path, workload: str) -> str | None:
+    """What a workload needs from the traces folder and does not find there (None: all found)."""
+    if workload == "swe":
+        found = any(traces.glob(SWE_TRAJECTORIES))
+        return None if found else f"no SWE-agent trajectories ({traces / SWE_TRAJECTORIES})"
+    for name in (CHAT_FILE,) if workload == "chat" else SPIDER_FILES:
+        if not (traces / name).is_file():
+            return f"{traces / name}: not found"
+    return None
+
+
 def chat_workload(traces: Path, n: int) -> Iterator[tuple[list[dict], str]]:
-    rows = json.loads((traces / "chat/alpaca_eval/Meta-Llama-3-8B-Instruct/model_outputs.json").read_text())
+    rows = json.loads((traces / CHAT_FILE).read_text())
     for row in rows[:n]:
         yield [{"role": "user", "content": row["instruction"]}], "chat"
 
 
 def swe_workload(traces: Path, n: int) -> Iterator[tuple[list[dict], str]]:
     count = 0
-    for path in sorted(traces.glob("swe-agent/20240825_SWE-agent_deepseek-chat-v2/trajs/*.traj")):
+    for path in sorted(traces.glob(SWE_TRAJECTORIES)):
         history = json.loads(path.read_text())["history"]
         for i, m in enumerate(history):
             if m["role"] == "assistant" and not m.get("is_demo"):
@@ -78,8 +95,8 @@ def _schema(tables: dict) -> str:
 
 def sql_pipeline(traces: Path, n: int, generate: Generate) -> None:
     """The model runs every stage; each stage's prompt carries the previous stages' outputs."""
-    dev = json.loads((traces / "text2sql/spider/dev.json").read_text())
-    schemas = {t["db_id"]: _schema(t) for t in json.loads((traces / "text2sql/spider/tables.json").read_text())}
+    dev = json.loads((traces / SPIDER_FILES[0]).read_text())
+    schemas = {t["db_id"]: _schema(t) for t in json.loads((traces / SPIDER_FILES[1]).read_text())}
     for q in dev[:n]:
         schema, question = schemas[q["db_id"]], q["question"]
         difficulty = generate([{"role": "user", "content": f"Classify the difficulty of this SQL question as EASY, "
@@ -96,44 +113,60 @@ def sql_pipeline(traces: Path, n: int, generate: Generate) -> None:
                                               "final SQL query."}], "final")
 
 
-def run_method(method: str, model, tok, workload: str, traces: Path, n: int, max_tokens: int,
-               keep_prompt: int, progress: Callable[[str], None] | None = None,
-               sizer: DraftSizer | None = None, static_slots: int | None = None,
-               prefix_cache_bytes: int = DEFAULT_BUDGET_BYTES) -> MethodResult:
-    """`sizer`: cuts the suffix method's drafts as `agentaccel serve` does (its cost curve).
-    `static_slots` (None: CUDA graphs on a GPU) and `prefix_cache_bytes`: as LocalGenerator's.
-    Every method gets the same prefix cache: it holds prompts only, so each method reuses the
-    same entries and the comparison stays token for token."""
+def _generator(method: str, model, tok, sizer: DraftSizer | None, static_slots: int | None,
+               prefix_cache_bytes: int) -> LocalGenerator:
     engine = None if method == "vanilla" else SuffixEngine()
-    gen = LocalGenerator(model, tok, engine, drafter="pld" if method == "pld" else "suffix",
-                         sizer=sizer if method == "suffix" else None, static_slots=static_slots,
-                         prefix_cache_bytes=prefix_cache_bytes)
-    result = MethodResult()
+    return LocalGenerator(model, tok, engine, drafter="pld" if method == "pld" else "suffix",
+                          sizer=sizer if method == "suffix" else None, static_slots=static_slots,
+                          prefix_cache_bytes=prefix_cache_bytes)
+
+
+def run_workload(model, tok, workload: str, traces: Path, n: int, max_tokens: int, keep_prompt: int,
+                 progress: Callable[[str], None] | None = None, sizer: DraftSizer | None = None,
+                 static_slots: int | None = None,
+                 prefix_cache_bytes: int = DEFAULT_BUDGET_BYTES) -> dict[str, MethodResult]:
+    """Every call is decoded by each method in turn (the order rotating from call to call), so a
+    slow phase of the machine hits all methods alike and the ratios compare like with like; the
+    next prompts (a pipeline's next stage) are built from vanilla's reply, so every method gets
+    exactly the same prompts. `sizer`: cuts the suffix method's drafts as `agentaccel serve` does
+    (its cost curve). `static_slots` (None: CUDA graphs on a GPU) and `prefix_cache_bytes`: as
+    LocalGenerator's; each method has its own prefix cache of the same size, which holds prompts
+    only, so each method reuses the same entries."""
+    gens = {m: _generator(m, model, tok, sizer, static_slots, prefix_cache_bytes) for m in METHODS}
+    results = {m: MethodResult() for m in METHODS}
+    calls = 0
 
     def generate(messages: list[dict], stage: str) -> str:
+        nonlocal calls
         prompt = tok.encode(render_prompt(messages))[-keep_prompt:]
-        t0 = time.perf_counter()
-        r = gen.generate(prompt, SamplingParams(max_tokens=max_tokens), stage=stage, speculate=engine is not None)
-        result.seconds += time.perf_counter() - t0
-        result.decode_seconds += r.decode_seconds
-        result.calls += 1
-        result.tokens += r.completion_tokens
-        result.steps += r.steps + 1
-        result.drafted += r.drafted
-        result.accepted += r.accepted
-        result.prompt_tokens += r.prompt_tokens
-        result.cached_tokens += r.cached_tokens
-        result.outputs.append(r.token_ids)
+        texts = {}
+        for m in METHODS[calls % len(METHODS):] + METHODS[: calls % len(METHODS)]:
+            gen, result = gens[m], results[m]
+            t0 = time.perf_counter()
+            r = gen.generate(prompt, SamplingParams(max_tokens=max_tokens), stage=stage,
+                             speculate=gen.engine is not None)
+            result.seconds += time.perf_counter() - t0
+            result.decode_seconds += r.decode_seconds
+            result.calls += 1
+            result.tokens += r.completion_tokens
+            result.steps += r.steps + 1
+            result.drafted += r.drafted
+            result.accepted += r.accepted
+            result.prompt_tokens += r.prompt_tokens
+            result.cached_tokens += r.cached_tokens
+            result.outputs.append(r.token_ids)
+            texts[m] = r.text
+        calls += 1
         if progress:
-            progress(f"{workload}/{method}: call {result.calls}")
-        return r.text
+            progress(f"{workload}: call {calls}, every method")
+        return texts["vanilla"]
 
     if workload == "sql":
         sql_pipeline(traces, n, generate)
     else:
         for messages, stage in (swe_workload if workload == "swe" else chat_workload)(traces, n):
             generate(messages, stage)
-    return result
+    return results
 
 
 def run(model, tok, traces: Path, workloads: list[str], n: int, max_tokens: int, keep_prompt: int,
@@ -141,8 +174,8 @@ def run(model, tok, traces: Path, workloads: list[str], n: int, max_tokens: int,
         prefix_cache_bytes: int = DEFAULT_BUDGET_BYTES) -> dict:
     out = {}
     for workload in workloads:
-        results = {m: run_method(m, model, tok, workload, traces, n, max_tokens, keep_prompt, progress, sizer,
-                                 static_slots, prefix_cache_bytes) for m in METHODS}
+        results = run_workload(model, tok, workload, traces, n, max_tokens, keep_prompt, progress, sizer,
+                               static_slots, prefix_cache_bytes)
         base = results["vanilla"]
         out[workload] = {
             "identical_outputs": all(r.outputs == base.outputs for r in results.values()),

@@ -116,24 +116,28 @@ def bench_backend(
     = None,
     device: Annotated[str | None, typer.Option(help="cpu or cuda (default: cuda when available).")] = None,
     dtype: DtypeOption = Dtype.float32,
-    context: Annotated[int, typer.Option(help="Context length the steps run over.")] = 512,
+    context: Annotated[list[int] | None, typer.Option(help="Context lengths the steps run over (repeatable; "
+                                                           "default: 512 and 2048).", min=1)] = None,
     out: Annotated[Path | None, typer.Option("--out", help="Cost profile JSON (default: in the cache folder).")]
     = None,
 ) -> None:
     """Measure step time vs number of draft tokens and save it as a cost profile."""
     from agentaccel.backends.local import cost_curve, load_model
 
-    with console.status("loading the model"):
+    with console.status("loading the model") as status:
         m, _ = load_model(model, device, dtype.value)
-    dev = next(m.parameters()).device.type
-    with console.status("timing verification steps"):
         # by default written where the embedded backend reads its draft sizes from
-        prof, path = cost_curve.measure_profile(m, cost_curve.model_key(model), out, context)
-    table = Table(title=f"verification step time, {dev} {dtype.value}, context {context}")
-    for col in ("draft tokens", "step ms", "relative to d=0"):
-        table.add_column(col, justify="right")
-    for d, ms in zip(prof["draft_tokens"], prof["step_ms"], strict=True):
-        table.add_row(str(d), f"{ms:.1f}", f"{ms / prof['step_ms'][0]:.2f}")
+        prof, path = cost_curve.measure_profile(m, cost_curve.model_key(model), out, context or cost_curve.CONTEXTS,
+                                                progress=status.update)
+    dev = next(m.parameters()).device.type
+    table = Table(title=f"verification step time, {dev} {dtype.value}")
+    table.add_column("draft tokens", justify="right")
+    for curve in prof["curves"]:
+        table.add_column(f"ms, {curve['context']:,} context", justify="right")
+        table.add_column("relative to d=0", justify="right")
+    for i, d in enumerate(prof["draft_tokens"]):
+        cells = [(f"{c['step_ms'][i]:.1f}", f"{c['step_ms'][i] / c['step_ms'][0]:.2f}") for c in prof["curves"]]
+        table.add_row(str(d), *(cell for pair in cells for cell in pair))
     console.print(table)
     console.print(f"cost profile written to {path} (use: agentaccel bench replay --cost {path})")
 
@@ -168,6 +172,9 @@ def bench_e2e(
     if unknown:
         raise typer.BadParameter(f"unknown workload(s): {', '.join(sorted(unknown))}", param_hint="--workload")
     folder = _traces(traces)
+    for w in chosen:
+        if problem := e2e.missing_input(folder, w):
+            raise typer.BadParameter(f"workload {w}: {problem}", param_hint="--traces")
     check_cost_profile(cost_profile)
     prefix_cache_bytes = parse_size(prefix_cache)
     with console.status("loading the model") as status:

@@ -16,15 +16,20 @@ NAMED = {
     "gpu": 0.02,
 }
 
+SHAPE = "a cost profile needs draft_tokens (including 0) and step_ms lists (each curve: a context and step_ms)"
+
 
 @dataclass(frozen=True)
 class CostProfile:
     name: str
     per_token: float | None = None  # linear: 1 + per_token * d
     draft_tokens: tuple[int, ...] = ()  # measured curve: step time at these draft sizes...
-    relative_cost: tuple[float, ...] = ()  # ...divided by the time of a plain step
+    relative_cost: tuple[float, ...] = ()  # ...divided by the time of a plain step (the first context's)
+    by_context: tuple[tuple[int, tuple[float, ...]], ...] = ()  # (context, relative_cost) if timed at several
 
     def step_cost(self, drafted: np.ndarray) -> np.ndarray:
+        """Relative cost of steps verifying `drafted` tokens (a measured profile: over its first
+        context, as the replay does not model context lengths)."""
         if self.per_token is not None:
             return 1.0 + self.per_token * drafted
         return np.interp(drafted, self.draft_tokens, self.relative_cost)
@@ -36,7 +41,11 @@ class CostProfile:
     def sizer(self, max_tokens: int = 32) -> DraftSizer:
         """Cuts drafts to their best size under this cost (drafts beyond a measured curve's last
         size are priced at its last point)."""
-        return DraftSizer(self.step_cost(np.arange(max_tokens + 1)).tolist())
+        sizes = np.arange(max_tokens + 1)
+        if not self.by_context:
+            return DraftSizer(self.step_cost(sizes).tolist())
+        return DraftSizer({context: np.interp(sizes, self.draft_tokens, costs).tolist()
+                           for context, costs in self.by_context})
 
     @property
     def marginal(self) -> float:
@@ -49,7 +58,7 @@ class CostProfile:
 
 def load_profile(spec: str) -> CostProfile:
     """A named profile, `c=0.04`, or a JSON file written by `agentaccel bench backend`
-    ({"name", "draft_tokens": [...], "step_ms": [...]})."""
+    (see `measured_profile`)."""
     if spec in NAMED:
         return CostProfile(spec, NAMED[spec])
     if spec.startswith("c="):
@@ -63,15 +72,25 @@ def load_profile(spec: str) -> CostProfile:
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: a cost profile needs draft_tokens (including 0) and step_ms lists") from e
+        raise ValueError(f"{path}: {SHAPE}") from e
     return measured_profile(data, path.stem, where=str(path))
 
 
 def measured_profile(data: dict, default_name: str, where: str = "cost profile") -> CostProfile:
-    """The profile of a measured curve ({"name", "draft_tokens": [...], "step_ms": [...]})."""
+    """The profile of a measured curve: {"name", "draft_tokens": [...], "step_ms": [...]}, and
+    optionally "curves": [{"context": n, "step_ms": [...]}, ...], the same draft sizes timed over
+    several context lengths ("step_ms" is then the first's)."""
     try:
-        tokens, ms = data["draft_tokens"], data["step_ms"]
-        base = ms[tokens.index(0)]
-        return CostProfile(data.get("name", default_name), None, tuple(tokens), tuple(m / base for m in ms))
-    except (KeyError, ValueError, TypeError, AttributeError) as e:
-        raise ValueError(f"{where}: a cost profile needs draft_tokens (including 0) and step_ms lists") from e
+        tokens = tuple(data["draft_tokens"])
+        curves = [(int(c["context"]), _relative(tokens, c["step_ms"])) for c in data.get("curves", ())]
+        return CostProfile(data.get("name", default_name), None, tokens, _relative(tokens, data["step_ms"]),
+                           tuple(sorted(curves)))
+    except (KeyError, ValueError, TypeError, AttributeError, ZeroDivisionError) as e:
+        raise ValueError(f"{where}: {SHAPE}") from e
+
+
+def _relative(tokens: tuple[int, ...], step_ms) -> tuple[float, ...]:
+    if len(step_ms) != len(tokens):
+        raise ValueError("one step time per draft size")
+    plain = step_ms[tokens.index(0)]
+    return tuple(m / plain for m in step_ms)

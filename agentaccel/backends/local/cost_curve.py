@@ -1,7 +1,9 @@
 """The verification cost curve of the embedded backend: the time of one decoding step that
-verifies d draft tokens (as a chain) over a context, for several d. Saved as a cost profile
-(`agentaccel bench backend`; `bench replay --cost FILE`), and what cuts the backend's drafts to
-their best size: measured once per model and device, then read from the cache folder."""
+verifies d draft tokens (as a chain) over a context, for several d, timed over a short and a
+long context (draft rows attend over the whole context, so on CPU drafts cost relatively more
+over a long one). Saved as a cost profile (`agentaccel bench backend`; `bench replay --cost
+FILE`), and what cuts the backend's drafts to their best size for each request's context
+length: measured once per model and device, then read from the cache folder."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from agentaccel.engine.cost_profile import load_profile, measured_profile
 from agentaccel.engine.draft_size import DraftSizer
 
 DRAFT_SIZES = (0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32)  # fine below 8: the CPU curve climbs by steps
+CONTEXTS = (512, 2048)  # a short prompt, and a SWE-agent call's (1,536 + its output); between them: interpolated
 
 
 def step_times(model, context: int = 512, sizes=DRAFT_SIZES, repeats: int = 15) -> dict[int, float]:
@@ -51,9 +54,18 @@ def _serving_sequence(model, prompt: list[int]):
     return Sequence(model, prompt)
 
 
-def profile_of(name: str, times: dict[int, float]) -> dict:
-    sizes = sorted(times)
-    return {"name": name, "draft_tokens": sizes, "step_ms": [round(times[d], 3) for d in sizes]}
+def profile_contexts(model, wanted=CONTEXTS) -> list[int]:
+    """The context lengths to time, within the model's positions (room left for the drafts)."""
+    limit = getattr(model.config, "max_position_embeddings", None) or max(wanted) + max(DRAFT_SIZES) + 1
+    return sorted({max(1, min(c, limit - max(DRAFT_SIZES) - 1)) for c in wanted})
+
+
+def profile_of(name: str, times: dict[int, dict[int, float]]) -> dict:
+    """A profile from step times by context then draft size; "step_ms" holds the first
+    context's (what readers of one curve, such as the replay, price steps by)."""
+    curves = [{"context": c, "step_ms": [round(ms, 3) for _, ms in sorted(times[c].items())]} for c in sorted(times)]
+    return {"name": name, "draft_tokens": sorted(times[min(times)]), "step_ms": curves[0]["step_ms"],
+            "curves": curves}
 
 
 def model_key(model_path: str | Path | None) -> str:
@@ -80,10 +92,16 @@ def cached_profile_path(model_name: str, device: str) -> Path:
     return cache_dir() / "profiles" / f"{model_name}-{device}.json"
 
 
-def measure_profile(model, model_name: str, path: Path | None = None, context: int = 512) -> tuple[dict, Path]:
-    """Times the steps and writes the profile (default: the cache file the backend reads)."""
+def measure_profile(model, model_name: str, path: Path | None = None, contexts=CONTEXTS,
+                    progress: Callable[[str], None] = lambda _: None) -> tuple[dict, Path]:
+    """Times the steps over each context and writes the profile (default: the cache file the
+    backend reads)."""
     device = device_tag(model)
-    prof = profile_of(f"{model_name}-{device}", step_times(model, context=context))
+    times = {}
+    for context in profile_contexts(model, contexts):
+        progress(f"timing verification steps over {context:,} tokens of context")
+        times[context] = step_times(model, context=context)
+    prof = profile_of(f"{model_name}-{device}", times)
     path = path or cached_profile_path(model_name, device)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
@@ -95,8 +113,8 @@ def measure_profile(model, model_name: str, path: Path | None = None, context: i
 def draft_sizer(model, model_name: str, setting: str | Path = "auto", say: Callable[[str], None] = lambda _: None,
                 max_tokens: int = 32) -> DraftSizer | None:
     """What `--cost-profile` asks for: "off" (no cut: the per-token cost model), a profile file
-    from `bench backend`, or "auto": this model and device's cached curve, else one measured now
-    (~30 s on CPU) and cached for the next start."""
+    from `bench backend`, or "auto": this model and device's cached curves, else curves measured
+    now (about a minute on CPU) and cached for the next start."""
     if setting == "off":
         return None
     if setting != "auto":
@@ -105,9 +123,13 @@ def draft_sizer(model, model_name: str, setting: str | Path = "auto", say: Calla
     path = cached_profile_path(model_name, device)
     if path.is_file():
         try:
-            return load_profile(str(path)).sizer(max_tokens)
+            cached = load_profile(str(path))
         except ValueError:
             say(f"{path}: unreadable cost profile, measuring again")
+        else:
+            if cached.by_context:  # measured by this version, over its contexts
+                return cached.sizer(max_tokens)
+            say(f"{path}: an older profile, timed over one context length only; measuring again")
     say(f"measuring the verification cost curve of {model_name} on {device} (once; cached in {path})")
-    prof, _ = measure_profile(model, model_name, path)
+    prof, _ = measure_profile(model, model_name, path, progress=say)
     return measured_profile(prof, model_name).sizer(max_tokens)

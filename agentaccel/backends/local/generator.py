@@ -135,7 +135,9 @@ class LocalGenerator:
                     tokens, parents = draft.token_ids, draft.parents
                 else:
                     draft = engine.speculate(rid, budget, spec)
-                    tokens, parents = self.sizer.cut(draft) if self.sizer else (draft.token_ids, draft.parents)
+                    # priced over the context this step attends to: a draft costs more over a long one
+                    tokens, parents = (self.sizer.cut(draft, len(prompt) + len(out)) if self.sizer
+                                       else (draft.token_ids, draft.parents))
             with self._forward:
                 path, pending = seq.step(tokens, parents, choose)
             steps += 1

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import torch
 
+from agentaccel.backends.local.growing_cache import growing_cache
 from agentaccel.backends.local.prefix_cache import LayerKV, PrefixHit
 from agentaccel.backends.local.tree import tree_inputs
 
@@ -33,12 +34,10 @@ def last_logits_only(model) -> dict:
 
 class Sequence:
     def __init__(self, model, prompt: list[int]) -> None:
-        from transformers import DynamicCache
-
         self.model = model
         self.device = next(model.parameters()).device
         self.last_logits_only = last_logits_only(model)
-        self.cache = DynamicCache(config=model.config)
+        self.cache = growing_cache(model.config)
         self.prompt = prompt
         self.past = 0  # tokens in the KV cache
         self.pending: int | None = None  # chosen but not yet run through the model
