@@ -44,6 +44,7 @@ class DraftSizer:
         return len(self.curves[0]) - 1
 
     def costs_at(self, context: int) -> tuple[float, ...]:
+        """The curve for a step over `context` tokens (a few microseconds: steps take tens of ms)."""
         i = bisect.bisect_right(self.contexts, context)
         if i == 0 or i == len(self.contexts):
             return self.curves[max(i - 1, 0)]
