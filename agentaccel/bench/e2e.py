@@ -42,6 +42,19 @@ class MethodResult:
     cached_tokens: int = 0  # prompt tokens whose KV entries the prefix cache supplied
     outputs: list[list[int]] = field(default_factory=list)
 
+    def add(self, r, seconds: float) -> None:
+        """Counts one call's GenerationResult, which took `seconds` of wall time."""
+        self.seconds += seconds
+        self.decode_seconds += r.decode_seconds
+        self.calls += 1
+        self.tokens += r.completion_tokens
+        self.steps += r.steps + 1
+        self.drafted += r.drafted
+        self.accepted += r.accepted
+        self.prompt_tokens += r.prompt_tokens
+        self.cached_tokens += r.cached_tokens
+        self.outputs.append(r.token_ids)
+
     def summary(self) -> dict:
         return {"calls": self.calls, "tokens": self.tokens, "seconds": self.seconds,
                 "tokens_per_s": self.tokens / self.seconds if self.seconds else 0.0,
@@ -141,20 +154,10 @@ def run_workload(model, tok, workload: str, traces: Path, n: int, max_tokens: in
         prompt = tok.encode(render_prompt(messages))[-keep_prompt:]
         texts = {}
         for m in METHODS[calls % len(METHODS):] + METHODS[: calls % len(METHODS)]:
-            gen, result = gens[m], results[m]
             t0 = time.perf_counter()
-            r = gen.generate(prompt, SamplingParams(max_tokens=max_tokens), stage=stage,
-                             speculate=gen.engine is not None)
-            result.seconds += time.perf_counter() - t0
-            result.decode_seconds += r.decode_seconds
-            result.calls += 1
-            result.tokens += r.completion_tokens
-            result.steps += r.steps + 1
-            result.drafted += r.drafted
-            result.accepted += r.accepted
-            result.prompt_tokens += r.prompt_tokens
-            result.cached_tokens += r.cached_tokens
-            result.outputs.append(r.token_ids)
+            r = gens[m].generate(prompt, SamplingParams(max_tokens=max_tokens), stage=stage,
+                                 speculate=gens[m].engine is not None)
+            results[m].add(r, time.perf_counter() - t0)
             texts[m] = r.text
         calls += 1
         if progress:

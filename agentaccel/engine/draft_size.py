@@ -55,7 +55,7 @@ class DraftSizer:
     def best_size(self, probs: Sequence[float], context: int = 0) -> int:
         """Number of leading draft nodes to verify, given each node's acceptance probability and
         the length of the context the step runs over."""
-        costs = self.costs_at(context) if len(self.contexts) > 1 else self.curves[0]
+        costs = self.costs_at(context)
         best_n, best_rate = 0, 1.0 / costs[0]
         expected = 1.0  # the token every step yields, plus the accepted draft tokens
         for n, p in enumerate(probs[: self.max_tokens], start=1):
