@@ -15,6 +15,7 @@ from agentaccel.backends.local.sampling import distribution  # noqa: E402
 from agentaccel.bench.corpus import default_traces_dir  # noqa: E402
 from agentaccel.engine import SpecConfig, SuffixEngine  # noqa: E402
 from agentaccel.engine.draft_size import DraftSizer  # noqa: E402
+from agentaccel.traces.formats.chat_jsonl import parse_chat_jsonl  # noqa: E402
 
 EAGER = SpecConfig(min_score=0.0, cost=0.02)  # always draft: exercises rejections too
 
@@ -287,8 +288,8 @@ def test_bench_e2e_runs_every_method_on_the_same_prompts_and_checks_outputs(tmp_
         return subprocess.run([sys.executable, "-m", "agentaccel.cli.main", "bench", "e2e", "--traces", str(traces),
                                "--max-tokens", "8", "--cost-profile", "off", *args], capture_output=True, text=True)
 
-    out = tmp_path / "e2e.json"
-    run = e2e("--workload", "chat", "--workload", "sql", "--n", "1", "--json", str(out))
+    out, recorded = tmp_path / "e2e.json", tmp_path / "calls.jsonl"
+    run = e2e("--workload", "chat", "--workload", "sql", "--n", "1", "--json", str(out), "--record", str(recorded))
     assert run.returncode == 0, run.stderr
     result = json.loads(out.read_text())
     assert result["chat"]["identical_outputs"] and result["sql"]["identical_outputs"]
@@ -296,5 +297,14 @@ def test_bench_e2e_runs_every_method_on_the_same_prompts_and_checks_outputs(tmp_
         rows = [result[workload][m] for m in ("vanilla", "pld", "suffix")]
         assert [r["calls"] for r in rows] == [calls] * 3 and len({r["tokens"] for r in rows}) == 1
         assert rows[0]["tokens"] > 0 and rows[0]["speedup"] == 1.0 and rows[0]["mat"] <= 1.0  # a token a pass
+    # --record: every call, in the format import-traces reads, with the reply the pipeline went on with
+    sessions = parse_chat_jsonl(recorded)
+    recorded_calls = [c for s in sessions for c in s.calls]
+    assert len(sessions) == 6 and [c.stage for c in recorded_calls] == [
+        "chat", "classify", "schema-link", "sql", "refine", "final"]
+    classify, _, sql = recorded_calls[1:4]
+    assert classify.response and f"Difficulty: {classify.response}" in sql.messages[-1]["content"]
+    bad = e2e("--workload", "chat", "--n", "1", "--record", str(tmp_path / "no" / "such" / "dir" / "f.jsonl"))
+    assert bad.returncode != 0 and "cannot write" in bad.stderr
     missing = e2e("--workload", "swe", "--n", "1")  # no SWE-agent trajectories in this folder
     assert missing.returncode != 0 and "no SWE-agent trajectories" in missing.stderr

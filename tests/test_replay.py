@@ -10,6 +10,7 @@ import pytest
 from agentaccel.bench import replay as rp
 from agentaccel.bench import speculators as sp
 from agentaccel.engine.cost_profile import CostProfile, load_profile
+from agentaccel.engine.stage_config import default_spec
 from agentaccel.traces.importer import import_traces
 from agentaccel.traces.store import TraceStore
 from agentaccel.traces.tokenization import load_tokenizer
@@ -122,6 +123,7 @@ def test_a_measured_curve_cuts_agentaccel_drafts_to_their_best_size(tmp_path):
     curve = CostProfile("steps", None, (0, 3, 4, 32), (1.0, 1.0, 4.0, 40.0))
     (whole,) = sp.build(["agentaccel"], 0.02)
     (cut,) = sp.build(["agentaccel"], 0.02, curve.sizer())
+    assert cut.config == default_spec("cpu", sized=True)  # drafting as the backend does with a curve
     cut.name = "agentaccel-cut"
     tallies = rp.replay(calls, [whole, cut])
     w, c = tallies["agentaccel"]["*"], tallies["agentaccel-cut"]["*"]

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 from agentaccel.backends.local import LocalGenerator, SamplingParams
 from agentaccel.backends.local.prefix_cache import DEFAULT_BUDGET_BYTES
@@ -25,6 +26,8 @@ from agentaccel.engine.draft_size import DraftSizer
 from agentaccel.traces.render import render_prompt
 
 Generate = Callable[[list[dict], str], str]  # (messages, stage) -> reply text
+# A call to keep, as (workload, call number, messages, stage, the model's reply)
+Record = Callable[[str, int, list[dict], str, str], None]
 
 METHODS = ("vanilla", "pld", "suffix")
 
@@ -126,6 +129,20 @@ def sql_pipeline(traces: Path, n: int, generate: Generate) -> None:
                                               "final SQL query."}], "final")
 
 
+def jsonl_recorder(file: TextIO) -> Record:
+    """Writes each call as a line of chat JSONL (the format `agentaccel import-traces` reads), so
+    that `bench replay` can study the very outputs the model produced here. Each call is its own
+    session: in the backend a request's tree holds only its own prompt and output."""
+
+    def record(workload: str, number: int, messages: list[dict], stage: str, reply: str) -> None:
+        row = {"messages": [*messages, {"role": "assistant", "content": reply}], "stage": stage,
+               "metadata": {"session": f"e2e-{workload}-{number}", "position": 0, "framework": "agentaccel-e2e"}}
+        file.write(json.dumps(row) + "\n")
+        file.flush()
+
+    return record
+
+
 def _generator(method: str, model, tok, sizer: DraftSizer | None, static_slots: int | None,
                prefix_cache_bytes: int) -> LocalGenerator:
     engine = None if method == "vanilla" else SuffixEngine()
@@ -136,15 +153,15 @@ def _generator(method: str, model, tok, sizer: DraftSizer | None, static_slots: 
 
 def run_workload(model, tok, workload: str, traces: Path, n: int, max_tokens: int, keep_prompt: int,
                  progress: Callable[[str], None] | None = None, sizer: DraftSizer | None = None,
-                 static_slots: int | None = None,
-                 prefix_cache_bytes: int = DEFAULT_BUDGET_BYTES) -> dict[str, MethodResult]:
+                 static_slots: int | None = None, prefix_cache_bytes: int = DEFAULT_BUDGET_BYTES,
+                 record: Record | None = None) -> dict[str, MethodResult]:
     """Every call is decoded by each method in turn (the order rotating from call to call), so a
     slow phase of the machine hits all methods alike and the ratios compare like with like; the
     next prompts (a pipeline's next stage) are built from vanilla's reply, so every method gets
     exactly the same prompts. `sizer`: cuts the suffix method's drafts as `agentaccel serve` does
     (its cost curve). `static_slots` (None: CUDA graphs on a GPU) and `prefix_cache_bytes`: as
     LocalGenerator's; each method has its own prefix cache of the same size, which holds prompts
-    only, so each method reuses the same entries."""
+    only, so each method reuses the same entries. `record`: given every call with vanilla's reply."""
     gens = {m: _generator(m, model, tok, sizer, static_slots, prefix_cache_bytes) for m in METHODS}
     results = {m: MethodResult() for m in METHODS}
     calls = 0
@@ -159,6 +176,8 @@ def run_workload(model, tok, workload: str, traces: Path, n: int, max_tokens: in
                                  speculate=gens[m].engine is not None)
             results[m].add(r, time.perf_counter() - t0)
             texts[m] = r.text
+        if record:
+            record(workload, calls, messages, stage, texts["vanilla"])
         calls += 1
         if progress:
             progress(f"{workload}: call {calls}, every method")
@@ -174,11 +193,11 @@ def run_workload(model, tok, workload: str, traces: Path, n: int, max_tokens: in
 
 def run(model, tok, traces: Path, workloads: list[str], n: int, max_tokens: int, keep_prompt: int,
         progress=None, sizer: DraftSizer | None = None, static_slots: int | None = None,
-        prefix_cache_bytes: int = DEFAULT_BUDGET_BYTES) -> dict:
+        prefix_cache_bytes: int = DEFAULT_BUDGET_BYTES, record: Record | None = None) -> dict:
     out = {}
     for workload in workloads:
         results = run_workload(model, tok, workload, traces, n, max_tokens, keep_prompt, progress, sizer,
-                               static_slots, prefix_cache_bytes)
+                               static_slots, prefix_cache_bytes, record)
         base = results["vanilla"]
         out[workload] = {
             "identical_outputs": all(r.outputs == base.outputs for r in results.values()),

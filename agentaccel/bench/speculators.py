@@ -9,6 +9,7 @@ import numpy as np
 
 from agentaccel.engine import SpecConfig, SuffixEngine
 from agentaccel.engine.draft_size import DraftSizer
+from agentaccel.engine.stage_config import SIZED_SPEC
 
 
 class Empty:
@@ -124,13 +125,16 @@ def paper_tree() -> Suffix:
 
 
 def agentaccel(cost: float, shared: bool = False, sizer: DraftSizer | None = None) -> Suffix:
+    """`cost` drives the cost-aware growth; with a `sizer` the drafting policy is the embedded
+    backend's for a measured curve (SIZED_SPEC), so that replay predicts what serving does."""
     name = "agentaccel-shared" if shared else "agentaccel"
-    return Suffix(name, SpecConfig(mode="agentaccel", cost=cost), 32, 64, shared, sizer)
+    config = SIZED_SPEC if sizer is not None else SpecConfig(mode="agentaccel", cost=cost)
+    return Suffix(name, config, 32, 64, shared, sizer)
 
 
 def build(names: list[str], cost: float, sizer: DraftSizer | None = None) -> list[Speculator]:
-    """`cost` drives agentaccel's cost-aware growth; `sizer` (a measured cost curve) then cuts
-    its drafts, as the embedded backend does."""
+    """`cost` drives agentaccel's cost-aware growth; `sizer` (a measured cost curve) instead
+    makes agentaccel draft and cut as the embedded backend does."""
     factories = {
         "none": NoSpeculation,
         "pld": PromptLookup,

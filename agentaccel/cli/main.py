@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -162,6 +163,9 @@ def bench_e2e(
     prefix_cache: Annotated[str, typer.Option(help="Memory for prompts' KV entries reused by later prompts "
                                                    "that begin alike, the same for every method (0: off).")]
     = PREFIX_CACHE,
+    record: Annotated[Path | None, typer.Option(help="Also write every call (prompt messages, stage, the model's "
+                                                     "reply) here as chat JSONL, for `agentaccel import-traces` "
+                                                     "and `bench replay`.")] = None,
 ) -> None:
     """Wall-clock decoding on the real model: vanilla vs prompt lookup vs suffix, same prompts."""
     from agentaccel.backends.local import cost_curve, load_model
@@ -177,12 +181,17 @@ def bench_e2e(
             raise typer.BadParameter(f"workload {w}: {problem}", param_hint="--traces")
     check_cost_profile(cost_profile)
     prefix_cache_bytes = parse_size(prefix_cache)
-    with console.status("loading the model") as status:
+    try:
+        record_file = record.open("w") if record else None
+    except OSError as e:
+        raise typer.BadParameter(f"cannot write {record} ({e.strerror})", param_hint="--record") from e
+    with console.status("loading the model") as status, record_file or contextlib.nullcontext():
         model, tok = load_model(dtype=dtype.value)
         # the suffix method sizes its drafts as `agentaccel serve` does: by this model's cost curve
         sizer = cost_curve.draft_sizer(model, cost_curve.model_key(None), cost_profile, status.update)
         result = e2e.run(model, tok, folder, chosen, n, max_tokens, keep_prompt, progress=status.update, sizer=sizer,
-                         static_slots=static_slots, prefix_cache_bytes=prefix_cache_bytes)
+                         static_slots=static_slots, prefix_cache_bytes=prefix_cache_bytes,
+                         record=e2e.jsonl_recorder(record_file) if record_file else None)
     table = Table(title=f"end-to-end decoding, {next(model.parameters()).device.type} {dtype.value}, "
                         f"{max_tokens} tokens/call")
     for col in ("workload", "method", "calls", "tokens", "tok/s", "speedup", "decode tok/s", "decode speedup",

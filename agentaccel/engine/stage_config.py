@@ -41,6 +41,10 @@ def _apply(path: Path, stage: str, base: SpecConfig, fields: dict) -> SpecConfig
     return config
 
 
+# Drafting when a measured cost curve cuts every draft (default_spec explains the values).
+SIZED_SPEC = SpecConfig(cost=0.02, min_score=0.5)
+
+
 def default_spec(device_type: str, sized: bool = False) -> SpecConfig:
     """The embedded backend's default drafting policy per device (also the base of stages a
     `--spec-config` file leaves out). `sized`: a measured cost curve cuts every draft to its best
@@ -51,7 +55,7 @@ def default_spec(device_type: str, sized: bool = False) -> SpecConfig:
     the best of `--sweep min_score=0.3,0.6,1,1.5 --sweep cost=0.01,0.02,0.04` over the four replay
     workloads. On GPU the linear c = 0.02 model holds."""
     if sized:
-        return SpecConfig(cost=0.02, min_score=0.5)
+        return SIZED_SPEC
     if device_type == "cpu":
         return SpecConfig(cost=0.04, min_score=1.0)
     return SpecConfig(cost=0.02)
