@@ -132,7 +132,8 @@ def sql_pipeline(traces: Path, n: int, generate: Generate) -> None:
 def jsonl_recorder(file: TextIO) -> Record:
     """Writes each call as a line of chat JSONL (the format `agentaccel import-traces` reads), so
     that `bench replay` can study the very outputs the model produced here. Each call is its own
-    session: in the backend a request's tree holds only its own prompt and output."""
+    session: in the backend a request's tree holds only its own prompt and output. The messages
+    are kept whole: a prompt the run truncated from the left (`keep_prompt`) replays longer."""
 
     def record(workload: str, number: int, messages: list[dict], stage: str, reply: str) -> None:
         row = {"messages": [*messages, {"role": "assistant", "content": reply}], "stage": stage,
