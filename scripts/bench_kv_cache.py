@@ -17,18 +17,17 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from agentaccel.backends.local import load_model, verifier
+from agentaccel.backends.local import load_model
+from agentaccel.backends.local.cost_curve import CONTEXTS
 from agentaccel.backends.local.growing_cache import growing_cache
+from agentaccel.backends.local.verifier import Sequence
 
 SIZES = (0, 4, 8, 16, 32)
 
 
-def _sequence(model, prompt: list[int], make_cache) -> verifier.Sequence:
-    verifier.growing_cache = make_cache  # what Sequence builds its cache with
-    try:
-        seq = verifier.Sequence(model, prompt)
-    finally:
-        verifier.growing_cache = growing_cache
+def _sequence(model, prompt: list[int], make_cache) -> Sequence:
+    seq = Sequence(model, prompt)
+    seq.cache = make_cache(model.config)  # still empty: the prefill fills this one
     seq.prefill(lambda logits: 5)
     return seq
 
@@ -45,7 +44,7 @@ def main() -> None:
     console = Console()
     gen = torch.Generator().manual_seed(0)
     vocab = model.config.vocab_size
-    for context in args.context or (512, 2048):
+    for context in args.context or CONTEXTS:
         prompt = torch.randint(100, vocab - 1, (context,), generator=gen).tolist()
         seqs = {name: _sequence(model, prompt, make) for name, make in caches.items()}
         ms: dict[str, dict[int, list[float]]] = {name: {d: [] for d in SIZES} for name in caches}

@@ -23,6 +23,7 @@ from agentaccel.backends.local import LocalGenerator, SamplingParams
 from agentaccel.backends.local.prefix_cache import DEFAULT_BUDGET_BYTES
 from agentaccel.engine import SuffixEngine
 from agentaccel.engine.draft_size import DraftSizer
+from agentaccel.traces.formats.chat_jsonl import chat_jsonl_line
 from agentaccel.traces.render import render_prompt
 
 Generate = Callable[[list[dict], str], str]  # (messages, stage) -> reply text
@@ -136,9 +137,9 @@ def jsonl_recorder(file: TextIO) -> Record:
     are kept whole: a prompt the run truncated from the left (`keep_prompt`) replays longer."""
 
     def record(workload: str, number: int, messages: list[dict], stage: str, reply: str) -> None:
-        row = {"messages": [*messages, {"role": "assistant", "content": reply}], "stage": stage,
-               "metadata": {"session": f"e2e-{workload}-{number}", "position": 0, "framework": "agentaccel-e2e"}}
-        file.write(json.dumps(row) + "\n")
+        file.write(chat_jsonl_line(messages, {"role": "assistant", "content": reply}, stage=stage,
+                                   metadata={"session": f"e2e-{workload}-{number}", "position": 0,
+                                             "framework": "agentaccel-e2e"}))
         file.flush()
 
     return record
@@ -173,8 +174,7 @@ def run_workload(model, tok, workload: str, traces: Path, n: int, max_tokens: in
         texts = {}
         for m in METHODS[calls % len(METHODS):] + METHODS[: calls % len(METHODS)]:
             t0 = time.perf_counter()
-            r = gens[m].generate(prompt, SamplingParams(max_tokens=max_tokens), stage=stage,
-                                 speculate=gens[m].engine is not None)
+            r = gens[m].generate(prompt, SamplingParams(max_tokens=max_tokens), stage=stage)
             results[m].add(r, time.perf_counter() - t0)
             texts[m] = r.text
         if record:

@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from agentaccel.traces.formats.chat_jsonl import chat_jsonl_line
 from agentaccel.traces.store import TraceStore
 
 
@@ -18,14 +18,9 @@ def export_calls(store: TraceStore, out: Path, stage: str | None = None) -> int:
             reply = {"role": "assistant", "content": call.response}
             if call.tool_calls:
                 reply["tool_calls"] = call.tool_calls
-            row = {
-                "messages": [*call.messages, reply],
-                "stage": call.stage,
-                "model": call.model,
-                "metadata": {"session": keys[call.session_id], "position": call.position,
-                             "created_at": call.created_at, "source": call.source_file},
-            }
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+            f.write(chat_jsonl_line(call.messages, reply, stage=call.stage, model=call.model,
+                                    metadata={"session": keys[call.session_id], "position": call.position,
+                                              "created_at": call.created_at, "source": call.source_file}))
             n += 1
     tmp.replace(out)
     return n

@@ -4,6 +4,7 @@ This is also what `agentaccel export-traces` writes."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from agentaccel.traces.formats.common import assistant_response, chat_message, iter_jsonl
@@ -31,3 +32,10 @@ def parse_chat_jsonl(path: Path) -> list[Session]:
             created_at=meta.get("created_at"), source_offset=lineno, metadata=meta,
         ))
     return list(sessions.values())
+
+
+def chat_jsonl_line(messages: list[dict], reply: dict, *, stage: str | None, metadata: dict,
+                    model: str | None = None) -> str:
+    """One call (its prompt messages and the assistant's reply) as a line of this format."""
+    row = {"messages": [*messages, reply], "stage": stage, "model": model, "metadata": metadata}
+    return json.dumps(row, ensure_ascii=False) + "\n"
