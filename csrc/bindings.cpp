@@ -95,6 +95,9 @@ NB_MODULE(_core, m) {
       .def("speculate", &Engine::speculate, "req_id"_a, "params"_a, Release())
       .def("finish_request", &Engine::finish_request, "req_id"_a, "keep_output"_a, "retain"_a, Release())
       .def("prompt_lookup", &Engine::prompt_lookup, "req_id"_a, "min_n"_a, "max_n"_a, "k"_a, Release())
+      .def("longest_continuation",
+           [](Engine& e, const std::string& rid, int k, Tokens t) { return e.longest_continuation(rid, k, t.data(), t.shape(0)); },
+           "req_id"_a, "k"_a, "continuation"_a, Release())
       .def("request_tokens", &Engine::request_tokens, "req_id"_a, Release())
       .def("has_request", &Engine::has_request, "req_id"_a, Release())
       .def("stage_stats", &Engine::stage_stats, Release())

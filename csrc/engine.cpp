@@ -237,6 +237,31 @@ std::vector<uint32_t> Engine::request_tokens(const std::string& rid) {
   return req->sam.tokens();
 }
 
+int64_t Engine::longest_continuation(const std::string& rid, int k, const uint32_t* continuation, size_t n) {
+  if (k < 1) throw InvalidInput("k must be at least 1");
+  auto req = find_request(rid);
+  std::lock_guard rlock(req->mu);
+  std::shared_lock lock(stages_mu_);
+  const auto& ctx = req->sam.tokens();
+  if (ctx.size() < size_t(k)) return 0;
+  std::vector<uint32_t> pattern(ctx.end() - k, ctx.end());
+  pattern.insert(pattern.end(), continuation, continuation + n);
+  // A walk from the root follows the pattern as far as the tree holds it as a substring.
+  auto walk = [&](const Automaton& a) {
+    uint32_t state = 0;
+    int64_t len = 0;
+    for (uint32_t t : pattern) {
+      state = a.next(state, t);
+      if (state == kNil) break;
+      ++len;
+    }
+    return len;
+  };
+  int64_t best = walk(req->sam);
+  for (const auto& stage : stages_) best = std::max(best, walk(stage->sam));
+  return std::max<int64_t>(best - k, 0);
+}
+
 bool Engine::has_request(const std::string& rid) {
   std::lock_guard lock(requests_mu_);
   return requests_.count(rid) > 0;

@@ -174,3 +174,31 @@ def test_all_tree_choices_are_valid_drafts():
         if not tree:
             assert d.parents == list(range(-1, len(d.parents) - 1))
         assert abs(d.score - sum(d.probs)) < 1e-9
+
+
+def _holds(text, part):
+    n = len(part)
+    return any(text[i : i + n] == part for i in range(len(text) - n + 1))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    docs=st.lists(st.tuples(st.sampled_from(["a", "b"]), DOC), max_size=6),
+    context=st.lists(ALPHABET, min_size=1, max_size=30),
+    continuation=st.lists(ALPHABET, max_size=12),
+    k=st.integers(min_value=1, max_value=4),
+)
+def test_longest_continuation_is_the_longest_part_any_tree_holds_after_the_context(docs, context, continuation, k):
+    """The replay's oracle: the longest prefix of the continuation found, right after the
+    context's last k tokens, inside one document or the request's own context."""
+    eng = SuffixEngine()
+    for stage, doc in docs:
+        eng.add_document(doc, stage=stage)
+    eng.start_request("q", context, stage="a")
+    texts = [context] + [doc for _, doc in docs]
+    want = 0
+    if len(context) >= k:  # a shorter context has no k tokens to match
+        head = context[-k:]
+        while want < len(continuation) and any(_holds(t, head + continuation[: want + 1]) for t in texts):
+            want += 1
+    assert eng.longest_continuation("q", continuation, k) == want

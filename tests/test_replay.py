@@ -130,3 +130,24 @@ def test_a_measured_curve_cuts_agentaccel_drafts_to_their_best_size(tmp_path):
     assert max(w.drafted_per_step) > 3  # uncut, the repetitive outputs get long drafts
     assert max(c.drafted_per_step) <= 3 and c.accepted > 0
     assert c.summary([curve])["est_speedup"] > w.summary([curve])["est_speedup"]
+
+
+def test_oracles_bound_every_suffix_drafter(tmp_path):
+    """oracle-1 drafts exactly the longest recorded continuation any tree holds after the last
+    context token: no drafter copying from the trees can take fewer steps, nor pay less for
+    what it gets accepted; a longer match (oracle-2) can only find less."""
+    db = repetitive_store(tmp_path, n=40)
+    with TraceStore(db) as store:
+        calls = rp.load_calls(store, load_tokenizer())
+    specs = sp.build(["paper-linear", "paper-tree", "agentaccel", "oracle-1", "oracle-2"], 0.02)
+    tallies = rp.replay(calls, specs)
+    rows = {r["speculator"]: r for r in rp.summarize(tallies, [CostProfile("gpu", 0.02)]) if r["stage"] == "*"}
+    one, two = rows["oracle-1"], rows["oracle-2"]
+    assert one["acceptance_rate"] == 1.0 and two["acceptance_rate"] == 1.0  # it drafts only what is accepted
+    assert one["est_speedup"] == one["est_speedup_sized_exactly"]
+    assert one["mat"] >= two["mat"] > 1.5
+    for name in ("paper-linear", "paper-tree", "agentaccel"):
+        assert one["mat"] >= rows[name]["mat"], name
+        assert one["est_speedup"] >= rows[name]["est_speedup_sized_exactly"], name
+    with pytest.raises(ValueError, match="k must be at least 1"):
+        specs[-1].engine.longest_continuation("c1", [1], k=0)

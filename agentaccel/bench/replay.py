@@ -118,6 +118,7 @@ def replay(calls: list[ReplayCall], speculators: list[Speculator], *, warm: list
         for spec in speculators:
             key = f"c{call.call_id}"
             spec.begin(key, call.prompt, call.stage, last_of_session.get((spec.name, call.session)))
+            spec.foresee(key, out)
             t = tallies[spec.name][call.stage]
             t.calls += 1
             pos = 0

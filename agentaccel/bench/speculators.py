@@ -35,6 +35,9 @@ class Speculator:
 
     def begin(self, key: str, prompt: np.ndarray, stage: str, previous: str | None) -> None: ...
 
+    def foresee(self, key: str, output: np.ndarray) -> None:
+        """The call's recorded output, handed over before its first step: only an oracle reads it."""
+
     def propose(self, key: str):
         return Empty
 
@@ -110,6 +113,45 @@ class Suffix(_EngineBacked):
         return Suffix(name, replace(self.config, **options), max_tokens, depth, self.shared, self.sizer)
 
 
+class Oracle(_EngineBacked):
+    """Not a drafter but a ceiling: it knows the recorded output and drafts exactly the longest
+    part of it that the request tree or a global tree holds right after the context's last `k`
+    tokens (at most `max_tokens`). No drafter that copies from the trees after matching at least
+    k tokens can accept more per step, and none can draft fewer tokens for what it gets accepted:
+    its estimated speedup bounds theirs."""
+
+    def __init__(self, k: int, max_tokens: int = 32) -> None:
+        super().__init__()
+        self.k, self.max_tokens, self.name = k, max_tokens, f"oracle-{k}"
+        self._output: dict[str, np.ndarray] = {}
+        self._pos: dict[str, int] = {}
+
+    def foresee(self, key, output):
+        self._output[key], self._pos[key] = output, 0
+
+    def propose(self, key):
+        pos = self._pos[key]
+        ahead = self._output[key][pos : pos + self.max_tokens]
+        n = self.engine.longest_continuation(key, ahead, self.k)
+        return _Linear(ahead[:n].tolist(), self.k if n else 0)
+
+    def advance(self, key, tokens):
+        super().advance(key, tokens)
+        self._pos[key] += len(tokens)
+
+    def end(self, key):
+        super().end(key)
+        del self._output[key], self._pos[key]
+
+
+class _Linear:
+    """A single-path draft."""
+
+    def __init__(self, token_ids: list[int], match_len: int) -> None:
+        self.token_ids, self.match_len = token_ids, match_len
+        self.parents = list(range(-1, len(token_ids) - 1))
+
+
 PAPER_TREES = ("request", "stage")  # the paper: the request tree and the (per-stage) global tree
 # ArcticInference / vLLM defaults in the paper's algorithm (used at depth 24): alpha 1, min-prob 0.1, linear.
 PAPER_LINEAR = SpecConfig(mode="paper", tree=False, alpha=1.0, min_prob=0.1, trees=PAPER_TREES)
@@ -142,6 +184,8 @@ def build(names: list[str], cost: float, sizer: DraftSizer | None = None) -> lis
         "paper-tree": paper_tree,
         "agentaccel": lambda: agentaccel(cost, sizer=sizer),
         "agentaccel-shared": lambda: agentaccel(cost, shared=True, sizer=sizer),
+        "oracle-1": lambda: Oracle(1),
+        "oracle-2": lambda: Oracle(2),
     }
     unknown = [n for n in names if n not in factories]
     if unknown:

@@ -259,7 +259,9 @@ def bench_replay(
     limit: Annotated[int | None, typer.Option(help="At most N calls (warm-up included).")] = None,
     warm: Annotated[int, typer.Option(help="The first N selected calls only seed the global trees.")] = 0,
     speculators: Annotated[str, typer.Option(help="Comma-separated: none, pld, paper-linear, paper-tree, "
-                                                  "agentaccel, agentaccel-shared.")]
+                                                  "agentaccel, agentaccel-shared; oracle-1, oracle-2 are "
+                                                  "ceilings (they know the output: the most any draft "
+                                                  "copied after a 1- or 2-token match could give).")]
     = "none,pld,paper-linear,paper-tree,agentaccel",
     cost: Annotated[list[str] | None, typer.Option("--cost", help="Cost profile(s): cpu-smollm2, gpu, c=0.04, "
                                                                  "or a bench-backend JSON. The first drives "

@@ -211,6 +211,15 @@ class SuffixEngine:
         the next-token distribution at the longest suffix match (the paper's predictor)."""
         return self._eng.predictability(_stage(stage), as_token_array(token_ids, self.vocab_size, "predictability"))
 
+    def longest_continuation(self, req_id: str | int, continuation: Sequence[int] | np.ndarray, k: int = 1) -> int:
+        """Length of the longest prefix of `continuation` that the request tree or a global tree
+        holds right after the context's last `k` tokens: the most a drafter matching k tokens
+        could copy if it knew what comes next (an upper bound for replay, not a draft)."""
+        if k < 1:
+            raise ValueError("k must be at least 1")
+        return self._eng.longest_continuation(_rid(req_id), k,
+                                              as_token_array(continuation, self.vocab_size, "longest_continuation"))
+
     def check_integrity(self, counts: bool = True) -> None:
         """Verifies the native structure (and, with `counts`, every occurrence count) or raises."""
         problem = self._eng.check(counts)
