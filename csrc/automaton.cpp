@@ -1,6 +1,7 @@
 #include "automaton.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <stdexcept>
 #if defined(__GLIBC__)
@@ -207,7 +208,18 @@ const TopChildren* Automaton::top_children(uint32_t state) const {
 
 uint32_t Automaton::new_state(int32_t len, int32_t link, uint32_t occ) {
   push(states_, State{uint32_t(len), 0, link, occ, 0, kNil, kNil});
+  if (!recent_.empty()) recent_.push_back(0.0);
   return uint32_t(states_.size() - 1);
+}
+
+void Automaton::set_recency(double half_life) {
+  if (global_ || num_tokens_ > 0) throw InvalidInput("recency is set on an empty request tree");
+  if (!(half_life >= 0.0)) throw InvalidInput("recency half-life must be >= 0");
+  recent_.clear();
+  if (half_life == 0.0) return;
+  recent_.assign(states_.size(), 0.0);
+  recent_gain_ = 1.0;
+  recent_step_ = std::exp2(1.0 / half_life);
 }
 
 EdgeRef Automaton::find_edge(uint32_t from, uint32_t token) const {
@@ -272,6 +284,7 @@ void Automaton::extend(uint32_t c) {
       cur = q;
     } else {
       uint32_t clone = new_state(states_[p].len + 1, states_[q].link, states_[q].occ);
+      if (!recent_.empty()) recent_[clone] = recent_[q];
       copy_edges(q, clone);
       for (int32_t v = int32_t(p); v != -1; v = states_[v].link) {
         EdgeRef e = find_edge(uint32_t(v), c);
@@ -294,6 +307,7 @@ void Automaton::extend(uint32_t c) {
         states_[cur].link = int32_t(q);
       } else {
         uint32_t clone = new_state(states_[v].len + 1, states_[q].link, states_[q].occ);
+        if (!recent_.empty()) recent_[clone] = recent_[q];
         copy_edges(q, clone);
         for (; v != -1; v = states_[v].link) {
           EdgeRef e = find_edge(uint32_t(v), c);
@@ -307,7 +321,19 @@ void Automaton::extend(uint32_t c) {
   }
   last_ = cur;
   // The new end position belongs to every class on the suffix-link path of the new prefix.
-  for (int32_t v = int32_t(cur); v != -1; v = states_[v].link) ++states_[v].occ;
+  if (recent_.empty()) {
+    for (int32_t v = int32_t(cur); v != -1; v = states_[v].link) ++states_[v].occ;
+  } else {
+    for (int32_t v = int32_t(cur); v != -1; v = states_[v].link) {
+      ++states_[v].occ;
+      recent_[v] += recent_gain_;
+    }
+    recent_gain_ *= recent_step_;
+    if (recent_gain_ > 0x1p600) {  // far from overflow: scale every weight down alike (ratios stay)
+      for (double& w : recent_) w *= 0x1p-600;
+      recent_gain_ *= 0x1p-600;
+    }
+  }
 }
 
 void Automaton::add_document(uint64_t id, const uint32_t* tokens, size_t n) {
@@ -376,7 +402,7 @@ uint32_t Automaton::ancestor_for_length(uint32_t state, int32_t len) const {
 size_t Automaton::bytes() const {
   return sizeof(*this) + states_.capacity() * sizeof(State) + edges_.capacity() * sizeof(Edge) +
          tokens_.capacity() * sizeof(uint32_t) + packed_.bytes() + docs_.capacity() * sizeof(DocRecord) +
-         hub_.bytes();
+         hub_.bytes() + recent_.capacity() * sizeof(double);
 }
 
 void Automaton::compact() {
@@ -491,6 +517,28 @@ std::string Automaton::check_counts() const {
     if (count[s] != states_[s].occ)
       return "count mismatch at state " + std::to_string(s) + ": stored " + std::to_string(states_[s].occ) +
              ", recounted " + std::to_string(count[s]);
+  if (recent_.empty()) return {};
+  // Recency weights: position i adds step^i to the class of prefix i and to its suffix-link
+  // ancestors; compared as ratios to the root's (on every path), as they are read.
+  std::vector<double> weight(states_.size(), 0.0);
+  double gain = 1.0;
+  uint32_t s = 0;
+  for (uint32_t t : tokens_) {
+    s = next(s, t);
+    weight[s] += gain;
+    gain *= recent_step_;
+    if (gain > 0x1p600) {
+      for (double& w : weight) w *= 0x1p-600;
+      gain *= 0x1p-600;
+    }
+  }
+  for (uint32_t v : order)
+    if (states_[v].link >= 0) weight[states_[v].link] += weight[v];
+  for (uint32_t v = 0; v < states_.size(); ++v) {
+    const double want = weight[v] / weight[0], got = recent_[v] / recent_[0];
+    if (!(std::abs(want - got) <= 1e-9 * std::max(1.0, want)))  // NaN (an overflow) fails too
+      return "recency weight mismatch at state " + std::to_string(v);
+  }
   return {};
 }
 
@@ -538,7 +586,7 @@ std::string Automaton::check_bounds() const {
     if (d.offset > packed_.size_bytes() || d.length > packed_.size_bytes() - d.offset) return "document out of token range";
     listed += d.length;
   }
-  if (listed != num_tokens_ || (!global_ && num_tokens_ != tokens_.size())) return "token counts do not add up";
+  if (global_ ? listed != num_tokens_ : (!docs_.empty() || num_tokens_ != tokens_.size())) return "token counts do not add up";
   return {};
 }
 

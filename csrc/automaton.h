@@ -125,6 +125,13 @@ class Automaton {
   Automaton(Automaton&&) = default;
   Automaton& operator=(Automaton&&) = default;
 
+  // Request trees: also keep a recency-weighted count per state, each occurrence weighing
+  // 2^(-age / half_life) tokens after it (0 turns it off). Must be set while the tree is empty.
+  void set_recency(double half_life);
+  bool has_recency() const { return !recent_.empty(); }
+  // The recency-weighted count of a state, up to a factor shared by every state of this tree.
+  double recent_weight(uint32_t s) const { return recent_[s]; }
+
   // Appends a whole document and records it (global trees).
   void add_document(uint64_t id, const uint32_t* tokens, size_t n);
   // Streams tokens into the single open document (request trees).
@@ -201,6 +208,11 @@ class Automaton {
   Column<DocRecord> docs_;          // documents in insertion order (empty for request trees)
   HubIndex hub_;                    // fast lookup for high-degree states
   uint32_t last_ = 0;               // state of the whole current document (append point)
+  // Request trees with recency: per state, the sum over its end positions t of 2^(t / half_life)
+  // (rescaled now and then; only ratios are read), and the term a new position adds.
+  std::vector<double> recent_;
+  double recent_gain_ = 1.0;        // 2^(t / half_life) for the next position t
+  double recent_step_ = 1.0;        // 2^(1 / half_life)
 
   struct TopCache {  // filled lazily by readers, emptied by every write
     std::mutex mu;

@@ -61,7 +61,8 @@ NB_MODULE(_core, m) {
       .def_rw("max_sources", &SpecParams::max_sources)
       .def_rw("length_power", &SpecParams::length_power)
       .def_rw("escape", &SpecParams::escape)
-      .def_rw("escape_length", &SpecParams::escape_length);
+      .def_rw("escape_length", &SpecParams::escape_length)
+      .def_rw("recency", &SpecParams::recency);
 
   nb::class_<agentaccel::Predictability>(m, "Predictability")
       .def_ro("positions", &agentaccel::Predictability::positions)
@@ -109,6 +110,7 @@ NB_MODULE(_core, m) {
       .def("request_bytes", &Engine::request_bytes, Release())
       .def("num_requests", &Engine::num_requests, Release())
       .def("evicted_documents", &Engine::evicted_documents)
+      .def_prop_rw("recency_half_life", &Engine::recency_half_life, &Engine::set_recency_half_life)
       .def_prop_ro("max_depth", &Engine::max_depth)
       .def_prop_ro("memory_budget", &Engine::memory_budget)
       .def("check", &Engine::check, "counts"_a, Release())

@@ -45,6 +45,7 @@ struct Entry {
   uint32_t source;  // index into the parent's sources
   uint32_t target;
   uint32_t count;
+  double weight;    // mixture: the count it weighs (count, or partly recency-weighted)
 };
 
 // Buffers reused across calls on the same thread (drafting allocates nothing once warm).
@@ -105,17 +106,25 @@ class Grower {
       const Automaton& a = *s_.pool[src_begin + k].automaton;
       const uint32_t state = s_.pool[src_begin + k].state;
       if (const TopChildren* top = cache_ok ? a.top_children(state) : nullptr) {
-        for (const Child& c : top->kids) s_.entries.push_back(Entry{c.token, k, c.target, c.count});
+        for (const Child& c : top->kids) s_.entries.push_back(Entry{c.token, k, c.target, c.count, double(c.count)});
         s_.totals[k] = top->total;
         s_.distinct[k] = a.degree(state);
         continue;
       }
       a.children(state, s_.children);
-      for (const Child& c : s_.children) {
-        s_.entries.push_back(Entry{c.token, k, c.target, c.count});
-        s_.totals[k] += c.count;
-      }
+      for (const Child& c : s_.children) s_.totals[k] += c.count;
       s_.distinct[k] = uint32_t(s_.children.size());
+      // Recency: the same total, shared out partly by how recently each continuation occurred
+      // (in a long trajectory the latest way a pattern went on is the likeliest next one).
+      double recent_sum = 0.0;
+      if (lim_.mixture && lim_.recency > 0.0 && a.has_recency())
+        for (const Child& c : s_.children) recent_sum += a.recent_weight(c.target);
+      const double r = recent_sum > 0.0 ? lim_.recency : 0.0;
+      const double per_recent = recent_sum > 0.0 ? double(s_.totals[k]) / recent_sum : 0.0;
+      for (const Child& c : s_.children) {
+        const double weight = r > 0.0 ? (1.0 - r) * c.count + r * a.recent_weight(c.target) * per_recent : double(c.count);
+        s_.entries.push_back(Entry{c.token, k, c.target, c.count, weight});
+      }
     }
     if (s_.entries.empty()) return;
     if (num_sources > 1)
@@ -147,7 +156,7 @@ class Grower {
       double p = 0.0;
       for (; b < s_.entries.size() && s_.entries[b].token == s_.entries[a].token; ++b) {
         count += s_.entries[b].count;
-        if (lim_.mixture) p += s_.entries[b].count * s_.mixed[s_.entries[b].source];
+        if (lim_.mixture) p += s_.entries[b].weight * s_.mixed[s_.entries[b].source];
       }
       if (!lim_.mixture) p = double(count) / double(total);
       // Only kept kids get sources of their own (most continuations of a wide state fall below
@@ -157,7 +166,7 @@ class Grower {
         for (size_t k = a; k < b; ++k) {
           const Entry& e = s_.entries[k];
           const Source& src = s_.pool[src_begin + e.source];
-          s_.pool.push_back(Source{src.automaton, e.target, src.weight * (e.count * s_.per_count[e.source]), src.matched + 1});
+          s_.pool.push_back(Source{src.automaton, e.target, src.weight * (e.weight * s_.per_count[e.source]), src.matched + 1});
         }
         s_.kids.push_back(Kid{s_.entries[a].token, count, p, kid_pool, uint32_t(s_.pool.size())});
       }

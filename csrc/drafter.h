@@ -41,6 +41,8 @@ struct GrowLimits {
   double escape = 0.0;      // mixture mode: PPM-style escape mass per distinct child (calibration)...
   double escape_length = 0.0;  // ...divided by (1 + matched / escape_length) when > 0: long exact
                                // matches predict their continuation better than short ones
+  double recency = 0.0;     // mixture mode: share of a request tree's recency-weighted counts in
+                            // its continuations' counts (0: plain counts; needs trees with recency)
   bool tree = true;         // false: a single path (linear draft)
   bool mixture = false;     // false: paper mode (summed counts)
 };

@@ -177,7 +177,10 @@ bool Engine::start_request(const std::string& rid, const uint32_t* prompt, size_
       reused = true;
     }
   }
-  if (!reused) req->sam.append(prompt, n);  // built before taking any lock: prompts can be long
+  if (!reused) {  // built before taking any lock: prompts can be long
+    req->sam.set_recency(recency_half_life_);
+    req->sam.append(prompt, n);
+  }
   {
     std::unique_lock lock(stages_mu_);
     req->stage = stage_index(stage);
@@ -260,6 +263,11 @@ int64_t Engine::longest_continuation(const std::string& rid, int k, const uint32
   int64_t best = walk(req->sam);
   for (const auto& stage : stages_) best = std::max(best, walk(stage->sam));
   return std::max<int64_t>(best - k, 0);
+}
+
+void Engine::set_recency_half_life(double half_life) {
+  if (!(half_life >= 0.0)) throw InvalidInput("recency half-life must be >= 0");
+  recency_half_life_ = half_life;
 }
 
 bool Engine::has_request(const std::string& rid) {
@@ -438,6 +446,7 @@ Draft Engine::mixture(const Tree* trees, size_t num_trees, const SpecParams& par
   lim.cost = params.cost;
   lim.escape = params.escape;
   lim.escape_length = params.escape_length;
+  lim.recency = params.recency;
   lim.tree = params.tree;
   lim.mixture = true;
   bool ignored = false;
@@ -523,6 +532,17 @@ uint64_t Engine::num_requests() {
 }
 
 std::string Engine::check(bool counts) const {
+  std::vector<std::pair<std::string, std::shared_ptr<Request>>> live;
+  {
+    std::lock_guard lock(requests_mu_);
+    live.assign(requests_.begin(), requests_.end());
+  }
+  for (const auto& [rid, req] : live) {  // request trees first: a request's mutex comes before stages_mu_
+    std::lock_guard rlock(req->mu);
+    std::string problem = req->sam.check();
+    if (problem.empty() && counts) problem = req->sam.check_counts();
+    if (!problem.empty()) return "request '" + rid + "': " + problem;
+  }
   std::shared_lock lock(stages_mu_);
   size_t docs = 0;
   for (uint32_t s = 0; s < stages_.size(); ++s) {

@@ -6,6 +6,7 @@
 // has another. Order: request mutex, then stages_mu_. All entry points run without the GIL.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -36,6 +37,7 @@ struct SpecParams {
   double length_power = 2.0;  // mixture: prior weight of a source = match_len ^ length_power
   double escape = 0.0;      // mixture: escape mass per distinct continuation (probability calibration)
   double escape_length = 0.0;  // mixture: escape shrinks as 1 / (1 + matched / escape_length) (0: constant)
+  double recency = 0.0;     // mixture: share of recency-weighted counts in request trees (needs a half-life)
 };
 
 // How predictable a token sequence is from a stage tree (the paper's empirical-entropy predictor).
@@ -60,6 +62,11 @@ class Engine {
   bool remove_document(uint64_t doc_id);
   std::vector<uint64_t> document_ids(const std::string& stage) const;  // "" = every stage, oldest first
   std::vector<std::string> stage_names() const;
+
+  // Requests started from now on keep recency-weighted counts with this half-life, in tokens
+  // (0: none), which SpecParams::recency then mixes into their drafts.
+  void set_recency_half_life(double half_life);
+  double recency_half_life() const { return recency_half_life_; }
 
   // Requests.
   // `continue_from`: a retained finished request whose tokens are a prefix of `prompt` (the
@@ -137,6 +144,7 @@ class Engine {
   const int max_depth_;
   const uint64_t budget_;
   const double evict_slack_;
+  std::atomic<double> recency_half_life_{0.0};  // for request trees started later
 
   mutable std::shared_mutex stages_mu_;
   std::vector<std::unique_ptr<Stage>> stages_;
@@ -146,7 +154,7 @@ class Engine {
   uint64_t evicted_docs_ = 0;
 
   static constexpr size_t kMaxRetained = 64;
-  std::mutex requests_mu_;
+  mutable std::mutex requests_mu_;
   std::unordered_map<std::string, std::shared_ptr<Request>> requests_;
   std::vector<std::pair<std::string, std::shared_ptr<Request>>> retained_;  // oldest first
 };

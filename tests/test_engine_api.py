@@ -6,7 +6,7 @@ import threading
 import numpy as np
 import pytest
 
-from agentaccel.engine import SuffixEngine
+from agentaccel.engine import SpecConfig, SuffixEngine
 
 
 def corpus(seed, docs=40, length=200, vocab=50):
@@ -383,3 +383,45 @@ def test_wide_token_ids_survive_rebuilds_and_files(tmp_path):
     assert back.document_ids() == [kept]
     back.start_request("q", widths[:4])
     assert back.speculate("q", 8, mode="paper", tree=False).token_ids[:3] == widths[4:7]
+
+
+def test_recency_weighting_drafts_the_latest_continuation():
+    """In a long trajectory the way a pattern went on last is the likeliest next one: with
+    recency, 1 2 -> 8 (once, recently) beats 1 2 -> 7 (three times, long ago)."""
+    context = [1, 2, 7] * 3 + list(range(100, 140)) + [1, 2, 8] + list(range(200, 210)) + [1, 2]
+    plain = SpecConfig(trees=("request",), tree=False, recency=0.0)
+    recent = SpecConfig(trees=("request",), tree=False, recency=1.0, recency_half_life=8.0)
+    drafts = {}
+    for name, config in (("plain", plain), ("recent", recent)):
+        eng = SuffixEngine(config=config)
+        eng.start_request("r", context)
+        drafts[name] = eng.speculate("r", 4)
+        eng.check_integrity()
+    assert drafts["plain"].token_ids[0] == 7
+    assert drafts["recent"].token_ids[0] == 8
+    assert SuffixEngine()._eng.recency_half_life == SpecConfig().recency_half_life  # on by default
+    assert SuffixEngine(config=SpecConfig(mode="paper"))._eng.recency_half_life == 0  # the paper's counts only
+    # half way: counts 3:1 against recency weights ~0:1, so 8 leads but less surely than with recency alone
+    eng = SuffixEngine(config=SpecConfig(trees=("request",), tree=False, recency=0.5, recency_half_life=8.0))
+    eng.start_request("r", context)
+    half = eng.speculate("r", 4)
+    assert half.token_ids[0] == 8 and half.probs[0] < drafts["recent"].probs[0]
+    with pytest.raises(ValueError, match="recency"):
+        SuffixEngine(config=SpecConfig(recency=1.5))
+    with pytest.raises(ValueError, match="recency"):
+        SuffixEngine(config=SpecConfig(recency=0.5, recency_half_life=0))
+
+
+def test_recency_weights_stay_exact_as_the_request_grows():
+    """check_integrity recomputes every state's recency weight from the tokens (clones, suffix
+    links) and compares; with a half-life of one token the weights would overflow after ~1,000
+    tokens but for their rescaling."""
+    rng = np.random.default_rng(3)
+    for half_life in (1.0, 5.0, 300.0):
+        eng = SuffixEngine(config=SpecConfig(recency=1.0, recency_half_life=half_life))
+        eng.add_document(rng.integers(0, 4, 50), stage="default")
+        eng.start_request("r", rng.integers(0, 4, 200))
+        for _ in range(20):
+            eng.extend("r", rng.integers(0, 4, int(rng.integers(1, 100))))
+            eng.speculate("r", 8)
+        eng.check_integrity()

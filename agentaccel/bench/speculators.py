@@ -54,8 +54,8 @@ class NoSpeculation(Speculator):
 
 
 class _EngineBacked(Speculator):
-    def __init__(self, max_depth: int = 64) -> None:
-        self.engine = SuffixEngine(max_depth=max_depth)
+    def __init__(self, max_depth: int = 64, config: SpecConfig | None = None) -> None:
+        self.engine = SuffixEngine(max_depth=max_depth, config=config)
 
     def begin(self, key, prompt, stage, previous):
         self.engine.start_request(key, prompt, stage=self._stage(stage), continue_from=previous)
@@ -96,7 +96,7 @@ class Suffix(_EngineBacked):
 
     def __init__(self, name: str, config: SpecConfig, max_tokens: int = 32, max_depth: int = 64,
                  shared: bool = False, sizer: DraftSizer | None = None) -> None:
-        super().__init__(max_depth)
+        super().__init__(max_depth, config)  # the engine's config: whether request trees keep recency weights
         self.name, self.config, self.max_tokens, self.shared = name, config, max_tokens, shared
         self.sizer = sizer  # as in the embedded backend: drafts cut to the best size under a cost curve
 

@@ -49,6 +49,12 @@ class SpecConfig:
     length_power: float = 1.0  # prior weight of a source = match_len ** length_power
     escape: float = 1.0  # PPM escape mass per distinct continuation: calibrates D...
     escape_length: float = 4.0  # ...shrunk by 1 + matched / escape_length (long matches copy well)
+    # Share of recency-weighted counts in the request tree's continuations (0..1): an occurrence
+    # weighs 2^(-age / recency_half_life), age in tokens, so in a long trajectory the latest way
+    # a pattern went on counts for more. The engine's own config decides whether request trees
+    # keep those weights (agentaccel mode, recency > 0) and with which half-life.
+    recency: float = 0.25
+    recency_half_life: float = 256.0
 
     def to_native(self, max_tokens: int) -> _core.SpecParams:
         if max_tokens < 0:
@@ -60,6 +66,8 @@ class SpecConfig:
             raise ValueError(f"trees must be a non-empty subset of {sorted(_TREE_BITS)}, got {self.trees!r}")
         if self.alpha < 0 or not 0 <= self.min_prob <= 1 or self.cost < 0 or self.max_pattern < 0:
             raise ValueError("alpha, cost and max_pattern must be >= 0 and min_prob in [0, 1]")
+        if not 0 <= self.recency <= 1 or self.recency_half_life <= 0:
+            raise ValueError("recency must be in [0, 1] and recency_half_life > 0")
         p = _core.SpecParams()
         p.max_tokens = max_tokens
         p.paper = self.mode == "paper"
@@ -74,6 +82,7 @@ class SpecConfig:
         p.length_power = self.length_power
         p.escape = self.escape
         p.escape_length = self.escape_length
+        p.recency = self.recency
         return p
 
 
@@ -102,6 +111,10 @@ class SuffixEngine:
         self._eng = _native
         self.vocab_size = vocab_size
         self.config = config or SpecConfig()
+        self.config.to_native(0)  # a bad config fails here, not at the first step
+        # request trees keep recency weights only when the engine's drafts use them
+        uses_recency = self.config.mode == "agentaccel" and self.config.recency > 0
+        self._eng.recency_half_life = self.config.recency_half_life if uses_recency else 0.0
         self._native_params: dict[tuple[SpecConfig, int], _core.SpecParams] = {}
         self._last: tuple[SpecConfig | None, int, _core.SpecParams | None] = (None, -1, None)  # the hot loop's
 
