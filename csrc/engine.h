@@ -88,7 +88,7 @@ class Engine {
   std::vector<StageStats> stage_stats() const;
   Predictability predictability(const std::string& stage, const uint32_t* tokens, size_t n) const;
   // Longest prefix of `continuation` that the request tree or any global tree holds right after
-  // the request context's last `k` tokens (0 when no tree holds those k tokens): what a drafter
+  // the request context's last `k` tokens (0 when none does, or the context is shorter): what a drafter
   // matching k tokens could at best copy, were the continuation known (the replay's oracle).
   int64_t longest_continuation(const std::string& rid, int k, const uint32_t* continuation, size_t n);
   uint64_t global_bytes() const;

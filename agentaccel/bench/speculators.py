@@ -26,6 +26,14 @@ class Cut:
         self.match_len = draft.match_len
 
 
+class Linear:
+    """A single-path draft of given tokens."""
+
+    def __init__(self, token_ids: list[int], match_len: int) -> None:
+        self.token_ids, self.match_len = token_ids, match_len
+        self.parents = list(range(-1, len(token_ids) - 1))
+
+
 class Speculator:
     """Interface: begin a request, propose drafts, advance by accepted tokens, end it."""
 
@@ -116,9 +124,10 @@ class Suffix(_EngineBacked):
 class Oracle(_EngineBacked):
     """Not a drafter but a ceiling: it knows the recorded output and drafts exactly the longest
     part of it that the request tree or a global tree holds right after the context's last `k`
-    tokens (at most `max_tokens`). No drafter that copies from the trees after matching at least
-    k tokens can accept more per step, and none can draft fewer tokens for what it gets accepted:
-    its estimated speedup bounds theirs."""
+    tokens (at most `max_tokens`). Taking the longest such jump every step is optimal (what is
+    held at position i is still held, one shorter, at i + 1), so no drafter that copies from the
+    trees after matching at least k tokens finishes a call in fewer steps, and none drafts fewer
+    tokens than it gets accepted: its estimated speedup bounds theirs, even perfectly sized."""
 
     def __init__(self, k: int, max_tokens: int = 32) -> None:
         super().__init__()
@@ -133,7 +142,7 @@ class Oracle(_EngineBacked):
         pos = self._pos[key]
         ahead = self._output[key][pos : pos + self.max_tokens]
         n = self.engine.longest_continuation(key, ahead, self.k)
-        return _Linear(ahead[:n].tolist(), self.k if n else 0)
+        return Linear(ahead[:n].tolist(), self.k if n else 0)
 
     def advance(self, key, tokens):
         super().advance(key, tokens)
@@ -142,14 +151,6 @@ class Oracle(_EngineBacked):
     def end(self, key):
         super().end(key)
         del self._output[key], self._pos[key]
-
-
-class _Linear:
-    """A single-path draft."""
-
-    def __init__(self, token_ids: list[int], match_len: int) -> None:
-        self.token_ids, self.match_len = token_ids, match_len
-        self.parents = list(range(-1, len(token_ids) - 1))
 
 
 PAPER_TREES = ("request", "stage")  # the paper: the request tree and the (per-stage) global tree
