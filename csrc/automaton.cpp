@@ -206,6 +206,16 @@ const TopChildren* Automaton::top_children(uint32_t state) const {
   return slot.get();
 }
 
+namespace {
+// Recency weights grow as 2^(t / half_life); long before a double overflows, every weight and the
+// next term are scaled down alike (only their ratios are read). Shared by the update and the check.
+void keep_recency_in_range(double& gain, std::vector<double>& weights) {
+  if (gain <= 0x1p600) return;
+  for (double& w : weights) w *= 0x1p-600;
+  gain *= 0x1p-600;
+}
+}  // namespace
+
 uint32_t Automaton::new_state(int32_t len, int32_t link, uint32_t occ) {
   push(states_, State{uint32_t(len), 0, link, occ, 0, kNil, kNil});
   if (!recent_.empty()) recent_.push_back(0.0);
@@ -329,10 +339,7 @@ void Automaton::extend(uint32_t c) {
       recent_[v] += recent_gain_;
     }
     recent_gain_ *= recent_step_;
-    if (recent_gain_ > 0x1p600) {  // far from overflow: scale every weight down alike (ratios stay)
-      for (double& w : recent_) w *= 0x1p-600;
-      recent_gain_ *= 0x1p-600;
-    }
+    keep_recency_in_range(recent_gain_, recent_);
   }
 }
 
@@ -527,10 +534,7 @@ std::string Automaton::check_counts() const {
     s = next(s, t);
     weight[s] += gain;
     gain *= recent_step_;
-    if (gain > 0x1p600) {
-      for (double& w : weight) w *= 0x1p-600;
-      gain *= 0x1p-600;
-    }
+    keep_recency_in_range(gain, weight);
   }
   for (uint32_t v : order)
     if (states_[v].link >= 0) weight[states_[v].link] += weight[v];

@@ -61,8 +61,13 @@ class NoSpeculation(Speculator):
     name = "none"
 
 
+# Speculators that never draft with the engine's mixture (prompt lookup, the oracles): their
+# request trees need no recency weights.
+_NO_MIXTURE = SpecConfig(recency=0.0)
+
+
 class _EngineBacked(Speculator):
-    def __init__(self, max_depth: int = 64, config: SpecConfig | None = None) -> None:
+    def __init__(self, max_depth: int = 64, config: SpecConfig = _NO_MIXTURE) -> None:
         self.engine = SuffixEngine(max_depth=max_depth, config=config)
 
     def begin(self, key, prompt, stage, previous):
