@@ -1,12 +1,13 @@
 """A multi-stage text-to-SQL pipeline through the agentaccel proxy, with the official `openai` client.
 
 Stages (each tagged with the `X-Agentaccel-Stage` header, so each gets its own suffix tree):
-classify -> schema-link -> sql (N candidates) -> combine, over Spider dev questions.
+classify -> schema-link -> sql (N candidates) -> combine.
 
     agentaccel serve &                                  # the embedded model on 127.0.0.1:8000
-    python examples/text2sql_pipeline.py --questions 5  # then watch per-stage acceptance grow
+    python examples/text2sql_pipeline.py --questions 3  # then watch per-stage acceptance grow
 
-Questions and schemas come from ../shared/traces/text2sql/spider (or --traces DIR).
+Questions and schemas: examples/data/text2sql_questions.json (shipped), or Spider's dev set with
+`--spider DIR` (a folder holding Spider's dev.json and tables.json).
 """
 
 from __future__ import annotations
@@ -14,35 +15,54 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 import time
 from pathlib import Path
 
-from openai import OpenAI
+from openai import APIConnectionError, OpenAI
+
+BUNDLED = Path(__file__).resolve().parent / "data" / "text2sql_questions.json"
 
 
-def schema_text(db: dict) -> str:
-    columns: dict[int, list[str]] = {}
-    for table, column in db["column_names_original"][1:]:
-        columns.setdefault(table, []).append(column)
-    return "\n".join(f"{name}({', '.join(columns.get(i, []))})" for i, name in enumerate(db["table_names_original"]))
+def bundled_questions(path: Path) -> list[tuple[str, str]]:
+    """(schema, question) pairs from the shipped file."""
+    data = json.loads(path.read_text())
+    return [(data["databases"][q["db"]], q["question"]) for q in data["questions"]]
+
+
+def spider_questions(folder: Path) -> list[tuple[str, str]]:
+    """(schema, question) pairs from Spider's dev.json and tables.json."""
+    schemas = {}
+    for db in json.loads((folder / "tables.json").read_text()):
+        columns: dict[int, list[str]] = {}
+        for table, column in db["column_names_original"][1:]:
+            columns.setdefault(table, []).append(column)
+        schemas[db["db_id"]] = "\n".join(f"{name}({', '.join(columns.get(i, []))})"
+                                         for i, name in enumerate(db["table_names_original"]))
+    return [(schemas[q["db_id"]], q["question"]) for q in json.loads((folder / "dev.json").read_text())]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
+    parser.add_argument("--base-url", default="http://127.0.0.1:8000/v1", help="the proxy (default: %(default)s)")
     parser.add_argument("--api-key", default="none", help="the proxy's --api-key, if it has one")
     parser.add_argument("--model", default=None, help="default: the first model the proxy lists")
-    parser.add_argument("--traces", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "traces")
-    parser.add_argument("--questions", type=int, default=5)
-    parser.add_argument("--candidates", type=int, default=2, help="SQL candidates per question")
-    parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--spider", type=Path, default=None,
+                        help="a folder with Spider's dev.json and tables.json (default: the shipped questions)")
+    parser.add_argument("--questions", type=int, default=5, help="questions to run (default: %(default)s)")
+    parser.add_argument("--candidates", type=int, default=2, help="SQL candidates per question (default: %(default)s)")
+    parser.add_argument("--max-tokens", type=int, default=96, help="per call (default: %(default)s)")
     args = parser.parse_args()
 
-    spider = args.traces / "text2sql" / "spider"
-    questions = json.loads((spider / "dev.json").read_text())[: args.questions]
-    schemas = {db["db_id"]: schema_text(db) for db in json.loads((spider / "tables.json").read_text())}
+    try:
+        questions = (spider_questions(args.spider) if args.spider else bundled_questions(BUNDLED))[: args.questions]
+    except (OSError, KeyError, ValueError) as e:
+        sys.exit(f"error: cannot read the questions ({e})")
     client = OpenAI(base_url=args.base_url, api_key=args.api_key)
-    model = args.model or client.models.list().data[0].id
+    try:
+        model = args.model or client.models.list().data[0].id
+    except APIConnectionError:
+        sys.exit(f"error: no proxy answering at {args.base_url}: start one with `agentaccel serve`")
     session = f"text2sql-{int(time.time())}"
     spent: dict[str, float] = {}
 
@@ -54,8 +74,7 @@ def main() -> None:
         spent[stage] = spent.get(stage, 0.0) + time.perf_counter() - t0
         return reply.choices[0].message.content or ""
 
-    for i, q in enumerate(questions):
-        schema, question = schemas[q["db_id"]], q["question"]
+    for i, (schema, question) in enumerate(questions):
         difficulty = ask("classify", f"Classify the difficulty of this SQL question as EASY, MEDIUM or HARD.\n"
                                      f"Question: {question}")
         link = ask("schema-link", f"Database schema:\n{schema}\n\nQuestion: {question}\n"

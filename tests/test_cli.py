@@ -1,6 +1,8 @@
 """The `agentaccel` command line, run as a user would."""
 
 import json
+import os
+import re
 import subprocess
 import sys
 
@@ -11,11 +13,42 @@ def agentaccel(*args, **kw):
     return subprocess.run([sys.executable, "-m", "agentaccel.cli.main", *args], capture_output=True, text=True, **kw)
 
 
-def test_every_command_has_help():
-    for cmd in ([], ["bench"], ["bench", "engine"], ["bench", "proxy"], ["import-traces"], ["traces", "stats"],
-                ["export-traces"], ["serve"], ["openhands-config"]):
-        out = agentaccel(*cmd, "--help")
-        assert out.returncode == 0 and "Usage" in out.stdout, cmd
+def commands(command, path=()):
+    """Every command under `command`, with its path of names."""
+    yield path, command
+    for name, sub in getattr(command, "commands", {}).items():
+        yield from commands(sub, (*path, name))
+
+
+def test_every_command_and_option_says_what_it_does_and_its_default():
+    import typer
+
+    from agentaccel.cli.main import app
+
+    found = {" ".join(path) for path, _ in commands(typer.main.get_command(app))}
+    assert {"serve", "openhands-config", "import-traces", "traces stats", "export-traces", "bench replay",
+            "bench e2e", "bench engine", "bench backend", "bench proxy"} <= found
+    for path, command in commands(typer.main.get_command(app)):
+        assert (command.help or "").strip(), path
+        for param in command.params:
+            if param.name in ("help", "install_completion", "show_completion"):
+                continue
+            assert (param.help or "").strip(), (path, param.name)
+            # typer shows a default it knows; a None default is spelled out in the text (or the need for it)
+            if param.param_type_name == "option" and param.default is None and not param.required \
+                    and not param.is_flag:
+                assert re.search(r"default|required", param.help.lower()), (path, param.name, param.help)
+        out = agentaccel(*path, "--help")
+        assert out.returncode == 0 and "Usage" in out.stdout, path
+
+
+def test_help_groups_the_commands_as_the_readme_introduces_them():
+    out = agentaccel("--help", env={**os.environ, "COLUMNS": "200"})
+    panels = [line.strip("╭─ ").split(" ─")[0] for line in out.stdout.splitlines() if line.startswith("╭─ ")]
+    assert panels == ["Options", "Serve", "Agent frameworks", "Traces", "Benchmarks"], panels
+    listed = re.findall(r"^│ (\S+)\s", out.stdout, flags=re.M)
+    assert listed[listed.index("serve"):] == ["serve", "openhands-config", "import-traces", "export-traces", "traces",
+                                              "bench"], listed
 
 
 def test_import_stats_export(tmp_path):

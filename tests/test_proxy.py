@@ -58,6 +58,8 @@ def test_stage_resolution_order():
     body["metadata"] = {"tags": ["agent:CodeActAgent"]}
     assert resolve({}, body, rules).stage == "openhands:CodeActAgent"  # the importers' rule, same name
     body.pop("metadata")
+    # top-level tags: what the OpenHands SDK's litellm_extra_body={"tags": [...]} sends
+    assert resolve({}, {**body, "tags": ["agent:condenser"]}, rules).stage == "openhands:condenser"
     assert resolve({}, body, rules).stage == "xargs"
     body.pop("vllm_xargs")
     assert (resolve({}, body, rules).stage, resolve({}, body, rules).stage_source) == ("sql", "rule")
@@ -75,6 +77,7 @@ def test_proxy_fields_are_stripped_before_forwarding():
             "vllm_xargs": {"stage": "a", "other": 2}}
     assert strip_proxy_fields(body) == {"model": "m", "metadata": {"user_field": 1}, "vllm_xargs": {"other": 2}}
     assert strip_proxy_fields({"model": "m", "metadata": {"stage": "a"}}) == {"model": "m"}
+    assert strip_proxy_fields({"model": "m", "tags": ["agent:a"]}) == {"model": "m"}
     assert body["metadata"]["stage"] == "a"  # the caller's body is left alone
 
 

@@ -11,6 +11,7 @@ from agentaccel.bench import replay as rp
 from agentaccel.bench import speculators as sp
 from agentaccel.engine.cost_profile import CostProfile, load_profile
 from agentaccel.engine.stage_config import default_spec
+from agentaccel.engine.verification import accepted_length
 from agentaccel.traces.importer import import_traces
 from agentaccel.traces.store import TraceStore
 from agentaccel.traces.tokenization import load_tokenizer
@@ -20,9 +21,9 @@ def test_accepted_length_follows_the_longest_matching_path():
     truth = np.array([5, 6, 7, 8])
     # tree: 5 -> (6 -> 9, 6 -> 7 -> 8), 4
     tokens, parents = [5, 6, 9, 7, 8, 4], [-1, 0, 1, 1, 3, -1]
-    assert rp.accepted_length(tokens, parents, truth) == 4
-    assert rp.accepted_length([4, 5], [-1, 0], truth) == 0  # wrong first token: nothing below counts
-    assert rp.accepted_length([5, 6, 7], [-1, 0, 1], truth[:2]) == 2  # the call ends before the draft
+    assert accepted_length(tokens, parents, truth) == 4
+    assert accepted_length([4, 5], [-1, 0], truth) == 0  # wrong first token: nothing below counts
+    assert accepted_length([5, 6, 7], [-1, 0, 1], truth[:2]) == 2  # the call ends before the draft
 
 
 def test_cost_profiles(tmp_path):

@@ -4,7 +4,13 @@ import json
 import sqlite3
 
 import pytest
-from traces_fixtures import write_mock_pairs, write_output_jsonl, write_sdk_log, write_v0_logs
+from traces_fixtures import (
+    write_mock_pairs,
+    write_output_jsonl,
+    write_sdk_conversation,
+    write_sdk_log,
+    write_v0_logs,
+)
 
 from agentaccel.traces.export import export_calls
 from agentaccel.traces.importer import import_traces
@@ -60,6 +66,70 @@ def test_openhands_output_jsonl(tmp_path, tok):
     assert len(calls) == responses == 6  # the response shared by two actions counts once
     assert calls[0].messages == [{"role": "user", "content": "Solve issue 0"}]
     assert len({c.session_id for c in calls}) == 2
+
+
+def test_format_detection_does_not_depend_on_how_long_the_first_record_is(tmp_path, tok):
+    """A real evaluation output.jsonl's first line can be megabytes long (a window over it used to
+    see no `history` key and skip the file); JSON files are judged by their first record's keys."""
+    responses = write_output_jsonl(tmp_path / "output.jsonl", instances=2)
+    rows = [json.loads(line) for line in (tmp_path / "output.jsonl").read_text().splitlines()]
+    for row in rows:  # a long, escape-heavy first key, as a real instance's metadata can be
+        row["instance"] = {"problem_statement": 'a \\"quoted\\" line\n' * 60_000}
+        row["history"] = row.pop("history")  # after it
+    (tmp_path / "output.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert len((tmp_path / "output.jsonl").read_text().split("\n", 1)[0]) > 1 << 20
+    run([tmp_path / "output.jsonl"], tmp_path / "t.db", tok)
+    assert len(all_calls(tmp_path / "t.db")) == responses
+    # a long chat JSONL record and a completion log whose first value is long: the same
+    long = "x" * (1 << 17)
+    (tmp_path / "chat.jsonl").write_text(json.dumps({"id": long, "messages": [{"role": "user", "content": "q"},
+                                                                             {"role": "assistant", "content": "a"}]}))
+    write_sdk_log(tmp_path / "sdk.json", prompt_mode=False)
+    log = json.loads((tmp_path / "sdk.json").read_text())
+    (tmp_path / "sdk.json").write_text(json.dumps({"context_window": long, **log}))
+    from agentaccel.traces.formats.registry import file_format
+
+    assert file_format(tmp_path / "chat.jsonl") == "chat-jsonl"
+    assert file_format(tmp_path / "sdk.json") == "openhands-completion"
+
+
+def test_openhands_sdk_conversation_folder(tmp_path, tok):
+    write_sdk_conversation(tmp_path / "conversations")
+    write_sdk_conversation(tmp_path / "tagged", conversation_id="c2", tags=["agent:CodeActAgent"])
+    report = run([tmp_path], tmp_path / "t.db", tok)
+    assert not report.skipped_files and not [s for s in report.unrecognized if "events" in str(s.path)]
+    calls = all_calls(tmp_path / "t.db", stage="openhands:Agent")
+    assert len(calls) == 2  # two responses: two tool calls in one, then finish
+    first, second = calls
+    assert [m["role"] for m in first.messages] == ["system", "user"]
+    assert first.response == "Creating it." and [c["function"]["name"] for c in first.tool_calls] == ["terminal"] * 2
+    assert json.loads(first.tool_calls[1]["function"]["arguments"]) == {"command": "cat hello.txt"}
+    assert [m["role"] for m in second.messages] == ["system", "user", "assistant", "tool", "tool"]
+    assert second.messages[-1] == {"role": "tool", "tool_call_id": "call_2", "content": "hello"}
+    assert second.tool_calls[0]["function"]["name"] == "finish"
+    assert len(all_calls(tmp_path / "t.db", stage="openhands:CodeActAgent")) == 2  # the LLM's tags name the stage
+    assert run([tmp_path], tmp_path / "t.db", tok).calls == 0  # re-imports add nothing
+
+
+def test_rsl_sql_flat_layout(tmp_path, tok):
+    """RSL-SQL's published Spider results: one folder, LLM.json beside step_N_sql.txt files."""
+    run_folder = tmp_path / "spider_test" / "gpt-4o"
+    run_folder.mkdir(parents=True)
+    (run_folder / "LLM.json").write_text(json.dumps([{"tables": ["singer"], "columns": ["singer.name"]}] * 3))
+    (run_folder / "example.json").write_text(json.dumps([{"question": "few-shot", "sql": "SELECT 1"}] * 3))
+    for step in (1, 2, 3, 4):
+        (run_folder / f"step_{step}_sql.txt").write_text("".join(f"SELECT name FROM singer -- {step}.{n}\n"
+                                                                 for n in range(3)))
+    report = run([tmp_path], tmp_path / "t.db", tok)
+    assert {stage for _, stage in report.rows} == {"rsl-sql:schema-linking", "rsl-sql:preliminary-sql",
+                                                   "rsl-sql:augmented-sql", "rsl-sql:binary-selection",
+                                                   "rsl-sql:self-correction"}
+    final = all_calls(tmp_path / "t.db", stage="rsl-sql:self-correction")
+    assert [c.response for c in final] == [f"SELECT name FROM singer -- 4.{n}" for n in range(3)]
+    assert len({c.session_id for c in all_calls(tmp_path / "t.db")}) == 3  # one session per question
+    (run_folder / "step_4_sql.txt").write_text("SELECT 1\n")  # steps that disagree are refused, not guessed
+    report = run([tmp_path], tmp_path / "u.db", tok)
+    assert report.skipped_files and "disagree" in report.skipped_files[0][1]
 
 
 def test_openhands_mock_pairs(tmp_path, tok):
@@ -197,3 +267,7 @@ def test_render_prompt_with_the_model_chat_template(tok):
     assert templated == plain  # SmolLM2's template is ChatML: the documented plain template
     assert render_prompt(messages[1:], tok.chat_template).startswith("<|im_start|>system\nYou are a helpful")
     assert render_prompt(messages, "{{ broken") == plain  # a template that cannot run falls back
+    # content as a list of parts (OpenHands sends these): the template sees their text joined
+    parts = [{"role": "system", "content": [{"type": "text", "text": "Be "}, {"type": "text", "text": "brief."}]},
+             {"role": "user", "content": [{"type": "text", "text": "Hi"}]}]
+    assert render_prompt(parts, tok.chat_template) == templated

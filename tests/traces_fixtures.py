@@ -86,3 +86,46 @@ def write_mock_pairs(folder: Path, n: int = 3) -> None:
     for i in range(1, n + 1):
         (folder / f"prompt_{i:03d}.log").write_text(f"----------\nSYSTEM: flattened prompt {i}\n")
         (folder / f"response_{i:03d}.log").write_text(f"<execute_ipython>\nprint({i})\n</execute_ipython>")
+
+
+def write_sdk_conversation(root: Path, conversation_id: str = "abe8c3ae170f4ffab59d7ddfcf9acfde",
+                           tags: list[str] | None = None) -> Path:
+    """An OpenHands SDK conversation folder in the shape `Conversation(persistence_dir=...)` writes
+    (events seen from openhands-sdk 1.58): a system prompt, the task, one response calling two
+    tools, their observations, a finish call. Returns the folder."""
+    folder = root / conversation_id
+    (folder / "events").mkdir(parents=True)
+    llm = {"model": "litellm_proxy/m", "base_url": "http://127.0.0.1:8000", "usage_id": "agent",
+           **({"litellm_extra_body": {"tags": tags}} if tags else {})}
+    (folder / "base_state.json").write_text(json.dumps({"id": conversation_id, "agent": {"llm": llm, "kind": "Agent"},
+                                                        "execution_status": "finished"}))
+    text = lambda t: [{"cache_prompt": False, "type": "text", "text": t}]  # noqa: E731 - the SDK's content parts
+
+    def action(rid, call_id, name, arguments, thought=""):
+        return {"kind": "ActionEvent", "source": "agent", "thought": text(thought) if thought else [],
+                "action": {"kind": "TerminalAction"}, "tool_name": name, "tool_call_id": call_id,
+                "tool_call": {"id": call_id, "name": name, "arguments": json.dumps(arguments), "origin": "completion"},
+                "llm_response_id": rid, "security_risk": "UNKNOWN"}
+
+    def observation(call_id, name, output):
+        return {"kind": "ObservationEvent", "source": "environment", "tool_name": name, "tool_call_id": call_id,
+                "observation": {"content": text(output), "is_error": False, "kind": "TerminalObservation"}}
+
+    events = [
+        {"kind": "SystemPromptEvent", "source": "agent", "tools": [{"name": "terminal"}, {"name": "finish"}],
+         "system_prompt": {"type": "text", "text": "You are OpenHands."}},
+        {"kind": "MessageEvent", "source": "user", "llm_message": {"role": "user", "content": text("Make hello.txt")}},
+        action("chatcmpl-0", "call_1", "terminal", {"command": "echo hello > hello.txt"}, thought="Creating it."),
+        action("chatcmpl-0", "call_2", "terminal", {"command": "cat hello.txt"}),
+        observation("call_1", "terminal", ""),
+        observation("call_2", "terminal", "hello"),
+        {"kind": "ConversationStateUpdateEvent", "source": "environment", "key": "execution_status",
+         "value": "running"},
+        action("chatcmpl-1", "call_3", "finish", {"message": "Done."}),
+        observation("call_3", "finish", "Done."),
+    ]
+    for i, event in enumerate(events):
+        event.update(id=f"e{i}", timestamp=f"2026-11-23T07:19:{i:02d}")
+        (folder / "events" / f"event-{i:05d}-e{i}.json").write_text(json.dumps(event))
+    (folder / "events" / ".eventlog.lock").write_text("")
+    return folder

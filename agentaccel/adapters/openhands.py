@@ -3,7 +3,9 @@
 With the `litellm_proxy/<model>` provider, OpenHands tags each call in `metadata.tags`
 (`agent:CodeActAgent`, `agent:condenser`, ...) and the proxy turns those into stages; it also asks
 `/v1/model/info`, which the proxy answers. Without it (`openai/<model>`), a fixed stage header
-in `completion_kwargs.extra_headers` does the tagging.
+in `completion_kwargs.extra_headers` does the tagging. The SDK sends no tags of its own: its
+`litellm_extra_body={"tags": ["agent:<name>"]}` gives each LLM (the agent's, the condenser's) its
+stage.
 """
 
 from __future__ import annotations
@@ -37,5 +39,6 @@ llm = LLM(
     base_url="{base_url}",
     api_key=SecretStr("{key}"),
     usage_id="agent",
+    litellm_extra_body={{"tags": ["agent:CodeActAgent"]}},  # the stage: openhands:CodeActAgent
 )
 '''

@@ -18,9 +18,19 @@ import numpy as np
 from agentaccel.assets import cache_dir
 from agentaccel.traces.tokenization import TextTokenizer
 
+GET_TRACES = ("this benchmark reads real recorded agent traces, which a fresh clone does not have: point --traces or "
+              "$AGENTACCEL_TRACES at a folder laid out as docs/TRACES.md (\"Benchmark data\") describes, or measure "
+              "on your own calls with `agentaccel bench replay`, which reads the trace store that `agentaccel serve` "
+              "records into")
+
+
+class TracesMissing(FileNotFoundError):
+    """A benchmark's real-trace inputs are not there; the message says what is missing and how to get it."""
+
 
 def default_traces_dir() -> Path:
-    """$AGENTACCEL_TRACES, else the first `shared/traces` beside the working folder or the repo."""
+    """$AGENTACCEL_TRACES, else the first `shared/traces` beside the working folder or the repo
+    (where a development checkout keeps them)."""
     env = os.environ.get("AGENTACCEL_TRACES")
     if env:
         return Path(env)
@@ -29,7 +39,13 @@ def default_traces_dir() -> Path:
             candidate = folder.parent / "shared" / "traces"
             if candidate.is_dir():
                 return candidate
-    raise FileNotFoundError("no shared/traces folder found: set AGENTACCEL_TRACES or pass --traces")
+    raise TracesMissing(f"no traces folder: {GET_TRACES}")
+
+
+def require(traces: Path, missing: str | None) -> None:
+    """Raises TracesMissing naming what `traces` lacks (None: nothing)."""
+    if missing is not None:
+        raise TracesMissing(f"{missing}: {GET_TRACES}")
 
 
 @dataclass
@@ -88,10 +104,16 @@ def chat_texts(traces: Path) -> Iterator[tuple[str, str]]:
                 yield "chat", row["output"]
 
 
+def engine_sources(traces: Path) -> list[Path]:
+    """The files `engine_corpus` reads."""
+    return (sorted(traces.glob("swe-agent/*/trajs/*.traj")) + sorted(traces.glob("swe-agent/*.json"))
+            + sorted(traces.glob("openhands/*.json")) + sorted(traces.glob("openhands/mock_logs/**/*.log"))
+            + sorted(traces.glob("chat/alpaca_eval/*/*.json")))
+
+
 def engine_corpus(traces: Path, tokenizer: TextTokenizer) -> TokenCorpus:
-    sources = (sorted(traces.glob("swe-agent/*/trajs/*.traj")) + sorted(traces.glob("swe-agent/*.json"))
-               + sorted(traces.glob("openhands/*.json")) + sorted(traces.glob("openhands/mock_logs/**/*.log"))
-               + sorted(traces.glob("chat/alpaca_eval/*/*.json")))
+    sources = engine_sources(traces)
+    require(traces, None if sources else f"{traces}: no SWE-agent, OpenHands or AlpacaEval files")
     key = hashlib.sha256(
         (tokenizer.fingerprint + "".join(f"{p}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in sources)).encode()
     ).hexdigest()[:16]

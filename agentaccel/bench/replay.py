@@ -15,6 +15,7 @@ import numpy as np
 
 from agentaccel.bench.speculators import Speculator
 from agentaccel.engine.cost_profile import CostProfile
+from agentaccel.engine.verification import accepted_length
 from agentaccel.traces.store import TraceStore
 
 
@@ -60,22 +61,6 @@ class Tally:
             "est_speedup_by_profile": speedups,
             "est_speedup_sized_exactly": sized,
         }
-
-
-def accepted_length(token_ids: list[int], parents: list[int], truth: np.ndarray) -> int:
-    """Length of the longest draft path whose tokens are the next recorded tokens."""
-    best = 0
-    depth: list[int] = []
-    ok: list[bool] = []
-    n = len(truth)
-    for tok, parent in zip(token_ids, parents, strict=True):
-        d = 0 if parent < 0 else depth[parent] + 1
-        good = (parent < 0 or ok[parent]) and d < n and tok == truth[d]
-        depth.append(d)
-        ok.append(good)
-        if good and d + 1 > best:
-            best = d + 1
-    return best
 
 
 def load_calls(store: TraceStore, tokenizer, *, stages: list[str] | None = None, model: str | None = None,

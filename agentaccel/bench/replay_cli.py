@@ -73,7 +73,10 @@ def run_replay(console, err, store, tokenizer, *, stages, model, source, session
         calls = rp.load_calls(store, tokenizer, stages=stages, model=model, source_like=source, sessions=sessions,
                               limit=limit)
     if len(calls) <= warm:
-        err.print(f"[red]error:[/red] {len(calls)} calls selected, none left after --warm {warm}")
+        empty = not calls and not (stages or model or source)
+        err.print(f"[red]error:[/red] the trace store {store.path} holds no calls yet: send some through "
+                  "`agentaccel serve`, or `agentaccel import-traces` agent logs" if empty else
+                  f"[red]error:[/red] {len(calls)} calls selected, none left after --warm {warm}")
         raise typer.Exit(2)
     warm_calls, measured = calls[:warm], calls[warm:]
     progress = Progress(TextColumn("[bold]replaying"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

@@ -10,15 +10,15 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
-err = Console(stderr=True, soft_wrap=True)
+from agentaccel.cli.common import DbOption, err, fail
 
 
 class BackendKind(StrEnum):
     local = "local"
     openai = "openai"
     vllm = "vllm"
+    replay = "replay"
 
 
 class Dtype(StrEnum):
@@ -50,30 +50,37 @@ PREFIX_CACHE = "512MiB"  # as prefix_cache.DEFAULT_BUDGET_BYTES (the CLI does no
 def serve(
     ctx: typer.Context,
     backend: Annotated[BackendKind, typer.Option(help="local: embedded model (no GPU needed); openai: any "
-                                                      "OpenAI-compatible upstream; vllm: a managed `vllm serve`.")]
+                                                      "OpenAI-compatible upstream; vllm: a managed `vllm serve`; "
+                                                      "replay: recorded outputs from --db, generated through the "
+                                                      "engine at a simulated step time.")]
     = BackendKind.local,
     host: Annotated[str, typer.Option(help="Address to bind (loopback unless you mean otherwise).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
-    upstream: Annotated[str | None, typer.Option(help="openai backend: the upstream base URL.")] = None,
+    upstream: Annotated[str | None, typer.Option(help="openai backend: the upstream base URL (required there).")]
+    = None,
     upstream_api_key: Annotated[str | None, typer.Option(envvar="AGENTACCEL_UPSTREAM_API_KEY",
-                                                         help="Bearer key for the upstream.")] = None,
+                                                         help="Bearer key for the upstream (default: none sent).")]
+    = None,
     model: Annotated[str | None, typer.Option(help="local: an HF model folder (default SmolLM2-135M-Instruct); "
                                                    "vllm: the model to serve.")] = None,
-    served_model_name: Annotated[str | None, typer.Option(help="Model name clients use.")] = None,
+    served_model_name: Annotated[str | None, typer.Option(help="Model name clients use (default: the model "
+                                                               "folder's name).")] = None,
     api_key: Annotated[str | None, typer.Option(envvar="AGENTACCEL_API_KEY",
-                                                help="Require `Authorization: Bearer <key>`.")] = None,
-    db: Annotated[Path | None, typer.Option(help="Trace store (default $AGENTACCEL_DB or "
-                                                 "~/.agentaccel/traces.db).")] = None,
+                                                help="Require `Authorization: Bearer <key>` (default: no key).")]
+    = None,
+    db: DbOption = None,
     record: Annotated[bool, typer.Option(help="Record every call in the trace store.")] = True,
     redact: Annotated[bool, typer.Option(help="Record without message or response text.")] = False,
     seed: Annotated[bool, typer.Option(help="Seed the stage trees from the trace store at start.")] = True,
     stage_rule: Annotated[list[str] | None, typer.Option(help="NAME=REGEX: requests whose system prompt matches "
-                                                              "go to stage NAME (repeatable, first match wins).")]
+                                                              "go to stage NAME (repeatable, first match wins; "
+                                                              "default: none).")]
     = None,
     fingerprint: Annotated[bool, typer.Option(help="Untagged requests: stage = fingerprint of the system "
                                                    "prompt.")] = True,
     spec_config: Annotated[Path | None, typer.Option(help="JSON of per-stage drafting settings "
-                                                          '({"<stage>": {"alpha": 2, "min_score": 1}, "*": {...}}).')]
+                                                          '({"<stage>": {"alpha": 2, "min_score": 1}, "*": {...}}; '
+                                                          "default: the engine's own).")]
     = None,
     memory_budget: Annotated[str, typer.Option(help="Memory for the global trees (e.g. 2GiB).")] = "2GiB",
     max_body: Annotated[str, typer.Option(help="Largest request body accepted.")] = "32MiB",
@@ -81,9 +88,15 @@ def serve(
     dtype: DtypeOption = Dtype.float32,
     upstream_timeout: Annotated[float, typer.Option(help="Seconds before an upstream call gives up.")] = 600.0,
     cost_profile: Annotated[str, typer.Option(help="local: how drafts are sized. auto: by this model's measured "
-                                                   "verification cost curve (measured at the first start, ~30 s, "
-                                                   "then cached); a file from `agentaccel bench backend`; or off "
-                                                   "(a fixed cost per draft token).")] = "auto",
+                                                   "verification cost curve (measured at the first start, about a "
+                                                   "minute, then cached); a file from `agentaccel bench backend`; "
+                                                   "or off (a fixed cost per draft token). replay: the simulated "
+                                                   "step's cost (gpu, cpu-smollm2, c=<x> or a file; auto: gpu).")]
+    = "auto",
+    step_ms: Annotated[float, typer.Option(help="replay: simulated time of a plain decoding step, in ms.", min=0)]
+    = 20.0,
+    speculation: Annotated[bool, typer.Option(help="replay: draft and verify (off: one plain step per token, the "
+                                                   "baseline).")] = True,
     prefix_cache: Annotated[str, typer.Option(help="local: memory for prompts' KV entries, reused by later "
                                                    "prompts that begin alike (0 turns it off).")] = PREFIX_CACHE,
 ) -> None:
@@ -100,6 +113,10 @@ def serve(
     config = ProxyConfig(host=host, port=port, api_key=api_key, max_body_bytes=parse_size(max_body), record=record,
                          redact=redact, db_path=db, stage_rules=rules, fingerprint_system=fingerprint,
                          upstream_timeout=upstream_timeout)
+    if backend is BackendKind.replay and record:
+        # recording the replayed calls into the store they come from would feed later runs their own echo
+        err.print("agentaccel: replay backend: calls are not recorded (their outputs are the recordings')")
+        config.record = False
     budget = parse_size(memory_budget)
     # checked here for every backend (vLLM reads it in its worker)
     stage_specs = _stage_specs(spec_config, sized=backend is BackendKind.local and cost_profile != "off")
@@ -117,6 +134,9 @@ def serve(
         impl = _local_backend(model, served_model_name, device, dtype.value, stage_specs, budget,
                               (db or default_db_path()) if seed else None, recorder, cost_profile,
                               parse_size(prefix_cache))
+    elif backend is BackendKind.replay:
+        impl = _replay_backend(db, "gpu" if cost_profile == "auto" else cost_profile, step_ms, speculation,
+                               served_model_name, stage_specs, budget)
     else:
         if not model:
             raise typer.BadParameter("the vllm backend needs --model", param_hint="--model")
@@ -124,8 +144,9 @@ def serve(
 
         impl = VLLMBackend(model, served_name=served_model_name, extra_args=list(ctx.args), db_path=db,
                            seed=seed, spec_config=spec_config, memory_budget_bytes=budget, timeout=upstream_timeout)
-    app = create_app(config, impl, recorder)
-    err.print(f"agentaccel: {backend.value} backend, listening on http://{host}:{port}/v1 "
+    url = f"http://{host}:{port}/v1"
+    app = create_app(config, impl, recorder, on_started=lambda: err.print(f"agentaccel: ready on {url}"))
+    err.print(f"agentaccel: {backend.value} backend starting on {url} "
               f"(recording {'off' if recorder is None else 'to ' + str(recorder.path)})")
     # Background threads (the recorder's sender, the local backend's workers) must not hold the
     # event loop off the GIL for the default 5 ms: a streamed event waiting that long is a spike.
@@ -154,8 +175,7 @@ def _recorder(config):
     try:
         return Recorder(config.db_path, redact=config.redact)
     except ValueError as e:
-        err.print(f"[red]error:[/red] {e}")
-        raise typer.Exit(2) from e
+        raise fail(str(e)) from e
 
 
 def _stage_specs(spec_config: Path | None, sized: bool) -> dict:
@@ -168,6 +188,29 @@ def _stage_specs(spec_config: Path | None, sized: bool) -> dict:
         return load_stage_specs(spec_config, default_spec("cpu", sized))[1]
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--spec-config") from e
+
+
+def _replay_backend(db, cost_profile, step_ms, speculation, served_name, stage_specs, budget):
+    from agentaccel.backends.replay import ReplayBackend
+    from agentaccel.cli.common import open_store, open_tokenizer
+    from agentaccel.engine import SuffixEngine
+    from agentaccel.engine.cost_profile import load_profile
+
+    try:
+        profile = load_profile(cost_profile)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--cost-profile") from e
+    store = open_store(db, must_exist=True)
+    with store:
+        backend = ReplayBackend(store, open_tokenizer(None), profile, step_ms=step_ms, speculate=speculation,
+                                served_name=served_name or "replay", stage_specs=stage_specs,
+                                engine=SuffixEngine(memory_budget_bytes=budget))
+    if not len(backend.recordings):
+        raise fail(f"{store.path} holds no recorded calls to replay")
+    err.print(f"agentaccel: replaying {len(backend.recordings)} recorded sessions from {store.path}; a plain step "
+              f"takes {step_ms:g} ms, a verifying one {profile.name}'s cost (simulated); speculation "
+              f"{'on' if speculation else 'off'}")
+    return backend
 
 
 def _local_backend(model, served_name, device, dtype, stage_specs, budget, seed_db, recorder, cost_profile,

@@ -14,7 +14,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -37,8 +37,10 @@ log = logging.getLogger("agentaccel.proxy")
 
 
 class Proxy:
-    def __init__(self, config: ProxyConfig, backend: Backend, recorder: Recorder | None = None) -> None:
+    def __init__(self, config: ProxyConfig, backend: Backend, recorder: Recorder | None = None,
+                 on_started: Callable[[], None] | None = None) -> None:
         self.config = config
+        self.on_started = on_started  # told once the backend is up (the model loaded, vLLM healthy)
         self.backend = backend
         self.recorder = recorder
         self.metrics = Metrics(backend.stage_stats if backend.stage_stats() is not None else None,
@@ -51,6 +53,8 @@ class Proxy:
     @contextlib.asynccontextmanager
     async def lifespan(self, _app):
         await self.backend.start()
+        if self.on_started is not None:
+            self.on_started()
         # Everything loaded so far (modules, the model, seeded trees' Python side) lives as long as the
         # server: moved out of the collector's sight, full collections stop rescanning it mid-request.
         gc.freeze()
@@ -257,8 +261,9 @@ class HotPath:
         await response(scope, receive, send)
 
 
-def create_app(config: ProxyConfig, backend: Backend, recorder: Recorder | None = None) -> HotPath:
-    proxy = Proxy(config, backend, recorder)
+def create_app(config: ProxyConfig, backend: Backend, recorder: Recorder | None = None,
+               on_started: Callable[[], None] | None = None) -> HotPath:
+    proxy = Proxy(config, backend, recorder, on_started)
     completions = {"/chat/completions": proxy.chat, "/completions": proxy.completions}
     api = [Route(path, handler, methods=["POST"]) for path, handler in completions.items()] + [
         Route("/models", proxy.list_models, methods=["GET"]),

@@ -1,9 +1,10 @@
 """Which stage and session a request belongs to, and the body to forward without the fields only
 the proxy understands.
 
-Stage, first match wins: header `X-Agentaccel-Stage`; body `metadata.stage` or `metadata.tags`
-(litellm convention; OpenHands sends `agent:CodeActAgent` there, the same rule the importers
-apply); `vllm_xargs.stage`; a configured rule (regex over the system prompt); a stable
+Stage, first match wins: header `X-Agentaccel-Stage`; body `metadata.stage` or `metadata.tags`,
+else top-level `tags` (litellm's conventions; OpenHands sends `agent:CodeActAgent` there, the
+same rule the importers apply; the SDK's `litellm_extra_body={"tags": [...]}` gives top-level
+ones); `vllm_xargs.stage`; a configured rule (regex over the system prompt); a stable
 fingerprint of the system prompt; else "default".
 """
 
@@ -72,7 +73,7 @@ def resolve(headers: Mapping[str, str], body: Mapping, rules: list[StageRule], f
 
     if headers.get(STAGE_HEADER):
         return tags(headers[STAGE_HEADER], "header")
-    tagged = explicit_stage(metadata)
+    tagged = explicit_stage(metadata) or explicit_stage({"tags": body.get("tags")})
     if tagged:
         return tags(tagged, "metadata")
     xargs = body.get("vllm_xargs")
@@ -111,6 +112,7 @@ def forward_headers(headers: Mapping[str, str], keep_authorization: bool) -> dic
 def strip_proxy_fields(body: dict) -> dict:
     """A copy of the body without what only the proxy understands (it would confuse upstreams)."""
     out = dict(body)
+    out.pop("tags", None)  # litellm's top-level tags: a stage here, an unknown parameter to OpenAI
     metadata = out.get("metadata")
     if isinstance(metadata, dict):
         rest = {k: v for k, v in metadata.items() if k not in _METADATA_KEYS}

@@ -28,13 +28,23 @@ def render_message(message: Any) -> str:
     return f"<|im_start|>{message.get('role', 'user')}\n{message_text(message)}<|im_end|>\n"
 
 
+def _text_content(message: Any) -> Any:
+    """A message whose content is a list of parts (as OpenHands and other clients send) with the
+    parts' text joined: chat templates are written for string content."""
+    if isinstance(message, dict) and isinstance(message.get("content"), list):
+        parts = message["content"]
+        return {**message, "content": "".join(p.get("text", "") for p in parts if isinstance(p, dict))}
+    return message
+
+
 def render_prompt(messages: list[dict], chat_template: str | None = None, tools: list | None = None) -> str:
     if chat_template:
         import jinja2
 
         env = jinja2.Environment(undefined=jinja2.ChainableUndefined, keep_trailing_newline=True)
         try:
-            return env.from_string(chat_template).render(messages=messages, tools=tools, add_generation_prompt=True)
-        except jinja2.TemplateError:
-            pass  # a template this renderer cannot run: fall back to the plain one
+            return env.from_string(chat_template).render(messages=[_text_content(m) for m in messages], tools=tools,
+                                                         add_generation_prompt=True)
+        except (jinja2.TemplateError, TypeError):
+            pass  # a template this renderer cannot run on these messages: fall back to the plain one
     return "".join(render_message(m) for m in messages) + GENERATION_PROMPT

@@ -131,7 +131,10 @@ def unpack_ids(blob: bytes) -> np.ndarray:
 class TraceStore:
     def __init__(self, path: str | os.PathLike | None = None) -> None:
         self.path = Path(path) if path is not None else default_db_path()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ValueError(f"{self.path}: cannot create the folder {self.path.parent} ({e.strerror})") from e
         try:
             conn = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
             conn.execute("PRAGMA journal_mode=WAL")

@@ -130,6 +130,7 @@ def draft_sizer(model, model_name: str, setting: str | Path = "auto", say: Calla
             if cached.by_context:  # measured by this version, over its contexts
                 return cached.sizer(max_tokens)
             say(f"{path}: an older profile, timed over one context length only; measuring again")
-    say(f"measuring the verification cost curve of {model_name} on {device} (once; cached in {path})")
+    say(f"first start of {model_name} on {device}: timing how long a step that verifies 0, 1, 2, ... draft tokens "
+        f"takes here, to size drafts by it (about a minute on a CPU, less on a GPU; once, then read from {path})")
     prof, _ = measure_profile(model, model_name, path, progress=say)
     return measured_profile(prof, model_name).sizer(max_tokens)

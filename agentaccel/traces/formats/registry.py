@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentaccel.traces.formats import chat_eval, chat_jsonl, conversation, openhands, swe_agent, text2sql
+from agentaccel.traces.formats import (
+    chat_eval,
+    chat_jsonl,
+    conversation,
+    openhands,
+    openhands_sdk,
+    swe_agent,
+    text2sql,
+)
+from agentaccel.traces.formats.sniff import first_record
 from agentaccel.traces.records import Session
 
 Parser = Callable[[Path], list[Session]]
@@ -19,13 +27,14 @@ PARSERS: dict[str, Parser] = {
     "openhands-completion": openhands.parse_completion_log,
     "openhands-output": openhands.parse_output_jsonl,
     "openhands-mock": openhands.parse_mock_folder,
+    "openhands-sdk-conversation": openhands_sdk.parse_conversation,
     "rsl-sql": text2sql.parse_rsl_folder,
     "dail-sql": text2sql.parse_dail_sql,
     "bird-predictions": text2sql.parse_bird_predictions,
     "alpaca-eval": chat_eval.parse_alpaca,
     "mt-bench-answers": chat_eval.parse_mt_bench_answers,
 }
-FOLDER_FORMATS = {"openhands-mock", "rsl-sql"}
+FOLDER_FORMATS = {"openhands-mock", "openhands-sdk-conversation", "rsl-sql"}
 
 
 @dataclass
@@ -36,6 +45,8 @@ class Source:
 
 
 def folder_format(folder: Path) -> str | None:
+    if openhands_sdk.is_conversation_folder(folder):
+        return "openhands-sdk-conversation"
     if text2sql.is_rsl_folder(folder):
         return "rsl-sql"
     if any(folder.glob("prompt_*.log")):
@@ -49,39 +60,37 @@ def _head(path: Path, n: int = 4096) -> str:
 
 
 def file_format(path: Path) -> str | None:
+    """The format of one file, judged by its suffix and the keys of its first record (never by
+    how long that record is)."""
     suffix = path.suffix.lower()
     if suffix == ".traj":
         return "swe-agent-traj"
-    if suffix == ".jsonl":
-        first = _head(path, 1 << 16).lstrip().split("\n", 1)[0]
-        try:
-            row = json.loads(first)
-        except json.JSONDecodeError:
-            return "chat-jsonl" if '"messages"' in first else None  # very long first line: judge by its keys
-        if not isinstance(row, dict):
-            return None
-        if "messages" in row:
-            return "chat-jsonl"
-        if "history" in row:
-            return "openhands-output"
-        if "question_id" in row and "choices" in row:
-            return "mt-bench-answers"
-        return None
-    if suffix == ".json":
-        head = _head(path).lstrip()
-        if head.startswith("{"):
-            if '"messages"' in head or '"response"' in head or '"raw_messages"' in head:
-                return "openhands-completion"
-            if text2sql.BIRD_MARK.replace("\t", "\\t") in head:
-                return "bird-predictions"
-        if head.startswith("["):
-            if '"instruction"' in head and '"output"' in head:
-                return "alpaca-eval"
-            if '"messages"' in head or '"trajectory"' in head:
-                return "trajectory-records"
-        return None
     if suffix == ".txt" and "dail_sql" in path.parts:
         return "dail-sql"
+    if suffix not in (".jsonl", ".json"):
+        return None
+    first = first_record(path)
+    keys = set(first.keys)
+    if suffix == ".jsonl":
+        if first.container != "object":
+            return None
+        if "messages" in keys:
+            return "chat-jsonl"
+        if "history" in keys:
+            return "openhands-output"
+        if {"question_id", "choices"} <= keys:
+            return "mt-bench-answers"
+        return None
+    if first.container == "object":
+        if keys & {"messages", "raw_messages"} or {"response", "args"} <= keys:
+            return "openhands-completion"
+        if text2sql.BIRD_MARK.replace("\t", "\\t") in _head(path):
+            return "bird-predictions"
+    if first.container == "array":
+        if {"instruction", "output"} <= keys:
+            return "alpaca-eval"
+        if keys & {"messages", "trajectory"}:
+            return "trajectory-records"
     return None
 
 

@@ -1,8 +1,10 @@
 """Text-to-SQL pipeline outputs (parsed outputs, not raw text, so each call's response is the
 step's output as the pipeline recorded it; prompts are the questions where the dataset has them).
 
-* RSL-SQL (`BIRD_DEV/<model>/step1..step4`): one session per question, one call per step output,
-  each step its own stage.
+* RSL-SQL: one session per question, one call per step output, each step its own stage. Two
+  layouts: `BIRD_DEV/<model>/step1..step4/` folders, or one flat folder (as its Spider results are
+  published) with `LLM.json` beside `step_N_sql.txt` files (`example.json`, the few-shot examples
+  it was prompted with, is input, not output).
 * DAIL-SQL (`results/*.txt`): one predicted SQL per line, aligned with Spider dev (BIRD_* files
   with BIRD dev).
 * BIRD mini-dev predictions (`predict_*.json`: {"id": "SQL\\t----- bird -----\\tdb_id"}).
@@ -28,8 +30,22 @@ RSL_STEPS = [  # (file inside the model folder, stage, how a line/entry becomes 
 ]
 
 
+RSL_FLAT_STEPS = [  # the flat layout: the same stages, one file each
+    ("LLM.json", "rsl-sql:schema-linking", "json"),
+    ("step_1_sql.txt", "rsl-sql:preliminary-sql", "line"),
+    ("augmentation.json", "rsl-sql:augmentation", "json"),
+    ("step_2_sql.txt", "rsl-sql:augmented-sql", "line"),
+    ("step_3_sql.txt", "rsl-sql:binary-selection", "line"),
+    ("step_4_sql.txt", "rsl-sql:self-correction", "line"),
+]
+
+
+def _is_flat_rsl(folder: Path) -> bool:
+    return (folder / "LLM.json").is_file() and any(folder.glob("step_[1-4]_sql.txt"))
+
+
 def is_rsl_folder(folder: Path) -> bool:
-    return (folder / "step1" / "LLM.json").is_file()
+    return (folder / "step1" / "LLM.json").is_file() or _is_flat_rsl(folder)
 
 
 def _bird_questions(start: Path) -> dict[int, dict]:
@@ -51,9 +67,12 @@ def _question_prompt(question: dict | None, fallback: str) -> list[dict]:
 
 def parse_rsl_folder(folder: Path) -> list[Session]:
     outputs: list[tuple[str, list[str]]] = []
-    for rel, stage, kind in RSL_STEPS:
+    flat = not (folder / "step1").is_dir()
+    for rel, stage, kind in RSL_FLAT_STEPS if flat else RSL_STEPS:
         path = folder / rel
         if not path.exists():
+            if flat and rel != "LLM.json":  # a flat folder holds the steps its run wrote
+                continue
             raise FormatError(f"missing {rel}")
         if kind == "json":
             data = load_json(path)
@@ -66,12 +85,15 @@ def parse_rsl_folder(folder: Path) -> list[Session]:
     counts = {len(items) for _, items in outputs}
     if len(counts) != 1:
         raise FormatError(f"steps disagree on the number of questions: {sorted(counts)}")
-    questions = _bird_questions(folder)  # rows are BIRD dev questions in order: row n is question n
+    # BIRD layout: row n is BIRD dev question n (its text is found beside it when the dataset is);
+    # the flat layout names no dataset, so its prompts stay placeholders
+    questions = {} if flat else _bird_questions(folder)
+    label = "RSL-SQL question" if flat else "BIRD dev question"
     model = folder.name
     sessions = []
     for n in range(counts.pop()):
         qid = n
-        prompt = _question_prompt(questions.get(qid), f"BIRD dev question {qid}")
+        prompt = _question_prompt(questions.get(qid), f"{label} {qid}")
         calls = [Call(messages=prompt, response=items[n], stage=stage, model=model, source_offset=n,
                       metadata={"question_id": qid}) for stage, items in outputs]
         sessions.append(Session(key=digest("rsl-sql", model, qid), framework="rsl-sql", calls=calls, model=model,

@@ -1,0 +1,171 @@
+"""`--backend replay`: the paper's simulated verifier, served. Each call is answered with the
+recorded output of the matching recorded call (recordings.py), generated step by step through the
+engine: a step drafts, accepts the longest draft path the recorded output continues plus one
+token, and takes the time the cost profile gives a step verifying that many draft tokens. With
+speculation off a step is one plain token. So real agents, tools, proxy and engine run end to end
+on real model outputs; only the model's step time is simulated (prefill is not modelled).
+
+The trees start empty and learn from the run itself: seeded from the recordings being replayed,
+they would hand the drafter the answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from agentaccel.backends.base import CHAT, Backend, CallContext, SpecStats
+from agentaccel.backends.replay.recordings import RecordedCall, Recordings
+from agentaccel.engine import SpecConfig, SuffixEngine
+from agentaccel.engine.cost_profile import CostProfile
+from agentaccel.engine.stage_config import SIZED_SPEC
+from agentaccel.engine.verification import accepted_length
+from agentaccel.errors import bad_request
+from agentaccel.traces.render import render_prompt
+from agentaccel.traces.store import TraceStore
+
+MAX_DRAFT = 32
+
+
+@dataclass
+class Step:
+    tokens: list[int]  # what this step produced (accepted draft tokens, then the bonus token)
+    drafted: int
+    seconds: float  # the simulated time of the step
+
+
+class ReplayBackend(Backend):
+    name = "replay"
+
+    def __init__(self, store: TraceStore, tokenizer, profile: CostProfile, *, step_ms: float = 20.0,
+                 engine: SuffixEngine | None = None, speculate: bool = True, served_name: str = "replay",
+                 stage_specs: dict[str, SpecConfig] | None = None) -> None:
+        """`profile`: the relative cost of a step verifying d draft tokens; `step_ms`: the time of
+        a plain step (d = 0). A measured profile also cuts every draft to its best size, as the
+        embedded backend does; a linear one prices each drafted token inside the engine."""
+        self.recordings = Recordings(store)
+        self.tokenizer = tokenizer
+        self.engine = engine or SuffixEngine()
+        self.speculate = speculate
+        self.served_name = served_name
+        self.step_seconds = step_ms / 1000.0
+        self.sizer = profile.sizer(MAX_DRAFT)
+        self.cut = profile.measured
+        self.spec = SIZED_SPEC if profile.measured else SpecConfig(cost=profile.per_token)
+        self.stage_specs = stage_specs or {}
+
+    async def models(self) -> list[str]:
+        return [self.served_name]
+
+    def health(self) -> dict:
+        stats = self.engine.stats()
+        return {"backend": self.name, "model": self.served_name, "recorded_sessions": len(self.recordings),
+                "speculation": self.speculate,
+                "engine": {"tokens": stats["tokens"], "documents": stats["documents"], "bytes": stats["bytes"]}}
+
+    # ------------------------------------------------------------------ the simulated model
+    def _steps(self, recorded: RecordedCall, prompt: list[int], output: list[int], ctx: CallContext,
+               speculate: bool):
+        """Yields the steps that produce `output`, drafting through the engine (whose request tree
+        and stage tree learn exactly as in a real run)."""
+        rid, stage = ctx.request_id or uuid.uuid4().hex, ctx.stage
+        self.engine.start_request(rid, prompt, stage=stage)
+        spec = self.stage_specs.get(stage, self.spec)
+        try:
+            pos = 0
+            while pos < len(output):
+                left = len(output) - pos
+                draft_ids, parents = [], []
+                if speculate and left > 1:
+                    draft = self.engine.speculate(rid, min(MAX_DRAFT, left - 1), spec)
+                    draft_ids, parents = (self.sizer.cut(draft, len(prompt) + pos) if self.cut
+                                          else (list(draft.token_ids), list(draft.parents)))
+                accepted = accepted_length(draft_ids, parents, output[pos:]) if draft_ids else 0
+                tokens = output[pos:pos + accepted + 1]
+                self.engine.extend(rid, tokens)
+                costs = self.sizer.costs_at(len(prompt) + pos)
+                yield Step(tokens, len(draft_ids), self.step_seconds * costs[min(len(draft_ids), len(costs) - 1)])
+                pos += len(tokens)
+        finally:
+            self.engine.finish_request(rid, keep_output=speculate)  # the output joins the stage's tree
+
+    def _call(self, endpoint: str, body: dict) -> tuple[RecordedCall, list[int], list[int], bool]:
+        if endpoint != CHAT:
+            raise bad_request("the replay backend answers chat completions (recorded calls are chats)")
+        if body.get("n", 1) != 1:
+            raise bad_request("the replay backend answers one choice per request (n=1)", param="n")
+        recorded = self.recordings.match(body["messages"])
+        prompt = self.tokenizer.encode(render_prompt(body["messages"], self.tokenizer.chat_template,
+                                                     body.get("tools")))
+        output = self.tokenizer.encode(recorded.response)
+        xargs = body.get("vllm_xargs") if isinstance(body.get("vllm_xargs"), dict) else {}
+        return recorded, prompt, output, self.speculate and xargs.get("speculate", True) is not False
+
+    async def complete(self, endpoint: str, body: dict, ctx: CallContext) -> dict:
+        recorded, prompt, output, speculate = self._call(endpoint, body)
+        stats = ctx.spec = SpecStats()
+        with contextlib.closing(self._steps(recorded, prompt, output, ctx, speculate)) as steps:
+            for step in steps:
+                _count(stats, step)
+                await asyncio.sleep(step.seconds)
+        message = {"role": "assistant", "content": recorded.content}
+        if recorded.tool_calls:
+            message["tool_calls"] = recorded.tool_calls
+        choice = {"index": 0, "message": message, "finish_reason": _finish(recorded), "logprobs": None}
+        return {**_head(body, "chat.completion"), "choices": [choice], "usage": _usage(prompt, output)}
+
+    async def stream(self, endpoint: str, body: dict, ctx: CallContext) -> AsyncIterator[bytes]:
+        recorded, prompt, output, speculate = self._call(endpoint, body)
+        head = _head(body, "chat.completion.chunk")
+        content, produced, sent = recorded.content, [], 0
+        stats = ctx.spec = SpecStats()
+
+        def chunk(delta: dict, finish: str | None = None) -> bytes:
+            return json.dumps({**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish,
+                                                    "logprobs": None}]}).encode()
+
+        yield chunk({"role": "assistant", "content": ""})
+        # a client that goes away closes this generator, and the steps' finally frees the request
+        with contextlib.closing(self._steps(recorded, prompt, output, ctx, speculate)) as steps:
+            for step in steps:
+                _count(stats, step)
+                await asyncio.sleep(step.seconds)
+                produced += step.tokens
+                # what the tokens so far spell, where it is the recorded text's beginning (the rest, at
+                # the end: the streamed text is the recorded text, byte for byte)
+                text = self.tokenizer.decode(produced)[: len(content)]
+                if len(text) > sent and content.startswith(text):
+                    yield chunk({"content": text[sent:]})
+                    sent = len(text)
+        if sent < len(content):
+            yield chunk({"content": content[sent:]})
+        if recorded.tool_calls:
+            yield chunk({"tool_calls": [{**call, "index": i} for i, call in enumerate(recorded.tool_calls)]})
+        yield chunk({}, _finish(recorded))
+        if (body.get("stream_options") or {}).get("include_usage"):
+            yield json.dumps({**head, "choices": [], "usage": _usage(prompt, output)}).encode()
+
+
+def _count(stats: SpecStats, step: Step) -> None:
+    stats.steps += 1
+    stats.drafted += step.drafted
+    stats.accepted += len(step.tokens) - 1
+
+
+def _finish(recorded: RecordedCall) -> str:
+    return "tool_calls" if recorded.tool_calls else "stop"
+
+
+def _head(body: dict, kind: str) -> dict:
+    return {"id": "chatcmpl-" + uuid.uuid4().hex[:24], "object": kind, "created": int(time.time()),
+            "model": body["model"]}
+
+
+def _usage(prompt: list[int], output: list[int]) -> dict:
+    return {"prompt_tokens": len(prompt), "completion_tokens": len(output),
+            "total_tokens": len(prompt) + len(output)}

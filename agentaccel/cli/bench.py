@@ -1,0 +1,252 @@
+"""`agentaccel bench ...`: the benchmarks (their results are recorded in docs/BENCHMARKS.md)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from agentaccel.cli.common import (
+    DbOption,
+    JsonOption,
+    TokenizerOption,
+    TracesOption,
+    console,
+    err,
+    open_store,
+    open_tokenizer,
+    traces_folder,
+)
+from agentaccel.cli.serve import PREFIX_CACHE, Dtype, DtypeOption, check_cost_profile, parse_size
+
+bench_app = typer.Typer(help="Benchmarks: replay your recorded calls, the engine, the embedded backend, the proxy "
+                             "(results: docs/BENCHMARKS.md).", no_args_is_help=True)
+
+
+@bench_app.command("replay")
+def bench_replay(
+    db: DbOption = None,
+    stage: Annotated[list[str] | None, typer.Option("--stage", help="Only these stages (repeatable; default: "
+                                                                    "all).")] = None,
+    model: Annotated[str | None, typer.Option(help="Only calls of this model (default: any).")] = None,
+    source: Annotated[str | None, typer.Option(help="Only calls whose source file path contains this "
+                                                          "(default: any).")] = None,
+    sessions: Annotated[int | None, typer.Option(help="Only the first N sessions (default: all).")] = None,
+    limit: Annotated[int | None, typer.Option(help="At most N calls, warm-up included (default: all).")] = None,
+    warm: Annotated[int, typer.Option(help="The first N selected calls only seed the global trees.")] = 0,
+    speculators: Annotated[str, typer.Option(help="Comma-separated: none, pld, paper-linear, paper-tree, "
+                                                  "agentaccel, agentaccel-shared; oracle-1, oracle-2 are "
+                                                  "ceilings (they know the output: the most any draft "
+                                                  "copied after a 1- or 2-token match could give).")]
+    = "none,pld,paper-linear,paper-tree,agentaccel",
+    cost: Annotated[list[str] | None, typer.Option("--cost", help="Cost profile(s): cpu-smollm2, gpu, c=0.04, "
+                                                                 "or a bench-backend JSON (default: gpu and "
+                                                                 "cpu-smollm2). The first drives est_speedup and "
+                                                                 "agentaccel's drafting.")] = None,
+    sweep: Annotated[list[str] | None, typer.Option("--sweep", help="Grid-search NAME=v1,v2 (repeatable) over "
+                                                                   "--sweep-base, per stage (default: no sweep).")]
+    = None,
+    sweep_base: Annotated[str, typer.Option(help="Speculator the sweep varies.")] = "agentaccel",
+    scaling: Annotated[bool, typer.Option(help="Also replay with 0-100% of the warm-up in the global tree.")]
+    = False,
+    tokenizer: TokenizerOption = None,
+    json_out: JsonOption = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write PNG figures into this folder (default: "
+                                                             "none).")] = None,
+) -> None:
+    """Replay calls from the trace store with a simulated verifier and compare speculators."""
+    from agentaccel.bench.replay_cli import run_replay
+
+    store, tok = open_store(db, must_exist=True), open_tokenizer(tokenizer)
+    run_replay(console, err, store, tok, stages=stage, model=model, source=source, sessions=sessions, limit=limit,
+               warm=warm, speculators=speculators, costs=cost or ["gpu", "cpu-smollm2"],
+               sweep=sweep or [], sweep_base=sweep_base, scaling=scaling, json_out=json_out, plot=plot)
+
+
+@bench_app.command("engine")
+def bench_engine(
+    traces: TracesOption = None,
+    max_depth: Annotated[int, typer.Option(help="Tree depth limit (paper mode).")] = 64,
+    requests: Annotated[int, typer.Option(help="Held-out requests replayed per configuration.")] = 200,
+    json_out: JsonOption = None,
+    load_scale: Annotated[int, typer.Option(help="Also time loading an index this many times the corpus "
+                                                 "(copies with disjoint token ids; 10 gives ~100M tokens, "
+                                                 "~3.4 GB of disk and ~8 GB of RAM while it is built).")] = 0,
+) -> None:
+    """Update, speculate, memory, save and load of the native engine (reads real recorded traces: --traces)."""
+    from agentaccel.bench import engine_bench
+    from agentaccel.bench.corpus import engine_corpus, engine_sources
+
+    folder = traces_folder(traces, lambda f: None if engine_sources(f) else
+                           f"{f}: no SWE-agent, OpenHands or AlpacaEval files")
+    tok = open_tokenizer(None)
+    with console.status("tokenizing the corpus (cached after the first run)") as status:
+        corpus = engine_corpus(folder, tok)
+        result = engine_bench.run(corpus, max_depth=max_depth, max_requests=requests, load_scale=load_scale,
+                                  progress=lambda msg: status.update(msg))
+    table = Table(title=f"engine on {result['tokens']:,} tokens ({result['documents']:,} documents), "
+                        f"depth {max_depth}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    table.add_row("update µs/token", f"{result['update_us_per_token']:.3f}")
+    table.add_row("index bytes/token (engine)", f"{result['index_bytes_per_token']:.1f}")
+    table.add_row("RSS delta bytes/token", f"{result['rss_bytes_per_token']:.1f}")
+    table.add_row("save s", f"{result['save_seconds']:.2f}")
+    table.add_row("load s", f"{result['load_seconds']:.2f}")
+    table.add_row("file MB", f"{result['file_bytes'] / 1e6:.0f}")
+    if result["scaled_load"]:
+        big = result["scaled_load"]
+        table.add_row(f"load s, {big['tokens'] / 1e6:.0f}M-token index ({big['file_bytes'] / 1e9:.1f} GB)",
+                      f"{big['load_seconds']:.2f}")
+        table.add_row(f"save s, {big['tokens'] / 1e6:.0f}M-token index", f"{big['save_seconds']:.1f}")
+    console.print(table)
+    spec = Table(title="speculate per step (held-out requests, Python call included)")
+    for col in ("config", "steps", "mean µs", "p50 µs", "p99 µs", "MAT"):
+        spec.add_column(col, justify="right" if col != "config" else "left")
+    for name, r in result["speculate"].items():
+        spec.add_row(name, f"{r['steps']:,}", f"{r['spec_us_mean']:.2f}", f"{r['spec_us_p50']:.2f}",
+                     f"{r['spec_us_p99']:.2f}", f"{r['mat']:.2f}")
+    console.print(spec)
+    if json_out:
+        json_out.write_text(json.dumps(result, indent=2))
+
+
+@bench_app.command("backend")
+def bench_backend(
+    model: Annotated[Path | None, typer.Option(help="Local HF model folder (default: SmolLM2-135M-Instruct).")]
+    = None,
+    device: Annotated[str | None, typer.Option(help="cpu or cuda (default: cuda when available).")] = None,
+    dtype: DtypeOption = Dtype.float32,
+    context: Annotated[list[int] | None, typer.Option(help="Context lengths the steps run over (repeatable; "
+                                                           "default: 512 and 2048).", min=1)] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Cost profile JSON (default: in the cache folder).")]
+    = None,
+) -> None:
+    """Measure step time vs number of draft tokens and save it as a cost profile."""
+    from agentaccel.backends.local import cost_curve, load_model
+
+    with console.status("loading the model") as status:
+        m, _ = load_model(model, device, dtype.value)
+        # by default written where the embedded backend reads its draft sizes from
+        prof, path = cost_curve.measure_profile(m, cost_curve.model_key(model), out, context or cost_curve.CONTEXTS,
+                                                progress=status.update)
+    dev = next(m.parameters()).device.type
+    table = Table(title=f"verification step time, {dev} {dtype.value}")
+    table.add_column("draft tokens", justify="right")
+    for curve in prof["curves"]:
+        table.add_column(f"ms, {curve['context']:,} context", justify="right")
+        table.add_column("relative to d=0", justify="right")
+    for i, d in enumerate(prof["draft_tokens"]):
+        cells = [(f"{c['step_ms'][i]:.1f}", f"{c['step_ms'][i] / c['step_ms'][0]:.2f}") for c in prof["curves"]]
+        table.add_row(str(d), *(cell for pair in cells for cell in pair))
+    console.print(table)
+    console.print(f"cost profile written to {path} (use: agentaccel bench replay --cost {path})")
+
+
+@bench_app.command("e2e")
+def bench_e2e(
+    workload: Annotated[list[str] | None, typer.Option("--workload", help="swe, sql, chat (repeatable; "
+                                                                          "default: all).")] = None,
+    n: Annotated[int, typer.Option(help="Calls per workload (sql: questions, 5 calls each).")] = 12,
+    max_tokens: Annotated[int, typer.Option(help="Output tokens per call.")] = 96,
+    keep_prompt: Annotated[int, typer.Option(help="Prompts are truncated from the left to this many tokens.")]
+    = 1536,
+    traces: TracesOption = None,
+    json_out: JsonOption = None,
+    cost_profile: Annotated[str, typer.Option(help="How the suffix method sizes drafts, as `serve --cost-profile`: "
+                                                   "auto (the cached or a freshly measured cost curve), a "
+                                                   "profile file, or off.")] = "auto",
+    dtype: DtypeOption = Dtype.float32,
+    static_slots: Annotated[int | None, typer.Option(help="Requests decoded on static-cache slots, whose steps "
+                                                          "replay as CUDA graphs (default: 4 on a GPU, 0 on a CPU; "
+                                                          "0 turns them off).", min=0)] = None,
+    prefix_cache: Annotated[str, typer.Option(help="Memory for prompts' KV entries reused by later prompts "
+                                                   "that begin alike, the same for every method (0: off).")]
+    = PREFIX_CACHE,
+    record: Annotated[Path | None, typer.Option(help="Also write every call (prompt messages, stage, the model's "
+                                                     "reply) here as chat JSONL, for `agentaccel import-traces` "
+                                                     "and `bench replay` (default: not written).")] = None,
+) -> None:
+    """Wall-clock decoding on the embedded model: plain vs prompt lookup vs suffix, on prompts from real recorded
+    traces (--traces)."""
+    from agentaccel.backends.local import cost_curve, load_model
+    from agentaccel.bench import e2e
+
+    chosen = workload or ["swe", "sql", "chat"]
+    unknown = set(chosen) - {"swe", "sql", "chat"}
+    if unknown:
+        raise typer.BadParameter(f"unknown workload(s): {', '.join(sorted(unknown))}", param_hint="--workload")
+    folder = traces_folder(traces, lambda f: next((f"workload {w}: {problem}" for w in chosen
+                                                  if (problem := e2e.missing_input(f, w))), None))
+    check_cost_profile(cost_profile)
+    prefix_cache_bytes = parse_size(prefix_cache)
+    try:
+        record_file = record.open("w") if record else None
+    except OSError as e:
+        raise typer.BadParameter(f"cannot write {record} ({e.strerror})", param_hint="--record") from e
+    with console.status("loading the model") as status, record_file or contextlib.nullcontext():
+        model, tok = load_model(dtype=dtype.value)
+        # the suffix method sizes its drafts as `agentaccel serve` does: by this model's cost curve
+        sizer = cost_curve.draft_sizer(model, cost_curve.model_key(None), cost_profile, status.update)
+        result = e2e.run(model, tok, folder, chosen, n, max_tokens, keep_prompt, progress=status.update, sizer=sizer,
+                         static_slots=static_slots, prefix_cache_bytes=prefix_cache_bytes,
+                         record=e2e.jsonl_recorder(record_file) if record_file else None)
+    table = Table(title=f"end-to-end decoding, {next(model.parameters()).device.type} {dtype.value}, "
+                        f"{max_tokens} tokens/call")
+    for col in ("workload", "method", "calls", "tokens", "tok/s", "speedup", "decode tok/s", "decode speedup",
+                "MAT", "accept", "prefill s", "cached", "identical"):
+        table.add_column(col, justify="left" if col in ("workload", "method") else "right")
+    for w, r in result.items():
+        for m in e2e.METHODS:
+            x = r[m]
+            table.add_row(w, m, str(x["calls"]), f"{x['tokens']:,}", f"{x['tokens_per_s']:.1f}",
+                          f"{x['speedup']:.2f}x", f"{x['decode_tokens_per_s']:.1f}", f"{x['decode_speedup']:.2f}x",
+                          f"{x['mat']:.2f}", f"{x['acceptance_rate']:.1%}", f"{x['prefill_seconds']:.1f}",
+                          f"{x['cached_prompt_share']:.0%}", "yes" if r["identical_outputs"] else "NO")
+    console.print(table)
+    if json_out:
+        json_out.write_text(json.dumps(result, indent=2))
+
+
+@bench_app.command("proxy")
+def bench_proxy_cmd(
+    streams: Annotated[str, typer.Option(help="Concurrent streams, comma-separated.")] = "64,256",
+    requests: Annotated[int, typer.Option(help="Requests per stream per round.")] = 10,
+    tokens: Annotated[int, typer.Option(help="Tokens per streamed response.")] = 16,
+    rounds: Annotated[int, typer.Option(help="Alternating direct/proxied rounds.")] = 3,
+    record: Annotated[bool, typer.Option(help="Proxy records every call (as in production).")] = True,
+    token_delay: Annotated[float, typer.Option(help="Seconds between upstream tokens (0: saturation test).")]
+    = 0.02,
+    pin: Annotated[bool, typer.Option(help="Give the proxy a core of its own (the upstream and the load generator "
+                                           "share the rest): its own cost, without their contention.")] = False,
+    json_out: JsonOption = None,
+) -> None:
+    """Added latency of the proxy at N concurrent streams against a fast local upstream."""
+    from rich.progress import Progress
+
+    from agentaccel.bench.proxy_bench import bench_proxy
+
+    levels = [int(x) for x in streams.split(",") if x.strip()]
+    with Progress(console=err, transient=True) as progress:
+        task = progress.add_task("load rounds", total=len(levels) * rounds * 2)
+        rows = bench_proxy(levels, requests, tokens, rounds, record, token_delay, pin,
+                           progress=lambda *_: progress.advance(task, 2))
+    table = Table(title=f"proxy overhead ({tokens} tokens per stream, {token_delay * 1000:g} ms apart; recording "
+                        f"{'on' if record else 'off'}{'; proxy on its own core' if pin else ''})")
+    for col in ("streams", "requests", "errors", "added 1st chunk p50 ms", "added 1st chunk p99 ms",
+                "direct p50 ms", "proxy p50 ms", "added p50 ms", "direct p99 ms", "proxy p99 ms", "added p99 ms",
+                "direct req/s", "proxy req/s"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(str(r["streams"]), str(r["requests"]), str(r["errors"]), f"{r['added_first_chunk_p50_ms']:.2f}",
+                      f"{r['added_first_chunk_p99_ms']:.2f}", f"{r['direct_p50_ms']:.2f}",
+                      f"{r['proxy_p50_ms']:.2f}", f"{r['added_p50_ms']:.2f}", f"{r['direct_p99_ms']:.2f}",
+                      f"{r['proxy_p99_ms']:.2f}", f"{r['added_p99_ms']:.2f}", f"{r['direct_rps']:.0f}",
+                      f"{r['proxy_rps']:.0f}")
+    console.print(table)
+    if json_out:
+        json_out.write_text(json.dumps(rows, indent=2))

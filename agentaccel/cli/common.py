@@ -1,0 +1,68 @@
+"""What every command group shares: the consoles, the common options, and opening the trace
+store, the tokenizer and the real-trace folder with a clear message instead of a traceback."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+console = Console(width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True, soft_wrap=True)  # error lines stay whole (grep-able, copy-able)
+
+DbOption = Annotated[Path | None, typer.Option("--db", help="Trace store (default: $AGENTACCEL_DB, else "
+                                                           "~/.agentaccel/traces.db).")]
+TokenizerOption = Annotated[str | None, typer.Option("--tokenizer", help="tokenizer.json or model folder "
+                                                                         "(default: SmolLM2's).")]
+JsonOption = Annotated[Path | None, typer.Option("--json", help="Also write the results as JSON here (default: not "
+                                                              "written).")]
+TracesOption = Annotated[Path | None, typer.Option(help="Folder of real recorded traces (default: "
+                                                        "$AGENTACCEL_TRACES, else a shared/traces folder beside "
+                                                        "the checkout).")]
+
+
+def fail(message: str) -> typer.Exit:
+    """Prints `error: message` and gives the exit to raise (status 2, as click's own usage errors)."""
+    err.print(f"[red]error:[/red] {message}", markup=True, highlight=False)
+    return typer.Exit(2)
+
+
+def open_store(db: Path | None, must_exist: bool = False):
+    """The trace store. `must_exist`: commands that only read it say so when there is none yet,
+    instead of creating an empty one."""
+    from agentaccel.traces.store import TraceStore, default_db_path
+
+    path = db or default_db_path()
+    if must_exist and not path.exists():
+        raise fail(f"no trace store at {path} yet: `agentaccel serve` records every call there, and "
+                   "`agentaccel import-traces` reads agent logs into it")
+    try:
+        return TraceStore(path)
+    except ValueError as e:
+        raise fail(str(e)) from e
+
+
+def open_tokenizer(spec: str | None):
+    from agentaccel.traces.tokenization import load_tokenizer
+
+    try:
+        return load_tokenizer(spec)
+    except (ValueError, RuntimeError) as e:
+        raise fail(str(e)) from e
+
+
+def traces_folder(path: Path | None, missing: Callable[[Path], str | None] = lambda _: None) -> Path:
+    """The real-trace folder a benchmark reads; `missing(folder)` names what it needs and lacks."""
+    from agentaccel.bench.corpus import TracesMissing, default_traces_dir, require
+
+    try:
+        folder = path or default_traces_dir()
+        require(folder, None if folder.is_dir() else f"{folder}: no such folder")
+        require(folder, missing(folder))
+    except TracesMissing as e:
+        raise fail(str(e)) from e
+    return folder

@@ -1,0 +1,116 @@
+"""`--backend replay`: recorded outputs answered through the real proxy and the real engine, with
+a simulated step time. Outputs are the recordings byte for byte, speculation on or off, streamed
+or not; the stage trees learn as the run goes; requests that match no recording get a clear 400."""
+
+import json
+
+import httpx
+import pytest
+from servers import ServerThread
+from traces_fixtures import write_sdk_conversation
+
+from agentaccel.backends.replay import ReplayBackend
+from agentaccel.engine.cost_profile import load_profile
+from agentaccel.proxy import ProxyConfig, create_app
+from agentaccel.traces.importer import import_traces
+from agentaccel.traces.store import TraceStore
+from agentaccel.traces.tokenization import load_tokenizer
+
+openai = pytest.importorskip("openai")
+
+ANSWER = ("SELECT country, COUNT(*) AS users FROM users WHERE active = 1 GROUP BY country "
+          "ORDER BY users DESC LIMIT 10;")
+
+
+def sql_sessions(n: int) -> str:
+    """Chat JSONL: n one-call sessions of one pipeline stage whose outputs repeat (as SQL stages do)."""
+    return "".join(json.dumps({"messages": [{"role": "user", "content": f"Question {k}: count active users"},
+                                            {"role": "assistant", "content": ANSWER}],
+                               "stage": "sql", "metadata": {"session": f"q{k}"}}) + "\n" for k in range(n))
+
+
+@pytest.fixture(scope="module")
+def store_path(tmp_path_factory):
+    root = tmp_path_factory.mktemp("replay")
+    write_sdk_conversation(root / "conversations", tags=["agent:CodeActAgent"])
+    (root / "sql.jsonl").write_text(sql_sessions(4))
+    db = root / "recorded.db"
+    with TraceStore(db) as store:
+        import_traces([root / "conversations", root / "sql.jsonl"], store, tokenizer=load_tokenizer())
+    return db
+
+
+def serve(db, speculate=True, profile="gpu"):
+    with TraceStore(db) as store:
+        backend = ReplayBackend(store, load_tokenizer(), load_profile(profile), step_ms=1.0, speculate=speculate)
+    return ServerThread(create_app(ProxyConfig(record=False), backend))
+
+
+def metric(url: str, name: str, stage: str) -> float:
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith(f'{name}{{stage="{stage}"}}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def ask_sql(client, k: int, stream: bool) -> str:
+    messages = [{"role": "user", "content": f"Question {k}: count active users"}]
+    if not stream:
+        return client.chat.completions.create(model="replay", messages=messages,
+                                              extra_headers={"X-Agentaccel-Stage": "sql"}).choices[0].message.content
+    parts = client.chat.completions.create(model="replay", messages=messages, stream=True,
+                                           extra_headers={"X-Agentaccel-Stage": "sql"})
+    return "".join(c.choices[0].delta.content or "" for c in parts if c.choices)
+
+
+def test_outputs_are_the_recordings_with_and_without_speculation(store_path):
+    for speculate in (False, True):
+        with serve(store_path, speculate) as server:
+            client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+            replies = [ask_sql(client, k, stream=k % 2 == 1) for k in range(4)]
+            assert replies == [ANSWER] * 4  # byte for byte, streamed (odd k) or not
+            steps = metric(server.url, "agentaccel_spec_steps_total", "sql")
+            mat = metric(server.url, "agentaccel_mean_accepted_length", "sql")
+            if speculate:  # later sessions draft the answer the stage tree learned from the first one
+                assert mat > 3, mat
+            else:
+                assert mat == 1.0 and steps == 4 * len(load_tokenizer().encode(ANSWER))
+
+
+def test_an_agent_turn_gets_its_recorded_tool_calls(store_path):
+    """The recorded OpenHands SDK conversation: turn 0 calls two tools, turn 1 finishes; the stage
+    comes from the client's tags, as in a real run."""
+    with serve(store_path) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+        task = [{"role": "system", "content": "Any system prompt: only the task has to match."},
+                {"role": "user", "content": "Make hello.txt"}]
+        first = client.chat.completions.create(model="replay", messages=task,
+                                               extra_body={"tags": ["agent:CodeActAgent"]}).choices[0]
+        assert first.finish_reason == "tool_calls" and first.message.content == "Creating it."
+        assert [json.loads(c.function.arguments)["command"] for c in first.message.tool_calls] == [
+            "echo hello > hello.txt", "cat hello.txt"]
+        turn = [*task, first.message.model_dump(exclude_none=True),
+                {"role": "tool", "tool_call_id": "call_1", "content": "(observed differently here)"},
+                {"role": "tool", "tool_call_id": "call_2", "content": "hello"}]
+        chunks = list(client.chat.completions.create(model="replay", messages=turn, stream=True,
+                                                     extra_body={"tags": ["agent:CodeActAgent"]}))
+        calls = [c for chunk in chunks if chunk.choices for c in chunk.choices[0].delta.tool_calls or ()]
+        assert [c.function.name for c in calls] == ["finish"]
+        assert chunks[-1].choices[0].finish_reason == "tool_calls"
+        requests = httpx.get(server.url + "/metrics").text
+        assert 'stage="openhands:CodeActAgent",status="200"' in requests
+
+
+def test_what_matches_no_recording_is_a_clear_400(store_path):
+    with serve(store_path) as server:
+        def post(messages):
+            return httpx.post(server.url + "/v1/chat/completions", json={"model": "replay", "messages": messages})
+
+        r = post([{"role": "user", "content": "A task nobody recorded"}])
+        assert r.status_code == 400 and r.json()["error"]["code"] == "no_recording"
+        assert "no recorded session begins with this user message" in r.json()["error"]["message"]
+        # the recorded SQL sessions hold one call each: a second turn has nothing to answer with
+        r = post([{"role": "user", "content": "Question 0: count active users"},
+                  {"role": "assistant", "content": ANSWER}, {"role": "user", "content": "again"}])
+        assert r.status_code == 400 and "has 1 calls; this request is call 2" in r.json()["error"]["message"]
+        assert httpx.get(server.url + "/health").json()["recorded_sessions"] == 5
