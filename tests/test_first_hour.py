@@ -25,8 +25,9 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("openai")
 
-from openhands_env import build as build_openhands  # noqa: E402
 from servers import free_port  # noqa: E402
+
+from agentaccel.adapters.openhands_env import build as build_openhands  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 README_URL = "http://127.0.0.1:8000"

@@ -1,6 +1,6 @@
-"""A separate Python >= 3.12 environment with OpenHands in it, as users run OpenHands: never a
-dependency of agentaccel, talking HTTP to the proxy. Built with uv (seconds), in a folder the
-caller owns (a test's temporary folder), with uv's cache there too."""
+"""OpenHands' own Python environment. OpenHands needs Python >= 3.12 and is never a dependency of
+agentaccel: it runs in a separate virtual environment and talks HTTP to the proxy, as users run
+it. `build` makes one with uv (seconds, given PyPI) in a folder the caller names."""
 
 from __future__ import annotations
 
@@ -26,20 +26,30 @@ def python312() -> str | None:
     return candidates[-1] if candidates else None
 
 
+def has_sdk(python: Path) -> bool:
+    return python.is_file() and subprocess.run(
+        [str(python), "-c", "import openhands.sdk, openhands.tools"], capture_output=True,
+        env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}).returncode == 0
+
+
 def build(folder: Path, packages=SDK) -> tuple[Path | None, str]:
-    """(the environment's python, "") or (None, why it could not be built)."""
+    """(the environment's python, "") or (None, why it could not be built). Reuses an environment
+    already there; uv's cache stays inside `folder`."""
+    venv = folder / "openhands"
+    python = venv / "bin" / "python"
+    if has_sdk(python):
+        return python, ""
     interpreter = python312()
     if interpreter is None:
         return None, "no Python >= 3.12 interpreter on this machine"
     env = {**os.environ, "UV_CACHE_DIR": str(folder / "uv-cache")}
-    venv = folder / "openhands"
-    steps = ([sys.executable, "-m", "uv", "venv", "--python", interpreter, str(venv)],
-             [sys.executable, "-m", "uv", "pip", "install", "--python", str(venv / "bin" / "python"), *packages])
+    steps = ([sys.executable, "-m", "uv", "venv", "--allow-existing", "--python", interpreter, str(venv)],
+             [sys.executable, "-m", "uv", "pip", "install", "--python", str(python), *packages])
     for cmd in steps:
         try:
             out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
         except (OSError, subprocess.TimeoutExpired) as e:
-            return None, f"{' '.join(cmd[:4])}: {e}"
+            return None, f"{' '.join(cmd[:5])}: {e}"
         if out.returncode != 0:
-            return None, f"{' '.join(cmd[:4])}: {out.stderr.strip()[-500:]}"
-    return venv / "bin" / "python", ""
+            return None, f"{' '.join(cmd[:5])}: {out.stderr.strip()[-500:]}"
+    return python, ""
