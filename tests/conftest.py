@@ -10,3 +10,18 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.enviro
 
 # litellm fetches a price list from the internet at import unless told not to (no network here).
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def openhands_python(tmp_path_factory):
+    """OpenHands' own environment (Python >= 3.12, built with uv in a temporary folder), shared by
+    the tests that run a real OpenHands agent; skipped where none can be built."""
+    from agentaccel.adapters import openhands_env
+
+    python, why = openhands_env.build(tmp_path_factory.mktemp("openhands-env"))
+    if python is None:
+        pytest.skip(f"no OpenHands environment: {why}")
+    return python

@@ -27,8 +27,6 @@ pytest.importorskip("openai")
 
 from servers import free_port  # noqa: E402
 
-from agentaccel.adapters.openhands_env import build as build_openhands  # noqa: E402
-
 REPO = Path(__file__).resolve().parents[1]
 README_URL = "http://127.0.0.1:8000"
 
@@ -199,7 +197,7 @@ def test_a_new_users_first_hour(machine):
     assert (machine.clone / "copy.db").is_file() and (machine.clone / "calls.jsonl").is_file()
 
 
-def test_every_example_runs(machine, tmp_path):
+def test_every_example_runs(machine, openhands_python):
     """The text-to-SQL pipeline runs in the README test; examples/openhands/sdk_llm.py without
     OpenHands says how to get it, and in the separate environment OpenHands runs in it sends a call
     through the proxy."""
@@ -211,9 +209,6 @@ def test_every_example_runs(machine, tmp_path):
     with serving(machine, "agentaccel serve", url):
         out = machine.run(f"{sys.executable} {script} --base-url {url}")
         assert "Traceback" not in out.stderr and "uv venv --python 3.12" in out.stderr, out.stderr
-        python, why = build_openhands(tmp_path)
-        if python is None:
-            pytest.skip(f"no OpenHands environment for {script}: {why}")
-        out = machine.run(f"{python} {script} --base-url {url}")
+        out = machine.run(f"{openhands_python} {script} --base-url {url}")
         assert_clean(out, script)
         assert "reply:" in out.stdout and 'stage="openhands:CodeActAgent"' in out.stdout, out.stdout

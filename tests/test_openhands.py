@@ -18,24 +18,15 @@ import time
 from pathlib import Path
 
 import httpx
-import pytest
 from servers import free_port
 from traces_fixtures import write_sdk_conversation
 
-from agentaccel.adapters import openhands_env, openhands_runner, sandbox
+from agentaccel.adapters import openhands_runner, sandbox
 from agentaccel.traces.importer import import_traces
 from agentaccel.traces.store import TraceStore
 from agentaccel.traces.tokenization import load_tokenizer
 
 TASK = "Make hello.txt"  # the recorded conversation's task (traces_fixtures.write_sdk_conversation)
-
-
-@pytest.fixture(scope="module")
-def openhands_python(tmp_path_factory):
-    python, why = openhands_env.build(tmp_path_factory.mktemp("openhands-env"))
-    if python is None:
-        pytest.skip(f"no OpenHands environment: {why}")
-    return python
 
 
 def metric_lines(url: str, stage: str) -> list[str]:

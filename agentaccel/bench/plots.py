@@ -71,3 +71,18 @@ def speedup_vs_tree_size(points: list[tuple[int, float]], spec: str, profile: st
     ax.set_title(f"{spec}: speedup vs global-tree size")
     ax.grid(alpha=0.3)
     return _save(fig, out, "speedup_vs_tree_size.png")
+
+
+def agent_llm_time(runs: list[dict], out: Path) -> Path:
+    """LLM time per instance, speculation off vs on (bench agent)."""
+    instances = list(dict.fromkeys(r["instance_id"] for r in runs))
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(instances)), 4))
+    x = np.arange(len(instances))
+    for i, mode in enumerate(("off", "on")):
+        vals = [next((r["llm_seconds"] for r in runs if r["instance_id"] == inst and r["mode"] == mode), 0)
+                for inst in instances]
+        ax.bar(x + (i - 0.5) * 0.4, vals, 0.4, label=f"speculation {mode}")
+    ax.set_xticks(x, instances, rotation=30, ha="right")
+    ax.set_ylabel("LLM time per instance (s)")
+    ax.legend()
+    return _save(fig, out, "agent_llm_time.png")

@@ -1,0 +1,220 @@
+"""`agentaccel bench agent`: an OpenHands agent over SWE-bench-style task instances through the
+proxy, twice per instance (speculation off, then on, same backend), with what each run cost.
+
+An instance is a SWE-bench JSONL row (`instance_id, repo, base_commit, problem_statement,
+FAIL_TO_PASS, PASS_TO_PASS`); here `repo` is a local folder (relative to the file) copied into a
+scratch workspace, and the instance is resolved when its FAIL_TO_PASS and PASS_TO_PASS tests pass
+there afterwards (pytest node ids). Recorded sessions can stand in for instances too
+(`recorded_instances`): the task is the session's first user message, with no workspace
+content and no tests. The agent gets `problem_statement` as its task, verbatim.
+
+Per run: wall time; LLM time (the proxy's request latency summed over the run's calls), calls,
+output tokens and speculation by stage, all read from the proxy's /metrics before and after;
+resolved or not. The agent's tools run confined (adapters/sandbox.py) where the machine allows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from agentaccel.adapters import openhands_runner, sandbox
+from agentaccel.backends.replay.recordings import first_user_text
+from agentaccel.traces.store import TraceStore
+
+BUNDLED = Path(__file__).resolve().parent / "agent_tasks"
+MODES = ("off", "on")
+COUNTERS = {  # /metrics series summed per run, by stage
+    "agentaccel_requests_total": "calls",
+    "agentaccel_request_latency_seconds_sum": "llm_seconds",
+    "agentaccel_output_tokens_total": "output_tokens",
+    "agentaccel_spec_steps_total": "steps",
+    "agentaccel_draft_tokens_total": "drafted",
+    "agentaccel_accepted_tokens_total": "accepted",
+}
+
+
+@dataclass
+class Instance:
+    instance_id: str
+    problem_statement: str
+    repo: Path | None = None  # a local folder copied into the workspace (None: an empty workspace)
+    fail_to_pass: list[str] = field(default_factory=list)
+    pass_to_pass: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Run:
+    instance_id: str
+    mode: str
+    status: str
+    wall_seconds: float
+    resolved: bool | None
+    by_stage: dict[str, dict[str, float]]
+    error: str | None = None
+
+    def total(self, key: str) -> float:
+        return sum(s.get(key, 0.0) for s in self.by_stage.values())
+
+    def as_dict(self) -> dict:
+        totals = {key: self.total(key) for key in COUNTERS.values()}
+        return {"instance_id": self.instance_id, "mode": self.mode, "status": self.status, "error": self.error,
+                "wall_seconds": self.wall_seconds, "resolved": self.resolved, **totals,
+                "llm_share": totals["llm_seconds"] / self.wall_seconds if self.wall_seconds else 0.0,
+                "tokens_per_s": totals["output_tokens"] / totals["llm_seconds"] if totals["llm_seconds"] else 0.0,
+                "by_stage": self.by_stage}
+
+
+def load_instances(path: Path) -> list[Instance]:
+    """SWE-bench JSONL; errors name the file and the line."""
+    out = []
+    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            repo = (path.parent / row["repo"]).resolve() if row.get("repo") else None
+            if repo is not None and not repo.is_dir():
+                raise ValueError(f"repo {row['repo']!r} is not a folder beside the file (only local repositories "
+                                 "are checked out here; see docs/SERVING.md for SWE-bench's Docker images)")
+            out.append(Instance(str(row["instance_id"]), str(row["problem_statement"]), repo,
+                                list(_tests(row.get("FAIL_TO_PASS"))), list(_tests(row.get("PASS_TO_PASS")))))
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{path}:{lineno}: not a task instance ({e})") from e
+    return out
+
+
+def _tests(value) -> list[str]:
+    return json.loads(value) if isinstance(value, str) else list(value or [])
+
+
+def recorded_instances(store: TraceStore, stage: str | None = None, limit: int | None = None) -> list[Instance]:
+    """One instance per recorded session that called tools (an agent's), in store order."""
+    tasks: dict[int, str] = {}
+    agentic: set[int] = set()
+    for call in store.iter_calls(stage=stage):
+        tasks.setdefault(call.session_id, first_user_text(call.messages) or "")
+        if call.tool_calls:
+            agentic.add(call.session_id)
+    chosen = [s for s in tasks if s in agentic and tasks[s]][:limit]
+    return [Instance(f"session-{s}", tasks[s]) for s in chosen]
+
+
+def scrape(url: str) -> dict[str, dict[str, float]]:
+    """stage -> {counter: value} from the proxy's /metrics."""
+    out: dict[str, dict[str, float]] = {}
+    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
+        name, _, rest = line.partition("{")
+        if name not in COUNTERS or 'stage="' not in rest:
+            continue
+        stage = rest.split('stage="', 1)[1].split('"', 1)[0]
+        value = float(line.rsplit(" ", 1)[1])
+        stats = out.setdefault(stage, {})
+        stats[COUNTERS[name]] = stats.get(COUNTERS[name], 0.0) + value
+    return out
+
+
+def _delta(before: dict, after: dict) -> dict[str, dict[str, float]]:
+    out = {}
+    for stage, stats in after.items():
+        diff = {k: v - before.get(stage, {}).get(k, 0.0) for k, v in stats.items()}
+        if any(diff.values()):
+            out[stage] = diff
+    return out
+
+
+class Harness:
+    def __init__(self, url: str, openhands_python: Path, *, model: str = "replay", max_iterations: int = 100,
+                 confine: bool = True) -> None:
+        self.url, self.python, self.model, self.max_iterations = url.rstrip("/"), openhands_python, model, \
+            max_iterations
+        self.confine = confine and sandbox.available()
+
+    def run(self, instance: Instance, mode: str) -> Run:
+        root = Path(tempfile.mkdtemp(prefix="aa-agent-"))  # short: tmux's socket path lives under it
+        try:
+            return self._run(instance, mode, root)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+
+    def _run(self, instance: Instance, mode: str, root: Path) -> Run:
+        workspace, home, tmp, state = root / "workspace", root / "home", root / "tmp", root / "state"
+        if instance.repo is not None:
+            shutil.copytree(instance.repo, workspace)
+        for folder in (workspace, home, tmp):
+            folder.mkdir(exist_ok=True)
+        env = {**os.environ, "HOME": str(home), "TMPDIR": str(tmp), "TMUX_TMPDIR": str(tmp)}
+        command = [str(self.python), openhands_runner.__file__, "--base-url", self.url, "--model", self.model,
+                   "--workspace", str(workspace), "--state", str(state), "--task", instance.problem_statement,
+                   "--max-iterations", str(self.max_iterations)] + (["--no-speculation"] if mode == "off" else [])
+        before = scrape(self.url)
+        t0 = time.perf_counter()
+        out = subprocess.run(self._confined(command, root), capture_output=True, text=True, env=env, cwd=workspace)
+        wall = time.perf_counter() - t0
+        by_stage = _delta(before, scrape(self.url))
+        try:
+            outcome = json.loads(out.stdout.strip().splitlines()[-1])
+        except (IndexError, json.JSONDecodeError):
+            outcome = {"status": "crashed", "error": (out.stderr or out.stdout).strip()[-500:]}
+        return Run(instance.instance_id, mode, outcome["status"], wall, self._resolved(instance, workspace, env, root),
+                   by_stage, outcome.get("error"))
+
+    def _confined(self, command: list[str], root: Path) -> list[str]:
+        return sandbox.confined(command, writable=[root]) if self.confine else command
+
+    def _resolved(self, instance: Instance, workspace: Path, env: dict, root: Path) -> bool | None:
+        tests = instance.fail_to_pass + instance.pass_to_pass
+        if not tests:
+            return None
+        check = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests]
+        return subprocess.run(self._confined(check, root), capture_output=True, env=env, cwd=workspace,
+                              timeout=600).returncode == 0
+
+
+def run(harness: Harness, instances: list[Instance],
+        progress: Callable[[str, int], None] = lambda what, done: None) -> list[Run]:
+    """Every instance, speculation off then on (the 'on' run's trees have learned what the earlier
+    'on' runs produced, as in a real deployment; 'off' runs teach them nothing). `progress(what,
+    runs done)` is told before each run."""
+    runs: list[Run] = []
+    for instance in instances:
+        for mode in MODES:
+            progress(f"{instance.instance_id}, speculation {mode}", len(runs))
+            runs.append(harness.run(instance, mode))
+    progress("done", len(runs))
+    return runs
+
+
+def summary(runs: list[Run]) -> dict:
+    """Totals per mode and the LLM-time speedup of 'on' over 'off' (overall and per instance)."""
+    out = {}
+    for mode in MODES:
+        chosen = [r for r in runs if r.mode == mode]
+        stages: dict[str, dict[str, float]] = {}
+        for r in chosen:
+            for stage, stats in r.by_stage.items():
+                for key, value in stats.items():
+                    stages.setdefault(stage, {})[key] = stages.get(stage, {}).get(key, 0.0) + value
+        out[mode] = {"wall_seconds": sum(r.wall_seconds for r in chosen),
+                     "llm_seconds": sum(r.total("llm_seconds") for r in chosen),
+                     "calls": sum(r.total("calls") for r in chosen),
+                     "output_tokens": sum(r.total("output_tokens") for r in chosen),
+                     "resolved": sum(1 for r in chosen if r.resolved), "by_stage": stages}
+    off, on = out["off"]["llm_seconds"], out["on"]["llm_seconds"]
+    out["llm_speedup"] = off / on if on else 0.0
+    out["wall_speedup"] = out["off"]["wall_seconds"] / out["on"]["wall_seconds"] if out["on"]["wall_seconds"] else 0.0
+    per = {}
+    for r in runs:
+        per.setdefault(r.instance_id, {})[r.mode] = r.total("llm_seconds")
+    out["llm_speedup_by_instance"] = {i: m["off"] / m["on"] if m.get("on") else 0.0 for i, m in per.items()}
+    return out
