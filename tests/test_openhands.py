@@ -1,96 +1,136 @@
-"""A real OpenHands SDK agent through the proxy, end to end: `agentaccel serve --backend replay`
-answers with a recorded OpenHands conversation (two tool calls, then finish), the agent runs the
-tools for real in a scratch workspace, and what OpenHands itself persisted imports back as the
-same calls. OpenHands runs in its own Python >= 3.12 environment (tests/openhands_env.py), as
-users run it; the agent is confined to its temporary folder (a private mount namespace in which
-everything else is read-only, a scratch HOME, a scratch workspace)."""
+"""Real OpenHands clients through the proxy, end to end, both generations: the SDK (1.58) and the
+classic core (openhands-ai 0.62.0, config.toml, RUNTIME=local, what OpenHands' own SWE-Bench
+evaluation drives). `agentaccel serve --backend replay` answers with a recorded conversation (a
+tool call that writes hello.txt, then finish); the agent runs the tool for real in a scratch
+workspace, and the stage comes from OpenHands' own agent tag. OpenHands runs in its own Python
+>= 3.12 environment, as users run it. Each agent is confined (adapters/sandbox.py): the host is
+read-only, /tmp is private, only the test's folder is writable — the test proves it."""
 
 from __future__ import annotations
 
 import json
 import os
+import pwd
 import shutil
-import signal
 import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 import httpx
-from servers import free_port
+import pytest
 from traces_fixtures import write_sdk_conversation
 
-from agentaccel.adapters import openhands_runner, sandbox
+from agentaccel.adapters import openhands_env, openhands_runner, sandbox
+from agentaccel.adapters.openhands import config_toml
+from agentaccel.bench.replay_server import replay_server
 from agentaccel.traces.importer import import_traces
 from agentaccel.traces.store import TraceStore
 from agentaccel.traces.tokenization import load_tokenizer
 
-TASK = "Make hello.txt"  # the recorded conversation's task (traces_fixtures.write_sdk_conversation)
+TASK = "Make hello.txt"  # the recorded conversations' task
+STAGE = "openhands:CodeActAgent"
 
 
-def metric_lines(url: str, stage: str) -> list[str]:
-    return [line for line in httpx.get(url + "/metrics").text.splitlines() if f'stage="{stage}"' in line]
+def recorded_store(tmp_path: Path, source: Path) -> Path:
+    db = tmp_path / "recorded.db"
+    with TraceStore(db) as store:
+        import_traces([source], store, tokenizer=load_tokenizer())
+    return db
+
+
+def served_calls(url: str) -> float:
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith(f'agentaccel_requests_total{{endpoint="chat",stage="{STAGE}",status="200"}}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def run_confined(command: list[str], tmp_path: Path, python: Path, env: dict) -> subprocess.CompletedProcess:
+    """The agent with HOME, TMPDIR and tmux's sockets in its own folders, confined where possible;
+    the confinement is checked first: a write outside the test's folder fails."""
+    home, scratch = tmp_path / "home", tmp_path / "tmp"
+    home.mkdir(exist_ok=True)
+    scratch.mkdir(exist_ok=True)
+    sockets = Path(tempfile.mkdtemp(prefix="aa-tmux-"))  # tmux's socket path must stay under 108 bytes
+    env = {**os.environ, "HOME": str(home), "TMPDIR": str(scratch), "TMUX_TMPDIR": str(sockets), **env}
+    try:
+        if sandbox.available():
+            probe = subprocess.run(sandbox.confined(["touch", "/root/.agentaccel-sandbox-probe"], writable=[tmp_path]),
+                                   capture_output=True, text=True)
+            assert probe.returncode != 0 and "Read-only" in probe.stderr, probe
+            assert not Path("/root/.agentaccel-sandbox-probe").exists()
+            command = sandbox.confined(command, writable=[tmp_path, sockets], readable=[python.parent.parent])
+        return subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
+    finally:
+        shutil.rmtree(sockets, ignore_errors=True)
 
 
 def test_an_openhands_sdk_agent_runs_real_tools_through_the_proxy(tmp_path, openhands_python):
-    recorded = tmp_path / "recorded"
-    write_sdk_conversation(recorded, tags=["agent:CodeActAgent"])
-    db = tmp_path / "recorded.db"
-    with TraceStore(db) as store:
-        import_traces([recorded], store, tokenizer=load_tokenizer())
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = (tmp_path / "serve.log").open("w+")
-    server = subprocess.Popen([sys.executable, "-m", "agentaccel.cli.main", "serve", "--backend", "replay", "--db",
-                               str(db), "--step-ms", "2", "--port", str(port)], stdout=log, stderr=subprocess.STDOUT,
-                              start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert server.poll() is None and time.monotonic() < deadline, Path(log.name).read_text()
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.5)
-        home, workspace, state = tmp_path / "home", tmp_path / "workspace", tmp_path / "conversations"
-        for folder in (home, workspace, tmp_path / "tmp"):
-            folder.mkdir()
-        # tmux's socket path must stay under 108 bytes: a short private folder of its own
-        sockets = Path(tempfile.mkdtemp(prefix="aa-tmux-"))
-        env = {**os.environ, "HOME": str(home), "TMPDIR": str(tmp_path / "tmp"), "TMUX_TMPDIR": str(sockets)}
-        command = [str(openhands_python), openhands_runner.__file__, "--base-url", url, "--workspace", str(workspace),
-                   "--state", str(state), "--task", TASK]
-        if sandbox.available():  # and the proof that it holds: the host's files stay untouched
-            command = sandbox.confined(command, writable=[tmp_path, sockets])
-            outside = subprocess.run(sandbox.confined(["touch", "/tmp/agentaccel-outside"], writable=[tmp_path]),
-                                     capture_output=True, text=True)
-            assert outside.returncode != 0 and "Read-only" in outside.stderr, outside
-            assert not Path("/tmp/agentaccel-outside").exists()
-        try:
-            run = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
-        finally:
-            shutil.rmtree(sockets, ignore_errors=True)
+    """...and what OpenHands itself persisted imports back as the same calls."""
+    db = recorded_store(tmp_path, write_sdk_conversation(tmp_path / "recorded", tags=["agent:CodeActAgent"]))
+    workspace, state = tmp_path / "workspace", tmp_path / "conversations"
+    workspace.mkdir()
+    with replay_server(db, step_ms=2, cost_profile="gpu") as url:
+        run = run_confined([str(openhands_python), openhands_runner.__file__, "--base-url", url, "--workspace",
+                            str(workspace), "--state", str(state), "--task", TASK], tmp_path, openhands_python, {})
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
         outcome = json.loads(run.stdout.strip().splitlines()[-1])
         assert outcome["status"] == "finished", outcome
-        # the recorded tool calls ran for real, in the scratch workspace and nowhere else
-        assert (workspace / "hello.txt").read_text() == "hello\n"
-        assert not (tmp_path / "hello.txt").exists() and not (home / "hello.txt").exists()
-        served = metric_lines(url, "openhands:CodeActAgent")
-        assert any('agentaccel_requests_total{endpoint="chat",stage="openhands:CodeActAgent",status="200"} 2.0'
-                   in line for line in served), served
-    finally:
-        os.killpg(os.getpgid(server.pid), signal.SIGTERM)
-        server.wait(30)
-    # what OpenHands persisted is the recording again: the same tool calls, turn by turn
+        assert (workspace / "hello.txt").read_text() == "hello\n"  # the recorded tool calls ran, there alone
+        assert not (tmp_path / "hello.txt").exists()
+        assert served_calls(url) == 2
     with TraceStore(tmp_path / "replayed.db") as store:
         report = import_traces([state], store, tokenizer=load_tokenizer())
         replayed = list(store.iter_calls())
     with TraceStore(db) as store:
         original = list(store.iter_calls())
-    assert report.rows[("openhands-sdk-conversation", "openhands:CodeActAgent")].calls == 2
+    assert report.rows[("openhands-sdk-conversation", STAGE)].calls == 2
     assert [c.tool_calls for c in replayed] == [c.tool_calls for c in original]
     assert [c.response for c in replayed] == [c.response for c in original]
     assert [m["content"] for m in replayed[1].messages if m["role"] == "tool"] == ["", "hello"]
+
+
+@pytest.fixture(scope="module")
+def classic_python(tmp_path_factory):
+    python, why = openhands_env.build(tmp_path_factory.mktemp("openhands-classic"), openhands_env.CLASSIC,
+                                      openhands_env.CLASSIC_MODULES)
+    if python is None:
+        pytest.skip(f"no environment for the classic OpenHands core: {why}")
+    return python
+
+
+def classic_recording(path: Path) -> Path:
+    """What the classic CodeActAgent calls (execute_bash, finish) as chat JSONL."""
+    def call(i, name, args):
+        return {"id": f"call_{i}", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+
+    task = [{"role": "system", "content": "You are OpenHands."}, {"role": "user", "content": TASK}]
+    first = {"role": "assistant", "content": "Creating it.",
+             "tool_calls": [call(0, "execute_bash", {"command": "echo hello > hello.txt && cat hello.txt"})]}
+    done = {"role": "assistant", "content": "", "tool_calls": [call(1, "finish", {"message": "Done."})]}
+    rows = [{"messages": [*task, first], "metadata": {"session": "classic", "position": 0}},
+            {"messages": [*task, first, {"role": "tool", "tool_call_id": "call_0", "content": "hello"}, done],
+             "metadata": {"session": "classic", "position": 1}}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_the_classic_openhands_core_runs_through_the_proxy(tmp_path, classic_python):
+    """config.toml's [llm] is what `agentaccel openhands-config` prints; the local runtime's usual
+    traps are set off: SU_TO_USER=false, USER = who runs it (else it adds a user to the host)."""
+    db = recorded_store(tmp_path, classic_recording(tmp_path / "classic.jsonl"))
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    with replay_server(db, step_ms=2, cost_profile="gpu") as url:
+        config = tmp_path / "config.toml"
+        config.write_text(f'[core]\nruntime = "local"\nworkspace_base = "{workspace}"\nmax_iterations = 6\n'
+                          f'enable_browser = false\n\n{config_toml(url, "replay")}\n[agent]\nenable_browsing = false\n'
+                          "enable_jupyter = false\n")
+        env = {"RUNTIME": "local", "SU_TO_USER": "false", "USER": pwd.getpwuid(os.getuid()).pw_name,
+               "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+        run = run_confined([str(classic_python), "-m", "openhands.core.main", "-t", TASK, "-c", "CodeActAgent",
+                            "--config-file", str(config)], tmp_path, classic_python, env)
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        assert "AgentState.FINISHED" in run.stdout + run.stderr
+        assert (workspace / "hello.txt").read_text() == "hello\n"
+        assert served_calls(url) == 2  # the agent:CodeActAgent tag (metadata.tags) named the stage

@@ -18,6 +18,7 @@ def config_toml(base_url: str, model: str, api_key: str | None = None) -> str:
 model = "litellm_proxy/{model}"   # litellm_proxy/ makes OpenHands send agent:<name> tags = stages
 base_url = "{base_url}"
 api_key = "{key}"
+native_tool_calling = true        # a model litellm does not know would get tools described in text instead
 
 # Alternatively, as a plain OpenAI-compatible endpoint with one fixed stage:
 # [llm]

@@ -12,6 +12,9 @@ import sys
 from pathlib import Path
 
 SDK = ("openhands-sdk==1.58.*", "openhands-tools==1.58.*")
+SDK_MODULES = "openhands.sdk, openhands.tools"
+CLASSIC = ("openhands-ai==0.62.0",)  # the classic core, which OpenHands' own SWE-Bench evaluation drives
+CLASSIC_MODULES = "openhands.core.main"
 
 
 def python312() -> str | None:
@@ -26,18 +29,18 @@ def python312() -> str | None:
     return candidates[-1] if candidates else None
 
 
-def has_sdk(python: Path) -> bool:
+def has_sdk(python: Path, modules: str = SDK_MODULES) -> bool:
     return python.is_file() and subprocess.run(
-        [str(python), "-c", "import openhands.sdk, openhands.tools"], capture_output=True,
+        [str(python), "-c", f"import {modules}"], capture_output=True,
         env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}).returncode == 0
 
 
-def build(folder: Path, packages=SDK) -> tuple[Path | None, str]:
+def build(folder: Path, packages=SDK, modules: str = SDK_MODULES) -> tuple[Path | None, str]:
     """(the environment's python, "") or (None, why it could not be built). Reuses an environment
     already there; uv's cache stays inside `folder`."""
     venv = folder / "openhands"
     python = venv / "bin" / "python"
-    if has_sdk(python):
+    if has_sdk(python, modules):
         return python, ""
     interpreter = python312()
     if interpreter is None:

@@ -170,7 +170,9 @@ class Harness:
                    by_stage, outcome.get("error"))
 
     def _confined(self, command: list[str], root: Path) -> list[str]:
-        return sandbox.confined(command, writable=[root]) if self.confine else command
+        # OpenHands' environment stays visible (read-only) wherever it lives
+        return sandbox.confined(command, writable=[root], readable=[self.python.parent.parent]) if self.confine \
+            else command
 
     def _resolved(self, instance: Instance, workspace: Path, env: dict, root: Path) -> bool | None:
         tests = instance.fail_to_pass + instance.pass_to_pass
@@ -209,7 +211,8 @@ def summary(runs: list[Run]) -> dict:
                      "llm_seconds": sum(r.total("llm_seconds") for r in chosen),
                      "calls": sum(r.total("calls") for r in chosen),
                      "output_tokens": sum(r.total("output_tokens") for r in chosen),
-                     "resolved": sum(1 for r in chosen if r.resolved), "by_stage": stages}
+                     "resolved": sum(1 for r in chosen if r.resolved),
+                     "with_tests": sum(1 for r in chosen if r.resolved is not None), "by_stage": stages}
     off, on = out["off"]["llm_seconds"], out["on"]["llm_seconds"]
     out["llm_speedup"] = off / on if on else 0.0
     out["wall_speedup"] = out["off"]["wall_seconds"] / out["on"]["wall_seconds"] if out["on"]["wall_seconds"] else 0.0

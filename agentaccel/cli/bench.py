@@ -371,9 +371,11 @@ def _agent_report(runs, summary: dict, url: str, json_out: Path | None, plot: Pa
                        f"{(accepted + steps) / steps:.2f}" if steps else "-",
                        f"{accepted / drafted:.1%}" if drafted else "-")
     console.print(stages)
-    console.print(f"LLM time: {summary['off']['llm_seconds']:.1f} s off, {summary['on']['llm_seconds']:.1f} s on "
-                  f"= {summary['llm_speedup']:.2f}x; wall time {summary['wall_speedup']:.2f}x; resolved "
-                  f"{summary['off']['resolved']} off, {summary['on']['resolved']} on")
+    off, on = summary["off"], summary["on"]
+    resolved = (f"resolved {off['resolved']}/{off['with_tests']} off, {on['resolved']}/{on['with_tests']} on"
+                if off["with_tests"] else "resolved: no instance has tests to run")
+    console.print(f"LLM time: {off['llm_seconds']:.1f} s off, {on['llm_seconds']:.1f} s on = "
+                  f"{summary['llm_speedup']:.2f}x; wall time {summary['wall_speedup']:.2f}x; {resolved}")
     if json_out:
         json_out.write_text(json.dumps({"runs": [r.as_dict() for r in runs], "summary": summary}, indent=2))
     if plot:
