@@ -43,6 +43,7 @@ PLAN = {
     'curl -s http://127.0.0.1:8000/metrics | grep -E "agentaccel_(mean_accepted_length|acceptance_rate)"': "run",
     "python examples/text2sql_pipeline.py --questions 3": "run",
     "agentaccel openhands-config": "run",
+    "agentaccel bench agent --limit 1": "run",
     "agentaccel serve --backend vllm --model Qwen/Qwen2.5-7B-Instruct": "options",
     "agentaccel traces stats": "run",
     "agentaccel export-traces --out calls.jsonl": "run",
@@ -186,6 +187,8 @@ def test_a_new_users_first_hour(machine):
                 assert_clean(out, command)
                 if command.startswith("curl"):  # the stage the README's client call tagged shows up
                     assert 'agentaccel_mean_accepted_length{stage="sql"}' in out.stdout, out.stdout
+                if command.startswith("agentaccel bench agent"):  # the agent fixed its task, both times
+                    assert "resolved 1/1 off, 1/1 on" in out.stdout, out.stdout
             elif how == "options":
                 assert_clean(machine.run(f"{command} --help"), command)
     for command in NEEDS_TRACES:

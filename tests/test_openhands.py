@@ -66,16 +66,18 @@ def run_confined(command: list[str], tmp_path: Path, python: Path, env: dict) ->
 
 
 def test_an_openhands_sdk_agent_runs_real_tools_through_the_proxy(tmp_path, openhands_python):
-    """...and what OpenHands itself persisted imports back as the same calls."""
+    """...streaming its replies (tool calls arrive as stream deltas), and what OpenHands itself
+    persisted imports back as the same calls."""
     db = recorded_store(tmp_path, write_sdk_conversation(tmp_path / "recorded", tags=["agent:CodeActAgent"]))
     workspace, state = tmp_path / "workspace", tmp_path / "conversations"
     workspace.mkdir()
     with replay_server(db, step_ms=2, cost_profile="gpu") as url:
         run = run_confined([str(openhands_python), openhands_runner.__file__, "--base-url", url, "--workspace",
-                            str(workspace), "--state", str(state), "--task", TASK], tmp_path, openhands_python, {})
+                            str(workspace), "--state", str(state), "--task", TASK, "--stream"], tmp_path,
+                           openhands_python, {})
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
         outcome = json.loads(run.stdout.strip().splitlines()[-1])
-        assert outcome["status"] == "finished", outcome
+        assert outcome["status"] == "finished" and outcome["streamed_chunks"] > 2, outcome
         assert (workspace / "hello.txt").read_text() == "hello\n"  # the recorded tool calls ran, there alone
         assert not (tmp_path / "hello.txt").exists()
         assert served_calls(url) == 2

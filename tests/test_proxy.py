@@ -165,9 +165,14 @@ def test_api_key_is_required_and_never_stored(upstream, tmp_path):
         assert c.post("/v1/chat/completions", json=body, headers={"authorization": "Bearer wrong"}).status_code == 401
         ok = c.post("/v1/chat/completions", json=body, headers={"authorization": "Bearer sekrit-key-123"})
         assert ok.status_code == 200
+        # the scheme's case does not matter (RFC 7235); /health stays open for probes, /metrics does not
+        assert c.post("/v1/chat/completions", json=body, headers={"authorization": "bearer sekrit-key-123"}
+                      ).status_code == 200
         assert c.get("/health").status_code == 200
+        assert c.get("/metrics").status_code == 401
+        assert c.get("/metrics", headers={"authorization": "Bearer sekrit-key-123"}).status_code == 200
         recorder.flush()
-    assert len(stored_calls(tmp_path / "traces.db")) == 1
+    assert len(stored_calls(tmp_path / "traces.db")) == 2
     raw = b"".join(p.read_bytes() for p in tmp_path.glob("traces.db*"))
     assert b"sekrit-key-123" not in raw
 

@@ -191,3 +191,11 @@ def test_the_writer_process_tokenizes_outputs_with_the_models_tokenizer(local, t
         (call_id,) = [c.id for c in store.iter_calls()]
         ids = store.response_tokens([call_id], tok.fingerprint)[call_id]
     assert list(ids) == tok.encode("SELECT name FROM users")
+
+
+def test_token_ids_the_model_has_no_embedding_for_are_a_400(local):
+    server = local[0]
+    for prompt in ([99_999_999], [2**70], [-1]):
+        r = httpx.post(server.url + "/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 2})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", (prompt, r.text)
+    assert httpx.get(server.url + "/health").json()["status"] == "ok"  # and the server serves on

@@ -57,6 +57,13 @@ def test_openhands_sdk_log_prefers_raw_view(tmp_path, tok):
     (native,) = all_calls(tmp_path / "n.db")
     assert native.tool_calls[0]["function"]["name"] == "execute_bash"
     assert "execute_bash" in native.response  # tool calls count as produced text
+    # the SDK's own tag: litellm_extra_body={"tags": [...]} is logged as kwargs.extra_body
+    log = json.loads((tmp_path / "native.json").read_text())
+    log["kwargs"] = {"extra_body": {"tags": ["agent:CodeActAgent"]}}
+    (tmp_path / "tagged").mkdir()
+    (tmp_path / "tagged" / "log.json").write_text(json.dumps(log))
+    run([tmp_path / "tagged"], tmp_path / "t2.db", tok)
+    assert [c.stage for c in all_calls(tmp_path / "t2.db")] == ["openhands:CodeActAgent"]
 
 
 def test_openhands_output_jsonl(tmp_path, tok):

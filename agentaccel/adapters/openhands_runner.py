@@ -2,10 +2,10 @@
 user's script would. It runs under OpenHands' own Python (>= 3.12; openhands_env.py), by path,
 and imports nothing of agentaccel:
 
-    python openhands_runner.py --base-url URL --workspace DIR --state DIR --task TEXT [--no-speculation]
+    python openhands_runner.py --base-url URL --workspace DIR --state DIR --task TEXT [--no-speculation] [--stream]
 
-Prints one JSON line: the conversation's id, its final status, how many events it holds, and how
-many of them were errors.
+Prints one JSON line: the conversation's id, its final status, how many events it holds, how
+many of them were errors, and how many chunks were streamed.
 """
 
 import argparse
@@ -29,6 +29,7 @@ def main() -> None:
     parser.add_argument("--stage", default="CodeActAgent", help="sent as the agent:<name> tag")
     parser.add_argument("--max-iterations", type=int, default=100)
     parser.add_argument("--no-speculation", action="store_true", help="ask the backend for plain decoding")
+    parser.add_argument("--stream", action="store_true", help="stream the model's replies (tool calls included)")
     args = parser.parse_args()
 
     from openhands.sdk import LLM, Agent, Conversation, Tool
@@ -40,10 +41,12 @@ def main() -> None:
     if args.no_speculation:
         extra["vllm_xargs"] = {"speculate": False}  # what the vllm and replay backends read
     llm = LLM(model=f"litellm_proxy/{args.model}", base_url=args.base_url, api_key=SecretStr("none"),
-              usage_id="agent", litellm_extra_body=extra, num_retries=0, temperature=0.0)
+              usage_id="agent", litellm_extra_body=extra, num_retries=0, temperature=0.0, stream=args.stream)
     agent = Agent(llm=llm, tools=[Tool(name=TerminalTool.name), Tool(name=FileEditorTool.name)])
+    chunks = []
     conversation = Conversation(agent=agent, workspace=args.workspace, persistence_dir=args.state,
-                                max_iteration_per_run=args.max_iterations, visualizer=None)
+                                max_iteration_per_run=args.max_iterations, visualizer=None,
+                                token_callbacks=[chunks.append] if args.stream else None)
     conversation.send_message(args.task)
     status, error = "finished", None
     try:
@@ -53,7 +56,8 @@ def main() -> None:
         status, error = "error", f"{type(e).__name__}: {str(e)[:300]}"
     events = list(conversation.state.events)
     print(json.dumps({"id": str(conversation.id), "status": status, "events": len(events), "error": error,
-                      "error_events": sum(1 for e in events if type(e).__name__ == "AgentErrorEvent")}))
+                      "error_events": sum(1 for e in events if type(e).__name__ == "AgentErrorEvent"),
+                      "streamed_chunks": len(chunks)}))
 
 
 if __name__ == "__main__":

@@ -99,7 +99,8 @@ def _tests(value) -> list[str]:
 
 
 def recorded_instances(store: TraceStore, stage: str | None = None, limit: int | None = None) -> list[Instance]:
-    """One instance per recorded session that called tools (an agent's), in store order."""
+    """One instance per recorded session that called tools (an agent's), in store order, named by
+    the session's recorded `instance_id` where it has one."""
     tasks: dict[int, str] = {}
     agentic: set[int] = set()
     for call in store.iter_calls(stage=stage):
@@ -107,7 +108,7 @@ def recorded_instances(store: TraceStore, stage: str | None = None, limit: int |
         if call.tool_calls:
             agentic.add(call.session_id)
     chosen = [s for s in tasks if s in agentic and tasks[s]][:limit]
-    return [Instance(f"session-{s}", tasks[s]) for s in chosen]
+    return [Instance(str(store.session_metadata(s).get("instance_id") or f"session-{s}"), tasks[s]) for s in chosen]
 
 
 def scrape(url: str) -> dict[str, dict[str, float]]:

@@ -264,8 +264,9 @@ def bench_agent(
     stage: Annotated[str | None, typer.Option(help="With --recorded: only sessions of this stage (default: "
                                                    "any).")] = None,
     limit: Annotated[int | None, typer.Option(help="At most N instances (default: all).", min=1)] = None,
-    url: Annotated[str | None, typer.Option(help="A running proxy to drive (default: start `serve --backend "
-                                                 "replay` on --db).")] = None,
+    url: Annotated[str | None, typer.Option(help="A running proxy to drive, whose backend honours "
+                                                 "vllm_xargs.speculate=false (vllm, replay; default: start `serve "
+                                                 "--backend replay` on --db).")] = None,
     step_ms: Annotated[float, typer.Option(help="Managed replay server: simulated plain step, ms.", min=0)] = 20.0,
     cost_profile: Annotated[str, typer.Option(help="Managed replay server: the verifying step's cost (gpu, "
                                                    "cpu-smollm2, c=<x> or a file).")] = "gpu",
@@ -308,6 +309,10 @@ def bench_agent(
             runs = agent.run(harness, chosen,
                              progress=lambda what, done: progress.update(task, completed=done, description=what))
     _agent_report(runs, agent.summary(runs), url, json_out, plot)
+    if recorded:
+        console.print("Recorded sessions: their repositories are not here, so the agent's tool calls ran against an "
+                      "empty workspace and observed other things than the recording did; the model outputs, and "
+                      "so the LLM time, are the recording's.")
 
 
 def _agent_instances(stack, instances, recorded, db, stage):

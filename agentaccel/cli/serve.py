@@ -144,6 +144,9 @@ def serve(
 
         impl = VLLMBackend(model, served_name=served_model_name, extra_args=list(ctx.args), db_path=db,
                            seed=seed, spec_config=spec_config, memory_budget_bytes=budget, timeout=upstream_timeout)
+    if api_key is None and host not in ("127.0.0.1", "localhost", "::1"):
+        err.print(f"[bold red]warning:[/bold red] serving on {host} without --api-key: anyone who can reach this "
+                  "address can use the model and read /metrics")
     url = f"http://{host}:{port}/v1"
     app = create_app(config, impl, recorder, on_started=lambda: err.print(f"agentaccel: ready on {url}"))
     err.print(f"agentaccel: {backend.value} backend starting on {url} "

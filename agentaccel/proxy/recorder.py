@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agentaccel.traces.records import Call, Session
+from agentaccel.traces.records import Call, Session, without_lone_surrogates
 from agentaccel.traces.store import TraceStore
 
 log = logging.getLogger("agentaccel.recorder")
@@ -88,6 +88,11 @@ class Recorder:
         """Fills the token cache of stored outputs from now on (the local backend sets it once the
         model's tokenizer is loaded). It travels to the writer process, so it must pickle."""
         self._queue.put(_SetTokenizer(tokenize))
+
+    @property
+    def alive(self) -> bool:
+        """Whether the writer process runs (after close(), it has finished on purpose)."""
+        return self._closed or self._process.is_alive()
 
     @property
     def written(self) -> int:
@@ -192,6 +197,20 @@ class _Writer:
         self._next_position: dict[str, int] = {}
 
     def write(self, batch: list[RecordedCall]) -> None:
+        """One transaction for the batch; if it fails, each call gets a transaction of its own, so
+        a call that cannot be stored costs only itself (counted in `failed`)."""
+        try:
+            self._store([_clean(call) for call in batch])
+            self.written.value += len(batch)
+        except Exception:  # a full disk, a bad value: must not take the proxy down
+            if len(batch) > 1:
+                for call in batch:
+                    self.write([call])
+                return
+            log.exception("recording a call failed")
+            self.failed.value += 1
+
+    def _store(self, batch: list[RecordedCall]) -> None:
         sessions: dict[str, Session] = {}
         for call in batch:
             if call.session_id:
@@ -208,13 +227,8 @@ class _Writer:
         for key in sessions:  # single calls never come back: their counters would only pile up
             if key.startswith("live-call:"):
                 del self._next_position[key]
-        try:
-            self.store.write_sessions(list(sessions.values()), stage_of=lambda _s, c: c.stage, fmt="proxy",
-                                      tokenize=None if self.redact else self.tokenize)
-            self.written.value += len(batch)
-        except Exception:  # a full disk must not take the proxy down; the loss is counted
-            log.exception("recording %d calls failed", len(batch))
-            self.failed.value += len(batch)
+        self.store.write_sessions(list(sessions.values()), stage_of=lambda _s, c: c.stage, fmt="proxy",
+                                  tokenize=None if self.redact else self.tokenize)
 
     def _position(self, key: str) -> int:
         if key not in self._next_position:
@@ -235,3 +249,12 @@ class _Writer:
                     created_at=call.created_at, finish_reason=call.finish_reason, prompt_tokens=call.prompt_tokens,
                     completion_tokens=call.completion_tokens, latency=call.latency,
                     metadata={**call.metadata, "position": position, "redacted": self.redact})
+
+
+def _clean(call: RecordedCall) -> RecordedCall:
+    """A call whose strings SQLite can store: a lone surrogate (JSON allows "\\ud800", UTF-8 does
+    not) anywhere in it is replaced, and the record says so."""
+    fields = {k: without_lone_surrogates(v) for k, v in vars(call).items()}
+    if any(fields[k] is not v for k, v in vars(call).items() if isinstance(v, str | list | dict)):
+        fields["metadata"] = {**fields["metadata"], "sanitized": True}
+    return RecordedCall(**fields)

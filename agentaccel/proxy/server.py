@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import hmac
 import itertools
 import json
 import logging
@@ -17,6 +18,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -44,7 +46,8 @@ class Proxy:
         self.backend = backend
         self.recorder = recorder
         self.metrics = Metrics(backend.stage_stats if backend.stage_stats() is not None else None,
-                               recorder_failed=(lambda: recorder.failed) if recorder is not None else None)
+                               recorder_failed=(lambda: recorder.failed) if recorder is not None else None,
+                               recorder_up=(lambda: int(recorder.alive)) if recorder is not None else None)
         self._models: list[str] = []
         # unique within this server (what the engine's request trees need) without a syscall per call
         self._request_ids = (f"{uuid.uuid4().hex[:12]}-{n}" for n in itertools.count())
@@ -69,7 +72,9 @@ class Proxy:
     def _authorize(self, request: Request) -> None:
         if self.config.api_key is None:
             return
-        if request.headers.get("authorization", "") != f"Bearer {self.config.api_key}":
+        scheme, _, key = request.headers.get("authorization", "").partition(" ")
+        # compared in constant time: how long a wrong key takes must not tell how much of it was right
+        if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), self.config.api_key.encode()):
             raise APIError(401, "invalid or missing API key (Authorization: Bearer <key>)",
                            type="authentication_error", code="invalid_api_key")
 
@@ -115,10 +120,10 @@ class Proxy:
             body = await self._read_body(request)
             validate(endpoint, body)
             await self._check_model(body["model"])
+            tags = tagging.resolve(request.headers, body, self.config.stage_rules, self.config.fingerprint_system)
         except APIError as e:
             self.metrics.requests.labels("-", endpoint, str(e.status)).inc()
             return _error(e)
-        tags = tagging.resolve(request.headers, body, self.config.stage_rules, self.config.fingerprint_system)
         ctx = CallContext(stage=tags.stage, session_id=tags.session_id, request_id=next(self._request_ids),
                           headers=tagging.forward_headers(request.headers, self.config.api_key is None))
         forward = self.backend.prepare(tagging.strip_proxy_fields(body), ctx)
@@ -222,14 +227,33 @@ class Proxy:
             for m in models]})
 
     async def health(self, _request: Request) -> Response:
-        return JSONResponse({"status": "ok", **self.backend.health()})
+        """200 "ok"; 503 "degraded" when calls are answered but no longer recorded (the writer died)."""
+        body = {"status": "ok", **self.backend.health()}
+        if self.recorder is not None:
+            body["recorder"] = {"alive": self.recorder.alive, "written": self.recorder.written,
+                                "failed": self.recorder.failed}
+            if not self.recorder.alive:
+                body["status"] = "degraded"
+                return JSONResponse(body, status_code=503)
+        return JSONResponse(body)
 
-    async def prometheus(self, _request: Request) -> Response:
+    async def prometheus(self, request: Request) -> Response:
+        """Behind the API key when there is one: it lists every client's stages and token counts."""
+        try:
+            self._authorize(request)
+        except APIError as e:
+            return _error(e)
         return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
 
 
 def _error(e: APIError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status)
+
+
+async def _http_error(_request: Request, exc: HTTPException) -> JSONResponse:
+    """Starlette's own answers (no such route 404, wrong method 405) in the OpenAI shape too."""
+    kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+    return _error(APIError(exc.status_code, str(exc.detail), code=kind))
 
 
 def _internal_error(exc: Exception) -> JSONResponse:
@@ -274,7 +298,7 @@ def create_app(config: ProxyConfig, backend: Backend, recorder: Recorder | None 
         Route("/health", proxy.health, methods=["GET"]),
         Route("/metrics", proxy.prometheus, methods=["GET"]),
     ]
-    app = Starlette(routes=routes, lifespan=proxy.lifespan)
+    app = Starlette(routes=routes, lifespan=proxy.lifespan, exception_handlers={HTTPException: _http_error})
     app.state.proxy = proxy
     # Starlette keeps the completion routes too: it answers their other methods (405).
     return HotPath(app, {prefix + path: h for path, h in completions.items() for prefix in ("", "/v1")})

@@ -15,10 +15,12 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from agentaccel.errors import bad_request
 from agentaccel.traces.records import message_text
 from agentaccel.traces.stages import DEFAULT_STAGE, explicit_stage
 
 STAGE_HEADER = "x-agentaccel-stage"
+MAX_STAGE_LENGTH = 128  # a stage is a Prometheus label value and a tree in the engine: names stay short
 SESSION_HEADERS = ("x-agentaccel-session", "x-litellm-session-id")
 # metadata keys the proxy consumes; anything else in metadata is forwarded untouched
 _METADATA_KEYS = ("stage", "tags", "session_id", "litellm_session_id")
@@ -62,6 +64,15 @@ def system_fingerprint(text: str) -> str:
     return "sys-" + hashlib.sha256(text.encode()).hexdigest()[:10]
 
 
+def check_stage(name: str, where: str) -> str:
+    """A client-chosen stage name, refused (400) unless printable and at most MAX_STAGE_LENGTH long."""
+    if not name.isprintable() or len(name) > MAX_STAGE_LENGTH:
+        raise bad_request(f"{where}: a stage name is at most {MAX_STAGE_LENGTH} printable characters "
+                          f"(got {len(name)}{', with unprintable ones' if not name.isprintable() else ''})",
+                          param=where, code="invalid_stage")
+    return name
+
+
 def resolve(headers: Mapping[str, str], body: Mapping, rules: list[StageRule], fingerprint: bool = True) -> Tags:
     metadata = body.get("metadata") if isinstance(body.get("metadata"), dict) else None
     session = next((headers[h] for h in SESSION_HEADERS if headers.get(h)), None)
@@ -72,13 +83,13 @@ def resolve(headers: Mapping[str, str], body: Mapping, rules: list[StageRule], f
         return Tags(stage, source, session)
 
     if headers.get(STAGE_HEADER):
-        return tags(headers[STAGE_HEADER], "header")
+        return tags(check_stage(headers[STAGE_HEADER], "X-Agentaccel-Stage"), "header")
     tagged = explicit_stage(metadata) or explicit_stage({"tags": body.get("tags")})
     if tagged:
-        return tags(tagged, "metadata")
+        return tags(check_stage(tagged, "metadata"), "metadata")
     xargs = body.get("vllm_xargs")
     if isinstance(xargs, dict) and isinstance(xargs.get("stage"), str) and xargs["stage"]:
-        return tags(xargs["stage"], "vllm_xargs")
+        return tags(check_stage(xargs["stage"], "vllm_xargs.stage"), "vllm_xargs")
     system = system_prompt(body)
     if system is not None:
         for rule in rules:

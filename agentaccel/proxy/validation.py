@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
+import re
 
 from agentaccel import jsonfast
 from agentaccel.errors import bad_request
+from agentaccel.traces.records import without_lone_surrogates
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # JSON's way to write a UTF-16 surrogate
 
 CHAT = "chat"
 COMPLETIONS = "completions"
@@ -16,15 +21,22 @@ def parse_json(raw: bytes) -> dict:
         body = jsonfast.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise bad_request(f"malformed JSON body: {e}", code="invalid_json") from e
+    except RecursionError as e:
+        raise bad_request("the JSON body is nested too deeply", code="invalid_json") from e
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object", code="invalid_json")
+    # escaped pairs decode to one character; a lone half is text no UTF-8 upstream or store can take
+    if _SURROGATE_ESCAPE.search(raw) and without_lone_surrogates(body) is not body:
+        raise bad_request("the body holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape), which no "
+                          "UTF-8 text can carry", code="invalid_unicode")
     return body
 
 
-def _check(body: dict, field: str, types: tuple, what: str) -> None:
+def _check(body: dict, field: str, types: tuple, what: str, where: str = "") -> None:
     value = body.get(field)
     if value is not None and (not isinstance(value, types) or isinstance(value, bool) and bool not in types):
-        raise bad_request(f"'{field}' must be {what}, got {type(value).__name__}", param=field, code="invalid_type")
+        raise bad_request(f"'{where}{field}' must be {what}, got {type(value).__name__}", param=where + field,
+                          code="invalid_type")
 
 
 def validate(endpoint: str, body: dict) -> None:
@@ -42,6 +54,12 @@ def validate(endpoint: str, body: dict) -> None:
             if content is not None and not isinstance(content, str | list):
                 raise bad_request(f"messages[{i}].content must be a string or a list of parts",
                                   param=f"messages[{i}].content", code="invalid_type")
+            for k, part in enumerate(content if isinstance(content, list) else ()):
+                if not isinstance(part, dict) or part.get("type") == "text" and not isinstance(part.get("text"), str):
+                    raise bad_request(f"messages[{i}].content[{k}] must be a part object ({{'type': 'text', "
+                                      "'text': '...'} or another type)", param=f"messages[{i}].content[{k}]",
+                                      code="invalid_type")
+            _check(m, "tool_calls", (list,), "a list", f"messages[{i}].")
         _check(body, "tools", (list,), "a list")
     else:
         prompt = body.get("prompt")
@@ -53,6 +71,10 @@ def validate(endpoint: str, body: dict) -> None:
     _check(body, "n", (int,), "an integer")
     for field in ("temperature", "top_p"):
         _check(body, field, (int, float), "a number")
+        if isinstance(body.get(field), float) and not math.isfinite(body[field]):
+            raise bad_request(f"'{field}' must be a finite number", param=field, code="invalid_value")
+    for field in ("top_k", "seed"):
+        _check(body, field, (int,), "an integer")
     _check(body, "stop", (str, list), "a string or a list of strings")
     _check(body, "metadata", (dict,), "an object")
     _check(body, "stream_options", (dict,), "an object")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +38,24 @@ class Session:
     model: str | None = None
     started_at: float | None = None
     metadata: dict[str, Any] | None = None
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def without_lone_surrogates(value: Any) -> Any:
+    """`value` with every lone UTF-16 surrogate in its strings (JSON may carry "\\ud800"; no UTF-8
+    can store it) replaced by U+FFFD; the same object when there is none."""
+    if isinstance(value, str):
+        return value if value.isascii() or not _LONE_SURROGATE.search(value) else _LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        cleaned = [without_lone_surrogates(v) for v in value]
+        return value if all(a is b for a, b in zip(cleaned, value, strict=True)) else cleaned
+    if isinstance(value, dict):
+        pairs = [(without_lone_surrogates(k), without_lone_surrogates(v)) for k, v in value.items()]
+        return value if all(k is a and v is b for (k, v), (a, b) in zip(pairs, value.items(), strict=True)) \
+            else dict(pairs)
+    return value
 
 
 def canonical_json(value: Any) -> str:

@@ -291,6 +291,15 @@ class TraceStore:
                 raise
 
     # ------------------------------------------------------------------ reading
+    def session_metadata(self, session_id: int) -> dict:
+        """What the source said about a session (e.g. an evaluation's `instance_id`); {} if nothing."""
+        row = self.conn.execute("SELECT metadata FROM sessions WHERE id = ?", (session_id,)).fetchone()
+        try:
+            data = json.loads(row[0]) if row and row[0] else {}
+        except json.JSONDecodeError:
+            return {}
+        return data if isinstance(data, dict) else {}
+
     def iter_calls(
         self,
         *,

@@ -91,6 +91,9 @@ class LocalBackend(Backend):
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt)
         if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            vocab = self.tokenizer.vocab_size
+            if not all(0 <= t < vocab for t in prompt):  # an id the model has no embedding for
+                raise bad_request(f"prompt token ids must lie in [0, {vocab})", param="prompt", code="invalid_value")
             return list(prompt)
         raise bad_request("the local backend takes one prompt (a string or a list of token ids)", param="prompt")
 

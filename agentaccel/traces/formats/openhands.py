@@ -55,6 +55,9 @@ def parse_completion_log(path: Path) -> list[Session]:
     text, tool_calls = assistant_response(reply)
     kwargs = data.get("kwargs") if isinstance(data.get("kwargs"), dict) else {}
     metadata = kwargs.get("metadata") if isinstance(kwargs.get("metadata"), dict) else {}
+    extra = kwargs.get("extra_body") if isinstance(kwargs.get("extra_body"), dict) else {}
+    if "tags" not in metadata and isinstance(extra.get("tags"), list):  # the SDK's litellm_extra_body
+        metadata = {**metadata, "tags": extra["tags"]}
     usage = response.get("usage") or {}
     finish = (response.get("choices") or [{}])[0].get("finish_reason") if response else None
     model = response.get("model") or kwargs.get("model")

@@ -1,0 +1,102 @@
+"""Defects a hostile or unlucky client found (issue 21), each reproduced against a real proxy on
+127.0.0.1 with a real recorder: one bad request never breaks the server or its recording for
+others, and a recording loss is never silent."""
+
+import httpx
+import pytest
+from servers import ServerThread
+
+from agentaccel.backends.openai_compat import OpenAIBackend
+from agentaccel.bench.upstream import MODEL, Upstream
+from agentaccel.proxy import ProxyConfig, create_app
+from agentaccel.proxy.recorder import RecordedCall, Recorder
+from agentaccel.traces.store import TraceStore
+
+LONE_SURROGATE = "s\\ud800"  # as JSON text: valid JSON, not storable as UTF-8
+
+
+@pytest.fixture
+def proxy(tmp_path):
+    with Upstream(tokens=4) as upstream:
+        recorder = Recorder(tmp_path / "traces.db", flush_seconds=0.05)
+        with ServerThread(create_app(ProxyConfig(), OpenAIBackend(upstream.url), recorder)) as server:
+            yield server, recorder, tmp_path / "traces.db"
+        recorder.close()
+
+
+def post(url: str, raw_body: str, headers: dict | None = None) -> httpx.Response:
+    """A body sent as written (so it can carry escapes no Python client would produce)."""
+    return httpx.post(url + "/v1/chat/completions", content=raw_body.encode(),
+                      headers={"content-type": "application/json", **(headers or {})})
+
+
+def body(content: str = "hello", metadata: str = "{}") -> str:
+    return f'{{"model": "{MODEL}", "messages": [{{"role": "user", "content": "{content}"}}], "metadata": {metadata}}}'
+
+
+def stored(db) -> list:
+    with TraceStore(db) as store:
+        return list(store.iter_calls())
+
+
+def test_a_lone_surrogate_is_a_400_and_recording_goes_on(proxy):
+    server, recorder, db = proxy
+    for raw in (body(metadata=f'{{"session_id": "{LONE_SURROGATE}"}}'), body(LONE_SURROGATE)):
+        r = post(server.url, raw)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_unicode", r.text
+    assert post(server.url, body("\\ud83d\\ude00 a pair is one character")).status_code == 200
+    assert post(server.url, body("after them")).status_code == 200
+    recorder.flush()
+    assert recorder.failed == 0 and [c.messages[-1]["content"] for c in stored(db)] == [
+        "\U0001f600 a pair is one character", "after them"]
+    health = httpx.get(server.url + "/health")
+    assert health.status_code == 200 and health.json()["recorder"]["alive"] is True
+
+
+def test_the_writer_survives_any_single_bad_record(tmp_path):
+    """Defence in depth (an upstream's reply can carry what a client's request may not): lone
+    surrogates in a session id, a stage or a message are stored sanitised, and cost no other call."""
+    recorder = Recorder(tmp_path / "t.db", flush_seconds=0.05)
+    try:
+        for k in range(6):
+            bad = "x\ud800" if k in (2, 4) else "ok"
+            recorder.submit(RecordedCall(stage=bad if k == 2 else "s", session_id=bad if k == 4 else None, model=MODEL,
+                                         messages=[{"role": "user", "content": f"call {k} {bad}"}], response="r"))
+        recorder.flush()
+        assert recorder.alive and recorder.failed == 0 and recorder.written == 6
+        recorder.submit(RecordedCall(stage="s", session_id=None, model=MODEL, messages=[], response="later"))
+        recorder.flush()
+    finally:
+        recorder.close()
+    calls = stored(tmp_path / "t.db")
+    assert len(calls) == 7 and calls[-1].response == "later"
+    assert sum("\ufffd" in c.messages[0]["content"] for c in calls if c.messages) == 2
+
+
+def test_stage_names_are_bounded_and_printable(proxy):
+    server, recorder, db = proxy
+    for raw, headers in ((body(metadata=f'{{"stage": "{LONE_SURROGATE}"}}'), None),
+                         (body(), {"X-Agentaccel-Stage": "x" * 1_000_000}),
+                         (body(metadata='{"stage": "a\\u0000b"}'), None)):
+        r = post(server.url, raw, headers)  # (a surrogate is refused as such, before the stage is read)
+        assert r.status_code == 400 and r.json()["error"]["code"] in ("invalid_stage", "invalid_unicode"), r.text[:300]
+    metrics = httpx.get(server.url + "/metrics")  # scrapes still work, and stay small
+    assert metrics.status_code == 200 and len(metrics.text) < 100_000
+    assert post(server.url, body(metadata='{"stage": "sql:é-1"}')).status_code == 200  # any printable name
+
+
+def test_unknown_routes_and_methods_answer_in_the_openai_shape(proxy):
+    server, _, _ = proxy
+    missing = httpx.get(server.url + "/v1/nothing-here")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+    wrong = httpx.get(server.url + "/v1/chat/completions")
+    assert wrong.status_code == 405 and wrong.json()["error"]["code"] == "method_not_allowed"
+
+
+def test_a_dead_writer_is_reported_not_silent(proxy):
+    server, recorder, _ = proxy
+    recorder._process.kill()  # the fault: the writer process dies (nothing else can cause it on demand)
+    recorder._process.join(10)
+    health = httpx.get(server.url + "/health")
+    assert health.status_code == 503 and health.json()["status"] == "degraded"
+    assert "agentaccel_recorder_up 0.0" in httpx.get(server.url + "/metrics").text
