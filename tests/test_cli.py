@@ -94,7 +94,8 @@ def test_openhands_config_names_the_served_model(tmp_path):
                              capture_output=True, text=True, check=True).stdout
     toml_part = out.split("# OpenHands SDK")[0]
     llm = tomllib.loads(toml_part)["llm"]
-    assert llm == {"model": f"litellm_proxy/{MODEL}", "base_url": proxy.url, "api_key": "none"}
+    assert llm == {"model": f"litellm_proxy/{MODEL}", "base_url": proxy.url, "api_key": "none",
+                   "native_tool_calling": True}  # a model litellm does not know would get tools as text
     assert f'model="litellm_proxy/{MODEL}"' in out
     down = subprocess.run([sys.executable, "-m", "agentaccel.cli.main", "openhands-config", "--url",
                            f"http://127.0.0.1:{free_port()}"], capture_output=True, text=True)

@@ -69,20 +69,24 @@ def test_an_openhands_sdk_agent_runs_real_tools_through_the_proxy(tmp_path, open
     """...streaming its replies (tool calls arrive as stream deltas), and what OpenHands itself
     persisted imports back as the same calls."""
     db = recorded_store(tmp_path, write_sdk_conversation(tmp_path / "recorded", tags=["agent:CodeActAgent"]))
-    workspace, state = tmp_path / "workspace", tmp_path / "conversations"
-    workspace.mkdir()
+    state = tmp_path / "conversations"
     with replay_server(db, step_ms=2, cost_profile="gpu") as url:
-        run = run_confined([str(openhands_python), openhands_runner.__file__, "--base-url", url, "--workspace",
-                            str(workspace), "--state", str(state), "--task", TASK, "--stream"], tmp_path,
-                           openhands_python, {})
-        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-        outcome = json.loads(run.stdout.strip().splitlines()[-1])
-        assert outcome["status"] == "finished" and outcome["streamed_chunks"] > 2, outcome
-        assert (workspace / "hello.txt").read_text() == "hello\n"  # the recorded tool calls ran, there alone
+        # litellm_proxy/ at the proxy's root, streamed; then openai/ at its /v1, whole replies
+        for n, options in enumerate((["--stream"], ["--provider", "openai"])):
+            workspace = tmp_path / f"workspace-{n}"
+            workspace.mkdir()
+            run = run_confined([str(openhands_python), openhands_runner.__file__, "--base-url", url, "--workspace",
+                                str(workspace), "--state", str(state / str(n)), "--task", TASK, *options], tmp_path,
+                               openhands_python, {})
+            assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+            outcome = json.loads(run.stdout.strip().splitlines()[-1])
+            assert outcome["status"] == "finished", outcome
+            assert (outcome["streamed_chunks"] > 2) == ("--stream" in options), outcome
+            assert (workspace / "hello.txt").read_text() == "hello\n"  # the recorded tool calls ran, there alone
         assert not (tmp_path / "hello.txt").exists()
-        assert served_calls(url) == 2
+        assert served_calls(url) == 4
     with TraceStore(tmp_path / "replayed.db") as store:
-        report = import_traces([state], store, tokenizer=load_tokenizer())
+        report = import_traces([state / "0"], store, tokenizer=load_tokenizer())
         replayed = list(store.iter_calls())
     with TraceStore(db) as store:
         original = list(store.iter_calls())

@@ -23,6 +23,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--base-url", required=True, help="the proxy, without /v1")
     parser.add_argument("--model", default="replay", help="the served model name")
+    parser.add_argument("--provider", choices=("litellm_proxy", "openai"), default="litellm_proxy",
+                        help="litellm_proxy/<model> at the proxy's root, or openai/<model> at its /v1")
     parser.add_argument("--workspace", required=True)
     parser.add_argument("--state", required=True, help="where the conversation is persisted")
     parser.add_argument("--task", required=True)
@@ -40,7 +42,8 @@ def main() -> None:
     extra = {"tags": [f"agent:{args.stage}"]}
     if args.no_speculation:
         extra["vllm_xargs"] = {"speculate": False}  # what the vllm and replay backends read
-    llm = LLM(model=f"litellm_proxy/{args.model}", base_url=args.base_url, api_key=SecretStr("none"),
+    base_url = args.base_url.rstrip("/") + ("/v1" if args.provider == "openai" else "")
+    llm = LLM(model=f"{args.provider}/{args.model}", base_url=base_url, api_key=SecretStr("none"),
               usage_id="agent", litellm_extra_body=extra, num_retries=0, temperature=0.0, stream=args.stream)
     agent = Agent(llm=llm, tools=[Tool(name=TerminalTool.name), Tool(name=FileEditorTool.name)])
     chunks = []
