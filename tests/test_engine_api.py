@@ -425,3 +425,17 @@ def test_recency_weights_stay_exact_as_the_request_grows():
             eng.extend("r", rng.integers(0, 4, int(rng.integers(1, 100))))
             eng.speculate("r", 8)
         eng.check_integrity()
+
+
+def test_bad_names_and_numbers_are_value_errors_naming_the_argument():
+    """Not the binding layer's TypeError or OverflowError: what a caller can act on."""
+    eng = SuffixEngine()
+    eng.start_request("q", [1, 2, 3])
+    for call, words in ((lambda: eng.add_document([1, 2], "s\ud800"), "stage"),
+                        (lambda: eng.start_request("x\udc00", [1]), "request id"),
+                        (lambda: eng.start_request("r", [2**70]), "token ids"),
+                        (lambda: eng.speculate("q", 2**70), "max_tokens"),
+                        (lambda: eng.speculate("q", -1), "max_tokens")):
+        with pytest.raises(ValueError, match=words):
+            call()
+    assert eng.speculate("q", 4) is not None  # the engine is fine afterwards

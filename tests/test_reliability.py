@@ -100,3 +100,55 @@ def test_a_dead_writer_is_reported_not_silent(proxy):
     health = httpx.get(server.url + "/health")
     assert health.status_code == 503 and health.json()["status"] == "degraded"
     assert "agentaccel_recorder_up 0.0" in httpx.get(server.url + "/metrics").text
+
+
+def test_upstream_failures_inside_a_200_reach_the_client_and_are_not_recorded(proxy):
+    server, recorder, db = proxy
+    fault = lambda kind: {"x-upstream-fault": kind}  # noqa: E731
+    whole = post(server.url, body(), fault("garbage"))
+    assert whole.status_code == 502 and "not a JSON object" in whole.json()["error"]["message"]
+    streamed = post(server.url, body()[:-1] + ', "stream": true}', fault("garbage"))
+    assert streamed.status_code == 502 and "not an event stream" in streamed.json()["error"]["message"]
+    cut = post(server.url, body()[:-1] + ', "stream": true}', fault("truncate"))
+    events = [line for line in cut.text.splitlines() if line.startswith("data:")]
+    assert cut.status_code == 200 and "without [DONE]" in events[-1] and "data: [DONE]" not in events
+    assert post(server.url, body("a good one")).status_code == 200
+    recorder.flush()
+    assert [c.messages[-1]["content"] for c in stored(db)] == ["a good one"]  # no failure stored as a success
+    failed = [line for line in httpx.get(server.url + "/metrics").text.splitlines()
+              if line.startswith("agentaccel_requests_total") and 'status="502"' in line]
+    assert sum(float(line.split()[-1]) for line in failed) == 3
+
+
+def test_a_store_that_cannot_be_written_stops_serve_at_start(tmp_path):
+    """An immutable file (what even root cannot write): a clear message and exit 2, not a server
+    that answers every call and records none."""
+    import subprocess
+    import sys
+
+    db = tmp_path / "traces.db"
+    TraceStore(db).close()
+    if subprocess.run(["chattr", "+i", str(db)], capture_output=True).returncode != 0:
+        pytest.skip("no chattr +i on this filesystem")
+    try:
+        out = subprocess.run([sys.executable, "-m", "agentaccel.cli.main", "serve", "--backend", "openai",
+                              "--upstream", "http://127.0.0.1:9", "--db", str(db)], capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == 2 and "cannot write to the trace store" in out.stderr and str(db) in out.stderr
+        assert "Traceback" not in out.stderr
+    finally:
+        subprocess.run(["chattr", "-i", str(db)], check=True)
+
+
+def test_a_store_deleted_while_serving_is_made_anew_and_reported(proxy):
+    server, recorder, db = proxy
+    assert post(server.url, body("before")).status_code == 200
+    recorder.flush()
+    for path in db.parent.glob("traces.db*"):
+        path.unlink()  # an operator's mistake: SQLite would go on writing into the unlinked file
+    assert post(server.url, body("after")).status_code == 200
+    recorder.flush()
+    assert [c.messages[-1]["content"] for c in stored(db)] == ["after"]
+    health = httpx.get(server.url + "/health").json()
+    assert health["status"] == "degraded" and health["recorder"]["store_replaced"] == 1
+    assert "agentaccel_recorder_store_replaced_total 1.0" in httpx.get(server.url + "/metrics").text

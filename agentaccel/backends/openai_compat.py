@@ -85,8 +85,16 @@ class OpenAIBackend(Backend):
         return [m["id"] for m in data if isinstance(m, dict) and "id" in m]
 
     async def complete(self, endpoint: str, body: dict, ctx: CallContext) -> dict:
-        return jsonfast.loads(await self._call("POST", _PATHS[endpoint], "before answering",
-                                               data=jsonfast.dumps(body), headers=self._headers(ctx)))
+        content = await self._call("POST", _PATHS[endpoint], "before answering", data=jsonfast.dumps(body),
+                                   headers=self._headers(ctx))
+        try:
+            reply = jsonfast.loads(content)
+        except ValueError:
+            reply = None
+        if not isinstance(reply, dict):  # the upstream failed, whatever its status said
+            raise upstream_unavailable(f"upstream {self.base_url} answered 200 with a body that is not a JSON "
+                                       f"object: {content[:200].decode('utf-8', 'replace')!r}")
+        return reply
 
     async def stream(self, endpoint: str, body: dict, ctx: CallContext) -> AsyncIterator[bytes]:
         try:
@@ -94,17 +102,26 @@ class OpenAIBackend(Backend):
                                          headers=self._headers(ctx)) as r:
                 if r.status != 200:
                     raise _upstream_error(r.status, await r.read(), self.base_url)
-                pending = b""
+                if not r.content_type.startswith("text/event-stream"):  # e.g. an error page sent as a 200
+                    raise upstream_unavailable(f"upstream {self.base_url} answered a stream request with "
+                                               f"{r.content_type or 'no content type'}, not an event stream: "
+                                               f"{(await r.read())[:200].decode('utf-8', 'replace')!r}")
+                pending, done = b"", False
                 async for data in r.content.iter_any():
                     pending += data
                     *lines, pending = pending.split(b"\n")
                     for line in lines:
                         if line.startswith(b"data:"):
                             payload = line[5:].strip()
-                            if payload != b"[DONE]":  # read on to the end: a half-read response can't be reused
+                            if payload == b"[DONE]":  # read on to the end: a half-read response can't be reused
+                                done = True
+                            else:
                                 yield payload
         except (TimeoutError, aiohttp.ClientError) as e:
             raise self._failure(e, "mid-request") from e
+        if not done:  # the upstream went away mid-answer: what came is a truncated output, not a reply
+            raise upstream_unavailable(f"upstream {self.base_url} ended the stream without [DONE]: the output is "
+                                       "cut short")
 
 
 def _upstream_error(status: int, content: bytes, base_url: str) -> APIError:

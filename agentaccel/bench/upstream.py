@@ -3,7 +3,9 @@
 benchmark sees is the proxy's own cost, not the upstream's.
 
 Faults are asked for per request with the `x-upstream-fault` header: `hang` (never answers),
-`error` (500 with an OpenAI-style body), `drop` (closes the connection after the first chunk).
+`error` (500 with an OpenAI-style body), `drop` (closes the connection after the first chunk),
+`garbage` (a 200 whose body is an HTML page), `truncate` (a stream that ends cleanly without its
+last chunks and `[DONE]`).
 `stats` counts requests, completed streams and streams the client cancelled.
 """
 
@@ -77,6 +79,9 @@ class Upstream:
             writer.write(_response("500 Internal Server Error", json.dumps({"error": {
                 "message": "upstream exploded", "type": "server_error", "param": None, "code": "boom"}}).encode()))
             return True
+        if fault == "garbage":  # a 200 whose body is no answer at all (an error page from a gateway, say)
+            writer.write(_response("200 OK", b"<html>bad gateway</html>", "text/html"))
+            return True
         n = int(body.get("max_tokens") or self.tokens)
         head = {"id": "chatcmpl-fast", "object": "chat.completion.chunk", "created": int(time.time()), "model": MODEL}
         usage = {"prompt_tokens": 5, "completion_tokens": n, "total_tokens": 5 + n}
@@ -101,6 +106,10 @@ class Upstream:
                     await asyncio.sleep(self.token_delay)
                     if writer.transport.is_closing():
                         raise ConnectionResetError
+            if fault == "truncate":  # the body ends cleanly, the answer does not: no finish, no [DONE]
+                writer.write(b"0\r\n\r\n")
+                await writer.drain()
+                return False
             done = {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}
             tail = b"data: " + json.dumps(done).encode() + b"\n\n"
             if (body.get("stream_options") or {}).get("include_usage"):

@@ -171,7 +171,7 @@ class SuffixEngine:
             return self._eng.speculate(req_id if type(req_id) is str else _rid(req_id), last_params)
         if overrides:
             config = _replace(config, overrides)
-        key = (config, max_tokens)
+        key = (config, _max_tokens(max_tokens))
         params = self._native_params.get(key)
         if params is None:
             if len(self._native_params) > 256:
@@ -262,13 +262,28 @@ class SuffixEngine:
 def _rid(req_id: str | int) -> str:
     if isinstance(req_id, bool) or not isinstance(req_id, (str, int)):
         raise ValueError(f"request id must be a str or int, got {type(req_id).__name__}")
-    return str(req_id)
+    return _utf8(str(req_id), "request id")
 
 
 def _stage(stage: str) -> str:
     if not isinstance(stage, str) or not stage:
         raise ValueError(f"stage must be a non-empty string, got {stage!r}")
-    return stage
+    return _utf8(stage, "stage")
+
+
+def _utf8(text: str, what: str) -> str:
+    """The native core keeps names as UTF-8: a lone surrogate has no UTF-8 form."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{what} {text!r} is not valid Unicode text ({e.reason})") from e
+    return text
+
+
+def _max_tokens(max_tokens: int) -> int:
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 0 <= max_tokens < 1 << 31:
+        raise ValueError(f"max_tokens must be an integer in [0, 2**31), got {max_tokens!r}")
+    return max_tokens
 
 
 def _replace(config: SpecConfig, overrides: dict) -> SpecConfig:

@@ -17,7 +17,10 @@ def as_token_array(token_ids: Sequence[int] | np.ndarray, vocab_size: int | None
         if any(isinstance(t, bool) or not isinstance(t, (int, np.integer)) for t in token_ids):
             bad = next(t for t in token_ids if isinstance(t, bool) or not isinstance(t, (int, np.integer)))
             raise ValueError(f"{what}: token ids must be integers, got {type(bad).__name__} {bad!r}")
-        arr = np.asarray(token_ids, dtype=np.int64) if len(token_ids) else np.zeros(0, dtype=np.int64)
+        try:
+            arr = np.asarray(token_ids, dtype=np.int64) if len(token_ids) else np.zeros(0, dtype=np.int64)
+        except OverflowError as e:  # an id past 64 bits: certainly no token
+            raise ValueError(f"{what}: token ids must be below 2**32") from e
     else:
         raise ValueError(f"{what}: expected a list or 1-D numpy array of token ids, got {type(token_ids).__name__}")
     if arr.ndim != 1:

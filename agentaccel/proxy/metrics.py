@@ -21,7 +21,8 @@ class Metrics:
 
     def __init__(self, external_spec: Callable[[], dict[str, dict[str, int]]] | None = None,
                  recorder_failed: Callable[[], int] | None = None,
-                 recorder_up: Callable[[], int] | None = None) -> None:
+                 recorder_up: Callable[[], int] | None = None,
+                 store_replaced: Callable[[], int] | None = None) -> None:
         self.registry = r = CollectorRegistry()
         self.requests = Counter("agentaccel_requests", "Requests served", ["stage", "endpoint", "status"], registry=r)
         self.latency = Histogram("agentaccel_request_latency_seconds", "Request latency", ["stage", "endpoint"],
@@ -36,6 +37,10 @@ class Metrics:
         if recorder_failed is not None:  # counted by the recorder's writer process
             r.register(_ValueCollector(CounterMetricFamily, "agentaccel_recorder_errors",
                                        "Calls the recorder failed to store", recorder_failed))
+        if store_replaced is not None:
+            r.register(_ValueCollector(CounterMetricFamily, "agentaccel_recorder_store_replaced",
+                                       "Times the trace store file was deleted or replaced while serving",
+                                       store_replaced))
         if recorder_up is not None:
             r.register(_ValueCollector(GaugeMetricFamily, "agentaccel_recorder_up",
                                        "1 while the recorder's writer process runs (0: calls are not recorded)",

@@ -21,6 +21,7 @@ import multiprocessing
 import os
 import pickle
 import queue
+import sqlite3
 import threading
 import time
 import uuid
@@ -35,6 +36,7 @@ log = logging.getLogger("agentaccel.recorder")
 
 Tokenize = tuple[str, Callable[[list[str]], list[list[int]]]]  # (fingerprint, encode_batch); must pickle
 _SEND_MAX = 64  # calls pickled into one pipe message
+_LOCK_RETRIES = 4  # a batch waits out another writer's lock up to 1+2+4+8 s more (after SQLite's own 30 s)
 
 
 @dataclass
@@ -65,14 +67,16 @@ class Recorder:
     def __init__(self, path: str | Path | None, *, redact: bool = False, tokenize: Tokenize | None = None,
                  batch_size: int = 256, flush_seconds: float = 0.25) -> None:
         with TraceStore(path) as store:  # opened here so that a bad path fails at start, not later
+            store.check_writable()
             self.path = store.path
         ctx = multiprocessing.get_context("spawn")  # the server has threads and a running loop: no fork
         self._written = ctx.Value("q", 0, lock=False)  # calls stored, counted by the writer
         self._failed = ctx.Value("q", 0, lock=False)   # calls a failed transaction dropped
+        self._reopened = ctx.Value("q", 0, lock=False)  # times the store file vanished and was made anew
         reader, self._pipe = ctx.Pipe(duplex=False)
         self._process = ctx.Process(target=_writer_main, name="agentaccel-recorder", daemon=True,
                                     args=(str(self.path), redact, batch_size, flush_seconds, reader, self._written,
-                                          self._failed))
+                                          self._failed, self._reopened))
         self._process.start()
         reader.close()  # the writer holds the only read end: our death is its end of input
         self._submitted = 0
@@ -93,6 +97,12 @@ class Recorder:
     def alive(self) -> bool:
         """Whether the writer process runs (after close(), it has finished on purpose)."""
         return self._closed or self._process.is_alive()
+
+    @property
+    def reopened(self) -> int:
+        """Times the trace store file was deleted or replaced while serving (calls recorded in it
+        before are gone with it; later ones go to a new file at the same path)."""
+        return self._reopened.value
 
     @property
     def written(self) -> int:
@@ -158,12 +168,13 @@ class Recorder:
             self._failed.value += sum(isinstance(i, RecordedCall) for i in items)
 
 
-def _writer_main(path: str, redact: bool, batch_size: int, flush_seconds: float, pipe, written, failed) -> None:
+def _writer_main(path: str, redact: bool, batch_size: int, flush_seconds: float, pipe, written, failed,
+                 reopened) -> None:
     """The writer process: batches what arrives into transactions until the pipe closes."""
     # Background work: when cores are short, serving goes first (batches absorb the delay).
     with contextlib.suppress(OSError):
         os.nice(10)
-    writer = _Writer(TraceStore(path), redact, written, failed)
+    writer = _Writer(TraceStore(path), redact, written, failed, reopened)
     batch: list[RecordedCall] = []
     deadline = None
     while True:
@@ -189,26 +200,55 @@ def _writer_main(path: str, redact: bool, batch_size: int, flush_seconds: float,
 
 
 class _Writer:
-    def __init__(self, store: TraceStore, redact: bool, written, failed) -> None:
+    def __init__(self, store: TraceStore, redact: bool, written, failed, reopened) -> None:
         self.store = store
+        self.inode = os.stat(store.path).st_ino
+        self.reopened = reopened
         self.redact = redact
         self.written, self.failed = written, failed  # counters shared with the server process
         self.tokenize: Tokenize | None = None
         self._next_position: dict[str, int] = {}
 
     def write(self, batch: list[RecordedCall]) -> None:
-        """One transaction for the batch; if it fails, each call gets a transaction of its own, so
-        a call that cannot be stored costs only itself (counted in `failed`)."""
-        try:
-            self._store([_clean(call) for call in batch])
-            self.written.value += len(batch)
-        except Exception:  # a full disk, a bad value: must not take the proxy down
-            if len(batch) > 1:
-                for call in batch:
-                    self.write([call])
+        """One transaction for the batch, tried again with backoff while another writer holds the
+        database; if it still fails, each call gets a transaction of its own, so a call that cannot
+        be stored costs only itself (counted in `failed`)."""
+        self._reopen_if_replaced()
+        cleaned = [_clean(call) for call in batch]
+        for attempt in range(_LOCK_RETRIES + 1):
+            try:
+                self._store(cleaned)
+                self.written.value += len(batch)
                 return
-            log.exception("recording a call failed")
-            self.failed.value += 1
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) and "busy" not in str(e) or attempt == _LOCK_RETRIES:
+                    break
+                log.warning("trace store locked by another writer; trying again in %d s", 2 ** attempt)
+                time.sleep(2 ** attempt)
+            except Exception:  # a full disk, a bad value: must not take the proxy down
+                break
+        if len(batch) > 1:
+            for call in batch:
+                self.write([call])
+            return
+        log.exception("recording a call failed")
+        self.failed.value += 1
+
+    def _reopen_if_replaced(self) -> None:
+        """A trace store deleted or replaced under a running server would swallow every call into
+        an unlinked file: the writer opens the file at the path again (a new store if none)."""
+        try:
+            current = os.stat(self.store.path).st_ino
+        except OSError:
+            current = None
+        if current != self.inode:
+            log.error("the trace store %s was deleted or replaced while serving: recording into a new one",
+                      self.store.path)
+            self.store.close()
+            self.store = TraceStore(self.store.path)
+            self.inode = os.stat(self.store.path).st_ino
+            self._next_position.clear()
+            self.reopened.value += 1
 
     def _store(self, batch: list[RecordedCall]) -> None:
         sessions: dict[str, Session] = {}

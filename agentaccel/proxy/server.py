@@ -47,7 +47,8 @@ class Proxy:
         self.recorder = recorder
         self.metrics = Metrics(backend.stage_stats if backend.stage_stats() is not None else None,
                                recorder_failed=(lambda: recorder.failed) if recorder is not None else None,
-                               recorder_up=(lambda: int(recorder.alive)) if recorder is not None else None)
+                               recorder_up=(lambda: int(recorder.alive)) if recorder is not None else None,
+                               store_replaced=(lambda: recorder.reopened) if recorder is not None else None)
         self._models: list[str] = []
         # unique within this server (what the engine's request trees need) without a syscall per call
         self._request_ids = (f"{uuid.uuid4().hex[:12]}-{n}" for n in itertools.count())
@@ -227,13 +228,16 @@ class Proxy:
             for m in models]})
 
     async def health(self, _request: Request) -> Response:
-        """200 "ok"; 503 "degraded" when calls are answered but no longer recorded (the writer died)."""
+        """"ok"; "degraded" once calls were answered but not recorded (a call could not be stored, the
+        store file was deleted under the server), as a 503 while the writer process is dead (nothing
+        is recorded now)."""
         body = {"status": "ok", **self.backend.health()}
         if self.recorder is not None:
             body["recorder"] = {"alive": self.recorder.alive, "written": self.recorder.written,
-                                "failed": self.recorder.failed}
-            if not self.recorder.alive:
+                                "failed": self.recorder.failed, "store_replaced": self.recorder.reopened}
+            if not self.recorder.alive or self.recorder.failed or self.recorder.reopened:
                 body["status"] = "degraded"
+            if not self.recorder.alive:
                 return JSONResponse(body, status_code=503)
         return JSONResponse(body)
 

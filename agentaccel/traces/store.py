@@ -151,6 +151,19 @@ class TraceStore:
         elif int(version[0]) != SCHEMA_VERSION:
             raise ValueError(f"{self.path}: trace store schema {version[0]}, this agentaccel reads {SCHEMA_VERSION}")
 
+    def check_writable(self) -> None:
+        """ValueError naming the file unless a write transaction can start now (a read-only or
+        immutable file, a read-only folder, another writer holding the lock)."""
+        try:
+            version = self.conn.execute("PRAGMA user_version").fetchone()[0]
+            self.conn.execute("BEGIN IMMEDIATE")
+            try:  # a real write: a file SQLite could open only for reading fails here, not at BEGIN
+                self.conn.execute(f"PRAGMA user_version = {int(version)}")
+            finally:
+                self.conn.execute("ROLLBACK")
+        except sqlite3.OperationalError as e:
+            raise ValueError(f"{self.path}: cannot write to the trace store ({e})") from e
+
     def close(self) -> None:
         self.conn.close()
 
