@@ -75,7 +75,9 @@ def test_an_openhands_sdk_agent_runs_real_tools_through_the_proxy(tmp_path, open
         for n, options in enumerate((["--stream"], ["--provider", "openai"])):
             workspace = tmp_path / f"workspace-{n}"
             workspace.mkdir()
-            run = run_confined([str(openhands_python), openhands_runner.__file__, "--base-url", url, "--workspace",
+            # copied next to the run: where agentaccel lives (a clone under /tmp, say) is hidden in the sandbox
+            runner = shutil.copy(openhands_runner.__file__, tmp_path / "openhands_runner.py")
+            run = run_confined([str(openhands_python), str(runner), "--base-url", url, "--workspace",
                                 str(workspace), "--state", str(state / str(n)), "--task", TASK, *options], tmp_path,
                                openhands_python, {})
             assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]

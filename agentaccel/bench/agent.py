@@ -155,7 +155,9 @@ class Harness:
         for folder in (workspace, home, tmp):
             folder.mkdir(exist_ok=True)
         env = {**os.environ, "HOME": str(home), "TMPDIR": str(tmp), "TMUX_TMPDIR": str(tmp)}
-        command = [str(self.python), openhands_runner.__file__, "--base-url", self.url, "--model", self.model,
+        # the runner is copied into the run's folder: where agentaccel lives may be hidden in the sandbox
+        runner = shutil.copy(openhands_runner.__file__, root / "openhands_runner.py")
+        command = [str(self.python), str(runner), "--base-url", self.url, "--model", self.model,
                    "--workspace", str(workspace), "--state", str(state), "--task", instance.problem_statement,
                    "--max-iterations", str(self.max_iterations)] + (["--no-speculation"] if mode == "off" else [])
         before = scrape(self.url)
