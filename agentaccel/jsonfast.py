@@ -20,8 +20,8 @@ _STRING_END = re.compile(rb'["\\]')
 def _too_deep(data: bytes) -> bool:
     """Whether brackets outside strings nest deeper than MAX_DEPTH (scanned only when there are
     many brackets at all: bytes.count is fast, this loop is not)."""
-    if data.count(b"{") + data.count(b"[") <= _OPENERS_TO_SCAN:
-        return False
+    if len(data) <= _OPENERS_TO_SCAN or data.count(b"{") + data.count(b"[") <= _OPENERS_TO_SCAN:
+        return False  # (a stream chunk is shorter than that: no count at all on the relay's path)
     depth, i = 0, 0
     while (m := _STRUCTURE.search(data, i)) is not None:
         c, i = m.group(), m.end()

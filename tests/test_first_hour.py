@@ -16,16 +16,14 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("openai")
 
-from servers import free_port  # noqa: E402
+from servers import free_port, wait_healthy  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 README_URL = "http://127.0.0.1:8000"
@@ -131,16 +129,10 @@ def serving(machine: FreshMachine, command: str, url: str):
     log = machine.home.parent / f"serve-{url.rsplit(':', 1)[1]}.log"
     server = machine.start(on_port(command, url), log)
     try:
-        deadline = time.monotonic() + 600  # a first start converts the model and measures its cost curve
-        while True:
-            assert server.poll() is None, f"agentaccel serve exited:\n{log.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, f"agentaccel serve not ready:\n{log.read_text()[-3000:]}"
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
+        try:  # a first start converts the model and measures its cost curve
+            wait_healthy(url, server, timeout=600)
+        except RuntimeError as e:
+            raise AssertionError(f"agentaccel serve: {e}\n{log.read_text()[-3000:]}") from e
         yield log
     finally:
         group = os.getpgid(server.pid)

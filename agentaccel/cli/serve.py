@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from agentaccel.cli.common import DbOption, err, fail
+from agentaccel.cli.common import DbOption, err, fail, open_store, open_tokenizer
 
 
 class BackendKind(StrEnum):
@@ -195,7 +195,6 @@ def _stage_specs(spec_config: Path | None, sized: bool) -> dict:
 
 def _replay_backend(db, cost_profile, step_ms, speculation, served_name, stage_specs, budget):
     from agentaccel.backends.replay import ReplayBackend
-    from agentaccel.cli.common import open_store, open_tokenizer
     from agentaccel.engine import SuffixEngine
     from agentaccel.engine.cost_profile import load_profile
 

@@ -26,7 +26,8 @@ def parse_json(raw: bytes) -> dict:
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object", code="invalid_json")
     # escaped pairs decode to one character; a lone half is text no UTF-8 upstream or store can take
-    if _SURROGATE_ESCAPE.search(raw) and without_lone_surrogates(body) is not body:
+    if (b"\\ud" in raw or b"\\uD" in raw) and _SURROGATE_ESCAPE.search(raw) \
+            and without_lone_surrogates(body) is not body:
         raise bad_request("the body holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape), which no "
                           "UTF-8 text can carry", code="invalid_unicode")
     return body

@@ -22,7 +22,6 @@ _STRING_END = re.compile(r'["\\]')
 class FirstRecord:
     container: str = ""  # "object" or "array": what the file's first JSON value is; "" if neither
     keys: list[str] = field(default_factory=list)  # the first object's keys (an array's first element's)
-    complete: bool = False  # the first object ended within the file
 
 
 def _chunks(path: Path) -> Iterator[str]:
@@ -88,7 +87,6 @@ def first_record(path: Path) -> FirstRecord:
                     expect_key = True
             elif c in "}]":
                 if depth == target:
-                    out.complete = True
                     return out
                 depth -= 1
             elif c == "," and depth == target:
