@@ -524,7 +524,7 @@ std::string Automaton::check_counts() const {
     if (count[s] != states_[s].occ)
       return "count mismatch at state " + std::to_string(s) + ": stored " + std::to_string(states_[s].occ) +
              ", recounted " + std::to_string(count[s]);
-  if (recent_.empty()) return {};
+  if (recent_.empty() || tokens_.empty()) return {};  // no tokens: no weights to compare (0 / 0)
   // Recency weights: position i adds step^i to the class of prefix i and to its suffix-link
   // ancestors; compared as ratios to the root's (on every path), as they are read.
   std::vector<double> weight(states_.size(), 0.0);
@@ -585,6 +585,14 @@ std::string Automaton::check_bounds() const {
   // Each new edge heads its state's list, so a list always runs to older (smaller) indices: no cycle.
   for (size_t e = 0; e < m; ++e)
     if (edges_[e].target >= n || (edges_[e].next != kNil && edges_[e].next >= e)) return "edge out of range";
+  // No edge in two lists (compaction lays each list out once: a shared edge would write past the
+  // arena); each edge is visited at most once before a repeat shows, so this is O(states + edges).
+  std::vector<bool> listed_edge(m, false);
+  for (size_t s = 0; s < n; ++s)
+    for (uint32_t e = states_[s].more; e != kNil; e = edges_[e].next) {
+      if (listed_edge[e]) return "edge " + std::to_string(e) + " in two lists";
+      listed_edge[e] = true;
+    }
   uint64_t listed = 0;
   for (const DocRecord& d : docs_) {
     if (d.offset > packed_.size_bytes() || d.length > packed_.size_bytes() - d.offset) return "document out of token range";

@@ -2,20 +2,46 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
+#include "batch_drafter.h"
 #include "engine.h"
 #include "errors.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
+using agentaccel::BatchDrafter;
 using agentaccel::Draft;
 using agentaccel::Engine;
 using agentaccel::SpecParams;
 
 using Tokens = nb::ndarray<const uint32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using Release = nb::call_guard<nb::gil_scoped_release>;
+using Rows = nb::ndarray<const int32_t, nb::ndim<2>, nb::c_contig, nb::device::cpu>;
+using Counts = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+// One step of BatchDrafter: the Python lists are read with the GIL held, the drafting runs without it.
+static std::vector<std::vector<uint32_t>> batch_step(BatchDrafter& d, nb::list rids, Rows rows, Counts num_tokens,
+                                                     nb::list sampled, int max_tokens, int max_model_len) {
+  const size_t n = nb::len(sampled);
+  if (nb::len(rids) < n || rows.shape(0) < n || num_tokens.shape(0) < n)
+    throw agentaccel::InvalidInput("req_ids, rows and num_tokens need a row for every sampled list");
+  std::vector<std::string> ids(n);
+  std::vector<int32_t> flat;
+  std::vector<int64_t> offsets(n + 1, 0);
+  for (size_t i = 0; i < n; ++i) {
+    nb::handle rid = rids[i];
+    if (!rid.is_none()) ids[i] = nb::cast<std::string>(rid);
+    for (nb::handle t : sampled[i]) flat.push_back(nb::cast<int32_t>(t));
+    offsets[i + 1] = int64_t(flat.size());
+  }
+  agentaccel::BatchStep step{&ids, rows.data(), rows.shape(1), num_tokens.data(), flat.data(), offsets.data(),
+                             max_tokens, max_model_len};
+  nb::gil_scoped_release release;
+  return d.step(step);
+}
 
 NB_MODULE(_core, m) {
   m.doc() = "agentaccel native suffix engine";
@@ -77,6 +103,22 @@ NB_MODULE(_core, m) {
       .def_ro("bytes", &agentaccel::StageStats::bytes)
       .def_ro("states", &agentaccel::StageStats::states)
       .def_ro("edges", &agentaccel::StageStats::edges);
+
+  nb::class_<agentaccel::StageCounters>(m, "StageCounters")
+      .def_ro("steps", &agentaccel::StageCounters::steps)
+      .def_ro("drafted", &agentaccel::StageCounters::drafted)
+      .def_ro("accepted", &agentaccel::StageCounters::accepted)
+      .def_ro("tokens", &agentaccel::StageCounters::tokens);
+
+  nb::class_<BatchDrafter>(m, "BatchDrafter")
+      .def(nb::init<Engine&, const SpecParams&, int>(), "engine"_a, "defaults"_a, "threads"_a, nb::keep_alive<1, 2>())
+      .def("set_stage_params", &BatchDrafter::set_stage_params, "stage"_a, "params"_a)
+      .def("admit", &BatchDrafter::admit, "req_id"_a, "stage"_a, "speculate"_a, Release())
+      .def("release", &BatchDrafter::release, "req_id"_a, Release())
+      .def("step", &batch_step, "req_ids"_a, "rows"_a, "num_tokens"_a, "sampled"_a, "max_tokens"_a, "max_model_len"_a)
+      .def("counters", &BatchDrafter::counters, Release())
+      .def("tracked", &BatchDrafter::tracked, Release())
+      .def("pending_outputs", &BatchDrafter::pending_outputs, Release());
 
   nb::class_<Engine>(m, "Engine")
       .def(nb::init<int, uint64_t, double>(), "max_depth"_a, "memory_budget_bytes"_a, "evict_slack"_a)

@@ -189,6 +189,44 @@ def test_forged_files_with_a_valid_checksum(tmp_path):
         SuffixEngine.load(cycle).check_integrity(counts=False)
 
 
+def test_random_forged_words_never_corrupt_memory(tmp_path):
+    """Two words of a saved index changed and the checksum re-signed: the file is refused, or
+    every later operation works or fails cleanly (compaction once wrote past its arena when two
+    states' edge lists shared an edge: load now refuses that)."""
+    from agentaccel.engine import persistence_tools
+
+    rng = random.Random(1)
+    eng = SuffixEngine(max_depth=16)
+    for i in range(30):
+        eng.add_document([rng.randrange(50) for _ in range(rng.randrange(5, 80))], stage=f"s{i % 3}")
+    path = tmp_path / "good.aai"
+    eng.save(path)
+    data = path.read_bytes()
+    payload = len(data) - persistence_tools.HEADER
+    refused = 0
+    for k in range(150):
+        words = {rng.randrange(0, payload - 4) & ~3: rng.choice([0, 1, 2, 0xFFFFFFFF, rng.randrange(1 << 32),
+                                                                 rng.randrange(100)]) for _ in range(2)}
+        bad = tmp_path / f"forged{k}.aai"
+        bad.write_bytes(persistence_tools.forge_words(data, words))
+        try:
+            forged = SuffixEngine.load(bad)
+        except ValueError:
+            refused += 1
+            continue
+        try:
+            forged.compact()
+            forged.add_document([1, 2, 3, 4, 5] * 10, stage="s0")
+            forged.start_request("r", [1, 2, 3, 4, 5, 6, 7] * 5, stage="s1")
+            forged.speculate("r", 16)
+            for doc in forged.document_ids()[:3]:
+                forged.remove_document(doc)
+            forged.check_integrity()
+        except (ValueError, KeyError, AssertionError):
+            pass
+    assert 0 < refused < 150
+
+
 def test_save_is_atomic(tmp_path):
     eng = filled()
     path = tmp_path / "index.aai"
@@ -439,3 +477,13 @@ def test_bad_names_and_numbers_are_value_errors_naming_the_argument():
         with pytest.raises(ValueError, match=words):
             call()
     assert eng.speculate("q", 4) is not None  # the engine is fine afterwards
+
+
+def test_integrity_check_of_a_request_started_empty():
+    """An empty prompt has no recency weights to compare (0 / 0): the check passes, before and after tokens."""
+    eng = SuffixEngine()
+    eng.start_request("r", [])
+    eng.check_integrity()
+    eng.extend("r", [1, 2, 3, 1, 2])
+    eng.speculate("r")
+    eng.check_integrity()

@@ -35,6 +35,8 @@ README_URL = "http://127.0.0.1:8000"
 #   options needs a GPU and a model hub: its options must parse (`--help`); tests/test_vllm_backend.py
 #           serves vLLM for real
 #   ci      CI runs it itself (.ci/run: install, then the tests)
+#   bench   its default takes ~15 minutes: its options must parse here; tests/test_bench_vllm.py
+#           runs it for real on a fresh HOME with fewer calls
 PLAN = {
     "./install.sh": "ci",
     "agentaccel serve": "serve",
@@ -43,6 +45,7 @@ PLAN = {
     "agentaccel openhands-config": "run",
     "agentaccel bench agent --limit 1": "run",
     "agentaccel serve --backend vllm --model Qwen/Qwen2.5-7B-Instruct": "options",
+    "agentaccel bench vllm": "bench",
     "agentaccel traces stats": "run",
     "agentaccel export-traces --out calls.jsonl": "run",
     "agentaccel import-traces calls.jsonl --db copy.db": "run",
@@ -181,7 +184,7 @@ def test_a_new_users_first_hour(machine):
                     assert 'agentaccel_mean_accepted_length{stage="sql"}' in out.stdout, out.stdout
                 if command.startswith("agentaccel bench agent"):  # the agent fixed its task, both times
                     assert "resolved 1/1 off, 1/1 on" in out.stdout, out.stdout
-            elif how == "options":
+            elif how in ("options", "bench"):
                 assert_clean(machine.run(f"{command} --help"), command)
     for command in NEEDS_TRACES:
         out = machine.run(command)

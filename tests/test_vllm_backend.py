@@ -16,6 +16,9 @@ pytest.importorskip("torch")
 
 from servers import free_port, wait_healthy  # noqa: E402
 
+from agentaccel.backends.vllm.proposer import STATS_INTERVAL  # noqa: E402
+
+MAX_MODEL_LEN = 1024
 PROMPTS = ["Write a SQL query counting users per country.", "List three colors.",
            "Write a Python function that reverses a string.", "Explain recursion in one sentence."]
 
@@ -32,7 +35,8 @@ def served(tmp_path_factory):
     proc = subprocess.Popen(
         [sys.executable, "-m", "agentaccel.cli.main", "serve", "--backend", "vllm", "--model", str(folder),
          "--served-model-name", "smol", "--port", str(port), "--db", str(db), "--",
-         "--dtype", "float32", "--enforce-eager", "--max-model-len", "4096",
+         "--dtype", "float32", "--enforce-eager", "--max-model-len", str(MAX_MODEL_LEN), "--enable-auto-tool-choice",
+         "--tool-call-parser", "hermes",
          "--speculative-config", '{"method": "suffix", "num_speculative_tokens": 16, '
                                  '"suffix_decoding_max_tree_depth": 64}'],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -64,6 +68,7 @@ def chat(url, prompt, stage, speculate=True, stream=False):
 
 
 def spec_metric(url, name, stage):
+    time.sleep(2 * STATS_INTERVAL)  # the plugin writes its statistics every STATS_INTERVAL seconds
     for line in httpx.get(url + "/metrics").text.splitlines():
         if line.startswith(f'{name}{{stage="{stage}"}}'):
             return float(line.split()[-1])
@@ -88,6 +93,134 @@ def test_stages_are_routed_to_their_own_trees(served):
     chat(url, PROMPTS[0], "stage-a")  # its own output is in stage-a's tree now
     assert spec_metric(url, "agentaccel_accepted_tokens_total", "stage-a") - before > 30
     assert spec_metric(url, "agentaccel_mean_accepted_length", "stage-a") > 1.5
+
+
+def post(url, body, stage, path="/v1/chat/completions"):
+    return httpx.post(url + path, json=body, headers={"x-agentaccel-stage": stage}, timeout=300)
+
+
+def plain_and_drafted(url, body, stage, path="/v1/chat/completions"):
+    """The same request without drafts, then twice with them (the second drafts from the first's
+    output, now in the stage tree): all three responses."""
+    plain = post(url, {**body, "vllm_xargs": {"speculate": False}}, stage, path)
+    return plain, post(url, body, stage, path), post(url, body, stage, path)
+
+
+def message(r):
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    return choice["message"].get("content"), choice["message"].get("tool_calls"), choice["finish_reason"]
+
+
+def test_stop_strings_and_stop_tokens_end_where_plain_decoding_does(served):
+    url, _ = served
+    from agentaccel.cli.common import open_tokenizer
+
+    base = {"model": "smol", "messages": [{"role": "user", "content": PROMPTS[2]}], "max_tokens": 64,
+            "temperature": 0}
+    text = message(post(url, {**base, "vllm_xargs": {"speculate": False}}, "stops"))[0]
+    post(url, base, "stops")  # the stage tree now holds this very output: drafts run long
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
+    results = [message(r) for r in plain_and_drafted(url, {**base, "stop": [stop]}, "stops")]
+    assert results[0] == results[1] == results[2]
+    assert stop not in results[0][0] and len(results[0][0]) < len(text) and results[0][2] == "stop"
+    token = open_tokenizer(None).encode(text)[12]
+    results = [message(r) for r in plain_and_drafted(url, {**base, "stop_token_ids": [token]}, "stops")]
+    assert results[0] == results[1] == results[2]
+    assert results[0][2] == "stop" and len(results[0][0]) < len(text)
+
+
+def test_max_tokens_and_max_model_len_are_never_overshot(served):
+    url, _ = served
+    base = {"model": "smol", "messages": [{"role": "user", "content": PROMPTS[0]}], "temperature": 0}
+    post(url, {**base, "max_tokens": 64}, "limits")  # learned: later drafts are long
+    for max_tokens in (1, 2, 3, 7, 20):
+        responses = plain_and_drafted(url, {**base, "max_tokens": max_tokens}, "limits")
+        assert len({message(r) for r in responses}) == 1
+        assert all(r.json()["usage"]["completion_tokens"] <= max_tokens for r in responses)
+    # A prompt 5 tokens short of max_model_len, repeating itself so the request tree drafts far:
+    # no draft may run past the model's length, and the output is plain decoding's.
+    from agentaccel.cli.common import open_tokenizer
+
+    unit = open_tokenizer(None).encode(" the table lists each user and the country of that user.")
+    prompt = (unit * (MAX_MODEL_LEN // len(unit) + 1))[: MAX_MODEL_LEN - 5]
+    responses = plain_and_drafted(url, {"model": "smol", "prompt": prompt, "temperature": 0}, "limits",
+                                  "/v1/completions")
+    for r in responses:
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] <= 5
+    assert len({r.json()["choices"][0]["text"] for r in responses}) == 1
+
+
+def test_json_and_tool_call_outputs_are_plain_decodings(served):
+    url, _ = served
+    json_body = {"model": "smol", "max_tokens": 48, "temperature": 0, "response_format": {"type": "json_object"},
+                 "messages": [{"role": "user", "content": "Give a JSON object with a user's name and age."}]}
+    results = [message(r) for r in plain_and_drafted(url, json_body, "json")]
+    assert results[0] == results[1] == results[2]
+    tool = {"type": "function", "function": {"name": "run_sql", "parameters": {
+        "type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}}
+    tool_body = {"model": "smol", "max_tokens": 48, "temperature": 0, "tools": [tool],
+                 "tool_choice": {"type": "function", "function": {"name": "run_sql"}},
+                 "messages": [{"role": "user", "content": "Count the users per country."}]}
+    results = [message(r) for r in plain_and_drafted(url, tool_body, "tools")]
+    assert results[0] == results[1] == results[2]  # content, tool calls and finish reason alike
+    content, calls, _ = results[0]
+    assert content or calls  # generated under the tool's JSON schema
+
+
+def test_n_and_logprobs_work_or_are_refused_clearly(served):
+    url, _ = served
+    base = {"model": "smol", "messages": [{"role": "user", "content": PROMPTS[1]}], "max_tokens": 24,
+            "temperature": 0}
+    for extra in ({"n": 2}, {"logprobs": True, "top_logprobs": 2}):
+        plain, first, drafted = plain_and_drafted(url, {**base, **extra}, "options")
+        for r in (first, drafted):
+            if r.status_code == 400:  # refused: an OpenAI-style error that says why
+                assert r.json()["error"]["message"]
+                continue
+            assert r.status_code == 200, r.text
+            assert [c["message"]["content"] for c in r.json()["choices"]] == \
+                   [c["message"]["content"] for c in plain.json()["choices"]]
+            if "logprobs" in extra:
+                got = [t["token"] for t in r.json()["choices"][0]["logprobs"]["content"]]
+                assert got == [t["token"] for t in plain.json()["choices"][0]["logprobs"]["content"]]
+
+
+def test_aborted_requests_leave_no_engine_entries(served):
+    url, _ = served
+    import threading
+
+    opened = threading.Barrier(5)
+    release = threading.Event()
+
+    def stream_then_disconnect(i):
+        body = {"model": "smol", "messages": [{"role": "user", "content": f"{PROMPTS[i % 4]} ({i})"}],
+                "max_tokens": 400, "temperature": 0, "stream": True, "ignore_eos": True}  # still running when cut
+        with httpx.Client(timeout=120) as client, client.stream(
+                "POST", url + "/v1/chat/completions", json=body, headers={"x-agentaccel-stage": "aborts"}) as r:
+            lines = r.iter_lines()
+            next(lines)
+            opened.wait(60)
+            for _ in lines:  # reading as a client does, until the connection closes mid-generation
+                if release.is_set():
+                    break
+
+    threads = [threading.Thread(target=stream_then_disconnect, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    opened.wait(60)
+    time.sleep(3 * STATS_INTERVAL)
+    live = httpx.get(url + "/health").json()["draft_requests"]
+    release.set()
+    for t in threads:
+        t.join(60)
+    assert live >= 1  # the engine held trees for the streams in flight
+    deadline = time.monotonic() + 60
+    while (h := httpx.get(url + "/health").json())["draft_requests"] != 0:
+        assert time.monotonic() < deadline, h
+        time.sleep(STATS_INTERVAL)
+    assert chat(url, PROMPTS[3], "after-aborts")
 
 
 def test_killed_vllm_is_restarted(served):

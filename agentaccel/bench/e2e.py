@@ -110,24 +110,33 @@ def _schema(tables: dict) -> str:
     return "\n".join(f"{name}({', '.join(cols.get(i, []))})" for i, name in enumerate(tables["table_names_original"]))
 
 
-def sql_pipeline(traces: Path, n: int, generate: Generate) -> None:
-    """The model runs every stage; each stage's prompt carries the previous stages' outputs."""
+def sql_questions(traces: Path, n: int) -> list[tuple[str, str]]:
+    """The first `n` Spider dev questions, each with its database schema."""
     dev = json.loads((traces / SPIDER_FILES[0]).read_text())
     schemas = {t["db_id"]: _schema(t) for t in json.loads((traces / SPIDER_FILES[1]).read_text())}
-    for q in dev[:n]:
-        schema, question = schemas[q["db_id"]], q["question"]
-        difficulty = generate([{"role": "user", "content": f"Classify the difficulty of this SQL question as EASY, "
-                                                           f"MEDIUM or HARD.\nQuestion: {question}"}], "classify")
-        link = generate([{"role": "user", "content": f"Database schema:\n{schema}\n\nQuestion: {question}\nList the "
-                                                     "tables and columns needed to answer it."}], "schema-link")
-        sql = generate([{"role": "user", "content": f"Database schema:\n{schema}\n\nQuestion: {question}\nDifficulty: "
-                                                    f"{difficulty}\nRelevant schema: {link}\nWrite the SQL query."}],
-                       "sql")
-        refined = generate([{"role": "user", "content": f"Database schema:\n{schema}\n\nQuestion: {question}\nDraft "
-                                                        f"SQL:\n{sql}\nFix any errors and write the corrected SQL."}],
-                           "refine")
-        generate([{"role": "user", "content": f"Question: {question}\nCandidate SQL:\n{refined}\nOutput only the "
-                                              "final SQL query."}], "final")
+    return [(schemas[q["db_id"]], q["question"]) for q in dev[:n]]
+
+
+def sql_question(schema: str, question: str, generate: Generate) -> None:
+    """The model runs every stage; each stage's prompt carries the previous stages' outputs."""
+    difficulty = generate([{"role": "user", "content": f"Classify the difficulty of this SQL question as EASY, "
+                                                       f"MEDIUM or HARD.\nQuestion: {question}"}], "classify")
+    link = generate([{"role": "user", "content": f"Database schema:\n{schema}\n\nQuestion: {question}\nList the "
+                                                 "tables and columns needed to answer it."}], "schema-link")
+    sql = generate([{"role": "user", "content": f"Database schema:\n{schema}\n\nQuestion: {question}\nDifficulty: "
+                                                f"{difficulty}\nRelevant schema: {link}\nWrite the SQL query."}],
+                   "sql")
+    refined = generate([{"role": "user", "content": f"Database schema:\n{schema}\n\nQuestion: {question}\nDraft "
+                                                    f"SQL:\n{sql}\nFix any errors and write the corrected SQL."}],
+                       "refine")
+    generate([{"role": "user", "content": f"Question: {question}\nCandidate SQL:\n{refined}\nOutput only the "
+                                          "final SQL query."}], "final")
+
+
+def sql_pipeline(traces: Path, n: int, generate: Generate) -> None:
+    """The pipeline over the first `n` questions, one after another."""
+    for schema, question in sql_questions(traces, n):
+        sql_question(schema, question, generate)
 
 
 def jsonl_recorder(file: TextIO) -> Record:

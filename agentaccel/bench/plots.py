@@ -86,3 +86,22 @@ def agent_llm_time(runs: list[dict], out: Path) -> Path:
     ax.set_ylabel("LLM time per instance (s)")
     ax.legend()
     return _save(fig, out, "agent_llm_time.png")
+
+
+def vllm_methods_plot(rows: list[dict], out: Path) -> Path:
+    """`bench vllm`: tokens/s per method for each workload and concurrency (bars), one PNG at `out`."""
+    rows = [r for r in rows if r["stage"] == "(all)"]
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    groups = list(dict.fromkeys((r["workload"], r["concurrency"]) for r in rows))
+    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(groups)), 4))
+    width = 0.8 / max(len(methods), 1)
+    x = np.arange(len(groups))
+    for i, method in enumerate(methods):
+        vals = [next((r["tokens_per_s"] for r in rows if r["method"] == method and (r["workload"], r["concurrency"])
+                      == g), 0) for g in groups]
+        ax.bar(x + i * width - 0.4 + width / 2, vals, width, label=method)
+    ax.set_xticks(x, [f"{w}\nconcurrency {c}" for w, c in groups])
+    ax.set_ylabel("output tokens / s")
+    ax.legend()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return _save(fig, out.parent, out.name)

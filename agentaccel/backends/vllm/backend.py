@@ -37,6 +37,31 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
+def launch_command(model: str, port: int, *, served_name: str, extra_args: list[str],
+                   speculative_config: dict | None = DEFAULT_SPECULATIVE_CONFIG,
+                   env: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment of a `vllm serve` child on 127.0.0.1:`port`. A
+    `--speculative-config` in `extra_args` wins over `speculative_config` (None: no speculation)."""
+    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+            "--host", "127.0.0.1", "--port", str(port), "--served-model-name", served_name]
+    flag = "--speculative-config"
+    spec = extra_args[extra_args.index(flag) + 1] if flag in extra_args[:-1] else None
+    if spec is None and speculative_config is not None:
+        spec = json.dumps(speculative_config)
+        argv += [flag, spec]
+    cpu = not _has_cuda()
+    if cpu and "--gpu-memory-utilization" not in extra_args:
+        # On CPU this flag is the share of the NUMA node's memory vLLM reserves; its 0.92
+        # default fails on a machine that also runs anything else.
+        argv += ["--gpu-memory-utilization", "0.3"]
+    env = {**os.environ, **(env or {})}
+    if spec and '"suffix"' in spec:  # vLLM runs the suffix method on its V1 model runner only: the plugin's
+        env.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
+    if cpu:
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB of KV cache; vLLM's CPU default is larger
+    return argv + list(extra_args), env
+
+
 class VLLMBackend(OpenAIBackend):
     name = "vllm"
 
@@ -50,28 +75,16 @@ class VLLMBackend(OpenAIBackend):
         self.served_name = served_name or model
         extra = list(extra_args or [])
         self.stats_path = Path(tempfile.mkdtemp(prefix="agentaccel-vllm-")) / "spec_stats.json"
-        argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-                "--host", "127.0.0.1", "--port", str(self.port), "--served-model-name", self.served_name]
-        if "--speculative-config" not in extra:
-            argv += ["--speculative-config", json.dumps(DEFAULT_SPECULATIVE_CONFIG)]
-        cpu = not _has_cuda()
-        if cpu and "--gpu-memory-utilization" not in extra:
-            # On CPU this flag is the share of the NUMA node's memory vLLM reserves; its 0.92
-            # default fails on a machine that also runs anything else.
-            argv += ["--gpu-memory-utilization", "0.3"]
-        env = {**os.environ, "AGENTACCEL_VLLM_STATS": str(self.stats_path), "AGENTACCEL_SEED": "1" if seed else "0",
-               "AGENTACCEL_MEMORY_BUDGET": str(memory_budget_bytes)}
-        if cpu:
-            env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB of KV cache; vLLM's CPU default is larger
-        if db_path is not None:
-            env["AGENTACCEL_DB"] = str(db_path)
-        else:
+        if db_path is None:
             from agentaccel.traces.store import default_db_path
 
-            env["AGENTACCEL_DB"] = str(default_db_path())
+            db_path = default_db_path()
+        ours = {"AGENTACCEL_VLLM_STATS": str(self.stats_path), "AGENTACCEL_SEED": "1" if seed else "0",
+                "AGENTACCEL_MEMORY_BUDGET": str(memory_budget_bytes), "AGENTACCEL_DB": str(db_path)}
         if spec_config is not None:
-            env["AGENTACCEL_SPEC_CONFIG"] = str(Path(spec_config).resolve())
-        self.supervisor = Supervisor(argv + extra, env, f"http://127.0.0.1:{self.port}/health",
+            ours["AGENTACCEL_SPEC_CONFIG"] = str(Path(spec_config).resolve())
+        argv, env = launch_command(model, self.port, served_name=self.served_name, extra_args=extra, env=ours)
+        self.supervisor = Supervisor(argv, env, f"http://127.0.0.1:{self.port}/health",
                                      start_timeout=start_timeout, echo=echo)
 
     async def start(self) -> None:
@@ -106,12 +119,20 @@ class VLLMBackend(OpenAIBackend):
 
     def health(self) -> dict:
         p = self.supervisor.process
+        drafter = self._drafter_stats()
         return {"backend": self.name, "model": self.served_name, "state": self.supervisor.state,
-                "pid": p.pid if p else None, "restarts": self.supervisor.restarts}
+                "pid": p.pid if p else None, "restarts": self.supervisor.restarts,
+                # requests the plugin holds a tree for, and outputs waiting to join their stage trees
+                "draft_requests": drafter.get("requests"), "pending_outputs": drafter.get("pending_outputs")}
+
+    def _drafter_stats(self) -> dict:
+        """What the plugin last wrote (every STATS_INTERVAL seconds); {} before its first write."""
+        try:
+            data = json.loads(self.stats_path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
 
     def stage_stats(self) -> dict[str, dict[str, int]]:
         """Cumulative draft statistics per stage since the child started, from the plugin."""
-        try:
-            return json.loads(self.stats_path.read_text())
-        except (OSError, ValueError):
-            return {}
+        return self._drafter_stats().get("stages", {})

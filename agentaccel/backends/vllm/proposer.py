@@ -7,12 +7,16 @@ Read once at start: vLLM's speculative config (`num_speculative_tokens` caps a d
 * `AGENTACCEL_DB` + `AGENTACCEL_SEED=1`: seed the stage trees from the trace store;
 * `AGENTACCEL_SPEC_CONFIG`: per-stage drafting settings (JSON, see engine.stage_config);
 * `AGENTACCEL_MEMORY_BUDGET`: bytes for the global trees;
-* `AGENTACCEL_VLLM_STATS`: a JSON file where per-stage draft statistics are written (the proxy's
-  /metrics reads it).
+* `AGENTACCEL_VLLM_STATS`: a JSON file where a thread writes per-stage draft statistics every
+  STATS_INTERVAL seconds (the proxy's /metrics reads it);
+* `AGENTACCEL_DRAFT_THREADS`: drafting threads (see `_draft_threads`).
+
+Each step drafts for the whole batch in one native call (`engine.batch.BatchDrafter`).
 
 Each request's stage comes from `SamplingParams.extra_args["stage"]` (the proxy sends it as
 `vllm_xargs.stage`); `extra_args["speculate"] = false` makes one request a baseline inside the
-same server: no drafts, and its output is not learned from. vLLM verifies a chain of draft tokens, so drafts are linear.
+same server: no drafts, and its output is not learned from. vLLM verifies a chain of draft
+tokens, so drafts are linear.
 """
 
 from __future__ import annotations
@@ -20,37 +24,65 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
+import time
 from pathlib import Path
 
 from agentaccel.engine import SpecConfig, SuffixEngine
+from agentaccel.engine.batch import BatchDrafter
 from agentaccel.engine.stage_config import load_stage_specs
 
 log = logging.getLogger("agentaccel.vllm")
 
-# req_id -> (stage, speculate?), filled as the worker's input batch admits requests (see _capture_stages).
-_REQUESTS: dict[str, tuple[str, bool]] = {}
+STATS_INTERVAL = 0.5  # seconds between writes of the statistics file
+
+# The drafter of this process's proposer: the input batch hook announces requests to it.
+_DRAFTER: BatchDrafter | None = None
 
 
 def _capture_stages() -> None:
-    """Remembers each request's stage when vLLM adds it to the input batch: the proposer only
-    sees the batch, and the batch keeps no sampling params."""
+    """Tells the drafter each request's stage when vLLM adds the request to the input batch (the
+    proposer only sees the batch, and the batch keeps no sampling params), and when it removes
+    one (finished, aborted or preempted: its tree is freed even if no step follows). compat.py
+    lists both, and what else the plugin relies on."""
     from vllm.v1.worker.gpu_input_batch import InputBatch
 
     if getattr(InputBatch.add_request, "_agentaccel", False):
         return
-    original = InputBatch.add_request
+    original, original_remove = InputBatch.add_request, InputBatch.remove_request
 
     def add_request(self, request):
-        params = getattr(request, "sampling_params", None)
-        extra = getattr(params, "extra_args", None) or {}
-        stage = extra.get("stage")
-        _REQUESTS[request.req_id] = (stage if isinstance(stage, str) and stage else "default",
-                                     extra.get("speculate", True) not in (False, 0, "0", "false"))
+        if _DRAFTER is not None:
+            params = getattr(request, "sampling_params", None)
+            extra = getattr(params, "extra_args", None) or {}
+            stage = extra.get("stage")
+            speculate = extra.get("speculate", True) not in (False, 0, "0", "false")
+            try:
+                _DRAFTER.admit(request.req_id, stage if isinstance(stage, str) and stage else "default", speculate)
+            except ValueError:  # a stage name the engine cannot keep: the request still runs, untagged
+                _DRAFTER.admit(request.req_id, "default", speculate)
         return original(self, request)
+
+    def remove_request(self, req_id):
+        if _DRAFTER is not None:
+            _DRAFTER.release(req_id)
+        return original_remove(self, req_id)
 
     add_request._agentaccel = True
     InputBatch.add_request = add_request
+    InputBatch.remove_request = remove_request
 
+
+def _draft_threads() -> int:
+    """`AGENTACCEL_DRAFT_THREADS`, else one on CPU (vLLM's worker already runs on every core),
+    else a quarter of the cores up to 4 (a GPU host's cores are idle while the proposer runs)."""
+    if os.environ.get("AGENTACCEL_DRAFT_THREADS"):
+        return max(1, int(os.environ["AGENTACCEL_DRAFT_THREADS"]))
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        return 1
+    return max(1, min(4, (os.cpu_count() or 1) // 4))
 
 def _tokenizer_file(spec: str) -> str:
     """A local folder as it is; a hub model name -> the tokenizer.json vLLM already has in the HF
@@ -67,6 +99,11 @@ def _tokenizer_file(spec: str) -> str:
 
 class AgentaccelProposer:
     def __init__(self, vllm_config) -> None:
+        global _DRAFTER
+        from agentaccel.backends.vllm import compat
+
+        for problem in compat.problems():
+            log.warning("agentaccel: this vLLM differs from what the plugin expects: %s", problem)
         config = vllm_config.speculative_config
         self.num_speculative_tokens = config.num_speculative_tokens
         self.max_model_len = vllm_config.model_config.max_model_len
@@ -76,13 +113,15 @@ class AgentaccelProposer:
         if os.environ.get("AGENTACCEL_SPEC_CONFIG"):
             self.spec, self.stage_specs = load_stage_specs(os.environ["AGENTACCEL_SPEC_CONFIG"], base)
         budget = int(os.environ.get("AGENTACCEL_MEMORY_BUDGET", "0"))
-        self.engine = SuffixEngine(max_depth=config.suffix_decoding_max_tree_depth, memory_budget_bytes=budget)
-        self.stats_path = os.environ.get("AGENTACCEL_VLLM_STATS")
-        self.stats: dict[str, dict[str, int]] = {}
-        self._last_draft: dict[str, int] = {}  # req_id -> length of its pending draft
+        self.engine = SuffixEngine(max_depth=config.suffix_decoding_max_tree_depth, memory_budget_bytes=budget,
+                                   config=self.spec)
+        self.drafter = _DRAFTER = BatchDrafter(self.engine, self.spec, self.stage_specs,
+                                               max_tokens=self.num_speculative_tokens, threads=_draft_threads())
         _capture_stages()
         if os.environ.get("AGENTACCEL_SEED") == "1" and os.environ.get("AGENTACCEL_DB"):
             self._seed(vllm_config)
+        if os.environ.get("AGENTACCEL_VLLM_STATS"):
+            StatsWriter(self.drafter, Path(os.environ["AGENTACCEL_VLLM_STATS"])).start()
 
     def _seed(self, vllm_config) -> None:
         from agentaccel.engine.seeding import seed_from_store
@@ -99,54 +138,31 @@ class AgentaccelProposer:
         log.info("agentaccel: seeded %d outputs (%d tokens, %d stages)", report.calls, report.tokens, report.stages)
 
     def propose(self, num_speculative_tokens, input_batch, sampled_token_ids, slot_mappings=None) -> list[list[int]]:
-        drafts: list[list[int]] = []
-        for i, sampled in enumerate(sampled_token_ids):
-            if not sampled:  # a partial prefill
-                drafts.append([])
-                continue
-            req_id = input_batch.req_ids[i]
-            num_tokens = int(input_batch.num_tokens_no_spec[i])
-            stage, speculate = _REQUESTS.get(req_id, ("default", True))
-            if not self.engine.has_request(req_id):
-                # Everything before this step's tokens: the prompt, and after a preemption also what
-                # the request generated before it (vLLM re-adds preempted requests as new ones).
-                context = input_batch.token_ids_cpu[i, : num_tokens - len(sampled)]
-                self.engine.start_request(req_id, context, stage=stage)
-            self.engine.extend(req_id, list(sampled))
-            if speculate:
-                self._count(stage, req_id, len(sampled))
-            budget = min(num_speculative_tokens, self.num_speculative_tokens, self.max_model_len - num_tokens - 1)
-            tokens: list[int] = []
-            if budget > 0 and speculate:
-                tokens = list(self.engine.speculate(req_id, budget, self.stage_specs.get(stage, self.spec)).token_ids)
-            self._last_draft[req_id] = len(tokens)
-            drafts.append(tokens)
-        live = set(input_batch.req_id_to_index)
-        for req_id in [r for r in self._last_draft if r not in live]:  # finished (or preempted) requests
-            self._last_draft.pop(req_id)
-            _, speculated = _REQUESTS.pop(req_id, ("default", True))
-            if self.engine.has_request(req_id):  # its output joins its stage tree (baseline requests' do not)
-                self.engine.finish_request(req_id, keep_output=speculated)
-        self._write_stats()
-        return drafts
-
-    def _count(self, stage: str, req_id: str, produced: int) -> None:
-        s = self.stats.setdefault(stage, {"steps": 0, "drafted": 0, "accepted": 0, "tokens": 0})
-        s["tokens"] += produced
-        pending = self._last_draft.get(req_id)
-        if pending is not None:  # this step verified the draft proposed last time
-            s["steps"] += 1
-            s["drafted"] += pending
-            s["accepted"] += min(pending, produced - 1)
-
-    def _write_stats(self) -> None:
-        """Rewritten every step (a few dozen bytes): the proxy reads it whenever /metrics is scraped."""
-        if not self.stats_path:
-            return
-        path = Path(self.stats_path)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.stats))
-        tmp.replace(path)
+        return self.drafter.step(input_batch.req_ids, input_batch.token_ids_cpu, input_batch.num_tokens_no_spec,
+                                 sampled_token_ids, min(num_speculative_tokens, self.num_speculative_tokens),
+                                 self.max_model_len)
 
     def load_model(self, *args, **kwargs) -> None:
         """No draft model to load."""
+
+
+class StatsWriter(threading.Thread):
+    """Writes the drafter's per-stage statistics and its live request count to a JSON file (the
+    proxy's /metrics and /health read it)
+    every `interval` seconds when they changed: off the step's path, no file write per step."""
+
+    def __init__(self, drafter: BatchDrafter, path: Path, interval: float = STATS_INTERVAL) -> None:
+        super().__init__(name="agentaccel-stats", daemon=True)
+        self.drafter, self.path, self.interval = drafter, path, interval
+
+    def run(self) -> None:
+        last = None
+        while True:
+            time.sleep(self.interval)
+            stats = {"stages": self.drafter.stats(), "requests": self.drafter.tracked,
+                     "pending_outputs": self.drafter.pending_outputs}
+            if stats != last:
+                tmp = self.path.with_suffix(".tmp")
+                tmp.write_text(json.dumps(stats))
+                tmp.replace(self.path)
+                last = stats

@@ -1,0 +1,78 @@
+"""Everything of vLLM's that the plugin and the proposer rely on, checked against the installed
+vLLM: names it patches or reads, with the parameters it calls them with. `problems()` lists
+what no longer matches (empty: compatible); the plugin logs them at start and a test fails on
+them, so a vLLM upgrade breaks loudly in CI, not at serve time."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+
+# (module, attribute path, parameters the callable must take in this order, or None: must exist)
+CALLABLES: list[tuple[str, str, tuple[str, ...] | None]] = [
+    # plugin.register replaces it here and in the runner's own namespace
+    ("vllm.v1.spec_decode.suffix_decoding", "SuffixDecodingProposer", None),
+    ("vllm.v1.spec_decode.suffix_decoding", "SuffixDecodingProposer.__init__", ("self", "vllm_config")),
+    ("vllm.v1.spec_decode.suffix_decoding", "SuffixDecodingProposer.propose",
+     ("self", "num_speculative_tokens", "input_batch", "sampled_token_ids", "slot_mappings")),
+    ("vllm.v1.worker.gpu_model_runner", "SuffixDecodingProposer", None),
+    ("vllm.config.speculative", "has_arctic_inference", ()),  # satisfied by the plugin
+    # proposer._capture_stages wraps these to learn stages and free finished requests
+    ("vllm.v1.worker.gpu_input_batch", "InputBatch.add_request", ("self", "request")),
+    ("vllm.v1.worker.gpu_input_batch", "InputBatch.remove_request", ("self", "req_id")),
+    ("vllm.v1.worker.gpu_input_batch", "InputBatch.req_ids", None),
+]
+# Read by the proposer: InputBatch's arrays (set in __init__) and the configs' fields.
+INPUT_BATCH_ARRAYS = ("token_ids_cpu", "num_tokens_no_spec", "req_id_to_index")
+CONFIG_FIELDS = {
+    "vllm.config.speculative.SpeculativeConfig": ("num_speculative_tokens", "suffix_decoding_max_tree_depth",
+                                                  "suffix_decoding_max_spec_factor",
+                                                  "suffix_decoding_min_token_prob"),
+    "vllm.sampling_params.SamplingParams": ("extra_args",),
+    "vllm.v1.worker.gpu_input_batch.CachedRequestState": ("req_id", "sampling_params"),
+}
+
+
+def _resolve(module: str, path: str):
+    obj = importlib.import_module(module)
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _fields(cls) -> set[str]:
+    names = set(getattr(cls, "__dataclass_fields__", {})) | set(getattr(cls, "model_fields", {}))
+    names |= set(getattr(cls, "__struct_fields__", ()))  # msgspec structs (SamplingParams)
+    return names | set(getattr(cls, "__annotations__", {}))
+
+
+def problems() -> list[str]:
+    """What of the above the installed vLLM lacks or has changed, one line each."""
+    out = []
+    for module, path, params in CALLABLES:
+        try:
+            obj = _resolve(module, path)
+        except (ImportError, AttributeError) as e:
+            out.append(f"{module}.{path}: missing ({e})")
+            continue
+        if params is not None:
+            target = obj.fget if isinstance(obj, property) else obj
+            have = tuple(inspect.signature(target).parameters)
+            if have[: len(params)] != params:
+                out.append(f"{module}.{path}: parameters are {have}, the plugin expects {params}")
+    try:
+        source = inspect.getsource(_resolve("vllm.v1.worker.gpu_input_batch", "InputBatch.__init__"))
+        out += [f"InputBatch.__init__ no longer sets self.{name}" for name in INPUT_BATCH_ARRAYS
+                if f"self.{name} " not in source and f"self.{name}:" not in source]
+    except (ImportError, AttributeError, OSError) as e:
+        out.append(f"InputBatch.__init__: cannot be read ({e})")
+    for dotted, names in CONFIG_FIELDS.items():
+        module, _, cls_name = dotted.rpartition(".")
+        try:
+            cls = _resolve(module, cls_name)
+        except (ImportError, AttributeError) as e:
+            out.append(f"{dotted}: missing ({e})")
+            continue
+        fields = _fields(cls)
+        out += [f"{dotted}.{name}: missing" for name in names if name not in fields]
+    return out

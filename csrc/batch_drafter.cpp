@@ -1,0 +1,211 @@
+#include "batch_drafter.h"
+
+#include <algorithm>
+#include <exception>
+#include <utility>
+
+#include "errors.h"
+
+namespace agentaccel {
+
+namespace {
+// Below this many drafts a step, waking the pool costs more than it saves.
+constexpr size_t kMinParallelJobs = 16;
+// Every change of a stage tree makes each live request of that stage re-match its last
+// max_depth tokens at its next draft. With many live requests, finished outputs are therefore
+// added together at most every kFlushEvery steps; with few, at once.
+constexpr uint64_t kFlushEvery = 16;
+constexpr size_t kFewLive = 16;
+}  // namespace
+
+BatchDrafter::BatchDrafter(Engine& engine, const SpecParams& defaults, int threads)
+    : engine_(engine), defaults_(defaults) {
+  if (threads < 1) throw InvalidInput("threads must be at least 1");
+  for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+}
+
+BatchDrafter::~BatchDrafter() {
+  {
+    std::lock_guard lock(pool_mu_);
+    stopping_ = true;
+  }
+  pool_cv_.notify_all();
+  for (auto& w : workers_) w.join();
+}
+
+void BatchDrafter::set_stage_params(const std::string& stage, const SpecParams& params) {
+  std::lock_guard lock(admit_mu_);
+  stage_params_[stage] = params;
+  for (auto& [rid, e] : entries_)
+    if (e.stage == stage) e.params = &stage_params_[stage];
+}
+
+void BatchDrafter::admit(const std::string& rid, const std::string& stage, bool speculate) {
+  if (stage.empty()) throw InvalidInput("stage must be a non-empty string");
+  std::lock_guard lock(admit_mu_);
+  Entry& e = entries_[rid];
+  if (e.started) return;  // re-admitted while live (vLLM re-adds a request it moved): keep its state
+  e.stage = stage;
+  e.speculate = speculate;
+  e.seen = step_no_;  // the next step must list it, or it is dropped (aborted before its first step)
+}
+
+size_t BatchDrafter::tracked() const {
+  std::lock_guard lock(admit_mu_);
+  return entries_.size();
+}
+
+size_t BatchDrafter::pending_outputs() const {
+  std::lock_guard lock(admit_mu_);
+  return pending_.size();
+}
+
+std::map<std::string, StageCounters> BatchDrafter::counters() const {
+  std::lock_guard lock(counters_mu_);
+  return counters_;
+}
+
+std::vector<std::vector<uint32_t>> BatchDrafter::step(const BatchStep& s) {
+  const auto& rids = *s.rids;
+  const size_t n = rids.size();
+  std::vector<std::vector<uint32_t>> out(n);
+  std::lock_guard lock(admit_mu_);
+  ++step_no_;
+  jobs_.clear();
+  {
+    std::lock_guard clock(counters_mu_);
+    for (size_t i = 0; i < n; ++i) {
+      const std::string& rid = rids[i];
+      if (rid.empty()) continue;
+      Entry& e = entries_[rid];  // never admitted (no stage known): the defaults
+      e.seen = step_no_;
+      if (e.stage.empty()) e.stage = "default";
+      const int64_t lo = s.sampled_offsets[i], hi = s.sampled_offsets[i + 1];
+      if (hi <= lo || !e.speculate) continue;  // a partial prefill, or a baseline request
+      const int32_t num_tokens = s.num_tokens[i];
+      if (num_tokens < hi - lo || size_t(num_tokens) > s.stride)
+        throw InvalidInput("request " + rid + ": num_tokens out of range");
+      if (!e.started) {
+        // Everything before this step's tokens: the prompt, and after a preemption also what the
+        // request generated before it (vLLM re-adds preempted requests as new ones).
+        const int32_t* row = s.rows + i * s.stride;
+        static_assert(sizeof(int32_t) == sizeof(uint32_t));
+        e.prompt_len = size_t(num_tokens - (hi - lo));
+        engine_.start_request(rid, reinterpret_cast<const uint32_t*>(row), e.prompt_len, e.stage);
+        e.started = true;
+      }
+      if (!e.params) {
+        auto it = stage_params_.find(e.stage);
+        e.params = it == stage_params_.end() ? &defaults_ : &it->second;
+      }
+      if (!e.counters) e.counters = &counters_[e.stage];
+      engine_.extend(rid, reinterpret_cast<const uint32_t*>(s.sampled + lo), size_t(hi - lo));
+      StageCounters& c = *e.counters;
+      c.tokens += uint64_t(hi - lo);
+      if (e.last_draft >= 0) {  // this step verified the draft proposed last time
+        c.steps += 1;
+        c.drafted += uint64_t(e.last_draft);
+        c.accepted += uint64_t(std::min<int64_t>(e.last_draft, hi - lo - 1));
+      }
+      const int budget = std::min<int64_t>(s.max_tokens, int64_t(s.max_model_len) - num_tokens - 1);
+      e.last_draft = 0;
+      if (budget > 0) jobs_.push_back({i, &rid, &e, budget});
+    }
+  }
+
+  out_ = &out;
+  next_job_ = 0;
+  if (workers_.empty() || jobs_.size() < kMinParallelJobs) {
+    draft_range(out);
+  } else {
+    {
+      std::lock_guard plock(pool_mu_);
+      ++generation_;
+      busy_ = workers_.size();
+    }
+    pool_cv_.notify_all();
+    try {
+      draft_range(out);
+    } catch (...) {
+      std::lock_guard plock(pool_mu_);
+      if (!error_) error_ = std::current_exception();
+    }
+    std::unique_lock plock(pool_mu_);
+    done_cv_.wait(plock, [&] { return busy_ == 0; });
+    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+  }
+  for (const Job& j : jobs_) j.entry->last_draft = int32_t(out[j.index].size());
+
+  // Requests that left the batch (finished, aborted or preempted) give their trees back; a
+  // drafted request's output joins its stage tree.
+  size_t live = 0;
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    Entry& e = it->second;
+    if (e.seen == step_no_) {
+      live += e.started;
+      ++it;
+      continue;
+    }
+    retire(it->first, e);
+    it = entries_.erase(it);
+  }
+  if (!pending_.empty() && (live < kFewLive || step_no_ - last_flush_ >= kFlushEvery)) flush();
+  return out;
+}
+
+void BatchDrafter::release(const std::string& rid) {
+  std::lock_guard lock(admit_mu_);
+  auto it = entries_.find(rid);
+  if (it == entries_.end()) return;
+  retire(it->first, it->second);
+  entries_.erase(it);
+  if (!pending_.empty() && entries_.size() < kFewLive) flush();  // few requests to re-match: learn at once
+}
+
+void BatchDrafter::retire(const std::string& rid, const Entry& e) {
+  if (!e.started || !engine_.has_request(rid)) return;
+  std::vector<uint32_t> tokens = engine_.request_tokens(rid);
+  if (tokens.size() > e.prompt_len)
+    pending_.push_back({e.stage, std::vector<uint32_t>(tokens.begin() + e.prompt_len, tokens.end())});
+  engine_.finish_request(rid, /*keep_output=*/false);
+}
+
+void BatchDrafter::flush() {
+  for (const auto& [stage, tokens] : pending_) engine_.add_document(stage, tokens.data(), tokens.size());
+  pending_.clear();
+  last_flush_ = step_no_;
+}
+
+void BatchDrafter::draft_range(std::vector<std::vector<uint32_t>>& out) {
+  for (size_t k = next_job_.fetch_add(1); k < jobs_.size(); k = next_job_.fetch_add(1)) {
+    const Job& j = jobs_[k];
+    SpecParams params = *j.entry->params;
+    params.max_tokens = std::min(params.max_tokens, j.budget);
+    out[j.index] = std::move(engine_.speculate(*j.rid, params).tokens);
+  }
+}
+
+void BatchDrafter::worker_loop() {
+  uint64_t seen = 0;
+  for (;;) {
+    {
+      std::unique_lock lock(pool_mu_);
+      pool_cv_.wait(lock, [&] { return stopping_ || generation_ != seen; });
+      if (stopping_) return;
+      seen = generation_;
+    }
+    try {
+      draft_range(*out_);
+    } catch (...) {
+      std::lock_guard lock(pool_mu_);
+      if (!error_) error_ = std::current_exception();  // the caller rethrows it
+    }
+    {
+      std::lock_guard lock(pool_mu_);
+      --busy_;
+    }
+    done_cv_.notify_one();
+  }
+}
+
+}  // namespace agentaccel

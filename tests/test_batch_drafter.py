@@ -1,0 +1,172 @@
+"""BatchDrafter: one native call per inference step drafts exactly what per-request engine calls
+draft, starts and finishes requests as they enter and leave the batch, and counts per stage."""
+
+import numpy as np
+import pytest
+
+from agentaccel.engine import SpecConfig, SuffixEngine
+from agentaccel.engine.batch import BatchDrafter
+
+SPEC = SpecConfig(tree=False, alpha=1.0, min_prob=0.1, cost=0.02)
+MAX_LEN = 512
+
+
+def corpus(seed=0, n=6, length=120):
+    rng = np.random.default_rng(seed)
+    phrases = [rng.integers(10, 200, size=12) for _ in range(5)]
+    return [np.concatenate([phrases[i] for i in rng.integers(0, 5, size=length // 12)]) for _ in range(n)]
+
+
+class Batch:
+    """InputBatch's layout: token rows, valid lengths, and each request's continuation to sample from."""
+
+    def __init__(self, docs, prompt_len=40):
+        self.rows = np.zeros((len(docs), MAX_LEN), dtype=np.int32)
+        self.num_tokens = np.zeros(len(docs), dtype=np.int32)
+        self.rest = []
+        for i, d in enumerate(docs):
+            self.rows[i, :prompt_len] = d[:prompt_len]
+            self.num_tokens[i] = prompt_len
+            self.rest.append(list(d[prompt_len:]))
+
+    def sample(self, drafts):
+        """Accepts each draft's matching prefix plus one token, as the model would."""
+        sampled = []
+        for i, draft in enumerate(drafts):
+            rest = self.rest[i]
+            k = 0
+            while k < len(draft) and k < len(rest) and draft[k] == rest[k]:
+                k += 1
+            take = rest[: min(k + 1, len(rest))]
+            del rest[: len(take)]
+            n = self.num_tokens[i]
+            self.rows[i, n : n + len(take)] = take
+            self.num_tokens[i] = n + len(take)
+            sampled.append([int(t) for t in take])
+        return sampled
+
+
+def seeded_engine():
+    eng = SuffixEngine(max_depth=32, config=SPEC)
+    for doc in corpus(seed=1):
+        eng.add_document(doc, stage="s")
+    return eng
+
+
+def loop_step(eng, live, req_ids, rows, num_tokens, sampled, max_tokens):
+    """Per-request engine calls, as the proposer did before BatchDrafter."""
+    drafts = []
+    for i, tokens in enumerate(sampled):
+        if not tokens:
+            drafts.append([])
+            continue
+        rid, n = req_ids[i], int(num_tokens[i])
+        if not eng.has_request(rid):
+            eng.start_request(rid, rows[i, : n - len(tokens)].astype(np.uint32), stage="s")
+            live.add(rid)
+        eng.extend(rid, tokens)
+        budget = min(max_tokens, MAX_LEN - n - 1)
+        drafts.append(list(eng.speculate(rid, budget, SPEC).token_ids) if budget > 0 else [])
+    for rid in [r for r in live if r not in req_ids]:
+        live.discard(rid)
+        eng.finish_request(rid, keep_output=True)
+    return drafts
+
+
+def test_batch_drafts_equal_per_request_calls_and_finished_outputs_are_learned():
+    docs = corpus(seed=2, n=4)
+    a, b = seeded_engine(), seeded_engine()
+    drafter = BatchDrafter(a, SPEC, max_tokens=16)
+    ids = [f"r{i}" for i in range(len(docs))]
+    for rid in ids:
+        drafter.admit(rid, "s")
+    ba, bb = Batch(docs), Batch(docs)
+    live = set()
+    drafts_a = drafts_b = [[] for _ in docs]
+    produced = 0
+    for _ in range(30):
+        sa, sb = ba.sample(drafts_a), bb.sample(drafts_b)
+        assert sa == sb
+        produced += sum(map(len, sa))
+        drafts_a = drafter.step(ids, ba.rows, ba.num_tokens, sa, 16, MAX_LEN)
+        drafts_b = loop_step(b, live, ids, bb.rows, bb.num_tokens, sb, 16)
+        assert drafts_a == drafts_b
+    assert sum(map(len, drafts_a)) > 0
+    assert a.stats()["requests"] == len(docs) and drafter.tracked == len(docs)
+    stats = drafter.stats()["s"]
+    assert stats["tokens"] == produced
+    assert 0 < stats["accepted"] <= stats["drafted"]
+    # every request leaves the batch: its tree is freed and its output joins stage "s"
+    docs_before = a.stats()["stages"]["s"]["documents"]
+    drafter.step([], ba.rows, ba.num_tokens, [], 16, MAX_LEN)
+    assert a.stats()["requests"] == 0 and drafter.tracked == 0
+    assert a.stats()["stages"]["s"]["documents"] == docs_before + len(docs)
+
+
+def test_partial_prefills_baselines_and_aborted_admissions():
+    eng = seeded_engine()
+    drafter = BatchDrafter(eng, SPEC, max_tokens=16)
+    docs = corpus(seed=3, n=3)
+    batch = Batch(docs)
+    drafter.admit("base", "s", speculate=False)
+    drafter.admit("gone", "s")  # aborted before its first step: never listed
+    sampled = batch.sample([[], [], []])
+    drafts = drafter.step(["base", "drafted", "prefill"], batch.rows, batch.num_tokens,
+                          [sampled[0], sampled[1], []], 16, MAX_LEN)
+    assert drafts[0] == [] and drafts[2] == []
+    assert not eng.has_request("base") and not eng.has_request("prefill") and eng.has_request("drafted")
+    assert drafter.tracked == 3  # "gone" was dropped: not listed in the step after its admission
+    documents = eng.stats()["documents"]
+    drafter.release("drafted")  # vLLM removed it from the batch: freed and learned before any further step
+    assert not eng.has_request("drafted") and drafter.tracked == 2
+    assert eng.stats()["documents"] == documents + 1
+    drafter.release("never-seen")  # nothing to do
+    drafter.step([], batch.rows, batch.num_tokens, [], 16, MAX_LEN)
+    assert drafter.tracked == 0 and eng.stats()["requests"] == 0
+    assert eng.stats()["documents"] == documents + 1  # the drafted request's output, not the baseline's
+    assert "default" in drafter.stats()  # a request never admitted is counted under "default"
+
+
+def test_threads_draft_the_same_and_many_live_requests_defer_learning():
+    docs = corpus(seed=4, n=24)
+    ids = [f"q{i}" for i in range(len(docs))]
+    results = []
+    for threads in (1, 3):
+        eng = seeded_engine()
+        drafter = BatchDrafter(eng, SPEC, max_tokens=16, threads=threads)
+        batch = Batch(docs)
+        drafts = [[] for _ in docs]
+        out = []
+        for _ in range(8):
+            drafts = drafter.step(ids, batch.rows, batch.num_tokens, batch.sample(drafts), 16, MAX_LEN)
+            out.append(drafts)
+        results.append(out)
+        # one request leaves while 23 stay: its output waits (fewer tree changes), then joins
+        documents = eng.stats()["documents"]
+        drafter.step(ids[1:], batch.rows[1:], batch.num_tokens[1:], batch.sample(drafts)[1:], 16, MAX_LEN)
+        assert drafter.pending_outputs == 1 and eng.stats()["documents"] == documents
+        for _ in range(16):
+            drafter.step(ids[1:], batch.rows[1:], batch.num_tokens[1:], [[7]] * 23, 16, MAX_LEN)
+        assert drafter.pending_outputs == 0 and eng.stats()["documents"] == documents + 1
+    assert results[0] == results[1]
+
+
+def test_drafts_never_run_past_max_model_len_and_bad_input_is_refused():
+    eng = seeded_engine()
+    drafter = BatchDrafter(eng, SPEC, max_tokens=16)
+    doc = corpus(seed=5, n=1)[0]
+    rows = np.zeros((1, 64), dtype=np.int32)
+    rows[0, :60] = doc[:60]
+    num = np.array([60], dtype=np.int32)
+    for max_len in (61, 62, 64):
+        drafter_ = BatchDrafter(seeded_engine(), SPEC, max_tokens=16)
+        draft = drafter_.step(["x"], rows, num, [[int(doc[59])]], 16, max_len)[0]
+        assert len(draft) <= max(0, max_len - 60 - 1)
+    with pytest.raises(ValueError, match="num_tokens"):
+        drafter.step(["y"], rows, np.array([65], dtype=np.int32), [[1]], 16, 64)
+    with pytest.raises(ValueError, match="a row for every"):
+        drafter.step(["y"], rows, num, [[1], [2]], 16, 64)
+    with pytest.raises(ValueError, match="threads"):
+        BatchDrafter(eng, SPEC, threads=0)
+    with pytest.raises(ValueError, match="stage"):
+        drafter.admit("z", "")
