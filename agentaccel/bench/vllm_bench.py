@@ -228,11 +228,11 @@ def arctic_inference_path(cache: Path, echo: Callable[[str], None]) -> tuple[Pat
     except ImportError:
         pass
     target = cache / ARCTIC.replace("==", "-")
-    if (target / "arctic_inference" / "suffix_decoding").is_dir():
+    if any((target / "arctic_inference" / "suffix_decoding").glob("_C*.so")):  # built, not a failed attempt
         return target, ""
     echo(f"installing {ARCTIC} into {target} (once; builds its CPU suffix-tree extension, ~20 s)")
     proc = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                           "--target", str(target), ARCTIC], capture_output=True, text=True)
+                           "--upgrade", "--target", str(target), ARCTIC], capture_output=True, text=True)
     if proc.returncode != 0:
         return None, f"pip install {ARCTIC} failed: " + (proc.stderr.strip().splitlines() or ["?"])[-1]
     return target, ""

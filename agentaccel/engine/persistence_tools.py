@@ -35,7 +35,7 @@ def _checksum(payload: bytes) -> int:
 
 def forge_links(data: bytes, links: dict[int, int]) -> bytes:
     """Sets suffix links of the first stage's states ({state: link}) and re-signs the file."""
-    payload = bytearray(data[HEADER:])
+    payload = data[HEADER:]
     # payload: i32 depth, u64 budget, f64 slack, u64 next id, u64 evicted, u32 stages, u32 name len
     off = 4 + 8 + 8 + 8 + 8 + 4
     (name_len,) = struct.unpack_from("<I", payload, off)
@@ -43,11 +43,8 @@ def forge_links(data: bytes, links: dict[int, int]) -> bytes:
     off += 8  # states array length
     off += -off % 8  # arrays start 8-aligned within the payload
     state_size = 24
-    for state, link in links.items():
-        struct.pack_into("<i", payload, off + state_size * state + 4, link)  # State: len/degree, then link
-    header = bytearray(data[:HEADER])
-    struct.pack_into("<Q", header, 24, _checksum(bytes(payload)))
-    return bytes(header) + bytes(payload)
+    # State: len/degree, then link (written as the same 32 bits unsigned)
+    return forge_words(data, {off + state_size * state + 4: link & 0xFFFFFFFF for state, link in links.items()})
 
 
 def forge_words(data: bytes, words: dict[int, int]) -> bytes:
