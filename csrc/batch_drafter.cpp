@@ -98,7 +98,11 @@ std::vector<std::vector<uint32_t>> BatchDrafter::step(const BatchStep& s) {
         auto it = stage_params_.find(e.stage);
         e.params = it == stage_params_.end() ? &defaults_ : &it->second;
       }
-      if (!e.counters) e.counters = &counters_[e.stage];
+      if (!e.counters) {  // past kMaxCountedStages distinct names the rest share one entry
+        auto it = counters_.find(e.stage);
+        e.counters = it != counters_.end() ? &it->second
+                     : counters_.size() < kMaxCountedStages ? &counters_[e.stage] : &counters_[kOtherStages];
+      }
       engine_.extend(rid, reinterpret_cast<const uint32_t*>(s.sampled + lo), size_t(hi - lo));
       StageCounters& c = *e.counters;
       c.tokens += uint64_t(hi - lo);

@@ -90,6 +90,8 @@ class BatchDrafter {
   std::unordered_map<std::string, SpecParams> stage_params_;
   std::unordered_map<std::string, Entry> entries_;
   std::map<std::string, StageCounters> counters_;
+  static constexpr size_t kMaxCountedStages = 512;  // as the proxy's metrics: stage names are client-chosen
+  static constexpr const char* kOtherStages = "other";
   mutable std::mutex counters_mu_;  // counters_ are read by a stats thread while steps run
   mutable std::mutex admit_mu_;     // admit() may come from another thread than step()
   uint64_t step_no_ = 0;

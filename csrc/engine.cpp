@@ -42,12 +42,32 @@ Engine::Engine(int max_depth, uint64_t memory_budget_bytes, double evict_slack)
 uint32_t Engine::stage_index(const std::string& name) {
   auto it = stage_by_name_.find(name);
   if (it != stage_by_name_.end()) return it->second;
-  auto stage = std::make_unique<Stage>();
-  stage->name = name;
-  stages_.push_back(std::move(stage));
-  uint32_t idx = uint32_t(stages_.size() - 1);
+  uint32_t idx;
+  if (!free_stages_.empty()) {
+    idx = free_stages_.back();
+    free_stages_.pop_back();
+    stages_[idx]->free = false;
+    stages_[idx]->name = name;
+    stages_[idx]->sam = Automaton(/*global_tree=*/true);
+  } else {
+    auto stage = std::make_unique<Stage>();
+    stage->name = name;
+    stages_.push_back(std::move(stage));
+    idx = uint32_t(stages_.size() - 1);
+  }
   stage_by_name_[name] = idx;
   return idx;
+}
+
+void Engine::recycle_if_unused_locked(uint32_t idx) {
+  Stage& s = *stages_[idx];
+  if (s.free || s.live > 0 || !s.sam.docs().empty()) return;
+  stage_by_name_.erase(s.name);
+  std::string().swap(s.name);
+  s.sam = Automaton(/*global_tree=*/false);  // the smallest: a free slot holds no tree (made anew on reuse)
+  ++s.generation;  // never reset: a request's cached match of the old stage cannot pass for the new one
+  s.free = true;
+  free_stages_.push_back(idx);
 }
 
 uint64_t Engine::add_document(const std::string& stage, const uint32_t* tokens, size_t n) {
@@ -86,7 +106,8 @@ void Engine::rebuild_without_locked(Stage& stage, const std::vector<uint64_t>& d
 
 uint64_t Engine::global_bytes_locked() const {
   uint64_t total = 0;
-  for (const auto& s : stages_) total += s->sam.bytes();
+  for (const auto& s : stages_)
+    if (!s->free) total += s->sam.bytes();  // a free slot is request bookkeeping, bounded by concurrency
   return total;
 }
 
@@ -119,6 +140,7 @@ void Engine::enforce_budget_locked() {
       if (!doomed[s].empty()) {
         rebuild_without_locked(*stages_[s], doomed[s]);
         evicted += doomed[s].size();
+        recycle_if_unused_locked(uint32_t(s));
       }
     evicted_docs_ += evicted;
     if (evicted == 0) return;  // nothing left to evict: the fixed overhead alone is over budget
@@ -138,7 +160,8 @@ std::vector<uint64_t> Engine::document_ids(const std::string& stage) const {
 std::vector<std::string> Engine::stage_names() const {
   std::shared_lock lock(stages_mu_);
   std::vector<std::string> names;
-  for (const auto& s : stages_) names.push_back(s->name);
+  for (const auto& s : stages_)
+    if (!s->free) names.push_back(s->name);
   return names;
 }
 
@@ -181,12 +204,25 @@ bool Engine::start_request(const std::string& rid, const uint32_t* prompt, size_
     req->sam.set_recency(recency_half_life_);
     req->sam.append(prompt, n);
   }
+  uint32_t idx;
   {
     std::unique_lock lock(stages_mu_);
-    req->stage = stage_index(stage);
+    const size_t known = stage_by_name_.size();
+    idx = req->stage = stage_index(stage);
+    ++stages_[idx]->live;
+    if (stage_by_name_.size() > known) enforce_budget_locked();  // a new stage's empty tree counts too
   }
-  std::lock_guard lock(requests_mu_);
-  if (!requests_.emplace(rid, std::move(req)).second) throw InvalidInput("request id already started: " + rid);
+  bool added;
+  {
+    std::lock_guard lock(requests_mu_);
+    added = requests_.emplace(rid, std::move(req)).second;
+  }
+  if (!added) {  // started meanwhile by another thread under the same id
+    std::unique_lock lock(stages_mu_);
+    --stages_[idx]->live;
+    recycle_if_unused_locked(idx);
+    throw InvalidInput("request id already started: " + rid);
+  }
   return reused;
 }
 
@@ -225,6 +261,9 @@ int64_t Engine::finish_request(const std::string& rid, bool keep_output, bool re
       doc = int64_t(add_document(stage, toks.data() + req->prompt_len, toks.size() - req->prompt_len));
     }
     req->matches.clear();
+    std::unique_lock lock(stages_mu_);
+    --stages_[req->stage]->live;
+    recycle_if_unused_locked(req->stage);
   }
   if (retain) {
     std::lock_guard lock(requests_mu_);
@@ -320,12 +359,13 @@ Draft Engine::speculate(const std::string& rid, const SpecParams& params) {
   }
   // In paper mode a union of the request's own stage alone is the stage tree again: same draft,
   // and ties keep the earlier tree, so it is skipped.
-  const bool union_is_stage = params.paper && (params.trees & kStageTree) && stages_.size() == 1;
+  const bool union_is_stage =
+      params.paper && (params.trees & kStageTree) && stages_.size() - free_stages_.size() == 1;
   if ((params.trees & kUnionTree) && !union_is_stage) {
     Tree& all = add_tree("union");
     for (uint32_t s = 0; s < stages_.size(); ++s) {
       // A mixture already has the request's own stage as a source: the union adds the others.
-      if (!params.paper && (params.trees & kStageTree) && s == req->stage) continue;
+      if (stages_[s]->free || (!params.paper && (params.trees & kStageTree) && s == req->stage)) continue;
       const Match& m = match_locked(*req, s);
       all.automata.push_back(&stages_[s]->sam);
       all.states.push_back(m.state);
@@ -463,7 +503,8 @@ std::vector<StageStats> Engine::stage_stats() const {
   std::shared_lock lock(stages_mu_);
   std::vector<StageStats> out;
   for (const auto& s : stages_)
-    out.push_back(StageStats{s->name, s->sam.num_tokens(), s->sam.docs().size(), s->sam.bytes(),
+    if (!s->free)
+      out.push_back(StageStats{s->name, s->sam.num_tokens(), s->sam.docs().size(), s->sam.bytes(),
                              s->sam.num_states(), s->sam.num_edges()});
   return out;
 }
@@ -555,7 +596,11 @@ std::string Engine::check(bool counts) const {
       if (it == doc_stage_.end() || it->second != s) return "document map out of sync for id " + std::to_string(d.id);
     }
     docs += a.docs().size();
+    if (stages_[s]->free ? !a.docs().empty() || stages_[s]->live > 0
+                         : stage_by_name_.count(stages_[s]->name) == 0 || stage_by_name_.at(stages_[s]->name) != s)
+      return "stage slot " + std::to_string(s) + " out of sync with the stage names";
   }
+  if (stage_by_name_.size() + free_stages_.size() != stages_.size()) return "stage name map has stale entries";
   if (docs != doc_stage_.size()) return "document map has stale entries";
   if (budget_ > 0 && global_bytes_locked() > budget_ && docs > 0) return "memory budget exceeded";
   return {};
@@ -578,8 +623,9 @@ void Engine::save(const std::string& path) const {
     out.put(evict_slack_);
     out.put(next_doc_id_);
     out.put(evicted_docs_);
-    out.put(uint32_t(stages_.size()));
+    out.put(uint32_t(stages_.size() - free_stages_.size()));
     for (const auto& s : stages_) {
+      if (s->free) continue;
       out.put(uint32_t(s->name.size()));
       out.append(s->name.data(), s->name.size());
       out.put(s->generation);
@@ -656,6 +702,7 @@ std::unique_ptr<Engine> Engine::load(const std::string& path) {
       if (len > size_t(end - p)) throw InvalidInput("stage name longer than the file");
       std::string name(p, len);
       p += len;
+      if (eng->stage_by_name_.count(name)) throw InvalidInput("stage '" + name + "' stored twice");
       uint32_t idx = eng->stage_index(name);
       Stage& s = *eng->stages_[idx];
       s.generation = read_scalar<uint64_t>(p, end);

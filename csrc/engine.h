@@ -111,6 +111,8 @@ class Engine {
     std::string name;
     Automaton sam{/*global_tree=*/true};
     uint64_t generation = 0;  // bumped on every change; invalidates cached request matches
+    uint32_t live = 0;        // live requests of this stage (guarded by stages_mu_, exclusive)
+    bool free = false;        // recycled: no name, no documents, no request; reused by the next new stage
   };
   struct Match {  // a request's matching-statistics cursor in one stage tree
     uint64_t generation = ~uint64_t{0};
@@ -133,6 +135,9 @@ class Engine {
   };
 
   uint32_t stage_index(const std::string& name);  // creates; needs stages_mu_ exclusively
+  // Frees a stage with no documents and no live request (its slot waits for the next new stage):
+  // client-chosen stage names must not grow the engine past its budget. Needs stages_mu_ exclusively.
+  void recycle_if_unused_locked(uint32_t idx);
   std::shared_ptr<Request> find_request(const std::string& rid);
   uint64_t global_bytes_locked() const;
   void enforce_budget_locked();
@@ -150,6 +155,7 @@ class Engine {
   std::vector<std::unique_ptr<Stage>> stages_;
   std::unordered_map<std::string, uint32_t> stage_by_name_;
   std::unordered_map<uint64_t, uint32_t> doc_stage_;  // live document id -> stage index
+  std::vector<uint32_t> free_stages_;                 // recycled slots of stages_
   uint64_t next_doc_id_ = 1;
   uint64_t evicted_docs_ = 0;
 

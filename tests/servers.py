@@ -15,8 +15,9 @@ class ServerThread:
     def __init__(self, app, port: int | None = None) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        # the proxy's app brings its own HTTP protocol (connection cap, header deadline), as in `serve`
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
-                                                    lifespan="on"))
+                                                    lifespan="on", http=getattr(app, "http_protocol", "auto")))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self) -> ServerThread:

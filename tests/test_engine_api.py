@@ -487,3 +487,31 @@ def test_integrity_check_of_a_request_started_empty():
     eng.extend("r", [1, 2, 3, 1, 2])
     eng.speculate("r")
     eng.check_integrity()
+
+
+def test_client_chosen_stage_names_cannot_grow_the_engine_past_its_budget(tmp_path):
+    """A stage is bookkeeping too: one that has lost its last document and has no live request
+    gives its slot back, so 10,000 distinct names cost what a few do."""
+    budget = 200_000
+    eng = SuffixEngine(memory_budget_bytes=budget)
+    rng = random.Random(5)
+    for i in range(10_000):
+        rid = f"r{i}"
+        eng.start_request(rid, [rng.randrange(1000) for _ in range(20)], stage=f"client-stage-{i}")
+        eng.extend(rid, [rng.randrange(1000) for _ in range(30)])
+        eng.finish_request(rid, keep_output=i % 2 == 0)  # half leave nothing behind
+        assert eng.stats()["bytes"] <= budget
+    stats = eng.stats()
+    assert stats["documents"] > 0 and len(stats["stages"]) == stats["documents"] < 100
+    eng.check_integrity()
+    # a live request keeps its stage (and its slot) until it finishes, documents or not
+    eng.start_request("live", [1, 2, 3], stage="pinned")
+    eng.add_document([9] * 40_000, stage="big")  # evicts every older document
+    assert "pinned" in eng.stats()["stages"]
+    eng.extend("live", [1, 2, 3])
+    assert eng.speculate("live", 8).token_ids == [1, 2, 3]  # recycled slots drafted nothing stale
+    eng.finish_request("live", keep_output=False)
+    assert "pinned" not in eng.stats()["stages"]
+    eng.check_integrity()
+    eng.save(tmp_path / "index.aai")  # recycled slots are not written
+    assert set(SuffixEngine.load(tmp_path / "index.aai").stats()["stages"]) == set(eng.stats()["stages"])

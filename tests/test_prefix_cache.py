@@ -49,6 +49,18 @@ def test_stored_entries_are_copies_and_a_prompt_that_begins_another_is_dropped()
     assert cache.lookup(short + [99]).tokens == 10
 
 
+def test_scopes_never_see_each_others_prompts():
+    """One tenant's cached prompt is invisible to another: `cached_tokens` tells nothing across them."""
+    cache = PrefixCache(1 << 20, min_reuse=2)
+    mine, theirs = list(range(30)), [*range(20), *range(40, 50)]
+    cache.store(mine, layers_for(mine), scope="a")
+    assert cache.lookup(mine + [1], scope="b") is None and cache.lookup(mine + [1]) is None
+    cache.store(theirs, layers_for(theirs), scope="b")  # not dropped for a's longer prompt, nor a's for it
+    cache.store(list(range(10)), layers_for(list(range(10))), scope="b")  # begins b's entry: not kept
+    assert cache.stats()["entries"] == 2
+    assert cache.lookup(mine + [1], scope="a").tokens == 30 and cache.lookup(mine + [1], scope="b").tokens == 20
+
+
 def test_the_budget_is_never_exceeded_least_recently_used_go_first():
     per_prompt = 2 * 2 * (2 * 20 * 4) * 4  # layers x (keys, values) x (heads x tokens x dim) x 4 bytes
     cache = PrefixCache(3 * per_prompt, min_reuse=2)

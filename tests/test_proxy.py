@@ -157,7 +157,7 @@ def test_bad_input_gets_openai_style_400s(upstream, tmp_path):
 
 
 def test_api_key_is_required_and_never_stored(upstream, tmp_path):
-    proxy, recorder = make_proxy(upstream.url, tmp_path, api_key="sekrit-key-123")
+    proxy, recorder = make_proxy(upstream.url, tmp_path, api_keys=("sekrit-key-123", "second-key-456"))
     with proxy, httpx.Client(base_url=proxy.url) as c:
         body = {"model": MODEL, "messages": MESSAGES}
         r = c.post("/v1/chat/completions", json=body)
@@ -165,6 +165,8 @@ def test_api_key_is_required_and_never_stored(upstream, tmp_path):
         assert c.post("/v1/chat/completions", json=body, headers={"authorization": "Bearer wrong"}).status_code == 401
         ok = c.post("/v1/chat/completions", json=body, headers={"authorization": "Bearer sekrit-key-123"})
         assert ok.status_code == 200
+        assert c.post("/v1/chat/completions", json=body, headers={"authorization": "Bearer second-key-456"}
+                      ).status_code == 200  # every key given is accepted (one per tenant)
         # the scheme's case does not matter (RFC 7235); /health stays open for probes, /metrics does not
         assert c.post("/v1/chat/completions", json=body, headers={"authorization": "bearer sekrit-key-123"}
                       ).status_code == 200
@@ -172,9 +174,9 @@ def test_api_key_is_required_and_never_stored(upstream, tmp_path):
         assert c.get("/metrics").status_code == 401
         assert c.get("/metrics", headers={"authorization": "Bearer sekrit-key-123"}).status_code == 200
         recorder.flush()
-    assert len(stored_calls(tmp_path / "traces.db")) == 2
+    assert len(stored_calls(tmp_path / "traces.db")) == 3
     raw = b"".join(p.read_bytes() for p in tmp_path.glob("traces.db*"))
-    assert b"sekrit-key-123" not in raw
+    assert b"sekrit-key-123" not in raw and b"second-key-456" not in raw
 
 
 # ---------------------------------------------------------------------------- upstream faults
@@ -282,7 +284,7 @@ def test_a_call_that_cannot_be_stored_is_counted_and_the_writer_lives_on(tmp_pat
                                          response=response, metadata=metadata))
         recorder.flush()
         assert (recorder.written, recorder.failed) == (3, 2)
-        text = Metrics(recorder_failed=lambda: recorder.failed).render().decode()
+        text = Metrics(recorder=recorder).render().decode()
         assert "agentaccel_recorder_errors_total 2.0" in text
     finally:
         recorder.close()

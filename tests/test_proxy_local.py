@@ -199,3 +199,22 @@ def test_token_ids_the_model_has_no_embedding_for_are_a_400(local):
         r = httpx.post(server.url + "/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 2})
         assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", (prompt, r.text)
     assert httpx.get(server.url + "/health").json()["status"] == "ok"  # and the server serves on
+
+
+def test_prefix_cache_is_kept_apart_per_api_key():
+    """Two tenants, one prompt: the first tenant's second call reuses its own prefill; the other
+    tenant's first call reuses nothing (it cannot learn what the first one sent)."""
+    backend = LocalBackend(SuffixEngine())
+    keys = {"alice": "key-alice-123", "bob": "key-bob-456"}
+    body = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": QUESTIONS[0]}]}
+    with ServerThread(create_app(ProxyConfig(record=False, api_keys=tuple(keys.values())), backend)) as server:
+        def cached(who: str) -> int:
+            r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=120,
+                           headers={"authorization": f"Bearer {keys[who]}"})
+            assert r.status_code == 200, r.text
+            return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+        assert cached("alice") == 0
+        assert cached("alice") > 16
+        assert cached("bob") == 0
+        assert cached("bob") > 16

@@ -236,3 +236,18 @@ def test_killed_vllm_is_restarted(served):
         time.sleep(1)
     assert h["pid"] != health["pid"]
     assert chat(url, PROMPTS[1], "after-restart")
+
+
+def test_tenants_get_their_own_cache_salt_and_vllm_takes_it(served):
+    from agentaccel.backends.vllm.backend import salted
+
+    assert salted({"a": 1}, None) == {"a": 1}
+    assert salted({"a": 1}, "t1")["cache_salt"] == "t1"
+    assert salted({"cache_salt": "mine"}, "t1")["cache_salt"] == "t1-mine"  # never another tenant's salt alone
+    url, _ = served
+    body = {"model": "smol", "messages": [{"role": "user", "content": PROMPTS[1]}], "max_tokens": 16,
+            "temperature": 0}
+    plain = httpx.post(url + "/v1/chat/completions", json=body, timeout=300)
+    salty = httpx.post(url + "/v1/chat/completions", json=salted(body, "t1234"), timeout=300)
+    assert plain.status_code == salty.status_code == 200, salty.text
+    assert salty.json()["choices"][0]["message"] == plain.json()["choices"][0]["message"]

@@ -34,7 +34,8 @@ class CallContext:
     request_id: str = ""
     headers: dict[str, str] = field(default_factory=dict)  # client headers an upstream may need
     spec: SpecStats | None = None  # filled by backends that speculate
-    extra: dict = field(default_factory=dict)
+    # whose call this is (from the API key; None: one shared scope): prompt caches are kept apart by it
+    tenant: str | None = None
 
 
 class Backend(ABC):

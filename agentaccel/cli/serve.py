@@ -21,6 +21,11 @@ class BackendKind(StrEnum):
     replay = "replay"
 
 
+class PrefixScope(StrEnum):
+    key = "key"
+    shared = "shared"
+
+
 class Dtype(StrEnum):
     """Weights and activations of the embedded model (see backends/local/model.py: float32
     keeps greedy verification token-identical to plain decoding)."""
@@ -65,9 +70,16 @@ def serve(
                                                    "vllm: the model to serve.")] = None,
     served_model_name: Annotated[str | None, typer.Option(help="Model name clients use (default: the model "
                                                                "folder's name).")] = None,
-    api_key: Annotated[str | None, typer.Option(envvar="AGENTACCEL_API_KEY",
-                                                help="Require `Authorization: Bearer <key>` (default: no key).")]
+    api_key: Annotated[list[str] | None, typer.Option(envvar="AGENTACCEL_API_KEY",
+                                                      help="Require `Authorization: Bearer <key>` (default: no "
+                                                           "key). Repeatable (the variable: keys separated by "
+                                                           "spaces): each key is a tenant.")]
     = None,
+    prefix_cache_scope: Annotated[PrefixScope, typer.Option(help="key: prompt caches (local, vllm) are kept "
+                                                                  "apart per API key, so no tenant learns from "
+                                                                  "cached_tokens or timing what another sent; "
+                                                                  "shared: one cache for all keys.")]
+    = PrefixScope.key,
     db: DbOption = None,
     record: Annotated[bool, typer.Option(help="Record every call in the trace store.")] = True,
     redact: Annotated[bool, typer.Option(help="Record without message or response text.")] = False,
@@ -87,6 +99,11 @@ def serve(
     device: Annotated[str | None, typer.Option(help="local: torch device (default cuda if available).")] = None,
     dtype: DtypeOption = Dtype.float32,
     upstream_timeout: Annotated[float, typer.Option(help="Seconds before an upstream call gives up.")] = 600.0,
+    read_timeout: Annotated[float, typer.Option(help="Seconds a client has to send its request headers, and the "
+                                                     "longest pause allowed inside a request body (408 after).",
+                                                min=0.1)] = 30.0,
+    max_connections: Annotated[int, typer.Option(help="Open client connections at most; more are answered 503.",
+                                                  min=1)] = 4096,
     cost_profile: Annotated[str, typer.Option(help="local: how drafts are sized. auto: by this model's measured "
                                                    "verification cost curve (measured at the first start, about a "
                                                    "minute, then cached); a file from `agentaccel bench backend`; "
@@ -110,9 +127,11 @@ def serve(
         rules = [StageRule.parse(r) for r in stage_rule or []]
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--stage-rule") from e
-    config = ProxyConfig(host=host, port=port, api_key=api_key, max_body_bytes=parse_size(max_body), record=record,
+    config = ProxyConfig(host=host, port=port, api_keys=tuple(api_key or ()),
+                         prefix_scope=prefix_cache_scope.value, max_body_bytes=parse_size(max_body), record=record,
                          redact=redact, db_path=db, stage_rules=rules, fingerprint_system=fingerprint,
-                         upstream_timeout=upstream_timeout)
+                         upstream_timeout=upstream_timeout, read_timeout=read_timeout,
+                         max_connections=max_connections)
     if backend is BackendKind.replay and record:
         # recording the replayed calls into the store they come from would feed later runs their own echo
         err.print("agentaccel: replay backend: calls are not recorded (their outputs are the recordings')")
@@ -144,7 +163,7 @@ def serve(
 
         impl = VLLMBackend(model, served_name=served_model_name, extra_args=list(ctx.args), db_path=db,
                            seed=seed, spec_config=spec_config, memory_budget_bytes=budget, timeout=upstream_timeout)
-    if api_key is None and host not in ("127.0.0.1", "localhost", "::1"):
+    if not api_key and host not in ("127.0.0.1", "localhost", "::1"):
         err.print(f"[bold red]warning:[/bold red] serving on {host} without --api-key: anyone who can reach this "
                   "address can use the model and read /metrics")
     url = f"http://{host}:{port}/v1"
@@ -155,7 +174,8 @@ def serve(
     # event loop off the GIL for the default 5 ms: a streamed event waiting that long is a spike.
     sys.setswitchinterval(0.0005)
     uvicorn.run(app, host=host, port=port, log_level=os.environ.get("AGENTACCEL_LOG_LEVEL", "warning"),
-                access_log=False, proxy_headers=False)  # nothing reads the client address: skip its middleware
+                # nothing reads the client address: skip its middleware
+                access_log=False, proxy_headers=False, http=app.http_protocol)
 
 
 def check_cost_profile(value: str) -> None:

@@ -12,7 +12,11 @@ from agentaccel.proxy.tagging import StageRule
 class ProxyConfig:
     host: str = "127.0.0.1"
     port: int = 8000
-    api_key: str | None = None  # when set, requests need `Authorization: Bearer <key>`
+    # When set, requests need `Authorization: Bearer <one of them>`; each key is a tenant.
+    api_keys: tuple[str, ...] = ()
+    # "key": prompt caches are kept apart per API key (a tenant cannot probe another's prompts through
+    # `cached_tokens` or timing); "shared": one cache for everyone (more reuse between trusted clients).
+    prefix_scope: str = "key"
     max_body_bytes: int = 32 << 20
     record: bool = True
     redact: bool = False  # record stage, usage, timings and speculation stats, but no message text
@@ -20,3 +24,7 @@ class ProxyConfig:
     stage_rules: list[StageRule] = field(default_factory=list)
     fingerprint_system: bool = True  # untagged requests: stage = fingerprint of the system prompt
     upstream_timeout: float = 600.0
+    # A client must send its request headers within this many seconds, and no gap between its body's
+    # bytes may be longer (slow but steady clients are fine; one that stalls holds nothing for long).
+    read_timeout: float = 30.0
+    max_connections: int = 4096  # open client connections; more are answered 503 and closed

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from agentaccel.backends.base import SpecStats
+
+if TYPE_CHECKING:
+    from agentaccel.proxy.recorder import Recorder
 
 disable_created_metrics()  # the *_created series double the output and nothing here reads them
 
@@ -20,9 +24,7 @@ class Metrics:
     drafts out of process, like vLLM); otherwise they are summed from each call's SpecStats."""
 
     def __init__(self, external_spec: Callable[[], dict[str, dict[str, int]]] | None = None,
-                 recorder_failed: Callable[[], int] | None = None,
-                 recorder_up: Callable[[], int] | None = None,
-                 store_replaced: Callable[[], int] | None = None) -> None:
+                 recorder: Recorder | None = None) -> None:
         self.registry = r = CollectorRegistry()
         self.requests = Counter("agentaccel_requests", "Requests served", ["stage", "endpoint", "status"], registry=r)
         self.latency = Histogram("agentaccel_request_latency_seconds", "Request latency", ["stage", "endpoint"],
@@ -34,17 +36,19 @@ class Metrics:
         self._spec_totals: dict[str, dict[str, int]] = {}
         self._labels: set[str] = set()
         r.register(_SpecCollector(external_spec or (lambda: self._spec_totals)))
-        if recorder_failed is not None:  # counted by the recorder's writer process
-            r.register(_ValueCollector(CounterMetricFamily, "agentaccel_recorder_errors",
-                                       "Calls the recorder failed to store", recorder_failed))
-        if store_replaced is not None:
-            r.register(_ValueCollector(CounterMetricFamily, "agentaccel_recorder_store_replaced",
-                                       "Times the trace store file was deleted or replaced while serving",
-                                       store_replaced))
-        if recorder_up is not None:
-            r.register(_ValueCollector(GaugeMetricFamily, "agentaccel_recorder_up",
-                                       "1 while the recorder's writer process runs (0: calls are not recorded)",
-                                       recorder_up))
+        if recorder is not None:  # counted by the recorder and its writer process
+            for family, name, doc, value in (
+                    (CounterMetricFamily, "agentaccel_recorder_errors",
+                     "Calls answered but not stored (a failed transaction, a writer that died holding them)",
+                     lambda: recorder.failed),
+                    (CounterMetricFamily, "agentaccel_recorder_store_replaced",
+                     "Times the trace store file was deleted or replaced while serving", lambda: recorder.reopened),
+                    (CounterMetricFamily, "agentaccel_recorder_restarts",
+                     "Times the recorder's writer process died and was started again", lambda: recorder.restarts),
+                    (GaugeMetricFamily, "agentaccel_recorder_up",
+                     "1 while the recorder's writer process runs (0: calls are not recorded)",
+                     lambda: int(recorder.alive))):
+                r.register(_ValueCollector(family, name, doc, value))
 
     def label(self, stage: str) -> str:
         """Stage names come from clients: past MAX_STAGES distinct ones, the rest share the label

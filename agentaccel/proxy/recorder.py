@@ -7,7 +7,9 @@ it under the GIL the event loop needs (`bench proxy`). The request path now pays
 a sender thread pickles what is queued to a pipe; the writer process does the rest.
 
 A crash loses at most the batch being written, never a committed one; if the server dies,
-the writer sees the pipe close, stores what reached it and exits. `close()` drains everything.
+the writer sees the pipe close, stores what reached it and exits. If the writer dies, a new one
+is started (at most one per `_RESTART_SECONDS`) and the calls the dead one held uncommitted are
+counted as failed: every submitted call ends up written or counted. `close()` drains everything.
 Never stored: headers (so no Authorization). With `redact`, message and response text are
 replaced by empty strings; stage, usage, timings and speculation stats are kept.
 """
@@ -37,6 +39,8 @@ log = logging.getLogger("agentaccel.recorder")
 Tokenize = tuple[str, Callable[[list[str]], list[list[int]]]]  # (fingerprint, encode_batch); must pickle
 _SEND_MAX = 64  # calls pickled into one pipe message
 _LOCK_RETRIES = 4  # a batch waits out another writer's lock up to 1+2+4+8 s more (after SQLite's own 30 s)
+_RESTART_SECONDS = 5.0  # a writer that keeps dying is started again no more often than this
+_WATCH_SECONDS = 1.0  # how often the sender looks whether the writer still runs when nothing is queued
 
 
 @dataclass
@@ -69,16 +73,18 @@ class Recorder:
         with TraceStore(path) as store:  # opened here so that a bad path fails at start, not later
             store.check_writable()
             self.path = store.path
-        ctx = multiprocessing.get_context("spawn")  # the server has threads and a running loop: no fork
-        self._written = ctx.Value("q", 0, lock=False)  # calls stored, counted by the writer
-        self._failed = ctx.Value("q", 0, lock=False)   # calls a failed transaction dropped
-        self._reopened = ctx.Value("q", 0, lock=False)  # times the store file vanished and was made anew
-        reader, self._pipe = ctx.Pipe(duplex=False)
-        self._process = ctx.Process(target=_writer_main, name="agentaccel-recorder", daemon=True,
-                                    args=(str(self.path), redact, batch_size, flush_seconds, reader, self._written,
-                                          self._failed, self._reopened))
-        self._process.start()
-        reader.close()  # the writer holds the only read end: our death is its end of input
+        self._ctx = multiprocessing.get_context("spawn")  # the server has threads and a running loop: no fork
+        self._written = self._ctx.Value("q", 0, lock=False)  # calls stored, counted by the writers
+        self._failed = self._ctx.Value("q", 0, lock=False)   # calls a failed transaction dropped
+        self._reopened = self._ctx.Value("q", 0, lock=False)  # times the store file vanished and was made anew
+        self._settings = (redact, batch_size, flush_seconds)
+        self._sent = 0  # calls handed to a writer (sender thread only)
+        self._unsent = 0  # calls that could not be pickled or reach a writer
+        self._died_with = 0  # calls dead writers held uncommitted
+        self.restarts = 0
+        self._started_at = 0.0
+        self._tokenize: Tokenize | None = None
+        self._start_writer()
         self._submitted = 0
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._sender = threading.Thread(target=self._send_loop, name="agentaccel-recorder-sender", daemon=True)
@@ -91,7 +97,35 @@ class Recorder:
     def set_tokenizer(self, tokenize: Tokenize | None) -> None:
         """Fills the token cache of stored outputs from now on (the local backend sets it once the
         model's tokenizer is loaded). It travels to the writer process, so it must pickle."""
+        self._tokenize = tokenize  # a replacement writer is told it again
         self._queue.put(_SetTokenizer(tokenize))
+
+    def _start_writer(self) -> None:
+        reader, self._pipe = self._ctx.Pipe(duplex=False)
+        self._process = self._ctx.Process(target=_writer_main, name="agentaccel-recorder", daemon=True,
+                                          args=(str(self.path), *self._settings, reader, self._written, self._failed,
+                                                self._reopened))
+        self._process.start()
+        reader.close()  # the writer holds the only read end: our death is its end of input
+        self._started_at = time.monotonic()
+
+    def _restart_writer(self) -> bool:
+        """After the writer died: counts what it held as lost and starts another (rate-limited;
+        False while a restart has to wait)."""
+        if time.monotonic() - self._started_at < _RESTART_SECONDS:
+            return False
+        self._process.join()  # its counters are final now
+        # With no writer running, every call ever sent is written, failed or lost with a writer.
+        self._died_with = self._sent - self._written.value - self._failed.value
+        with contextlib.suppress(OSError):
+            self._pipe.close()
+        log.error("recorder: the writer process died (exit code %s); %d calls lost with writers so far; "
+                  "starting another", self._process.exitcode, self._died_with)
+        self.restarts += 1
+        self._start_writer()
+        if self._tokenize is not None:
+            self._pipe.send_bytes(pickle.dumps([_SetTokenizer(self._tokenize)], protocol=pickle.HIGHEST_PROTOCOL))
+        return True
 
     @property
     def alive(self) -> bool:
@@ -110,8 +144,9 @@ class Recorder:
 
     @property
     def failed(self) -> int:
-        """Calls that could not be stored (a full disk, say); the proxy exports it as a metric."""
-        return self._failed.value
+        """Calls that could not be stored (a full disk, a writer killed while holding them); the
+        proxy exports it as a metric."""
+        return self._failed.value + self._unsent + self._died_with
 
     def submit(self, call: RecordedCall) -> None:
         self._submitted += 1
@@ -121,9 +156,7 @@ class Recorder:
         """Waits until everything submitted so far is stored or dropped (tests, shutdown)."""
         deadline = time.monotonic() + timeout
         while self.written + self.failed < self._submitted and time.monotonic() < deadline:
-            if not self._process.is_alive():
-                raise RuntimeError(f"the recorder's writer process died (exit code {self._process.exitcode})")
-            time.sleep(0.01)
+            time.sleep(0.01)  # (a dead writer is replaced by the sender, and what it held counted)
 
     def close(self) -> None:
         if self._closed:
@@ -137,7 +170,12 @@ class Recorder:
     def _send_loop(self) -> None:
         stop = False
         while not stop:
-            items = [self._queue.get()]
+            try:
+                items = [self._queue.get(timeout=_WATCH_SECONDS)]
+            except queue.Empty:
+                if not self._process.is_alive():
+                    self._restart_writer()
+                continue
             while len(items) < _SEND_MAX:  # whatever else is waiting goes in the same message
                 try:
                     items.append(self._queue.get_nowait())
@@ -159,13 +197,17 @@ class Recorder:
                     self._send([item])
                 return
             log.error("recorder: a call could not be pickled for the writer", exc_info=True)
-            self._failed.value += 1
+            self._unsent += 1
             return
+        calls = sum(isinstance(i, RecordedCall) for i in items)
+        if not self._process.is_alive():
+            self._restart_writer()
         try:
             self._pipe.send_bytes(payload)
-        except OSError as e:  # the writer is gone
-            log.error("recorder: %d calls could not reach the writer: %r", len(items), e)
-            self._failed.value += sum(isinstance(i, RecordedCall) for i in items)
+            self._sent += calls
+        except OSError as e:  # the writer is gone (and could not be replaced yet)
+            log.error("recorder: %d calls could not reach the writer: %r", calls, e)
+            self._unsent += calls
 
 
 def _writer_main(path: str, redact: bool, batch_size: int, flush_seconds: float, pipe, written, failed,
@@ -215,23 +257,26 @@ class _Writer:
         be stored costs only itself (counted in `failed`)."""
         self._reopen_if_replaced()
         cleaned = [_clean(call) for call in batch]
+        error: Exception | None = None
         for attempt in range(_LOCK_RETRIES + 1):
             try:
                 self._store(cleaned)
                 self.written.value += len(batch)
                 return
             except sqlite3.OperationalError as e:
+                error = e
                 if "locked" not in str(e) and "busy" not in str(e) or attempt == _LOCK_RETRIES:
                     break
                 log.warning("trace store locked by another writer; trying again in %d s", 2 ** attempt)
                 time.sleep(2 ** attempt)
-            except Exception:  # a full disk, a bad value: must not take the proxy down
+            except Exception as e:  # a full disk, a bad value: must not take the proxy down
+                error = e
                 break
         if len(batch) > 1:
             for call in batch:
                 self.write([call])
             return
-        log.exception("recording a call failed")
+        log.error("recording a call failed: %r", error)
         self.failed.value += 1
 
     def _reopen_if_replaced(self) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import hashlib
 import hmac
 import itertools
 import json
@@ -30,6 +31,7 @@ from agentaccel.proxy import tagging
 from agentaccel.proxy.accumulate import Accumulated, Accumulator, from_body
 from agentaccel.proxy.config import ProxyConfig
 from agentaccel.proxy.event_stream import EventStream
+from agentaccel.proxy.guard import guarded_protocol
 from agentaccel.proxy.metrics import Metrics
 from agentaccel.proxy.recorder import RecordedCall, Recorder
 from agentaccel.proxy.validation import parse_json, validate
@@ -45,11 +47,10 @@ class Proxy:
         self.on_started = on_started  # told once the backend is up (the model loaded, vLLM healthy)
         self.backend = backend
         self.recorder = recorder
-        self.metrics = Metrics(backend.stage_stats if backend.stage_stats() is not None else None,
-                               recorder_failed=(lambda: recorder.failed) if recorder is not None else None,
-                               recorder_up=(lambda: int(recorder.alive)) if recorder is not None else None,
-                               store_replaced=(lambda: recorder.reopened) if recorder is not None else None)
+        self.metrics = Metrics(backend.stage_stats if backend.stage_stats() is not None else None, recorder)
         self._models: list[str] = []
+        # (key, tenant name): the name is a digest, so nothing downstream (caches, vLLM) holds a key
+        self._tenants = [(k.encode(), "t" + hashlib.sha256(k.encode()).hexdigest()[:16]) for k in config.api_keys]
         # unique within this server (what the engine's request trees need) without a syscall per call
         self._request_ids = (f"{uuid.uuid4().hex[:12]}-{n}" for n in itertools.count())
 
@@ -70,14 +71,22 @@ class Proxy:
                 await asyncio.to_thread(self.recorder.close)
 
     # ------------------------------------------------------------------ plumbing
-    def _authorize(self, request: Request) -> None:
-        if self.config.api_key is None:
-            return
-        scheme, _, key = request.headers.get("authorization", "").partition(" ")
-        # compared in constant time: how long a wrong key takes must not tell how much of it was right
-        if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), self.config.api_key.encode()):
+    def _authorize(self, request: Request) -> str | None:
+        """The caller's tenant (None when the server takes no key), or a 401."""
+        if not self._tenants:
+            return None
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        given = given.strip().encode()
+        tenant = None
+        # Every key compared, each in constant time: how long a wrong key takes must not tell how
+        # much of it (or which key) was right.
+        for key, name in self._tenants:
+            if hmac.compare_digest(given, key):
+                tenant = name
+        if scheme.lower() != "bearer" or tenant is None:
             raise APIError(401, "invalid or missing API key (Authorization: Bearer <key>)",
                            type="authentication_error", code="invalid_api_key")
+        return tenant
 
     async def _read_body(self, request: Request) -> dict:
         limit = self.config.max_body_bytes
@@ -85,11 +94,18 @@ class Proxy:
         if declared and declared.isdigit() and int(declared) > limit:
             raise bad_request(f"request body of {declared} bytes is over the limit of {limit}", code="body_too_large")
         chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise bad_request(f"request body is over the limit of {limit} bytes", code="body_too_large")
-            chunks.append(chunk)
+        idle = self.config.read_timeout
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(idle) as deadline:
+                async for chunk in request.stream():
+                    deadline.reschedule(loop.time() + idle)  # a gap between bytes, not the whole body, is timed
+                    size += len(chunk)
+                    if size > limit:
+                        raise bad_request(f"request body is over the limit of {limit} bytes", code="body_too_large")
+                    chunks.append(chunk)
+        except TimeoutError:
+            raise APIError(408, f"the request body stalled: no bytes for {idle:g} s", code="body_timeout") from None
         return parse_json(b"".join(chunks))
 
     async def _check_model(self, name: str) -> None:
@@ -117,7 +133,7 @@ class Proxy:
     async def _handle(self, request: Request, endpoint: str) -> Response:
         t0 = time.perf_counter()
         try:
-            self._authorize(request)
+            tenant = self._authorize(request)
             body = await self._read_body(request)
             validate(endpoint, body)
             await self._check_model(body["model"])
@@ -126,7 +142,8 @@ class Proxy:
             self.metrics.requests.labels("-", endpoint, str(e.status)).inc()
             return _error(e)
         ctx = CallContext(stage=tags.stage, session_id=tags.session_id, request_id=next(self._request_ids),
-                          headers=tagging.forward_headers(request.headers, self.config.api_key is None))
+                          headers=tagging.forward_headers(request.headers, not self._tenants),
+                          tenant=tenant if self.config.prefix_scope == "key" else None)
         forward = self.backend.prepare(tagging.strip_proxy_fields(body), ctx)
         if body.get("stream"):
             return await self._stream(endpoint, body, forward, ctx, t0)
@@ -229,13 +246,14 @@ class Proxy:
 
     async def health(self, _request: Request) -> Response:
         """"ok"; "degraded" once calls were answered but not recorded (a call could not be stored, the
-        store file was deleted under the server), as a 503 while the writer process is dead (nothing
-        is recorded now)."""
+        store file was deleted under the server, the writer process died and was replaced), as a 503
+        while the writer process is dead (nothing is recorded until it is replaced)."""
         body = {"status": "ok", **self.backend.health()}
         if self.recorder is not None:
-            body["recorder"] = {"alive": self.recorder.alive, "written": self.recorder.written,
-                                "failed": self.recorder.failed, "store_replaced": self.recorder.reopened}
-            if not self.recorder.alive or self.recorder.failed or self.recorder.reopened:
+            r = self.recorder
+            body["recorder"] = {"alive": r.alive, "written": r.written, "failed": r.failed,
+                                "store_replaced": r.reopened, "restarts": r.restarts}
+            if not r.alive or r.failed or r.reopened or r.restarts:
                 body["status"] = "degraded"
             if not self.recorder.alive:
                 return JSONResponse(body, status_code=503)
@@ -250,8 +268,13 @@ class Proxy:
         return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
 
 
+# The body was not read to its end: the connection cannot carry another request after this answer.
+_UNREAD_BODY = frozenset({"body_timeout", "body_too_large"})
+
+
 def _error(e: APIError) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status)
+    return JSONResponse(e.body(), status_code=e.status,
+                        headers={"connection": "close"} if e.code in _UNREAD_BODY else None)
 
 
 async def _http_error(_request: Request, exc: HTTPException) -> JSONResponse:
@@ -275,10 +298,11 @@ class HotPath:
     (`bench proxy`, py-spy). The handlers already answer every failure in the OpenAI shape.
     """
 
-    def __init__(self, app: Starlette, routes: dict) -> None:
+    def __init__(self, app: Starlette, routes: dict, http_protocol: type) -> None:
         self.app = app
         self.state = app.state
         self.routes = routes  # path -> handler, POST only
+        self.http_protocol = http_protocol  # for uvicorn (`http=`): the connection cap and header deadline
 
     async def __call__(self, scope, receive, send) -> None:
         handler = self.routes.get(scope.get("path")) if scope["type"] == "http" else None
@@ -305,4 +329,5 @@ def create_app(config: ProxyConfig, backend: Backend, recorder: Recorder | None 
     app = Starlette(routes=routes, lifespan=proxy.lifespan, exception_handlers={HTTPException: _http_error})
     app.state.proxy = proxy
     # Starlette keeps the completion routes too: it answers their other methods (405).
-    return HotPath(app, {prefix + path: h for path, h in completions.items() for prefix in ("", "/v1")})
+    return HotPath(app, {prefix + path: h for path, h in completions.items() for prefix in ("", "/v1")},
+                   guarded_protocol(config.max_connections, config.read_timeout))

@@ -77,7 +77,8 @@ class LocalGenerator:
 
     def generate(self, prompt_ids: list[int], params: SamplingParams | None = None, *, stage: str = "default",
                  speculate: bool = True, on_tokens: OnTokens | None = None,
-                 request_id: str | None = None) -> GenerationResult:
+                 request_id: str | None = None, cache_scope: str | None = None) -> GenerationResult:
+        """`cache_scope`: whose prompt this is; the prefix cache reuses only prompts of the same scope."""
         params = params or SamplingParams()
         params.validate()
         prompt = [int(t) for t in prompt_ids]
@@ -91,28 +92,29 @@ class LocalGenerator:
         if engine is not None:
             engine.start_request(rid, prompt, stage=stage)
         try:
-            return self._decode(prompt, params, engine, rid, on_tokens, self.stage_specs.get(stage, self.spec))
+            return self._decode(prompt, params, engine, rid, on_tokens, self.stage_specs.get(stage, self.spec),
+                                cache_scope)
         finally:
             if engine is not None and engine.has_request(rid):
                 engine.finish_request(rid, keep_output=False)
 
-    def _decode(self, prompt, params, engine, rid, on_tokens, spec: SpecConfig) -> GenerationResult:
+    def _decode(self, prompt, params, engine, rid, on_tokens, spec: SpecConfig, cache_scope) -> GenerationResult:
         slot = self.slots.acquire(len(prompt) + params.max_tokens) if self.slots else None
         try:
             seq = SlotSequence(slot, prompt) if slot else Sequence(self.model, prompt)
-            return self._run(seq, prompt, params, engine, rid, on_tokens, spec)
+            return self._run(seq, prompt, params, engine, rid, on_tokens, spec, cache_scope)
         finally:
             if slot:
                 self.slots.release(slot)
 
-    def _run(self, seq, prompt, params, engine, rid, on_tokens, spec: SpecConfig) -> GenerationResult:
+    def _run(self, seq, prompt, params, engine, rid, on_tokens, spec: SpecConfig, cache_scope) -> GenerationResult:
         choose = chooser(params)
         t0 = time.perf_counter()
-        reuse = self.prefix_cache.lookup(prompt) if self.prefix_cache else None
+        reuse = self.prefix_cache.lookup(prompt, cache_scope) if self.prefix_cache else None
         with self._forward:
             first = seq.prefill(choose, reuse)
         if self.prefix_cache:
-            self.prefix_cache.store(prompt, seq.cache_layers())
+            self.prefix_cache.store(prompt, seq.cache_layers(), cache_scope)
         t1 = time.perf_counter()
         out: list[int] = []
         steps = drafted = accepted = 0

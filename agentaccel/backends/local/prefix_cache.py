@@ -6,6 +6,9 @@ After its prefill each request leaves its prompt's keys and values here; a later
 begins with the same tokens copies them and prefills only the rest. On a 2-core CPU a 150-token
 prefill takes ~0.4 s, so this is the part of a short call that speculation cannot shorten.
 
+Entries are kept per scope (the proxy passes the client's API key's tenant): how many tokens a
+request finds cached must not tell one client about another's prompts.
+
 Only prompts are kept, never generated tokens: a prompt's entries come from a prefill, which
 every decoding method runs alike, so two methods (vanilla, prompt lookup, suffix) given the same
 prompts reuse the same numbers and their outputs stay comparable token for token.
@@ -41,6 +44,7 @@ class _Entry:
     ids: np.ndarray
     layers: list[LayerKV]
     nbytes: int
+    scope: str | None  # whose prompt it is: only lookups of the same scope see it
 
 
 class PrefixCache:
@@ -52,20 +56,22 @@ class PrefixCache:
             raise ValueError(f"budget_bytes must be >= 0, got {budget_bytes}")
         self.budget_bytes = budget_bytes
         self.min_reuse = max(1, min_reuse)
-        self._entries: OrderedDict[tuple[int, ...], _Entry] = OrderedDict()
+        self._entries: OrderedDict[tuple[str | None, tuple[int, ...]], _Entry] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
         self.lookups = self.hits = self.reused_tokens = 0
 
-    def lookup(self, prompt: list[int]) -> PrefixHit | None:
-        """The stored prompt sharing the longest beginning with `prompt`, if it shares at least
-        `min_reuse` tokens. The last prompt token is always left to compute: its logits choose
-        the first output token."""
+    def lookup(self, prompt: list[int], scope: str | None = None) -> PrefixHit | None:
+        """The stored prompt of `scope` sharing the longest beginning with `prompt`, if it shares
+        at least `min_reuse` tokens. The last prompt token is always left to compute: its logits
+        choose the first output token."""
         ids = np.asarray(prompt, dtype=np.int64)
         with self._lock:
             self.lookups += 1
             best, best_key = 0, None
             for key, entry in self._entries.items():
+                if entry.scope != scope:
+                    continue
                 shared = _common_prefix(ids, entry.ids)
                 if shared > best:
                     best, best_key = shared, key
@@ -77,32 +83,33 @@ class PrefixCache:
             self.reused_tokens += reuse
             return PrefixHit(reuse, self._entries[best_key].layers)
 
-    def store(self, prompt: list[int], layers: list[LayerKV]) -> None:
+    def store(self, prompt: list[int], layers: list[LayerKV], scope: str | None = None) -> None:
         """Keeps a prompt's entries (`layers` hold at least its columns; they are copied). A
         stored prompt that begins the new one is dropped: the new one serves every lookup it
         served."""
         n, ids = len(prompt), np.asarray(prompt, dtype=np.int64)
         nbytes = sum(2 * k.element_size() * k[:, :, :n].numel() for k, _ in layers)
-        if n < self.min_reuse or nbytes > self.budget_bytes or self._covered(ids):
+        if n < self.min_reuse or nbytes > self.budget_bytes or self._covered(ids, scope):
             return
         copies = [(k[:, :, :n].clone(), v[:, :, :n].clone()) for k, v in layers]  # outside the lock
         with self._lock:
-            if self._covered_locked(ids):  # stored meanwhile by another request
+            if self._covered_locked(ids, scope):  # stored meanwhile by another request
                 return
-            for old in [key for key, e in self._entries.items() if _begins(e.ids, ids)]:
+            for old in [key for key, e in self._entries.items() if e.scope == scope and _begins(e.ids, ids)]:
                 self._bytes -= self._entries.pop(old).nbytes
-            self._entries[tuple(prompt)] = _Entry(ids, copies, nbytes)
+            self._entries[(scope, tuple(prompt))] = _Entry(ids, copies, nbytes, scope)
             self._bytes += nbytes
             while self._bytes > self.budget_bytes:
                 self._bytes -= self._entries.popitem(last=False)[1].nbytes
 
-    def _covered(self, ids: np.ndarray) -> bool:
+    def _covered(self, ids: np.ndarray, scope: str | None) -> bool:
         with self._lock:
-            return self._covered_locked(ids)
+            return self._covered_locked(ids, scope)
 
-    def _covered_locked(self, ids: np.ndarray) -> bool:
-        """Whether a stored prompt begins with `ids` (or is it): it serves every lookup `ids` would."""
-        return any(_begins(ids, e.ids) for e in self._entries.values())
+    def _covered_locked(self, ids: np.ndarray, scope: str | None) -> bool:
+        """Whether a stored prompt of `scope` begins with `ids` (or is it): it serves every lookup
+        `ids` would."""
+        return any(e.scope == scope and _begins(ids, e.ids) for e in self._entries.values())
 
     def stats(self) -> dict:
         with self._lock:

@@ -119,7 +119,7 @@ class LocalBackend(Backend):
              on_tokens=None) -> GenerationResult:
         try:
             result = self.generator.generate(self._prompt(endpoint, body), params, stage=ctx.stage,
-                                             on_tokens=on_tokens, request_id=ctx.request_id)
+                                             on_tokens=on_tokens, request_id=ctx.request_id, cache_scope=ctx.tenant)
         except ValueError as e:  # bad parameters, context too long: this request alone fails
             raise bad_request(str(e)) from e
         ctx.spec = SpecStats(result.steps, result.drafted, result.accepted)

@@ -62,6 +62,16 @@ def launch_command(model: str, port: int, *, served_name: str, extra_args: list[
     return argv + list(extra_args), env
 
 
+def salted(body: dict, tenant: str | None) -> dict:
+    """The body with the tenant in front of its `cache_salt`: vLLM's prefix cache reuses blocks only
+    between requests of one salt, so no tenant's `cached_tokens` (or timing) reveals another's
+    prompts, and a client's own salt can only narrow its reuse further, never reach another tenant's."""
+    if tenant is None:
+        return body
+    client_salt = body.get("cache_salt")
+    return {**body, "cache_salt": tenant + (f"-{client_salt}" if client_salt else "")}
+
+
 class VLLMBackend(OpenAIBackend):
     name = "vllm"
 
@@ -96,7 +106,7 @@ class VLLMBackend(OpenAIBackend):
         await super().close()
 
     def prepare(self, body: dict, ctx: CallContext) -> dict:
-        return {**body, "vllm_xargs": {**(body.get("vllm_xargs") or {}), "stage": ctx.stage}}
+        return salted({**body, "vllm_xargs": {**(body.get("vllm_xargs") or {}), "stage": ctx.stage}}, ctx.tenant)
 
     async def _ready(self) -> None:
         """While vLLM restarts, requests wait for it (up to 60 s) instead of failing at once."""
