@@ -127,7 +127,6 @@ NB_MODULE(_core, m) {
            "stage"_a, "tokens"_a, Release())
       .def("remove_document", &Engine::remove_document, "doc_id"_a, Release())
       .def("document_ids", &Engine::document_ids, "stage"_a, Release())
-      .def("stage_names", &Engine::stage_names, Release())
       .def("start_request",
            [](Engine& e, const std::string& rid, Tokens t, const std::string& stage, const std::string& from) {
              return e.start_request(rid, t.data(), t.shape(0), stage, from);

@@ -157,14 +157,6 @@ std::vector<uint64_t> Engine::document_ids(const std::string& stage) const {
   return ids;
 }
 
-std::vector<std::string> Engine::stage_names() const {
-  std::shared_lock lock(stages_mu_);
-  std::vector<std::string> names;
-  for (const auto& s : stages_)
-    if (!s->free) names.push_back(s->name);
-  return names;
-}
-
 // ---------------------------------------------------------------- requests
 
 std::shared_ptr<Engine::Request> Engine::find_request(const std::string& rid) {

@@ -61,7 +61,6 @@ class Engine {
   uint64_t add_document(const std::string& stage, const uint32_t* tokens, size_t n);
   bool remove_document(uint64_t doc_id);
   std::vector<uint64_t> document_ids(const std::string& stage) const;  // "" = every stage, oldest first
-  std::vector<std::string> stage_names() const;
 
   // Requests started from now on keep recency-weighted counts with this half-life, in tokens
   // (0: none), which SpecParams::recency then mixes into their drafts.

@@ -21,7 +21,7 @@ import sys
 from agentaccel.bench import engine_bench as eb
 from agentaccel.bench.corpus import default_traces_dir, engine_corpus
 from agentaccel.engine import SuffixEngine
-from agentaccel.traces.tokenization import load_tokenizer
+from agentaccel.text.tokenization import load_tokenizer
 
 corpus = engine_corpus(default_traces_dir(), load_tokenizer())
 eng = SuffixEngine.load(sys.argv[1])

@@ -20,13 +20,13 @@ from rich.table import Table
 from agentaccel.backends.local import load_model
 from agentaccel.backends.local.cost_curve import CONTEXTS
 from agentaccel.backends.local.growing_cache import growing_cache
-from agentaccel.backends.local.verifier import Sequence
+from agentaccel.backends.local.verifier import GrowingSequence
 
 SIZES = (0, 4, 8, 16, 32)
 
 
-def _sequence(model, prompt: list[int], make_cache) -> Sequence:
-    seq = Sequence(model, prompt)
+def _sequence(model, prompt: list[int], make_cache) -> GrowingSequence:
+    seq = GrowingSequence(model, prompt)
     seq.cache = make_cache(model.config)  # still empty: the prefill fills this one
     seq.prefill(lambda logits: 5)
     return seq

@@ -13,7 +13,7 @@ import numpy as np
 
 from agentaccel.bench.corpus import default_traces_dir, engine_corpus
 from agentaccel.engine import SpecConfig, SuffixEngine
-from agentaccel.traces.tokenization import load_tokenizer
+from agentaccel.text.tokenization import load_tokenizer
 
 VARIANTS = {"recency off": SpecConfig(recency=0.0), "recency on (default)": SpecConfig()}
 

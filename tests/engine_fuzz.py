@@ -25,8 +25,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from reference_engine import ReferenceEngine
+
 from agentaccel.engine import SuffixEngine
-from agentaccel.engine.reference import ReferenceEngine
 
 STAGES = ["a", "b", "c"]
 DEPTH = 8

@@ -7,8 +7,7 @@ import time
 
 import uvicorn
 
-from agentaccel.backends.vllm.backend import free_port  # noqa: F401 - one definition, re-exported for tests
-from agentaccel.bench.processes import wait_healthy  # noqa: F401 - the same
+from agentaccel.processes import free_port, wait_healthy  # noqa: F401 - one definition, re-exported for tests
 
 
 class ServerThread:

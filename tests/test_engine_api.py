@@ -173,18 +173,18 @@ def test_corrupt_and_truncated_files_give_clear_errors(tmp_path):
 def test_forged_files_with_a_valid_checksum(tmp_path):
     """Loading checks every stored index's range (nothing can be read outside the arrays) and
     trusts the checksum for the rest; `check_integrity` finds the deeper damage."""
-    from agentaccel.engine import persistence_tools
+    import index_forgery
 
     eng = filled()
     path = tmp_path / "index.aai"
     eng.save(path)
     for name, links in {"self link": {1: 1}, "link out of range": {1: 10**9}}.items():
         bad = tmp_path / f"{name}.aai"
-        bad.write_bytes(persistence_tools.forge_links(path.read_bytes(), links))
+        bad.write_bytes(index_forgery.forge_links(path.read_bytes(), links))
         with pytest.raises(ValueError, match="corrupt"):
             SuffixEngine.load(bad)
     cycle = tmp_path / "cycle.aai"
-    cycle.write_bytes(persistence_tools.forge_links(path.read_bytes(), {1: 2, 2: 1}))
+    cycle.write_bytes(index_forgery.forge_links(path.read_bytes(), {1: 2, 2: 1}))
     with pytest.raises(AssertionError, match="suffix link"):
         SuffixEngine.load(cycle).check_integrity(counts=False)
 
@@ -193,7 +193,7 @@ def test_random_forged_words_never_corrupt_memory(tmp_path):
     """Two words of a saved index changed and the checksum re-signed: the file is refused, or
     every later operation works or fails cleanly (compaction once wrote past its arena when two
     states' edge lists shared an edge: load now refuses that)."""
-    from agentaccel.engine import persistence_tools
+    import index_forgery
 
     rng = random.Random(1)
     eng = SuffixEngine(max_depth=16)
@@ -202,13 +202,13 @@ def test_random_forged_words_never_corrupt_memory(tmp_path):
     path = tmp_path / "good.aai"
     eng.save(path)
     data = path.read_bytes()
-    payload = len(data) - persistence_tools.HEADER
+    payload = len(data) - index_forgery.HEADER
     refused = 0
     for k in range(150):
         words = {rng.randrange(0, payload - 4) & ~3: rng.choice([0, 1, 2, 0xFFFFFFFF, rng.randrange(1 << 32),
                                                                  rng.randrange(100)]) for _ in range(2)}
         bad = tmp_path / f"forged{k}.aai"
-        bad.write_bytes(persistence_tools.forge_words(data, words))
+        bad.write_bytes(index_forgery.forge_words(data, words))
         try:
             forged = SuffixEngine.load(bad)
         except ValueError:

@@ -4,9 +4,9 @@ import itertools
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from reference_engine import ReferenceEngine
 
 from agentaccel.engine import SuffixEngine
-from agentaccel.engine.reference import ReferenceEngine
 
 ALPHABET = st.integers(min_value=0, max_value=5)  # few symbols: many repeats, deep matches
 DOC = st.lists(ALPHABET, min_size=0, max_size=40)

@@ -23,9 +23,9 @@ from traces_fixtures import write_sdk_conversation
 from agentaccel.adapters import openhands_env, openhands_runner, sandbox
 from agentaccel.adapters.openhands import config_toml
 from agentaccel.bench.replay_server import replay_server
+from agentaccel.text.tokenization import load_tokenizer
 from agentaccel.traces.importer import import_traces
 from agentaccel.traces.store import TraceStore
-from agentaccel.traces.tokenization import load_tokenizer
 
 TASK = "Make hello.txt"  # the recorded conversations' task
 STAGE = "openhands:CodeActAgent"

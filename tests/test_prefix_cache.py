@@ -141,12 +141,12 @@ def test_a_reused_prefix_gives_the_fresh_prefill_logits(model_tok, slot):
     """Reused entries must be the prompt's own keys and values at their positions: the first
     token's logits match a full prefill's to float32 noise (a 1 % error in the entries, or a
     shifted position, moves them by orders of magnitude more)."""
-    from agentaccel.backends.local.cuda_graphs import GraphSlot, SlotSequence
-    from agentaccel.backends.local.verifier import Sequence
+    from agentaccel.backends.local.static_slots import GraphSlot, SlotSequence
+    from agentaccel.backends.local.verifier import GrowingSequence
 
     model, tok = model_tok
     first, second, _ = stage_prompts(tok)
-    make = (lambda p: SlotSequence(GraphSlot(model, 512), p)) if slot else (lambda p: Sequence(model, p))
+    make = (lambda p: SlotSequence(GraphSlot(model, 512), p)) if slot else (lambda p: GrowingSequence(model, p))
     cache = PrefixCache(1 << 28)
     seen = {}
     seq = make(first)

@@ -16,8 +16,8 @@ from servers import ServerThread  # noqa: E402
 
 from agentaccel.backends.local.service import LocalBackend  # noqa: E402
 from agentaccel.backends.openai_compat import OpenAIBackend  # noqa: E402
+from agentaccel.backends.seeding import seed_from_store  # noqa: E402
 from agentaccel.engine import SuffixEngine  # noqa: E402
-from agentaccel.engine.seeding import seed_from_store  # noqa: E402
 from agentaccel.proxy import ProxyConfig, create_app  # noqa: E402
 from agentaccel.proxy.recorder import Recorder  # noqa: E402
 from agentaccel.traces.store import TraceStore  # noqa: E402
@@ -44,7 +44,7 @@ def local(tmp_path_factory):
 
 
 def greedy(backend, messages, n):
-    from agentaccel.traces.render import render_prompt
+    from agentaccel.text.render import render_prompt
 
     gen = backend.generator
     prompt = backend.tokenizer.encode(render_prompt(messages, backend.tokenizer.chat_template))

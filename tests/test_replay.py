@@ -12,9 +12,9 @@ from agentaccel.bench import speculators as sp
 from agentaccel.engine.cost_profile import CostProfile, load_profile
 from agentaccel.engine.stage_config import default_spec
 from agentaccel.engine.verification import accepted_length
+from agentaccel.text.tokenization import load_tokenizer
 from agentaccel.traces.importer import import_traces
 from agentaccel.traces.store import TraceStore
-from agentaccel.traces.tokenization import load_tokenizer
 
 
 def test_accepted_length_follows_the_longest_matching_path():

@@ -12,9 +12,9 @@ from traces_fixtures import write_sdk_conversation
 from agentaccel.backends.replay import ReplayBackend
 from agentaccel.engine.cost_profile import load_profile
 from agentaccel.proxy import ProxyConfig, create_app
+from agentaccel.text.tokenization import load_tokenizer
 from agentaccel.traces.importer import import_traces
 from agentaccel.traces.store import TraceStore
-from agentaccel.traces.tokenization import load_tokenizer
 
 openai = pytest.importorskip("openai")
 

@@ -12,10 +12,10 @@ from traces_fixtures import (
     write_v0_logs,
 )
 
+from agentaccel.text.tokenization import load_tokenizer
 from agentaccel.traces.export import export_calls
 from agentaccel.traces.importer import import_traces
 from agentaccel.traces.store import TraceStore
-from agentaccel.traces.tokenization import load_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -234,7 +234,7 @@ def test_dry_run_writes_nothing(tmp_path, tok):
 
 def test_prompt_tokens_are_the_rendered_prompt(tmp_path, tok):
     """Cached per-message segments, back to back, tokenize exactly like the whole rendered prompt."""
-    from agentaccel.traces.render import render_message
+    from agentaccel.text.render import render_message
 
     write_v0_logs(tmp_path / "logs" / "s1", n=3)
     db = tmp_path / "t.db"
@@ -258,14 +258,14 @@ def test_store_is_wal_and_queries_filter(tmp_path, tok):
                                            "openhands:condenser": {"calls": 1, "sessions": 1}}
         times = [c.created_at for c in store.iter_calls()]
         assert times == sorted(times)
-        assert [c.created_at for c in store.stage_outputs("openhands:CodeActAgent", newest_first=True)] == sorted(
+        assert [c.created_at for c in store.iter_calls(stage="openhands:CodeActAgent", newest_first=True)] == sorted(
             [t for t in times if t < 1_700_000_100], reverse=True)
         assert len(list(store.iter_calls(since=1_700_000_001, until=1_700_000_100))) == 2
         store.check()
 
 
 def test_render_prompt_with_the_model_chat_template(tok):
-    from agentaccel.traces.render import GENERATION_PROMPT, render_message, render_prompt
+    from agentaccel.text.render import GENERATION_PROMPT, render_message, render_prompt
 
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
     plain = render_prompt(messages)

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from agentaccel.bench.corpus import default_traces_dir
+from agentaccel.text.tokenization import load_tokenizer
 from agentaccel.traces.importer import import_traces
 from agentaccel.traces.store import TraceStore
-from agentaccel.traces.tokenization import load_tokenizer
 
 try:
     TRACES = default_traces_dir()

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from agentaccel.assets import cache_dir
-from agentaccel.traces.tokenization import TextTokenizer
+from agentaccel.text.tokenization import TextTokenizer
 
 GET_TRACES = ("this benchmark reads real recorded agent traces, which a fresh clone does not have: point --traces or "
               "$AGENTACCEL_TRACES at a folder laid out as docs/TRACES.md (\"Benchmark data\") describes, or measure "

@@ -23,8 +23,8 @@ from agentaccel.backends.local import LocalGenerator, SamplingParams
 from agentaccel.backends.local.prefix_cache import DEFAULT_BUDGET_BYTES
 from agentaccel.engine import SuffixEngine
 from agentaccel.engine.draft_size import DraftSizer
+from agentaccel.text.render import render_prompt
 from agentaccel.traces.formats.chat_jsonl import chat_jsonl_line
-from agentaccel.traces.render import render_prompt
 
 Generate = Callable[[list[dict], str], str]  # (messages, stage) -> reply text
 # A call to keep, as (workload, call number, messages, stage, the model's reply)

@@ -23,10 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from agentaccel.backends.vllm.backend import free_port
 from agentaccel.bench import aio
-from agentaccel.bench.processes import wait_healthy
 from agentaccel.bench.upstream import MODEL
+from agentaccel.processes import free_port, stop_group, wait_healthy
 
 
 @dataclass
@@ -130,11 +129,7 @@ def _process(argv: list[str], url: str, health_path: str):
             raise RuntimeError(f"{argv[2]}: {e}: {proc.stderr.read().decode()[-2000:]}") from e
         yield proc
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        stop_group(proc, grace=10)
 
 
 def bench_proxy(concurrency: list[int], requests_per_stream: int, tokens: int, rounds: int, record: bool,

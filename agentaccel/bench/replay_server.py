@@ -4,16 +4,13 @@ against recorded outputs (bench agent)."""
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from agentaccel.backends.vllm.backend import free_port
-from agentaccel.bench.processes import wait_healthy
+from agentaccel.processes import free_port, stop_group, wait_healthy
 
 
 @contextlib.contextmanager
@@ -33,9 +30,4 @@ def replay_server(db: Path, *, step_ms: float, cost_profile: str, timeout: float
                 raise RuntimeError(f"{e}:\n{log.read()[-2000:]}") from e
             yield url
         finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(os.getpgid(proc.pid), signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(os.getpgid(proc.pid), signal.SIGKILL)
+            stop_group(proc)

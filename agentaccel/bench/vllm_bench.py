@@ -29,10 +29,10 @@ from pathlib import Path
 
 import httpx
 
-from agentaccel.backends.vllm.backend import DEFAULT_SPECULATIVE_CONFIG, free_port, launch_command
+from agentaccel.backends.vllm.backend import DEFAULT_SPECULATIVE_CONFIG, launch_command
 from agentaccel.bench.e2e import CHAT_FILE, SPIDER_FILES, SWE_TRAJECTORIES, sql_question, sql_questions
-from agentaccel.bench.processes import stop_group, wait_healthy
-from agentaccel.traces.render import render_prompt
+from agentaccel.processes import free_port, stop_group, wait_healthy
+from agentaccel.text.render import render_prompt
 
 METHODS: dict[str, dict | None] = {
     "none": None,

@@ -47,7 +47,7 @@ def open_store(db: Path | None, must_exist: bool = False):
 
 
 def open_tokenizer(spec: str | None):
-    from agentaccel.traces.tokenization import load_tokenizer
+    from agentaccel.text.tokenization import load_tokenizer
 
     try:
         return load_tokenizer(spec)

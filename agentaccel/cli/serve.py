@@ -257,7 +257,7 @@ def seed_engine(engine, db_path, tokenizer) -> None:
     """Seeds the engine from the trace store, with a progress bar."""
     from rich.progress import Progress
 
-    from agentaccel.engine.seeding import seed_from_store
+    from agentaccel.backends.seeding import seed_from_store
     from agentaccel.traces.store import TraceStore
 
     with TraceStore(db_path) as store, Progress(console=err, transient=True) as progress:

@@ -77,7 +77,7 @@ def traces_stats(
                                                        "all).")] = None,
 ) -> None:
     """Per stage: calls, sessions, tokens, and the empirical-entropy predictor of suffix speculation."""
-    from agentaccel.traces.stats import stage_reports
+    from agentaccel.cli.trace_stats import stage_reports
 
     store = open_store(db, must_exist=True)
     with console.status("tokenizing what the cache lacks and scoring each stage"):

@@ -1,4 +1,5 @@
-"""Suffix speculation engine: native core plus the paper's reference algorithm."""
+"""Suffix speculation engine: the native core behind a typed Python API (the paper's algorithm
+in plain Python, the test oracle, is tests/reference_engine.py)."""
 
 from agentaccel.engine.suffix_engine import Draft, SpecConfig, SuffixEngine
 

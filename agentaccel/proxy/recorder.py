@@ -2,8 +2,8 @@
 in batches, one transaction each.
 
 Why a process and not a thread: storing a call (canonical JSON and a hash per message, a few
-SQLite statements, tokenizing the output) took ~30 % of the proxy's CPU at saturation, all of
-it under the GIL the event loop needs (`bench proxy`). The request path now pays a queue `put`;
+SQLite statements, tokenizing the output) took a large share of the proxy's CPU at saturation
+(`bench proxy`), all of it under the GIL the event loop needs (`bench proxy`). The request path now pays a queue `put`;
 a sender thread pickles what is queued to a pipe; the writer process does the rest.
 
 A crash loses at most the batch being written, never a committed one; if the server dies,

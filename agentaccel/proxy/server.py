@@ -294,8 +294,8 @@ class HotPath:
     else (other routes, lifespan, 404/405) to Starlette.
 
     Why: Starlette wraps `send` once per middleware layer, so every relayed stream event paid
-    for two or three extra Python frames; at 64 streams that was ~15 % of the proxy's CPU
-    (`bench proxy`, py-spy). The handlers already answer every failure in the OpenAI shape.
+    for two or three extra Python frames, a visible share of the proxy's CPU at 64 streams
+    (`bench proxy`, py-spy; docs/BENCHMARKS.md). The handlers already answer every failure in the OpenAI shape.
     """
 
     def __init__(self, app: Starlette, routes: dict, http_protocol: type) -> None:

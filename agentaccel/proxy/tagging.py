@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from agentaccel.errors import bad_request
-from agentaccel.traces.records import message_text
+from agentaccel.text.messages import message_text
 from agentaccel.traces.stages import DEFAULT_STAGE, explicit_stage
 
 STAGE_HEADER = "x-agentaccel-stage"

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
+
+from agentaccel.text.messages import canonical_json
 
 
 class FormatError(ValueError):
@@ -58,25 +59,9 @@ def without_lone_surrogates(value: Any) -> Any:
     return value
 
 
-def canonical_json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-
-
 def digest(*parts: Any) -> str:
     h = hashlib.sha256()
     for part in parts:
         h.update(canonical_json(part).encode())
         h.update(b"\0")
     return h.hexdigest()[:32]
-
-
-def message_text(message: dict[str, Any]) -> str:
-    """The text of a chat message: string content, text parts, and tool calls as JSON."""
-    content = message.get("content")
-    if isinstance(content, list):
-        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    text = content if isinstance(content, str) else ""
-    calls = message.get("tool_calls")
-    if calls:
-        text += "".join(canonical_json(c.get("function", c)) for c in calls if isinstance(c, dict))
-    return text

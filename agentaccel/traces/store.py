@@ -21,8 +21,9 @@ from pathlib import Path
 import numpy as np
 import sqlite_utils
 
-from agentaccel.traces.records import Session, canonical_json, digest
-from agentaccel.traces.render import render_message
+from agentaccel.text.messages import canonical_json
+from agentaccel.text.render import render_message
+from agentaccel.traces.records import Session, digest
 
 SCHEMA_VERSION = 1
 
@@ -359,9 +360,13 @@ class TraceStore:
                     cache[blob_id] = json.loads(text)
         return [cache[i] for i in ids]
 
-    def stage_outputs(self, stage: str, newest_first: bool = False) -> Iterator[StoredCall]:
-        """All finished outputs of stage S, oldest first (or newest first)."""
-        return self.iter_calls(stage=stage, newest_first=newest_first)
+    def output_lengths(self, tokenizer_fingerprint: str) -> list[tuple[int, str, int]]:
+        """(call id, stage, output length in tokens) of every call tokenized with that tokenizer,
+        newest first (what seeding a server's trees reads first)."""
+        return [tuple(row) for row in self.conn.execute(
+            """SELECT c.id, c.stage, LENGTH(t.ids) / 4 FROM calls c JOIN tokens t
+               ON t.kind = 'r' AND t.ref = c.id AND t.tokenizer = ?
+               ORDER BY COALESCE(c.created_at, 0) DESC, c.id DESC""", (tokenizer_fingerprint,))]
 
     def response_tokens(self, call_ids: list[int], tokenizer_fingerprint: str) -> dict[int, np.ndarray]:
         out: dict[int, np.ndarray] = {}

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from agentaccel.backends.local.cuda_graphs import GraphSlot, SlotSequence, context_len, default_slots
-from agentaccel.backends.local.verifier import Sequence
+from agentaccel.backends.local.static_slots import GraphSlot, SlotSequence, context_len, default_slots
+from agentaccel.backends.local.verifier import GrowingSequence
 from agentaccel.engine.cost_profile import load_profile, measured_profile
 from agentaccel.engine.draft_size import DraftSizer
 
@@ -51,7 +51,7 @@ def _serving_sequence(model, prompt: list[int]):
     CUDA graphs (its steps cost by bucket, over all its columns), else the dynamic cache."""
     if default_slots(model):
         return SlotSequence(GraphSlot(model, context_len(model)), prompt)
-    return Sequence(model, prompt)
+    return GrowingSequence(model, prompt)
 
 
 def profile_contexts(model, wanted=CONTEXTS) -> list[int]:

@@ -1,12 +1,11 @@
 """Few-row matrix products for decoding and verification steps on CPU.
 
 A step runs a few rows through every linear layer (the pending token plus the draft), and is
-bound by reading the weights from memory. torch's `F.linear` reaches about half of this
-machine's read bandwidth for one row and less for 2-16 (MKL's GEMV/GEMM: SmolLM2's LM head,
-49,152 x 576, takes 8.4 ms for one row, 17 ms for two). The native kernel in
-csrc/cpu_kernels streams each weight once for all rows (the head: ~4.4 ms for one row, 4.8 for
-two, 7 for eight, 10 for sixteen; docs/BENCHMARKS.md), and computes every row exactly as it
-would alone, so a verification step's logits for the pending token are bit-identical to a plain
+bound by reading the weights from memory. torch's `F.linear` (MKL's GEMV/GEMM) reads a
+weight once per row block and falls well short of the machine's read bandwidth for few rows, so
+two rows cost nearly twice one. The native kernel in csrc/cpu_kernels streams each weight once
+for all rows (timings: docs/BENCHMARKS.md, "Embedded backend on CPU"), and computes every row
+exactly as it would alone, so a verification step's logits for the pending token are bit-identical to a plain
 step's.
 
 Without the kernel (a CPU lacking AVX2/FMA, or not x86) few-row products run weight-first in
@@ -21,9 +20,9 @@ import types
 import torch
 import torch.nn.functional as F
 
-KERNEL_ROWS = 64  # rows up to which the native kernel beats MKL's GEMM here (measured to 33)
-# Without the kernel: rows computed weight-first in torch, from `agentaccel bench backend` and
-# per-layer timings: the LM head wins at every draft size measured, the other layers from 2 to ~9.
+KERNEL_ROWS = 64  # rows up to which the native kernel is used (past it MKL's GEMM amortizes reads itself)
+# Without the kernel: rows computed weight-first in torch where `agentaccel bench backend` and
+# per-layer timings found it faster (the wide LM head always, the other layers for small drafts).
 HEAD_ROWS = (2, 64)
 BODY_ROWS = (2, 9)
 

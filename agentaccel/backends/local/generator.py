@@ -12,10 +12,10 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from agentaccel.backends.local.cuda_graphs import SlotPool, SlotSequence, context_len, default_slots
 from agentaccel.backends.local.prefix_cache import DEFAULT_BUDGET_BYTES, PrefixCache
 from agentaccel.backends.local.sampling import SamplingParams, chooser
-from agentaccel.backends.local.verifier import Sequence
+from agentaccel.backends.local.static_slots import SlotPool, SlotSequence, context_len, default_slots
+from agentaccel.backends.local.verifier import DecodingSequence, GrowingSequence
 from agentaccel.engine import SpecConfig, SuffixEngine
 from agentaccel.engine.draft_size import DraftSizer
 from agentaccel.engine.stage_config import default_spec
@@ -54,7 +54,7 @@ class LocalGenerator:
         drafting policy (alpha, tau, ...) overriding `spec`. `sizer`: cuts suffix drafts to the
         size that pays best under this backend's measured cost curve. `static_slots`: requests
         decoded at once on a static KV cache of `static_len` columns (default: the context),
-        whose steps replay as CUDA graphs on a GPU (default: cuda_graphs.default_slots).
+        whose steps replay as CUDA graphs on a GPU (default: static_slots.default_slots).
         `prefix_cache_bytes`: memory for prompts' KV entries reused by later prompts that begin
         alike (0: none)."""
         if drafter not in ("suffix", "pld"):
@@ -101,13 +101,14 @@ class LocalGenerator:
     def _decode(self, prompt, params, engine, rid, on_tokens, spec: SpecConfig, cache_scope) -> GenerationResult:
         slot = self.slots.acquire(len(prompt) + params.max_tokens) if self.slots else None
         try:
-            seq = SlotSequence(slot, prompt) if slot else Sequence(self.model, prompt)
+            seq = SlotSequence(slot, prompt) if slot else GrowingSequence(self.model, prompt)
             return self._run(seq, prompt, params, engine, rid, on_tokens, spec, cache_scope)
         finally:
             if slot:
                 self.slots.release(slot)
 
-    def _run(self, seq, prompt, params, engine, rid, on_tokens, spec: SpecConfig, cache_scope) -> GenerationResult:
+    def _run(self, seq: DecodingSequence, prompt, params, engine, rid, on_tokens, spec: SpecConfig,
+             cache_scope) -> GenerationResult:
         choose = chooser(params)
         t0 = time.perf_counter()
         reuse = self.prefix_cache.lookup(prompt, cache_scope) if self.prefix_cache else None

@@ -43,7 +43,7 @@ def _save_tokenizer(folder: Path) -> None:
     """A tokenizer.json + config beside the weights (vLLM and HF loaders look for them)."""
     import json
 
-    from agentaccel.traces.tokenization import load_tokenizer
+    from agentaccel.text.tokenization import load_tokenizer
 
     tok = load_tokenizer()
     tok.tokenizer.save(str(folder / "tokenizer.json"))
@@ -76,7 +76,7 @@ def load_model(path: str | Path | None = None, device: str | None = None, dtype:
     """(model, tokenizer) ready for inference; `path` is a local HF folder (default: SmolLM2)."""
     from transformers import AutoModelForCausalLM
 
-    from agentaccel.traces.tokenization import load_tokenizer
+    from agentaccel.text.tokenization import load_tokenizer
 
     folder = Path(path) if path else default_model_folder()
     if not (folder / "config.json").is_file():

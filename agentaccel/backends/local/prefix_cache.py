@@ -3,8 +3,8 @@
 Agent pipelines send prompts that begin alike: every stage of a text-to-SQL pipeline repeats the
 chat template, the schema and the question; every turn of an agent repeats the whole history.
 After its prefill each request leaves its prompt's keys and values here; a later prompt that
-begins with the same tokens copies them and prefills only the rest. On a 2-core CPU a 150-token
-prefill takes ~0.4 s, so this is the part of a short call that speculation cannot shorten.
+begins with the same tokens copies them and prefills only the rest. On a CPU the prefill is the
+part of a short call that speculation cannot shorten.
 
 Entries are kept per scope (the proxy passes the client's API key's tenant): how many tokens a
 request finds cached must not tell one client about another's prompts.
@@ -25,7 +25,7 @@ import torch
 
 LayerKV = tuple[torch.Tensor, torch.Tensor]  # (keys, values), each [batch 1, kv heads, tokens, head dim]
 
-DEFAULT_BUDGET_BYTES = 512 << 20  # SmolLM2 keeps 46 KB a token: ~11 k prompt tokens
+DEFAULT_BUDGET_BYTES = 512 << 20  # about ten thousand prompt tokens of SmolLM2's KV entries
 MIN_REUSE = 16  # fewer shared tokens are cheaper to recompute than to look up and copy
 
 

@@ -23,7 +23,7 @@ from agentaccel.backends.local.prefix_cache import DEFAULT_BUDGET_BYTES
 from agentaccel.backends.local.sampling import SamplingParams
 from agentaccel.engine import SpecConfig, SuffixEngine
 from agentaccel.errors import APIError, bad_request
-from agentaccel.traces.render import render_prompt
+from agentaccel.text.render import render_prompt
 
 DEFAULT_MAX_TOKENS = 1024
 

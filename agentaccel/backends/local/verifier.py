@@ -1,4 +1,7 @@
 """One decoding sequence: prefill, then steps that verify a draft tree in a single forward pass.
+`DecodingSequence` is what the generator drives; `GrowingSequence` (here, a KV cache that grows
+with the context) and `static_slots.SlotSequence` (a slot of a static cache, replayed as CUDA
+graphs on a GPU) provide it.
 
 At every tree node the next token is chosen from the model's own logits (argmax, or a sample
 of the model's distribution); the draft child holding that token is followed, and the first
@@ -10,6 +13,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
+from typing import Protocol
 
 import torch
 
@@ -27,12 +31,26 @@ def _takes_logits_to_keep(model_class: type) -> bool:
 
 def last_logits_only(model) -> dict:
     """Forward arguments for a prefill, which needs the logits of the last position only: the LM
-    head over every prompt position is thrown-away work (2 x 1,536 x 49,152 x 576 = 87 GFLOP for
-    a SWE-agent prompt with SmolLM2, over a second on this CPU)."""
+    head over every prompt position is thrown-away work (2 x prompt x vocabulary x hidden FLOP,
+    most of a long prompt's prefill for a small model on a CPU)."""
     return {"logits_to_keep": 1} if _takes_logits_to_keep(type(model)) else {}
 
 
-class Sequence:
+class DecodingSequence(Protocol):
+    def prefill(self, choose: Chooser, reuse: PrefixHit | None = None) -> int:
+        """Runs the prompt (after the entries `reuse` holds for its beginning); the first output token."""
+
+    def cache_layers(self) -> list[LayerKV]:
+        """Every layer's keys and values, the prompt's first (read right after the prefill)."""
+
+    def step(self, draft_tokens: list[int], draft_parents: list[int], choose: Chooser) -> tuple[list[int], int]:
+        """Verifies a draft tree in one forward pass: the accepted draft tokens and the next
+        pending token."""
+
+
+class GrowingSequence:
+    """A DecodingSequence over transformers' model with a KV cache that grows with the context."""
+
     def __init__(self, model, prompt: list[int]) -> None:
         self.model = model
         self.device = next(model.parameters()).device

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agentaccel.errors import APIError
-from agentaccel.traces.records import canonical_json, message_text
+from agentaccel.text.messages import canonical_json, message_text
 from agentaccel.traces.store import TraceStore
 
 

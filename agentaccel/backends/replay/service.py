@@ -26,7 +26,7 @@ from agentaccel.engine.cost_profile import CostProfile
 from agentaccel.engine.stage_config import SIZED_SPEC
 from agentaccel.engine.verification import accepted_length
 from agentaccel.errors import bad_request
-from agentaccel.traces.render import render_prompt
+from agentaccel.text.render import render_prompt
 from agentaccel.traces.store import TraceStore
 
 MAX_DRAFT = 32

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 import tempfile
 from pathlib import Path
@@ -19,14 +18,9 @@ from agentaccel.backends.base import CallContext
 from agentaccel.backends.openai_compat import OpenAIBackend
 from agentaccel.backends.vllm.supervisor import Supervisor
 from agentaccel.errors import APIError
+from agentaccel.processes import free_port
 
 DEFAULT_SPECULATIVE_CONFIG = {"method": "suffix", "num_speculative_tokens": 32, "suffix_decoding_max_tree_depth": 64}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _has_cuda() -> bool:

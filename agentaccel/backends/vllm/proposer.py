@@ -1,7 +1,8 @@
 """AgentaccelProposer: vLLM's suffix proposer interface, drafting from SuffixEngine.
 
 Read once at start: vLLM's speculative config (`num_speculative_tokens` caps a draft,
-`suffix_decoding_max_tree_depth` is the engine depth, `suffix_decoding_max_spec_factor` alpha,
+`suffix_decoding_max_tree_depth` is the engine depth, `suffix_decoding_max_spec_factor` alpha —
+read by the paper mode only: the default mode sizes drafts by their verification cost —,
 `suffix_decoding_min_token_prob` min-prob) and the environment the managed launcher sets:
 
 * `AGENTACCEL_DB` + `AGENTACCEL_SEED=1`: seed the stage trees from the trace store;
@@ -124,9 +125,9 @@ class AgentaccelProposer:
             StatsWriter(self.drafter, Path(os.environ["AGENTACCEL_VLLM_STATS"])).start()
 
     def _seed(self, vllm_config) -> None:
-        from agentaccel.engine.seeding import seed_from_store
+        from agentaccel.backends.seeding import seed_from_store
+        from agentaccel.text.tokenization import load_tokenizer
         from agentaccel.traces.store import TraceStore
-        from agentaccel.traces.tokenization import load_tokenizer
 
         try:
             tokenizer = load_tokenizer(_tokenizer_file(vllm_config.model_config.tokenizer))

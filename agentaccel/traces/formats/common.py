@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from agentaccel.traces.records import FormatError, message_text
+from agentaccel.text.messages import message_text
+from agentaccel.traces.records import FormatError
 
 
 def load_json(path: Path) -> Any:

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentaccel.traces.records import message_text
+from agentaccel.text.messages import message_text
 
 GENERATION_PROMPT = "<|im_start|>assistant\n"
 
 
 def render_message(message: Any) -> str:
     if not isinstance(message, dict):  # a tool list
-        from agentaccel.traces.records import canonical_json
+        from agentaccel.text.messages import canonical_json
 
         return canonical_json(message)
     return f"<|im_start|>{message.get('role', 'user')}\n{message_text(message)}<|im_end|>\n"

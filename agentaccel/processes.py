@@ -1,14 +1,23 @@
-"""Waiting for a server started as a child process to come up (benchmarks, scripts and tests)."""
+"""Child server processes, for the vLLM backend, benchmarks, scripts and tests: a free port to
+give one, waiting until it is healthy, and stopping it with everything it started."""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable
 
 import httpx
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on now (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def wait_healthy(url: str, proc: subprocess.Popen, timeout: float, ready: Callable[[object], bool] = lambda body: True,

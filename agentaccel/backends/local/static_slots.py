@@ -1,12 +1,14 @@
-"""Verification steps replayed as CUDA graphs over a static KV cache.
+"""Slots of a static KV cache whose verification steps replay as CUDA graphs on a GPU (and run
+eagerly on a CPU).
 
-On a GPU a SmolLM2 step is ~1,400 small kernels: the CPU takes 20-30 ms to issue them while the
-GPU works 2.5 ms (H100, measured). A CUDA graph issues them all at once, but it replays fixed
-shapes at fixed addresses. So a slot holds a KV cache of the longest context it serves and one
-graph per query size bucket; a step pads its tree to the next bucket, writes its KV entries at
-the context's end, and passes a mask over every cache column: the context and each node's
-ancestors are visible, everything else (pad rows, stale entries of rejected drafts) is hidden,
-so nothing past the context ever needs clearing. Without CUDA the same slot runs eagerly (tests)."""
+On a GPU a SmolLM2 step is well over a thousand small kernels: the CPU takes far longer to issue
+them than the GPU takes to run them (docs/BENCHMARKS.md, the CUDA check). A CUDA graph issues
+them all at once, but it replays fixed shapes at fixed addresses. So a slot holds a KV cache of
+the longest context it serves and one graph per query size bucket; a step pads its tree to the
+next bucket, writes its KV entries at the context's end, and passes a mask over every cache
+column: the context and each node's ancestors are visible, everything else (pad rows, stale
+entries of rejected drafts) is hidden, so nothing past the context ever needs clearing. Without
+CUDA the same slot runs eagerly (tests)."""
 
 from __future__ import annotations
 
@@ -96,10 +98,9 @@ class GraphSlot:
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         # A few query rows over thousands of masked columns: the fused attention kernel SDPA picks
-        # parallelizes over query rows and took 0.22 ms a layer at 2,048 columns (H100), 3/4 of
-        # a step. With the math kernel a plain step takes 5.5 ms instead of 30.9; steps of 2+
-        # rows still pay ~0.25 ms a layer for cuBLAS's weights x values kernel over all columns
-        # (docs/BENCHMARKS.md: the next thing to fix).
+        # parallelizes over query rows, so with so few of them it leaves the GPU idle and took
+        # most of a step; the math kernel does not. Steps of 2+ rows still pay for cuBLAS's
+        # weights x values kernel over all columns (docs/BENCHMARKS.md, the CUDA check).
         with sdpa_kernel(SDPBackend.MATH):
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
@@ -123,7 +124,7 @@ class GraphSlot:
 
 
 class SlotSequence:
-    """One decoding sequence on a slot; the same interface as verifier.Sequence."""
+    """One decoding sequence on a slot (a verifier.DecodingSequence)."""
 
     def __init__(self, slot: GraphSlot, prompt: list[int]) -> None:
         self.slot = slot

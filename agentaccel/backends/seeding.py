@@ -1,4 +1,4 @@
-"""Seeding global trees from the trace store at start: the newest outputs that fit the memory
+"""Seeding a server's stage trees from the trace store at start: the newest outputs that fit the memory
 budget, inserted oldest first (so the engine's own oldest-first eviction keeps the newest)."""
 
 from __future__ import annotations
@@ -28,10 +28,7 @@ def seed_from_store(engine: SuffixEngine, store: TraceStore, tokenizer, budget_b
     `progress(done, total)` is called as documents go in."""
     store.ensure_tokens(tokenizer)
     budget = budget_bytes if budget_bytes is not None else engine.stats()["memory_budget_bytes"]
-    rows = store.conn.execute(
-        """SELECT c.id, c.stage, LENGTH(t.ids) / 4 FROM calls c JOIN tokens t
-           ON t.kind = 'r' AND t.ref = c.id AND t.tokenizer = ?
-           ORDER BY COALESCE(c.created_at, 0) DESC, c.id DESC""", (tokenizer.fingerprint,)).fetchall()
+    rows = store.output_lengths(tokenizer.fingerprint)
     report = SeedReport()
     chosen, total = [], 0
     for call_id, stage, n in rows:
