@@ -106,8 +106,11 @@ void Engine::rebuild_without_locked(Stage& stage, const std::vector<uint64_t>& d
 
 uint64_t Engine::global_bytes_locked() const {
   uint64_t total = 0;
+  // A stage without documents is request bookkeeping (it exists while requests name it, and is
+  // recycled when none does), bounded by concurrency like the request trees; the budget is over
+  // the documents' trees, so starting a request never evicts.
   for (const auto& s : stages_)
-    if (!s->free) total += s->sam.bytes();  // a free slot is request bookkeeping, bounded by concurrency
+    if (!s->free && !s->sam.docs().empty()) total += s->sam.bytes();
   return total;
 }
 
@@ -199,10 +202,8 @@ bool Engine::start_request(const std::string& rid, const uint32_t* prompt, size_
   uint32_t idx;
   {
     std::unique_lock lock(stages_mu_);
-    const size_t known = stage_by_name_.size();
     idx = req->stage = stage_index(stage);
     ++stages_[idx]->live;
-    if (stage_by_name_.size() > known) enforce_budget_locked();  // a new stage's empty tree counts too
   }
   bool added;
   {
