@@ -589,8 +589,9 @@ std::string Engine::check(bool counts) const {
       if (it == doc_stage_.end() || it->second != s) return "document map out of sync for id " + std::to_string(d.id);
     }
     docs += a.docs().size();
+    auto named = stage_by_name_.find(stages_[s]->name);
     if (stages_[s]->free ? !a.docs().empty() || stages_[s]->live > 0
-                         : stage_by_name_.count(stages_[s]->name) == 0 || stage_by_name_.at(stages_[s]->name) != s)
+                         : named == stage_by_name_.end() || named->second != s)
       return "stage slot " + std::to_string(s) + " out of sync with the stage names";
   }
   if (stage_by_name_.size() + free_stages_.size() != stages_.size()) return "stage name map has stale entries";

@@ -109,11 +109,11 @@ class Recorder:
         reader.close()  # the writer holds the only read end: our death is its end of input
         self._started_at = time.monotonic()
 
-    def _restart_writer(self) -> bool:
-        """After the writer died: counts what it held as lost and starts another (rate-limited;
-        False while a restart has to wait)."""
+    def _restart_writer(self) -> None:
+        """After the writer died: counts what it held as lost and starts another (rate-limited:
+        a writer that keeps dying waits for the next try)."""
         if time.monotonic() - self._started_at < _RESTART_SECONDS:
-            return False
+            return
         self._process.join()  # its counters are final now
         # With no writer running, every call ever sent is written, failed or lost with a writer.
         self._died_with = self._sent - self._written.value - self._failed.value
@@ -125,7 +125,6 @@ class Recorder:
         self._start_writer()
         if self._tokenize is not None:
             self._pipe.send_bytes(pickle.dumps([_SetTokenizer(self._tokenize)], protocol=pickle.HIGHEST_PROTOCOL))
-        return True
 
     @property
     def alive(self) -> bool:
