@@ -18,8 +18,7 @@ constexpr uint64_t kFlushEvery = 16;
 constexpr size_t kFewLive = 16;
 }  // namespace
 
-BatchDrafter::BatchDrafter(Engine& engine, const SpecParams& defaults, int threads)
-    : engine_(engine), defaults_(defaults) {
+BatchDrafter::BatchDrafter(Engine& engine, int threads) : engine_(engine) {
   if (threads < 1) throw InvalidInput("threads must be at least 1");
   for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { worker_loop(); });
 }
@@ -31,13 +30,6 @@ BatchDrafter::~BatchDrafter() {
   }
   pool_cv_.notify_all();
   for (auto& w : workers_) w.join();
-}
-
-void BatchDrafter::set_stage_params(const std::string& stage, const SpecParams& params) {
-  std::lock_guard lock(admit_mu_);
-  stage_params_[stage] = params;
-  for (auto& [rid, e] : entries_)
-    if (e.stage == stage) e.params = &stage_params_[stage];
 }
 
 void BatchDrafter::admit(const std::string& rid, const std::string& stage, bool speculate) {
@@ -94,10 +86,6 @@ std::vector<std::vector<uint32_t>> BatchDrafter::step(const BatchStep& s) {
         engine_.start_request(rid, reinterpret_cast<const uint32_t*>(row), e.prompt_len, e.stage);
         e.started = true;
       }
-      if (!e.params) {
-        auto it = stage_params_.find(e.stage);
-        e.params = it == stage_params_.end() ? &defaults_ : &it->second;
-      }
       if (!e.counters) {  // past kMaxCountedStages distinct names the rest share one entry
         auto it = counters_.find(e.stage);
         e.counters = it != counters_.end() ? &it->second
@@ -110,6 +98,7 @@ std::vector<std::vector<uint32_t>> BatchDrafter::step(const BatchStep& s) {
         c.steps += 1;
         c.drafted += uint64_t(e.last_draft);
         c.accepted += uint64_t(std::min<int64_t>(e.last_draft, hi - lo - 1));
+        c.predicted += e.last_score;
       }
       const int budget = std::min<int64_t>(s.max_tokens, int64_t(s.max_model_len) - num_tokens - 1);
       e.last_draft = 0;
@@ -183,9 +172,9 @@ void BatchDrafter::flush() {
 void BatchDrafter::draft_range(std::vector<std::vector<uint32_t>>& out) {
   for (size_t k = next_job_.fetch_add(1); k < jobs_.size(); k = next_job_.fetch_add(1)) {
     const Job& j = jobs_[k];
-    SpecParams params = *j.entry->params;
-    params.max_tokens = std::min(params.max_tokens, j.budget);
-    out[j.index] = std::move(engine_.speculate(*j.rid, params).tokens);
+    Draft d = engine_.speculate(*j.rid, j.budget);
+    j.entry->last_score = d.score;
+    out[j.index] = std::move(d.tokens);
   }
 }
 

@@ -25,6 +25,7 @@ struct StageCounters {
   uint64_t drafted = 0;   // draft tokens those steps verified
   uint64_t accepted = 0;  // draft tokens accepted
   uint64_t tokens = 0;    // tokens produced (accepted + the one the model adds each step)
+  double predicted = 0.0; // expected accepted tokens of those drafts (sum of their scores)
 };
 
 // One step's input, as vLLM's InputBatch holds it: row i of `rows` (row stride `stride`) holds
@@ -44,13 +45,13 @@ struct BatchStep {
 
 class BatchDrafter {
  public:
-  // `threads`: drafting threads including the caller's (1: all on the caller's thread).
-  BatchDrafter(Engine& engine, const SpecParams& defaults, int threads);
+  // `threads`: drafting threads including the caller's (1: all on the caller's thread). Each
+  // request drafts with its stage's policy, which the engine holds.
+  BatchDrafter(Engine& engine, int threads);
   ~BatchDrafter();
   BatchDrafter(const BatchDrafter&) = delete;
   BatchDrafter& operator=(const BatchDrafter&) = delete;
 
-  void set_stage_params(const std::string& stage, const SpecParams& params);
   // Announces a request before its first step: its stage, and whether it is drafted for (a
   // request that is not is a baseline: no drafts, and its output is not learned from).
   void admit(const std::string& rid, const std::string& stage, bool speculate);
@@ -69,8 +70,8 @@ class BatchDrafter {
     bool started = false;     // has an engine request
     size_t prompt_len = 0;    // its context when it started (the output follows)
     int32_t last_draft = -1;  // length of the draft proposed last step (-1: none yet)
+    double last_score = 0.0;  // its expected accepted tokens
     uint64_t seen = 0;        // the last step that listed it
-    const SpecParams* params = nullptr;
     StageCounters* counters = nullptr;
   };
   struct Job {  // one request's drafting in the current step
@@ -86,8 +87,6 @@ class BatchDrafter {
   void worker_loop();
 
   Engine& engine_;
-  SpecParams defaults_;
-  std::unordered_map<std::string, SpecParams> stage_params_;
   std::unordered_map<std::string, Entry> entries_;
   std::map<std::string, StageCounters> counters_;
   static constexpr size_t kMaxCountedStages = 512;  // as the proxy's metrics: stage names are client-chosen

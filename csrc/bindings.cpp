@@ -76,7 +76,7 @@ NB_MODULE(_core, m) {
   nb::class_<SpecParams>(m, "SpecParams")
       .def(nb::init<>())
       .def_rw("max_tokens", &SpecParams::max_tokens)
-      .def_rw("paper", &SpecParams::paper)
+      .def_rw("mixture", &SpecParams::mixture)
       .def_rw("alpha", &SpecParams::alpha)
       .def_rw("max_pattern", &SpecParams::max_pattern)
       .def_rw("min_prob", &SpecParams::min_prob)
@@ -88,7 +88,10 @@ NB_MODULE(_core, m) {
       .def_rw("length_power", &SpecParams::length_power)
       .def_rw("escape", &SpecParams::escape)
       .def_rw("escape_length", &SpecParams::escape_length)
-      .def_rw("recency", &SpecParams::recency);
+      .def_rw("recency", &SpecParams::recency)
+      .def_rw("confidence", &SpecParams::confidence)
+      .def_rw("curve_contexts", &SpecParams::curve_contexts)
+      .def_rw("curve_costs", &SpecParams::curve_costs);
 
   nb::class_<agentaccel::Predictability>(m, "Predictability")
       .def_ro("positions", &agentaccel::Predictability::positions)
@@ -108,11 +111,11 @@ NB_MODULE(_core, m) {
       .def_ro("steps", &agentaccel::StageCounters::steps)
       .def_ro("drafted", &agentaccel::StageCounters::drafted)
       .def_ro("accepted", &agentaccel::StageCounters::accepted)
-      .def_ro("tokens", &agentaccel::StageCounters::tokens);
+      .def_ro("tokens", &agentaccel::StageCounters::tokens)
+      .def_ro("predicted", &agentaccel::StageCounters::predicted);
 
   nb::class_<BatchDrafter>(m, "BatchDrafter")
-      .def(nb::init<Engine&, const SpecParams&, int>(), "engine"_a, "defaults"_a, "threads"_a, nb::keep_alive<1, 2>())
-      .def("set_stage_params", &BatchDrafter::set_stage_params, "stage"_a, "params"_a)
+      .def(nb::init<Engine&, int>(), "engine"_a, "threads"_a, nb::keep_alive<1, 2>())
       .def("admit", &BatchDrafter::admit, "req_id"_a, "stage"_a, "speculate"_a, Release())
       .def("release", &BatchDrafter::release, "req_id"_a, Release())
       .def("step", &batch_step, "req_ids"_a, "rows"_a, "num_tokens"_a, "sampled"_a, "max_tokens"_a, "max_model_len"_a)
@@ -134,7 +137,11 @@ NB_MODULE(_core, m) {
            "req_id"_a, "prompt"_a, "stage"_a, "continue_from"_a, Release())
       .def("extend", [](Engine& e, const std::string& rid, Tokens t) { e.extend(rid, t.data(), t.shape(0)); },
            "req_id"_a, "tokens"_a, Release())
-      .def("speculate", &Engine::speculate, "req_id"_a, "params"_a, Release())
+      .def("speculate", &Engine::speculate, "req_id"_a, "max_tokens"_a, Release())
+      .def("speculate_with", &Engine::speculate_with, "req_id"_a, "params"_a, Release())
+      .def("set_policy", &Engine::set_policy, "stage"_a, "params"_a, Release())
+      .def("clear_policy", &Engine::clear_policy, "stage"_a, Release())
+      .def("policy", &Engine::policy, "stage"_a, Release())
       .def("finish_request", &Engine::finish_request, "req_id"_a, "keep_output"_a, "retain"_a, Release())
       .def("prompt_lookup", &Engine::prompt_lookup, "req_id"_a, "min_n"_a, "max_n"_a, "k"_a, Release())
       .def("longest_continuation",

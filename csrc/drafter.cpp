@@ -256,8 +256,9 @@ class Grower {
     // expected speedup (1 + score) / (1 + cost * n): the budgeted greedy rule. (A fixed
     // threshold cost x the request's achieved speedup was measured too: slightly worse on
     // every replay workload.)
+    // The probabilities are trusted as far as the stage's confidence says.
     double n = double(draft.tokens.size());
-    return d > lim_.cost * (1.0 + draft.score) / (1.0 + lim_.cost * n);
+    return lim_.confidence * d > lim_.cost * (1.0 + lim_.confidence * draft.score) / (1.0 + lim_.cost * n);
   }
 
   // Empties the draft, keeping its buffers (one allocation per array instead of one per doubling).

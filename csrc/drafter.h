@@ -33,18 +33,20 @@ struct Source {
   int32_t matched = 0;  // context tokens this source has matched so far (mixture calibration)
 };
 
+// Built by the engine from SpecParams, every field set.
 struct GrowLimits {
-  int budget = 32;          // most nodes in the draft
-  int room = 1 << 30;       // deepest node depth allowed (max_depth - pattern length in paper mode)
-  double min_prob = 0.1;    // nodes with D below this are never added
-  double cost = 0.0;        // mixture mode: verification cost of one draft token, in steps
-  double escape = 0.0;      // mixture mode: PPM-style escape mass per distinct child (calibration)...
+  int budget = 0;              // most nodes in the draft
+  int room = 0;                // deepest node depth allowed (max_depth - pattern length in paper mode)
+  double min_prob = 0.0;       // nodes with D below this are never added
+  double cost = 0.0;           // mixture mode: verification cost of one draft token, in steps
+  double escape = 0.0;         // mixture mode: PPM-style escape mass per distinct child (calibration)...
   double escape_length = 0.0;  // ...divided by (1 + matched / escape_length) when > 0: long exact
                                // matches predict their continuation better than short ones
-  double recency = 0.0;     // mixture mode: share of a request tree's recency-weighted counts in
-                            // its continuations' counts (0: plain counts; needs trees with recency)
-  bool tree = true;         // false: a single path (linear draft)
-  bool mixture = false;     // false: paper mode (summed counts)
+  double recency = 0.0;        // mixture mode: share of a request tree's recency-weighted counts in
+                               // its continuations' counts (0: plain counts; needs trees with recency)
+  double confidence = 0.0;     // mixture mode: growth weighs each node's D by this (SpecParams::confidence)
+  bool tree = false;           // false: a single path (linear draft)
+  bool mixture = false;        // false: paper mode (summed counts)
 };
 
 // Grows a draft from `roots` into `out` (whose buffers are reused). `room_hit` reports whether

@@ -320,9 +320,93 @@ const Engine::Match& Engine::match_locked(Request& req, uint32_t stage_idx) {
   return m;
 }
 
-Draft Engine::speculate(const std::string& rid, const SpecParams& params) {
+void Engine::set_policy(const std::string& stage, const SpecParams& params) {
+  if (params.max_tokens < 0 || params.min_prob < 0 || params.cost < 0 || params.max_pattern < 0 ||
+      params.confidence < 0)
+    throw InvalidInput("drafting policy: max_tokens, min_prob, cost, confidence and max_pattern must be >= 0");
+  if (!params.curve_contexts.empty() &&
+      (params.curve_costs.empty() || params.curve_costs.size() % params.curve_contexts.size() != 0))
+    throw InvalidInput("drafting policy: the cost curve needs the same draft sizes at every context");
+  if (params.curve_contexts.empty() != params.curve_costs.empty())
+    throw InvalidInput("drafting policy: a cost curve needs both contexts and costs");
+  for (double c : params.curve_costs)
+    if (!(c > 0)) throw InvalidInput("drafting policy: every cost of the curve must be positive");
+  auto shared = std::make_shared<const SpecParams>(params);
+  std::unique_lock lock(policies_mu_);
+  policies_[stage] = std::move(shared);
+}
+
+bool Engine::clear_policy(const std::string& stage) {
+  if (stage.empty()) throw InvalidInput("the default policy cannot be cleared, only replaced");
+  std::unique_lock lock(policies_mu_);
+  return policies_.erase(stage) > 0;
+}
+
+std::shared_ptr<const SpecParams> Engine::policy_for(const std::string& stage) const {
+  std::shared_lock lock(policies_mu_);
+  auto it = policies_.find(stage);
+  if (it == policies_.end()) it = policies_.find("");
+  return it == policies_.end() ? nullptr : it->second;
+}
+
+SpecParams Engine::policy(const std::string& stage) const {
+  auto p = policy_for(stage);
+  return p ? *p : SpecParams{};
+}
+
+Draft Engine::speculate(const std::string& rid, int max_tokens) {
   auto req = find_request(rid);
   std::lock_guard rlock(req->mu);
+  std::shared_ptr<const SpecParams> params;
+  {
+    std::shared_lock lock(stages_mu_);
+    params = policy_for(stages_[req->stage]->name);
+  }
+  if (!params) return Draft{};  // no policy set: nothing to draft with
+  return draft(*req, *params, std::min(max_tokens, params->max_tokens));
+}
+
+Draft Engine::speculate_with(const std::string& rid, const SpecParams& params) {
+  auto req = find_request(rid);
+  std::lock_guard rlock(req->mu);
+  return draft(*req, params, params.max_tokens);
+}
+
+namespace {
+// Keeps the draft's prefix with the most expected tokens per unit of verification cost under
+// the measured curve, interpolated at the request's context length. The draft was grown best
+// node first, so every prefix is a valid tree and its expected accepted length is the sum of
+// its nodes' D.
+void keep_best_rate_prefix(Draft& d, const SpecParams& p, double trust, size_t context) {
+  const size_t curves = p.curve_contexts.size();
+  const size_t sizes = p.curve_costs.size() / curves;
+  const auto& ctx = p.curve_contexts;
+  const size_t i = size_t(std::upper_bound(ctx.begin(), ctx.end(), int64_t(context)) - ctx.begin());
+  const size_t lo = i == 0 ? 0 : i - 1, hi = i == curves ? curves - 1 : i;
+  const double w = lo == hi ? 0.0 : double(int64_t(context) - ctx[lo]) / double(ctx[hi] - ctx[lo]);
+  auto cost = [&](size_t n) {
+    const double a = p.curve_costs[lo * sizes + n], b = p.curve_costs[hi * sizes + n];
+    return a + w * (b - a);
+  };
+  size_t best_n = 0;
+  double best_rate = 1.0 / cost(0), expected = 1.0;  // every step yields one token, plus accepted drafts
+  for (size_t n = 1; n <= std::min(d.tokens.size(), sizes - 1); ++n) {
+    expected += trust * d.probs[n - 1];
+    const double rate = expected / cost(n);
+    if (rate > best_rate) best_n = n, best_rate = rate;
+  }
+  d.tokens.resize(best_n);
+  d.parents.resize(best_n);
+  d.probs.resize(best_n);
+  d.score = 0.0;
+  for (double q : d.probs) d.score += q;
+  if (best_n == 0) d.source.clear();
+}
+}  // namespace
+
+Draft Engine::draft(Request& req_ref, const SpecParams& params, int max_tokens) {
+  Request* req = &req_ref;
+  max_tokens = std::max(max_tokens, 0);
   std::shared_lock lock(stages_mu_);
 
   // Tree lists are reused per thread: a step allocates nothing for them once warm.
@@ -353,12 +437,12 @@ Draft Engine::speculate(const std::string& rid, const SpecParams& params) {
   // In paper mode a union of the request's own stage alone is the stage tree again: same draft,
   // and ties keep the earlier tree, so it is skipped.
   const bool union_is_stage =
-      params.paper && (params.trees & kStageTree) && stages_.size() - free_stages_.size() == 1;
+      !params.mixture && (params.trees & kStageTree) && stages_.size() - free_stages_.size() == 1;
   if ((params.trees & kUnionTree) && !union_is_stage) {
     Tree& all = add_tree("union");
     for (uint32_t s = 0; s < stages_.size(); ++s) {
       // A mixture already has the request's own stage as a source: the union adds the others.
-      if (stages_[s]->free || (!params.paper && (params.trees & kStageTree) && s == req->stage)) continue;
+      if (stages_[s]->free || (!!params.mixture && (params.trees & kStageTree) && s == req->stage)) continue;
       const Match& m = match_locked(*req, s);
       all.automata.push_back(&stages_[s]->sam);
       all.states.push_back(m.state);
@@ -367,11 +451,11 @@ Draft Engine::speculate(const std::string& rid, const SpecParams& params) {
   }
 
   Draft best;
-  if (params.paper) {
+  if (!params.mixture) {
     bool have = false;
     for (size_t i = 0; i < used; ++i) {
       const Tree& t = trees[i];
-      Draft d = paper_best(t, params);
+      Draft d = paper_best(t, params, max_tokens);
       if (!have || d.score > best.score) {  // ties keep the earlier tree
         best = std::move(d);
         best.source = t.name;
@@ -379,19 +463,21 @@ Draft Engine::speculate(const std::string& rid, const SpecParams& params) {
       }
     }
   } else {
-    best = mixture(trees.data(), used, params);
+    best = mixture(trees.data(), used, params, max_tokens);
   }
   if (best.tokens.empty()) best.source.clear();
-  if (best.score < params.min_score) {  // the paper's fallback: no suffix draft this step
+  const double trust = params.mixture ? params.confidence : 1.0;
+  if (trust * best.score < params.min_score) {  // the paper's fallback: no suffix draft this step
     best.tokens.clear();
     best.parents.clear();
     best.probs.clear();
     best.source.clear();
   }
+  if (!params.curve_costs.empty() && !best.tokens.empty()) keep_best_rate_prefix(best, params, trust, req->sam.num_tokens());
   return best;
 }
 
-Draft Engine::paper_best(const Tree& tree, const SpecParams& params) const {
+Draft Engine::paper_best(const Tree& tree, const SpecParams& params, int max_tokens) const {
   const int depth = max_depth_;
   const int longest = params.max_pattern > 0 ? std::min(params.max_pattern, depth) : depth;
   int32_t max_matched = 0;
@@ -405,7 +491,7 @@ Draft Engine::paper_best(const Tree& tree, const SpecParams& params) const {
   thread_local std::vector<Source> roots;
   thread_local Draft range_best, candidate;
   auto draft_for = [&](int p, bool* hit, Draft& out) {
-    lim.budget = std::min(params.max_tokens, int(std::floor(params.alpha * p)));
+    lim.budget = std::min(max_tokens, int(std::floor(params.alpha * p)));
     lim.room = depth - p;
     grow_draft(roots, lim, hit, out);
     out.match_len = p;
@@ -419,7 +505,7 @@ Draft Engine::paper_best(const Tree& tree, const SpecParams& params) const {
   for (int p = std::min(longest, max_matched); p >= 1;) {
     // SCORE <= MAX_SPEC (every D is at most 1) and MAX_SPEC only shrinks with p: once the best
     // reaches it, no shorter pattern can beat it (ties go to the longer pattern anyway).
-    if (have && best.score >= double(std::min(params.max_tokens, int(std::floor(params.alpha * p))))) break;
+    if (have && best.score >= double(std::min(max_tokens, int(std::floor(params.alpha * p))))) break;
     roots.clear();
     int lo = 0;
     for (size_t i = 0; i < tree.automata.size(); ++i) {
@@ -450,7 +536,7 @@ Draft Engine::paper_best(const Tree& tree, const SpecParams& params) const {
   return best;
 }
 
-Draft Engine::mixture(const Tree* trees, size_t num_trees, const SpecParams& params) const {
+Draft Engine::mixture(const Tree* trees, size_t num_trees, const SpecParams& params, int max_tokens) const {
   const int longest = params.max_pattern > 0 ? params.max_pattern : max_depth_;
   thread_local std::vector<Source> sources;  // reused: no allocation per step once warm
   sources.clear();
@@ -474,12 +560,14 @@ Draft Engine::mixture(const Tree* trees, size_t num_trees, const SpecParams& par
       }
     }
   GrowLimits lim;
-  lim.budget = params.max_tokens;
+  lim.budget = max_tokens;
+  lim.room = 1 << 30;
   lim.min_prob = params.min_prob;
   lim.cost = params.cost;
   lim.escape = params.escape;
   lim.escape_length = params.escape_length;
   lim.recency = params.recency;
+  lim.confidence = params.confidence;
   lim.tree = params.tree;
   lim.mixture = true;
   bool ignored = false;

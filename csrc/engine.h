@@ -23,21 +23,33 @@ namespace agentaccel {
 
 enum TreeMask : int { kRequestTree = 1, kStageTree = 2, kUnionTree = 4 };
 
+// How one draft is grown. The defaults live in one place, the Python SpecConfig
+// (agentaccel/engine/suffix_engine.py), which sets every field; zero here means "not set".
 struct SpecParams {
-  int max_tokens = 32;      // most draft tokens
-  bool paper = false;       // true: the paper's algorithm exactly; false: agentaccel's mixture
-  double alpha = 1.0;       // paper: MAX_SPEC = floor(alpha * p)
-  int max_pattern = 0;      // P, longest pattern tried (0: max_depth)
-  double min_prob = 0.1;    // nodes with D below this are never drafted
-  double min_score = 0.0;   // tau: a best SCORE below it gives an empty draft (fallback)
-  bool tree = true;         // false: linear (single path) drafts
-  int trees = kRequestTree | kStageTree;  // which trees to draft from
-  double cost = 0.0;        // mixture: verification cost per draft token, in decoding steps
-  int max_sources = 3;      // mixture: suffix lengths per tree mixed into one draft
-  double length_power = 2.0;  // mixture: prior weight of a source = match_len ^ length_power
-  double escape = 0.0;      // mixture: escape mass per distinct continuation (probability calibration)
-  double escape_length = 0.0;  // mixture: escape shrinks as 1 / (1 + matched / escape_length) (0: constant)
-  double recency = 0.0;     // mixture: share of recency-weighted counts in request trees (needs a half-life)
+  int max_tokens = 0;         // most draft tokens
+  bool mixture = false;       // true: agentaccel's mixture of sources; false: the paper's algorithm
+  double alpha = 0.0;         // paper: MAX_SPEC = floor(alpha * p)
+  int max_pattern = 0;        // P, longest pattern tried (0: max_depth)
+  double min_prob = 0.0;      // nodes with D below this are never drafted
+  double min_score = 0.0;     // tau: a best SCORE below it gives an empty draft (fallback)
+  bool tree = false;          // false: linear (single path) drafts
+  int trees = 0;              // which trees to draft from (TreeMask bits)
+  double cost = 0.0;          // mixture: growth stops when a node no longer pays this cost per draft token
+  int max_sources = 0;        // mixture: suffix lengths per tree mixed into one draft
+  double length_power = 0.0;  // mixture: prior weight of a source = match_len ^ length_power
+  double escape = 0.0;        // mixture: escape mass per distinct continuation (probability calibration)
+  double escape_length = 0.0; // mixture: escape shrinks as 1 / (1 + matched / escape_length) (0: constant)
+  double recency = 0.0;       // mixture: share of recency-weighted counts in request trees (needs a half-life)
+  // How far the drafter's probabilities are trusted (1: as they are): every decision — growth
+  // against the cost, tau, the cut on a cost curve — weighs D x confidence. Tuned per stage,
+  // offline from the trace store and online from what the stage's drafts actually get accepted.
+  double confidence = 0.0;
+  // A measured verification cost: curve_costs[c * sizes + n] is the cost of a step verifying n
+  // draft tokens over curve_contexts[c] tokens of context, relative to a plain step (sizes =
+  // curve_costs.size() / curve_contexts.size()). When set, the grown draft is cut to its prefix
+  // with the most expected tokens per unit of cost at the request's context (n = 0 included).
+  std::vector<int64_t> curve_contexts;
+  std::vector<double> curve_costs;
 };
 
 // How predictable a token sequence is from a stage tree (the paper's empirical-entropy predictor).
@@ -73,7 +85,17 @@ class Engine {
   bool start_request(const std::string& rid, const uint32_t* prompt, size_t n, const std::string& stage,
                      const std::string& continue_from = "");
   void extend(const std::string& rid, const uint32_t* tokens, size_t n);
-  Draft speculate(const std::string& rid, const SpecParams& params);
+  // Drafts with the policy of the request's stage (that stage's, else the default), at most
+  // `max_tokens` tokens.
+  Draft speculate(const std::string& rid, int max_tokens);
+  // Drafts with explicit parameters (sweeps, tests), at most params.max_tokens tokens.
+  Draft speculate_with(const std::string& rid, const SpecParams& params);
+
+  // Drafting policies, by stage name ("" = the default, used by stages without their own). A
+  // stage's policy outlives its slot: a recycled stage that comes back finds it again.
+  void set_policy(const std::string& stage, const SpecParams& params);
+  bool clear_policy(const std::string& stage);  // back to the default; false if it had none
+  SpecParams policy(const std::string& stage) const;  // what a request of `stage` drafts with
   // Frees the request; its output (tokens after the prompt) joins its stage's tree unless
   // `keep_output` is false. Returns the new document id, or -1 when nothing was added.
   // `retain`: keep the request tree (up to kMaxRetained, least recently finished dropped first)
@@ -142,13 +164,18 @@ class Engine {
   void enforce_budget_locked();
   void rebuild_without_locked(Stage& stage, const std::vector<uint64_t>& doomed);
   const Match& match_locked(Request& req, uint32_t stage_idx);
-  Draft paper_best(const Tree& tree, const SpecParams& params) const;
-  Draft mixture(const Tree* trees, size_t num_trees, const SpecParams& params) const;
+  Draft draft(Request& req, const SpecParams& params, int max_tokens);  // needs req.mu
+  Draft paper_best(const Tree& tree, const SpecParams& params, int max_tokens) const;
+  Draft mixture(const Tree* trees, size_t num_trees, const SpecParams& params, int max_tokens) const;
+  std::shared_ptr<const SpecParams> policy_for(const std::string& stage) const;
 
   const int max_depth_;
   const uint64_t budget_;
   const double evict_slack_;
   std::atomic<double> recency_half_life_{0.0};  // for request trees started later
+
+  mutable std::shared_mutex policies_mu_;  // guards policies_ (a leaf lock: nothing is taken under it)
+  std::unordered_map<std::string, std::shared_ptr<const SpecParams>> policies_;  // "" = the default
 
   mutable std::shared_mutex stages_mu_;
   std::vector<std::unique_ptr<Stage>> stages_;

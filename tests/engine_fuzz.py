@@ -27,7 +27,8 @@ from pathlib import Path
 
 from reference_engine import ReferenceEngine
 
-from agentaccel.engine import SuffixEngine
+from agentaccel.engine import SpecConfig, SuffixEngine
+from agentaccel.engine.cost import CostCurve
 
 STAGES = ["a", "b", "c"]
 DEPTH = 8
@@ -110,11 +111,36 @@ class Fuzz:
     def mixture(self) -> None:
         if self.live:
             rid = self.rng.choice(list(self.live))
+            stage, context, _ = self.live[rid]
             k = self.rng.randint(0, 16)
-            d = self.eng.speculate(rid, k)
-            assert len(d.token_ids) == len(d.parents) == len(d.probs) <= k
+            d = self.eng.speculate(rid, k)  # the stage's policy
+            policy = self.eng.policy(stage)
+            assert len(d.token_ids) == len(d.parents) == len(d.probs) <= min(k, policy.max_tokens)
             assert all(-1 <= p < i for i, p in enumerate(d.parents)), "a parent after its child"
             assert all(0 <= t < 6 for t in d.token_ids), "a token no document holds"
+            if policy.cost_curve is not None and policy.min_score == 0:
+                # the cut keeps the uncut draft's prefix with the best rate on the curve at this context
+                whole = self.eng.speculate(rid, k, policy, cost_curve=None)
+                costs = policy.cost_curve.costs_at(len(context))
+                probs = [policy.confidence * p for p in whole.probs]
+                rates = [(1 + sum(probs[:n])) / costs[n] for n in range(min(len(probs), len(costs) - 1) + 1)]
+                n = rates.index(max(rates))
+                assert (d.token_ids, d.parents) == (whole.token_ids[:n], whole.parents[:n]), "cut not at the best rate"
+
+    def policy(self) -> None:
+        """A stage gets a policy of its own (a curve, a confidence, a longest draft), or loses it."""
+        stage = self.stage()
+        if self.rng.random() < 0.25:
+            self.eng.clear_policy(stage)
+            return
+        sizes = self.rng.randint(1, 12)
+        curve = None
+        if self.rng.random() < 0.6:
+            contexts = sorted(self.rng.sample(range(0, 64), self.rng.randint(1, 3)))
+            curve = CostCurve(tuple(contexts), tuple(tuple(1.0 + self.rng.uniform(0, 0.3) * n for n in range(sizes))
+                                                     for _ in contexts))
+        self.eng.set_policy(SpecConfig(max_tokens=self.rng.randint(0, 16), confidence=self.rng.choice([0.25, 1.0, 2.0]),
+                                       min_score=self.rng.choice([0.0, 0.0, 1.0]), cost_curve=curve), stage)
 
     def finish(self) -> None:
         if self.live:
@@ -137,7 +163,7 @@ class Fuzz:
             self.sync_evictions()
 
     OPS = {"add": 10, "remove": 3, "start": 8, "extend": 15, "paper": 15, "mixture": 15, "finish": 8,
-           "compact": 1, "reload": 1}
+           "compact": 1, "reload": 1, "policy": 2}
 
     def run(self, ops: int, check_every: int = 500, progress=None) -> Counter:
         names, weights = list(self.OPS), list(self.OPS.values())

@@ -66,7 +66,7 @@ def loop_step(eng, live, req_ids, rows, num_tokens, sampled, max_tokens):
             live.add(rid)
         eng.extend(rid, tokens)
         budget = min(max_tokens, MAX_LEN - n - 1)
-        drafts.append(list(eng.speculate(rid, budget, SPEC).token_ids) if budget > 0 else [])
+        drafts.append(list(eng.speculate(rid, budget).token_ids) if budget > 0 else [])
     for rid in [r for r in live if r not in req_ids]:
         live.discard(rid)
         eng.finish_request(rid, keep_output=True)
@@ -76,7 +76,7 @@ def loop_step(eng, live, req_ids, rows, num_tokens, sampled, max_tokens):
 def test_batch_drafts_equal_per_request_calls_and_finished_outputs_are_learned():
     docs = corpus(seed=2, n=4)
     a, b = seeded_engine(), seeded_engine()
-    drafter = BatchDrafter(a, SPEC, max_tokens=16)
+    drafter = BatchDrafter(a)
     ids = [f"r{i}" for i in range(len(docs))]
     for rid in ids:
         drafter.admit(rid, "s")
@@ -105,7 +105,7 @@ def test_batch_drafts_equal_per_request_calls_and_finished_outputs_are_learned()
 
 def test_partial_prefills_baselines_and_aborted_admissions():
     eng = seeded_engine()
-    drafter = BatchDrafter(eng, SPEC, max_tokens=16)
+    drafter = BatchDrafter(eng)
     docs = corpus(seed=3, n=3)
     batch = Batch(docs)
     drafter.admit("base", "s", speculate=False)
@@ -133,7 +133,7 @@ def test_threads_draft_the_same_and_many_live_requests_defer_learning():
     results = []
     for threads in (1, 3):
         eng = seeded_engine()
-        drafter = BatchDrafter(eng, SPEC, max_tokens=16, threads=threads)
+        drafter = BatchDrafter(eng, threads=threads)
         batch = Batch(docs)
         drafts = [[] for _ in docs]
         out = []
@@ -153,13 +153,13 @@ def test_threads_draft_the_same_and_many_live_requests_defer_learning():
 
 def test_drafts_never_run_past_max_model_len_and_bad_input_is_refused():
     eng = seeded_engine()
-    drafter = BatchDrafter(eng, SPEC, max_tokens=16)
+    drafter = BatchDrafter(eng)
     doc = corpus(seed=5, n=1)[0]
     rows = np.zeros((1, 64), dtype=np.int32)
     rows[0, :60] = doc[:60]
     num = np.array([60], dtype=np.int32)
     for max_len in (61, 62, 64):
-        drafter_ = BatchDrafter(seeded_engine(), SPEC, max_tokens=16)
+        drafter_ = BatchDrafter(seeded_engine())
         draft = drafter_.step(["x"], rows, num, [[int(doc[59])]], 16, max_len)[0]
         assert len(draft) <= max(0, max_len - 60 - 1)
     with pytest.raises(ValueError, match="num_tokens"):
@@ -167,6 +167,30 @@ def test_drafts_never_run_past_max_model_len_and_bad_input_is_refused():
     with pytest.raises(ValueError, match="a row for every"):
         drafter.step(["y"], rows, num, [[1], [2]], 16, 64)
     with pytest.raises(ValueError, match="threads"):
-        BatchDrafter(eng, SPEC, threads=0)
+        BatchDrafter(eng, threads=0)
     with pytest.raises(ValueError, match="stage"):
         drafter.admit("z", "")
+
+
+def test_each_request_drafts_with_its_stages_policy_held_by_the_engine():
+    eng = seeded_engine()
+    for doc in corpus(seed=1):
+        eng.add_document(doc, stage="t")
+    eng.set_policy(SpecConfig(tree=False, min_prob=0.1, max_tokens=2), "t")
+    drafter = BatchDrafter(eng)
+    docs = corpus(seed=1, n=2)  # continuations both stages know
+    batch = Batch(docs)
+    drafter.admit("a", "s")
+    drafter.admit("b", "t")
+    drafts = [[], []]
+    lengths = {"a": 0, "b": 0}
+    for _ in range(6):
+        drafts = drafter.step(["a", "b"], batch.rows, batch.num_tokens, batch.sample(drafts), 16, MAX_LEN)
+        lengths = {"a": max(lengths["a"], len(drafts[0])), "b": max(lengths["b"], len(drafts[1]))}
+    assert lengths["b"] == 2 < lengths["a"]  # stage t's policy caps its drafts; stage s keeps the default's 16
+    stats = drafter.stats()
+    assert stats["s"]["predicted"] > 0 and stats["t"]["predicted"] > 0  # what the online calibration reads
+    eng.clear_policy("t")
+    drafts = drafter.step(["a", "b"], batch.rows, batch.num_tokens, batch.sample(drafts), 16, MAX_LEN)
+    drafts = drafter.step(["a", "b"], batch.rows, batch.num_tokens, batch.sample(drafts), 16, MAX_LEN)
+    assert len(drafts[1]) > 2  # back on the default policy at the next step

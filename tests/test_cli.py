@@ -47,8 +47,8 @@ def test_help_groups_the_commands_as_the_readme_introduces_them():
     panels = [line.strip("╭─ ").split(" ─")[0] for line in out.stdout.splitlines() if line.startswith("╭─ ")]
     assert panels == ["Options", "Serve", "Agent frameworks", "Traces", "Benchmarks"], panels
     listed = re.findall(r"^│ (\S+)\s", out.stdout, flags=re.M)
-    assert listed[listed.index("serve"):] == ["serve", "openhands-config", "import-traces", "export-traces", "traces",
-                                              "bench"], listed
+    assert listed[listed.index("serve"):] == ["serve", "openhands-config", "import-traces", "export-traces", "tune",
+                                              "traces", "bench"], listed
 
 
 def test_import_stats_export(tmp_path):

@@ -114,7 +114,7 @@ def test_save_load_round_trip(tmp_path):
     prompt = corpus(0)[3][:50]
     for e in (eng, back):
         e.start_request("r", prompt, stage="s1")
-    for mode in ("paper", "agentaccel"):
+    for mode in ("paper", "mixture"):
         a, b = eng.speculate("r", 16, mode=mode), back.speculate("r", 16, mode=mode)
         assert (a.token_ids, a.parents, a.probs) == (b.token_ids, b.parents, b.probs)
         assert len(a.token_ids) > 0
@@ -272,7 +272,7 @@ def test_concurrent_speculation_and_updates():
             rid = f"r{k}"
             eng.start_request(rid, docs[k][:30])
             for i in range(300):
-                d = eng.speculate(rid, 16, mode="paper" if i % 2 else "agentaccel")
+                d = eng.speculate(rid, 16, mode="paper" if i % 2 else "mixture")
                 assert len(d.token_ids) == len(d.parents)
                 eng.extend(rid, [docs[k][30 + i % 100]])
             eng.finish_request(rid, keep_output=False)
@@ -332,7 +332,7 @@ def test_request_continuation_reuses_the_tree_only_for_a_prefix():
     assert eng.request_tokens("c2") == [1, 2, 3, 4, 5, 6, 7]
     fresh = filled()
     fresh.start_request("c2", [1, 2, 3, 4, 5, 6, 7])
-    for mode in ("paper", "agentaccel"):
+    for mode in ("paper", "mixture"):
         a, b = eng.speculate("c2", 8, mode=mode), fresh.speculate("c2", 8, mode=mode)
         assert (a.token_ids, a.probs) == (b.token_ids, b.probs)
     eng.finish_request("c2", retain=True)
@@ -369,7 +369,7 @@ def test_compact_gives_back_capacity_and_changes_no_draft(tmp_path):
         out = []
         for i in range(0, 300, 15):
             e.start_request(f"r{i}", docs[i][:30], stage="s")
-            for mode in ("paper", "agentaccel"):
+            for mode in ("paper", "mixture"):
                 for tree in (True, False):
                     d = e.speculate(f"r{i}", 16, mode=mode, tree=tree)
                     out.append((d.token_ids, d.parents, d.probs))

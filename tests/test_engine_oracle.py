@@ -162,7 +162,7 @@ def test_all_tree_choices_are_valid_drafts():
     for doc in ([1, 2, 3, 1, 2, 4, 1, 2, 3], [2, 3, 5, 2, 3, 5, 2]):
         eng.add_document(doc)
     eng.start_request("r", [9, 1, 2])
-    for mode, tree, trees in itertools.product(("paper", "agentaccel"), (True, False),
+    for mode, tree, trees in itertools.product(("paper", "mixture"), (True, False),
                                                (("request",), ("stage",), ("request", "stage", "union"))):
         d = eng.speculate("r", 8, mode=mode, tree=tree, trees=trees)
         assert len(d.token_ids) == len(d.parents) == len(d.probs) <= 8

@@ -4,6 +4,7 @@ decoding, exact sampling, stop conditions, concurrency."""
 import json
 import threading
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
@@ -14,7 +15,7 @@ from agentaccel.backends.local import LocalGenerator, SamplingParams, load_model
 from agentaccel.backends.local.sampling import distribution  # noqa: E402
 from agentaccel.bench.corpus import default_traces_dir  # noqa: E402
 from agentaccel.engine import SpecConfig, SuffixEngine  # noqa: E402
-from agentaccel.engine.draft_size import DraftSizer  # noqa: E402
+from agentaccel.engine.cost import CostCurve  # noqa: E402
 from agentaccel.traces.formats.chat_jsonl import parse_chat_jsonl  # noqa: E402
 
 EAGER = SpecConfig(min_score=0.0, cost=0.02)  # always draft: exercises rejections too
@@ -52,8 +53,8 @@ def agent_prompts(tok, n=2, keep=900):
 
 def test_greedy_speculation_is_lossless(model_tok):
     model, tok = model_tok
-    engine = SuffixEngine()
-    gen = LocalGenerator(model, tok, engine, EAGER)
+    engine = SuffixEngine(config=EAGER)
+    gen = LocalGenerator(model, tok, engine)
     prompts = [chat(tok, q) for q in ("List three colors.", "Write a SQL query that counts users per country.",
                                       "Explain recursion in one sentence.")] + agent_prompts(tok)
     drafted = accepted = 0
@@ -81,10 +82,10 @@ def test_sampling_draws_from_the_model_distribution(model_tok):
             second = distribution(model(torch.tensor([prompt + [t1]], device=model.device)).logits[0, -1], params)
             for t2 in torch.nonzero(second).flatten().tolist():
                 exact[(t1, t2)] = float(first[t1] * second[t2])
-    engine = SuffixEngine()
+    engine = SuffixEngine(config=EAGER)
     for (t1, t2), _ in sorted(exact.items(), key=lambda kv: -kv[1])[:4]:
         engine.add_document([t1, t2])  # the drafts propose the likeliest pairs
-    gen = LocalGenerator(model, tok, engine, EAGER)
+    gen = LocalGenerator(model, tok, engine)
     n = 240
     seen = Counter()
     drafted = 0
@@ -119,7 +120,7 @@ def test_stop_conditions_streaming_and_usage(model_tok):
 
 def test_concurrent_requests_and_isolated_failures(model_tok):
     model, tok = model_tok
-    gen = LocalGenerator(model, tok, SuffixEngine(), EAGER)
+    gen = LocalGenerator(model, tok, SuffixEngine(config=EAGER))
     questions = [f"What is {a} plus {b}? Answer briefly." for a, b in zip(range(8), range(10, 18), strict=True)]
     prompts = [chat(tok, q) for q in questions]
     expected = [reference_greedy(model, p, 24, gen.eos) for p in prompts]
@@ -148,7 +149,7 @@ def test_static_cache_slots_decode_as_plain_decoding(model_tok):
     masks over stale columns, accepted entries moved. With two slots, a third concurrent request
     and one longer than a slot decode on the dynamic cache; all match plain greedy decoding."""
     model, tok = model_tok
-    gen = LocalGenerator(model, tok, SuffixEngine(), EAGER, static_slots=2, static_len=1024)
+    gen = LocalGenerator(model, tok, SuffixEngine(config=EAGER), static_slots=2, static_len=1024)
     prompts = [chat(tok, q) for q in ("List three colors.", "Write a SQL query that counts users per country.",
                                       "Count from one to twenty in words.")] + agent_prompts(tok, keep=900)
     expected = [reference_greedy(model, p, 40, gen.eos) for p in prompts]
@@ -199,8 +200,8 @@ def test_drafts_cut_by_a_cost_curve_stay_lossless(model_tok):
     # over the prompt's context one or two draft tokens cost one plain step, more cost far more:
     # every draft is cut to <= 2; over no context any draft costs 5 steps (a generator pricing
     # steps by a context other than its request's would draft nothing)
-    sizer = DraftSizer({0: [1.0, 5.0, 5.0, 5.0, 5.0, 5.0], 16: [1.0, 1.0, 1.0, 3.0, 4.0, 5.0]})
-    gen = LocalGenerator(model, tok, SuffixEngine(), EAGER, sizer=sizer)
+    curve = CostCurve((0, 16), ((1.0, 5.0, 5.0, 5.0, 5.0, 5.0), (1.0, 1.0, 1.0, 3.0, 4.0, 5.0)))
+    gen = LocalGenerator(model, tok, SuffixEngine(config=replace(EAGER, cost_curve=curve)))
     prompt = chat(tok, "Repeat exactly: alpha beta gamma delta alpha beta gamma delta alpha beta gamma delta")
     assert len(prompt) >= 16
     want = reference_greedy(model, prompt, 30, gen.eos)
@@ -220,22 +221,22 @@ def test_the_cost_curve_is_measured_once_then_read_from_the_cache(tmp_path, monk
     tiny = LlamaForCausalLM(LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                         num_attention_heads=4, num_key_value_heads=2)).eval()
     said = []
-    first = cost_curve.draft_sizer(tiny, "tiny", say=said.append)
+    first = cost_curve.cost_profile(tiny, "tiny", say=said.append).curve()
     path = tmp_path / "profiles" / "tiny-cpu.json"
     assert path.is_file() and "first start" in said[0] and len(said) == 3  # and one line per context timed
     # timed over a short and a long context, within the model's 2,048 positions
-    assert first.contexts == (512, 2048 - 33) and [len(c) for c in first.curves] == [33, 33]
-    assert all(c[0] == 1.0 for c in first.curves)
+    assert first.contexts == (512, 2048 - 33) and [len(c) for c in first.costs] == [33, 33]
+    assert all(c[0] == 1.0 for c in first.costs)
     stamp = path.stat().st_mtime_ns
-    again = cost_curve.draft_sizer(tiny, "tiny", say=said.append)
-    assert again.curves == first.curves and len(said) == 3 and path.stat().st_mtime_ns == stamp
+    again = cost_curve.cost_profile(tiny, "tiny", say=said.append).curve()
+    assert again == first and len(said) == 3 and path.stat().st_mtime_ns == stamp
     path.write_text("{half a profile")  # a damaged cache is measured again, with a word about it
-    cost_curve.draft_sizer(tiny, "tiny", say=said.append)
+    cost_curve.cost_profile(tiny, "tiny", say=said.append)
     assert "unreadable" in said[3] and json.loads(path.read_text())["draft_tokens"][0] == 0
     older = json.loads(path.read_text())
     del older["curves"]  # a profile of an earlier version, over one context: measured again too
     path.write_text(json.dumps(older))
-    assert len(cost_curve.draft_sizer(tiny, "tiny", say=said.append).contexts) == 2
+    assert len(cost_curve.cost_profile(tiny, "tiny", say=said.append).curve().contexts) == 2
     assert "one context" in said[7] and "curves" in json.loads(path.read_text())
 
 
@@ -248,7 +249,7 @@ def test_bench_backend_times_each_context_and_writes_a_profile_over_them(tmp_pat
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from agentaccel.backends.local.model import default_model_folder
-    from agentaccel.engine.cost_profile import load_profile
+    from agentaccel.engine.cost import load_profile
 
     folder = tmp_path / "tiny"
     torch.manual_seed(0)

@@ -9,8 +9,8 @@ import pytest
 
 from agentaccel.bench import replay as rp
 from agentaccel.bench import speculators as sp
-from agentaccel.engine.cost_profile import CostProfile, load_profile
-from agentaccel.engine.stage_config import default_spec
+from agentaccel.engine.cost import CostProfile, load_profile
+from agentaccel.engine.policy import default_config
 from agentaccel.engine.verification import accepted_length
 from agentaccel.text.tokenization import load_tokenizer
 from agentaccel.traces.importer import import_traces
@@ -65,7 +65,7 @@ def test_replay_metrics_behave(tmp_path):
     with TraceStore(db) as store:
         calls = rp.load_calls(store, load_tokenizer())
     assert [c.stage for c in calls[:2]] == ["other", "sql"]  # time order
-    specs = sp.build(["none", "pld", "paper-linear", "agentaccel"], 0.02)
+    specs = sp.build(["none", "pld", "paper-linear", "agentaccel"], load_profile("gpu"))
     profiles = [CostProfile("gpu", 0.02), CostProfile("cpu", 0.06)]
     rows = {(r["speculator"], r["stage"]): r for r in rp.summarize(rp.replay(calls, specs), profiles)}
     none = rows[("none", "*")]
@@ -122,9 +122,9 @@ def test_a_measured_curve_cuts_agentaccel_drafts_to_their_best_size(tmp_path):
         calls = rp.load_calls(store, load_tokenizer())
     # up to 3 draft tokens cost one plain step; from 4 on a step costs 4 or more: never worth it
     curve = CostProfile("steps", None, (0, 3, 4, 32), (1.0, 1.0, 4.0, 40.0))
-    (whole,) = sp.build(["agentaccel"], 0.02)
-    (cut,) = sp.build(["agentaccel"], 0.02, curve.sizer())
-    assert cut.config == default_spec("cpu", sized=True)  # drafting as the backend does with a curve
+    (whole,) = sp.build(["agentaccel"], load_profile("gpu"))
+    (cut,) = sp.build(["agentaccel"], curve)
+    assert cut.config == default_config(curve)  # drafting as the backend does with a curve
     cut.name = "agentaccel-cut"
     tallies = rp.replay(calls, [whole, cut])
     w, c = tallies["agentaccel"]["*"], tallies["agentaccel-cut"]["*"]
@@ -140,7 +140,7 @@ def test_oracles_bound_every_suffix_drafter(tmp_path):
     db = repetitive_store(tmp_path, n=40)
     with TraceStore(db) as store:
         calls = rp.load_calls(store, load_tokenizer())
-    specs = sp.build(["paper-linear", "paper-tree", "agentaccel", "oracle-1", "oracle-2"], 0.02)
+    specs = sp.build(["paper-linear", "paper-tree", "agentaccel", "oracle-1", "oracle-2"], load_profile("gpu"))
     tallies = rp.replay(calls, specs)
     rows = {r["speculator"]: r for r in rp.summarize(tallies, [CostProfile("gpu", 0.02)]) if r["stage"] == "*"}
     one, two = rows["oracle-1"], rows["oracle-2"]

@@ -10,7 +10,9 @@ from servers import ServerThread
 from traces_fixtures import write_sdk_conversation
 
 from agentaccel.backends.replay import ReplayBackend
-from agentaccel.engine.cost_profile import load_profile
+from agentaccel.engine import SuffixEngine
+from agentaccel.engine.cost import load_profile
+from agentaccel.engine.policy import default_config
 from agentaccel.proxy import ProxyConfig, create_app
 from agentaccel.text.tokenization import load_tokenizer
 from agentaccel.traces.importer import import_traces
@@ -42,7 +44,9 @@ def store_path(tmp_path_factory):
 
 def serve(db, speculate=True, profile="gpu"):
     with TraceStore(db) as store:
-        backend = ReplayBackend(store, load_tokenizer(), load_profile(profile), step_ms=1.0, speculate=speculate)
+        cost = load_profile(profile)
+        backend = ReplayBackend(store, load_tokenizer(), cost, step_ms=1.0, speculate=speculate,
+                                engine=SuffixEngine(config=default_config(cost)))
     return ServerThread(create_app(ProxyConfig(record=False), backend))
 
 

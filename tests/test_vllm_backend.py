@@ -11,6 +11,9 @@ import time
 import httpx
 import pytest
 
+from agentaccel.traces import stage_policies
+from agentaccel.traces.store import TraceStore
+
 pytest.importorskip("vllm")
 pytest.importorskip("torch")
 
@@ -30,6 +33,9 @@ def served(tmp_path_factory):
     folder = default_model_folder()
     port = free_port()
     db = tmp_path_factory.mktemp("vllm") / "traces.db"
+    with TraceStore(db) as store:  # a stage tuned by `agentaccel tune`: the plugin drafts with it
+        stage_policies.write_tuned(store, "tuned", {"max_tokens": 2}, cost="gpu", calls=300, est_speedup=2.0,
+                                   default_speedup=1.9, calibration=0.8)
     log = open(tmp_path_factory.mktemp("vllm-log") / "serve.log", "w+")
     # float32 keeps verification of k tokens at once bit-comparable with one-at-a-time decoding
     proc = subprocess.Popen(
@@ -83,6 +89,19 @@ def test_greedy_tokens_identical_with_and_without_speculation(served):
         assert chat(url, prompt, "sql", stream=True) == plain  # now drafted from the stage tree
     assert spec_metric(url, "agentaccel_accepted_tokens_total", "sql") > 50
     assert spec_metric(url, "agentaccel_draft_tokens_total", "plain") == 0  # routed, and not drafted
+
+
+def test_the_plugin_drafts_each_stage_with_its_tuned_policy(served):
+    url, _ = served
+    plain = chat(url, PROMPTS[2], "tuned", speculate=False)
+    for _ in range(2):  # the second drafts from the first's output, at most 2 tokens a step
+        assert chat(url, PROMPTS[2], "tuned") == plain
+    drafted = spec_metric(url, "agentaccel_draft_tokens_total", "tuned")
+    steps = spec_metric(url, "agentaccel_spec_steps_total", "tuned")
+    assert 0 < drafted <= 2 * steps
+    assert spec_metric(url, "agentaccel_policy_max_tokens", "tuned") == 2
+    assert spec_metric(url, "agentaccel_policy_max_tokens", "*") == 32
+    assert spec_metric(url, "agentaccel_policy_mean_draft_tokens", "tuned") > 0  # calibrated online
 
 
 def test_stages_are_routed_to_their_own_trees(served):

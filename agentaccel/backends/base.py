@@ -68,3 +68,8 @@ class Backend(ABC):
         """Per-stage speculation totals kept by the backend itself (None: the proxy sums each
         call's `CallContext.spec`)."""
         return None
+
+    def policy_state(self) -> dict[str, dict[str, float]]:
+        """Per stage, the drafting policy in force and its online calibration (backends/policies.py,
+        `policy_state`); empty for a backend that does not draft."""
+        return {}

@@ -80,7 +80,7 @@ class SimulatedBatch:
 
 
 def per_request_loop(engine: SuffixEngine, live: dict[str, int], req_ids, rows, num_tokens, sampled, max_tokens,
-                     max_model_len, config: SpecConfig) -> list[list[int]]:
+                     max_model_len) -> list[list[int]]:
     """The proposer's step before BatchDrafter: engine calls per request, from Python."""
     drafts = []
     for i, tokens in enumerate(sampled):
@@ -90,7 +90,7 @@ def per_request_loop(engine: SuffixEngine, live: dict[str, int], req_ids, rows, 
             engine.start_request(rid, rows[i, : n - len(tokens)].astype(np.uint32))
         engine.extend(rid, tokens)
         budget = min(max_tokens, max_model_len - n - 1)
-        draft = list(engine.speculate(rid, budget, config).token_ids) if budget > 0 else []
+        draft = list(engine.speculate(rid, budget).token_ids) if budget > 0 else []  # the engine's policy
         live[rid] = len(draft)
         drafts.append(draft)
     current = set(req_ids)
@@ -107,7 +107,7 @@ def time_batch(engine_factory, corpus: TokenCorpus, documents: list[int], size: 
     engine: SuffixEngine = engine_factory()
     engine.add_document([1, 2])  # a loaded index is copied out of its mapping at the first change: not timed
     batch = SimulatedBatch(corpus, documents, size, prompt_tokens, max_output, max_model_len)
-    drafter = BatchDrafter(engine, VLLM_SPEC, max_tokens=max_tokens, threads=threads) if way == "batch" else None
+    drafter = BatchDrafter(engine, threads=threads) if way == "batch" else None  # the engine's policy: VLLM_SPEC
     live: dict[str, int] = {}
     times, steady, drafted = [], [], 0
     for _ in range(steps):
@@ -118,7 +118,7 @@ def time_batch(engine_factory, corpus: TokenCorpus, documents: list[int], size: 
             drafts = drafter.step(req_ids, batch.rows, batch.num_tokens, sampled, max_tokens, max_model_len)
         else:
             drafts = per_request_loop(engine, live, req_ids, batch.rows, batch.num_tokens, sampled, max_tokens,
-                                      max_model_len, VLLM_SPEC)
+                                      max_model_len)
         times.append(time.perf_counter_ns() - t0)
         if not batch.refilled:
             steady.append(times[-1])

@@ -21,8 +21,7 @@ from typing import TextIO
 
 from agentaccel.backends.local import LocalGenerator, SamplingParams
 from agentaccel.backends.local.prefix_cache import DEFAULT_BUDGET_BYTES
-from agentaccel.engine import SuffixEngine
-from agentaccel.engine.draft_size import DraftSizer
+from agentaccel.engine import SpecConfig, SuffixEngine
 from agentaccel.text.render import render_prompt
 from agentaccel.traces.formats.chat_jsonl import chat_jsonl_line
 
@@ -154,26 +153,25 @@ def jsonl_recorder(file: TextIO) -> Record:
     return record
 
 
-def _generator(method: str, model, tok, sizer: DraftSizer | None, static_slots: int | None,
+def _generator(method: str, model, tok, policy: SpecConfig | None, static_slots: int | None,
                prefix_cache_bytes: int) -> LocalGenerator:
-    engine = None if method == "vanilla" else SuffixEngine()
+    engine = None if method == "vanilla" else SuffixEngine(config=policy if method == "suffix" else None)
     return LocalGenerator(model, tok, engine, drafter="pld" if method == "pld" else "suffix",
-                          sizer=sizer if method == "suffix" else None, static_slots=static_slots,
-                          prefix_cache_bytes=prefix_cache_bytes)
+                          static_slots=static_slots, prefix_cache_bytes=prefix_cache_bytes)
 
 
 def run_workload(model, tok, workload: str, traces: Path, n: int, max_tokens: int, keep_prompt: int,
-                 progress: Callable[[str], None] | None = None, sizer: DraftSizer | None = None,
+                 progress: Callable[[str], None] | None = None, policy: SpecConfig | None = None,
                  static_slots: int | None = None, prefix_cache_bytes: int = DEFAULT_BUDGET_BYTES,
                  record: Record | None = None) -> dict[str, MethodResult]:
     """Every call is decoded by each method in turn (the order rotating from call to call), so a
     slow phase of the machine hits all methods alike and the ratios compare like with like; the
     next prompts (a pipeline's next stage) are built from vanilla's reply, so every method gets
-    exactly the same prompts. `sizer`: cuts the suffix method's drafts as `agentaccel serve` does
-    (its cost curve). `static_slots` (None: CUDA graphs on a GPU) and `prefix_cache_bytes`: as
+    exactly the same prompts. `policy`: the suffix method's drafting policy (`agentaccel serve`'s
+    default for its cost curve). `static_slots` (None: CUDA graphs on a GPU) and `prefix_cache_bytes`: as
     LocalGenerator's; each method has its own prefix cache of the same size, which holds prompts
     only, so each method reuses the same entries. `record`: given every call with vanilla's reply."""
-    gens = {m: _generator(m, model, tok, sizer, static_slots, prefix_cache_bytes) for m in METHODS}
+    gens = {m: _generator(m, model, tok, policy, static_slots, prefix_cache_bytes) for m in METHODS}
     results = {m: MethodResult() for m in METHODS}
     calls = 0
 
@@ -202,11 +200,11 @@ def run_workload(model, tok, workload: str, traces: Path, n: int, max_tokens: in
 
 
 def run(model, tok, traces: Path, workloads: list[str], n: int, max_tokens: int, keep_prompt: int,
-        progress=None, sizer: DraftSizer | None = None, static_slots: int | None = None,
+        progress=None, policy: SpecConfig | None = None, static_slots: int | None = None,
         prefix_cache_bytes: int = DEFAULT_BUDGET_BYTES, record: Record | None = None) -> dict:
     out = {}
     for workload in workloads:
-        results = run_workload(model, tok, workload, traces, n, max_tokens, keep_prompt, progress, sizer,
+        results = run_workload(model, tok, workload, traces, n, max_tokens, keep_prompt, progress, policy,
                                static_slots, prefix_cache_bytes, record)
         base = results["vanilla"]
         out[workload] = {

@@ -31,8 +31,8 @@ HOLD_OUT_EVERY = 50
 CONFIGS: dict[str, SpecConfig] = {
     "paper-linear": PAPER_LINEAR,
     "paper-tree": PAPER_TREE,
-    "agentaccel-linear": SpecConfig(mode="agentaccel", tree=False),
-    "agentaccel-tree": SpecConfig(mode="agentaccel", tree=True),
+    "agentaccel-linear": SpecConfig(mode="mixture", tree=False),
+    "agentaccel-tree": SpecConfig(mode="mixture", tree=True),
 }
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from agentaccel.bench.speculators import Speculator
-from agentaccel.engine.cost_profile import CostProfile
+from agentaccel.engine.cost import CostProfile
 from agentaccel.engine.verification import accepted_length
 from agentaccel.traces.store import TraceStore
 
@@ -37,6 +37,7 @@ class Tally:
     tokens: int = 0
     drafted: int = 0
     accepted: int = 0
+    predicted: float = 0.0  # expected accepted tokens of the drafts, as the drafter estimated them
     spec_ns: int = 0
     drafted_per_step: list[int] = field(default_factory=list)
     match_len: list[int] = field(default_factory=list)
@@ -69,8 +70,6 @@ def load_calls(store: TraceStore, tokenizer, *, stages: list[str] | None = None,
     """Selected calls in time order, with prompt (rendered, plus the generation prompt) and
     output token ids from the store's cache."""
     store.ensure_tokens(tokenizer)
-    fp = tokenizer.fingerprint
-    generation = np.asarray(tokenizer.encode("<|im_start|>assistant\n"), dtype=np.uint32)
     chosen = []
     seen_sessions: dict[int, int] = {}
     for call in store.iter_calls(model=model):
@@ -85,6 +84,14 @@ def load_calls(store: TraceStore, tokenizer, *, stages: list[str] | None = None,
         chosen.append(call)
         if limit is not None and len(chosen) >= limit:
             break
+    return replay_calls(store, tokenizer, chosen)
+
+
+def replay_calls(store: TraceStore, tokenizer, chosen: list) -> list[ReplayCall]:
+    """Stored calls (the store's tokens cached) as the replay takes them: the prompt rendered with
+    the generation prompt, the output's token ids; calls without output left out."""
+    fp = tokenizer.fingerprint
+    generation = np.asarray(tokenizer.encode("<|im_start|>assistant\n"), dtype=np.uint32)
     outputs = store.response_tokens([c.id for c in chosen], fp)
     return [ReplayCall(c.id, c.session_id, c.stage, np.concatenate([store.prompt_tokens(c.id, fp), generation]),
                        outputs[c.id]) for c in chosen if c.id in outputs and len(outputs[c.id])]
@@ -113,12 +120,14 @@ def replay(calls: list[ReplayCall], speculators: list[Speculator], *, warm: list
                 t.spec_ns += time.perf_counter_ns() - t0
                 ids = draft.token_ids
                 acc = accepted_length(ids, draft.parents, out[pos:]) if ids else 0
+                spec.accepted(key, draft, acc)
                 step = min(acc + 1, len(out) - pos)
                 spec.advance(key, out[pos : pos + step])
                 pos += step
                 t.steps += 1
                 t.drafted += len(ids)
                 t.accepted += min(acc, step)
+                t.predicted += getattr(draft, "score", 0.0)
                 t.drafted_per_step.append(len(ids))
                 t.match_len.append(draft.match_len)
                 t.accepted_per_step.append(acc)
@@ -130,7 +139,7 @@ def replay(calls: list[ReplayCall], speculators: list[Speculator], *, warm: list
     for per_stage in tallies.values():
         total = Tally()
         for t in list(per_stage.values()):
-            for f in ("calls", "steps", "tokens", "drafted", "accepted", "spec_ns"):
+            for f in ("calls", "steps", "tokens", "drafted", "accepted", "predicted", "spec_ns"):
                 setattr(total, f, getattr(total, f) + getattr(t, f))
             total.drafted_per_step += t.drafted_per_step
             total.match_len += t.match_len

@@ -14,7 +14,7 @@ from rich.table import Table
 from agentaccel.bench import plots
 from agentaccel.bench import replay as rp
 from agentaccel.bench import speculators as sp
-from agentaccel.engine.cost_profile import load_profile
+from agentaccel.engine.cost import load_profile
 
 
 def parse_sweep(items: list[str]) -> dict[str, list]:
@@ -57,12 +57,11 @@ def run_replay(console, err, store, tokenizer, *, stages, model, source, session
     try:
         profiles = [load_profile(c) for c in costs]
         names = [n.strip() for n in speculators.split(",") if n.strip()]
-        # a measured curve (the embedded backend's) also cuts agentaccel's drafts, as serving does
-        sizer = profiles[0].sizer() if profiles[0].measured else None
-        specs = sp.build(names, profiles[0].marginal, sizer)
+        # the first profile drives drafting (a measured curve also cuts agentaccel's drafts, as serving does)
+        specs = sp.build(names, profiles[0])
         grid = parse_sweep(sweep)
         if grid:
-            (base,) = sp.build([sweep_base], profiles[0].marginal, sizer)
+            (base,) = sp.build([sweep_base], profiles[0])
             if not isinstance(base, sp.Suffix):
                 raise ValueError(f"--sweep-base must be a suffix speculator, not {sweep_base}")
             specs += sweep_variants(base, grid)
@@ -120,7 +119,7 @@ def run_replay(console, err, store, tokenizer, *, stages, model, source, session
         points = []
         base_name = sweep_base if sweep_base in names else next((n for n in names if n.startswith("agentaccel")), None)
         for frac in (0.0, 0.1, 0.25, 0.5, 1.0):
-            (spec,) = sp.build([base_name], profiles[0].marginal, sizer)
+            (spec,) = sp.build([base_name], profiles[0])
             subset = warm_calls[: int(len(warm_calls) * frac)]
             for call in subset:
                 spec.warm(call.output, call.stage)
@@ -138,3 +137,65 @@ def run_replay(console, err, store, tokenizer, *, stages, model, source, session
         plot.mkdir(parents=True, exist_ok=True)
         written = [plots.mat_and_speedup(rows, plot), plots.accepted_vs_match_length(tallies, plot)]
         console.print("figures: " + ", ".join(str(p) for p in written))
+
+
+def run_policies(console, err, store, tokenizer, *, stages, model, source, sessions, limit, warm, cost,
+                 online_stage, online_calls, json_out: Path | None) -> None:
+    """`bench replay --policies` (bench/policy_bench.py)."""
+    from agentaccel.bench import policy_bench as pb
+
+    try:
+        profile = load_profile(cost)
+    except ValueError as e:
+        err.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from e
+    with console.status("loading calls and token ids") as status:
+        calls = rp.load_calls(store, tokenizer, stages=stages, model=model, source_like=source, sessions=sessions,
+                              limit=limit)
+        if len(calls) <= warm + 1:
+            err.print(f"[red]error:[/red] {len(calls)} calls selected, too few after --warm {warm}")
+            raise typer.Exit(2)
+        warm_calls, measured = calls[:warm], calls[warm:]
+        t0 = time.perf_counter()
+        result = pb.compare(measured, warm_calls, profile, status.update)
+        held = pb.held_out(measured, warm_calls, profile, status.update)
+        online = (pb.online_recovery(measured, warm_calls, profile, online_stage, online_calls, status.update)
+                  if online_stage else None)
+    elapsed = time.perf_counter() - t0
+    rows = result["rows"]
+    table = Table(title=f"per-stage policies on {len(measured):,} calls ({len(warm_calls):,} warm-up), "
+                        f"{profile.name}, grid of {result['grid_points']} points; tuning took "
+                        f"{result['tuned_replays']} replays ({elapsed:.0f} s in all)")
+    table.add_column("policy")
+    for stage in result["stages"]:
+        table.add_column(stage, justify="right")
+    table.add_column("all", justify="right")
+    for r in rows:
+        table.add_row(r.name, *[f"{r.scores[s].speedup:.3f}x" for s in result["stages"]], f"{r.speedup:.3f}x")
+    console.print(table)
+    tuned, best, glob = rows[1], rows[2], rows[3]
+    console.print(f"tuned / exhaustive per-stage best: {tuned.speedup / best.speedup:.1%}; "
+                  f"tuned / best single setting: {tuned.speedup / glob.speedup:.3f}")
+    ht = Table(title="held out: chosen on the first half, replayed on the second")
+    for c in ("policy", "all"):
+        ht.add_column(c, justify="left" if c == "policy" else "right")
+    for r in held:
+        ht.add_row(r.name, f"{r.speedup:.3f}x")
+    console.print(ht)
+    out = {"calls": len(measured), "warm": len(warm_calls), "cost": profile.name, "seconds": elapsed,
+           "grid_points": result["grid_points"], "tuned_replays": result["tuned_replays"],
+           "search": {r.name: {"all": r.speedup, **{s: r.scores[s].speedup for s in result["stages"]}} for r in rows},
+           "tuned_settings": {s: c.changed(pb.default_config(profile)) for s, c in tuned.policies.items()},
+           "held_out": {r.name: r.speedup for r in held}}
+    if online:
+        ot = Table(title=f"online: stage {online_stage}, its next {online_calls} calls")
+        for c in ("start", "est. speedup"):
+            ot.add_column(c, justify="left" if c == "start" else "right")
+        for name, v in online.items():
+            ot.add_row(name, f"{v:.3f}x")
+        console.print(ot)
+        console.print(f"wrong policy with online calibration / tuned policy: "
+                      f"{online['wrong policy, online'] / online['tuned policy, fixed']:.1%}")
+        out["online"] = {"stage": online_stage, "calls": online_calls, **online}
+    if json_out:
+        json_out.write_text(json.dumps(out, indent=2))

@@ -8,22 +8,15 @@ from dataclasses import replace
 import numpy as np
 
 from agentaccel.engine import SpecConfig, SuffixEngine
-from agentaccel.engine.draft_size import DraftSizer
-from agentaccel.engine.stage_config import SIZED_SPEC
+from agentaccel.engine.cost import CostProfile
+from agentaccel.engine.online import OnlineCalibration
+from agentaccel.engine.policy import default_config
 
 
 class Empty:
     token_ids: list[int] = []
     parents: list[int] = []
     match_len = 0
-
-
-class Cut:
-    """The leading nodes of a draft that a DraftSizer keeps."""
-
-    def __init__(self, draft, sizer: DraftSizer) -> None:
-        self.token_ids, self.parents = sizer.cut(draft)
-        self.match_len = draft.match_len
 
 
 class Linear:
@@ -50,6 +43,9 @@ class Speculator:
         return Empty
 
     def advance(self, key: str, tokens: np.ndarray) -> None: ...
+
+    def accepted(self, key: str, draft, accepted: int) -> None:
+        """How many of the draft's tokens the step accepted (an online policy learns from it)."""
 
     def end(self, key: str) -> None: ...
 
@@ -105,17 +101,39 @@ class PromptLookup(_EngineBacked):
 
 
 class Suffix(_EngineBacked):
-    """The suffix engine with one configuration; `shared` puts every stage in one global tree."""
+    """The suffix engine with one policy for every stage (or `stages`: per-stage policies, as
+    serving installs them); `shared` puts every stage in one global tree; `online` calibrates
+    each stage's policy to what its drafts get accepted, as `serve` does (`references`: the
+    accepted / predicted ratio each tuned stage was tuned at)."""
 
     def __init__(self, name: str, config: SpecConfig, max_tokens: int = 32, max_depth: int = 64,
-                 shared: bool = False, sizer: DraftSizer | None = None) -> None:
-        super().__init__(max_depth, config)  # the engine's config: whether request trees keep recency weights
+                 shared: bool = False, stages: dict[str, SpecConfig] | None = None, online: bool = False,
+                 references: dict[str, float] | None = None) -> None:
+        super().__init__(max_depth, config)  # the engine's default policy (and its request trees' recency)
         self.name, self.config, self.max_tokens, self.shared = name, config, max_tokens, shared
-        self.sizer = sizer  # as in the embedded backend: drafts cut to the best size under a cost curve
+        self.stages = dict(stages or {})
+        for stage, stage_config in self.stages.items():
+            self.engine.set_policy(stage_config, self._stage(stage))
+        self.online = OnlineCalibration(self.engine) if online else None
+        for stage, ratio in (references or {}).items() if online else ():  # tuned stages' calibration
+            self.online.set_reference(self._stage(stage), ratio)
+        self._stage_of: dict[str, str] = {}
+
+    def begin(self, key, prompt, stage, previous):
+        super().begin(key, prompt, stage, previous)
+        self._stage_of[key] = self._stage(stage)
 
     def propose(self, key):
-        draft = self.engine.speculate(key, self.max_tokens, self.config)
-        return draft if self.sizer is None else Cut(draft, self.sizer)
+        draft = self.engine.speculate(key, self.max_tokens)  # the stage's policy; the draft is final
+        return draft
+
+    def accepted(self, key, draft, accepted: int) -> None:
+        if self.online is not None and draft.token_ids:
+            self.online.observe(self._stage_of[key], draft.score, accepted, len(draft.token_ids))
+
+    def end(self, key):
+        super().end(key)
+        self._stage_of.pop(key, None)
 
     def _stage(self, stage):
         return "shared" if self.shared else stage
@@ -123,7 +141,8 @@ class Suffix(_EngineBacked):
     def with_options(self, name: str, **options) -> Suffix:
         depth = options.pop("max_depth", self.engine.max_depth)
         max_tokens = options.pop("max_tokens", self.max_tokens)
-        return Suffix(name, replace(self.config, **options), max_tokens, depth, self.shared, self.sizer)
+        config = replace(self.config, max_tokens=max_tokens, **options)
+        return Suffix(name, config, max_tokens, depth, self.shared, online=self.online is not None)
 
 
 class Oracle(_EngineBacked):
@@ -172,24 +191,21 @@ def paper_tree() -> Suffix:
     return Suffix("paper-tree", PAPER_TREE, 32, 64)
 
 
-def agentaccel(cost: float, shared: bool = False, sizer: DraftSizer | None = None) -> Suffix:
-    """`cost` drives the cost-aware growth; with a `sizer` the drafting policy is the embedded
-    backend's for a measured curve (SIZED_SPEC), so that replay predicts what serving does."""
+def agentaccel(cost: CostProfile, shared: bool = False) -> Suffix:
+    """The default mode with the defaults a backend of this verification cost starts from (a
+    measured curve: drafts cut on it, as the embedded backend does)."""
     name = "agentaccel-shared" if shared else "agentaccel"
-    config = SIZED_SPEC if sizer is not None else SpecConfig(mode="agentaccel", cost=cost)
-    return Suffix(name, config, 32, 64, shared, sizer)
+    return Suffix(name, default_config(cost), 32, 64, shared)
 
 
-def build(names: list[str], cost: float, sizer: DraftSizer | None = None) -> list[Speculator]:
-    """`cost` drives agentaccel's cost-aware growth; `sizer` (a measured cost curve) instead
-    makes agentaccel draft and cut as the embedded backend does."""
+def build(names: list[str], cost: CostProfile) -> list[Speculator]:
     factories = {
         "none": NoSpeculation,
         "pld": PromptLookup,
         "paper-linear": paper_linear,
         "paper-tree": paper_tree,
-        "agentaccel": lambda: agentaccel(cost, sizer=sizer),
-        "agentaccel-shared": lambda: agentaccel(cost, shared=True, sizer=sizer),
+        "agentaccel": lambda: agentaccel(cost),
+        "agentaccel-shared": lambda: agentaccel(cost, shared=True),
         "oracle-1": lambda: Oracle(1),
         "oracle-2": lambda: Oracle(2),
     }

@@ -60,11 +60,27 @@ def bench_replay(
     json_out: JsonOption = None,
     plot: Annotated[Path | None, typer.Option("--plot", help="Write PNG figures into this folder (default: "
                                                              "none).")] = None,
+    policies: Annotated[bool, typer.Option("--policies", help="Instead of comparing speculators: per-stage "
+                                                             "policies tuned as `agentaccel tune` does against "
+                                                             "an exhaustive grid, in and out of sample, and the "
+                                                             "online calibration's recovery (--online-stage; "
+                                                             "default: off).")]
+    = False,
+    online_stage: Annotated[str | None, typer.Option(help="--policies: the stage started from a wrong policy "
+                                                                "(default: none).")]
+    = None,
+    online_calls: Annotated[int, typer.Option(help="--policies: that stage's calls replayed online "
+                                                                 "(default: 200).", min=1)] = 200,
 ) -> None:
     """Replay calls from the trace store with a simulated verifier and compare speculators."""
-    from agentaccel.bench.replay_cli import run_replay
+    from agentaccel.bench.replay_cli import run_policies, run_replay
 
     store, tok = open_store(db, must_exist=True), open_tokenizer(tokenizer)
+    if policies:
+        run_policies(console, err, store, tok, stages=stage, model=model, source=source, sessions=sessions,
+                     limit=limit, warm=warm, cost=(cost or ["gpu"])[0], online_stage=online_stage,
+                     online_calls=online_calls, json_out=json_out)
+        return
     run_replay(console, err, store, tok, stages=stage, model=model, source=source, sessions=sessions, limit=limit,
                warm=warm, speculators=speculators, costs=cost or ["gpu", "cpu-smollm2"],
                sweep=sweep or [], sweep_base=sweep_base, scaling=scaling, json_out=json_out, plot=plot)
@@ -234,9 +250,11 @@ def bench_e2e(
         raise typer.BadParameter(f"cannot write {record} ({e.strerror})", param_hint="--record") from e
     with console.status("loading the model") as status, record_file or contextlib.nullcontext():
         model, tok = load_model(dtype=dtype.value)
-        # the suffix method sizes its drafts as `agentaccel serve` does: by this model's cost curve
-        sizer = cost_curve.draft_sizer(model, cost_curve.model_key(None), cost_profile, status.update)
-        result = e2e.run(model, tok, folder, chosen, n, max_tokens, keep_prompt, progress=status.update, sizer=sizer,
+        # the suffix method drafts as `agentaccel serve` does: the defaults for this model's cost curve
+        from agentaccel.engine.policy import default_config
+
+        policy = default_config(cost_curve.cost_profile(model, cost_curve.model_key(None), cost_profile, status.update))
+        result = e2e.run(model, tok, folder, chosen, n, max_tokens, keep_prompt, progress=status.update, policy=policy,
                          static_slots=static_slots, prefix_cache_bytes=prefix_cache_bytes,
                          record=e2e.jsonl_recorder(record_file) if record_file else None)
     table = Table(title=f"end-to-end decoding, {next(model.parameters()).device.type} {dtype.value}, "

@@ -90,10 +90,14 @@ def serve(
     = None,
     fingerprint: Annotated[bool, typer.Option(help="Untagged requests: stage = fingerprint of the system "
                                                    "prompt.")] = True,
-    spec_config: Annotated[Path | None, typer.Option(help="JSON of per-stage drafting settings "
-                                                          '({"<stage>": {"alpha": 2, "min_score": 1}, "*": {...}}; '
-                                                          "default: the engine's own).")]
+    spec_config: Annotated[Path | None, typer.Option(help="JSON of per-stage drafting settings, "
+                                                          '{"<stage>": {"min_score": 1.0, ...}, "*": {...}}: wins '
+                                                          "over the stages' tuned settings (`agentaccel tune`) "
+                                                          "and the defaults (default: none).")]
     = None,
+    online_tuning: Annotated[bool, typer.Option(help="Adapt each stage's drafting to what its drafts get "
+                                                     "accepted while serving (saved to the trace store; "
+                                                     "default: on).")] = True,
     memory_budget: Annotated[str, typer.Option(help="Memory for the global trees (e.g. 2GiB).")] = "2GiB",
     max_body: Annotated[str, typer.Option(help="Largest request body accepted.")] = "32MiB",
     device: Annotated[str | None, typer.Option(help="local: torch device (default cuda if available).")] = None,
@@ -137,8 +141,8 @@ def serve(
         err.print("agentaccel: replay backend: calls are not recorded (their outputs are the recordings')")
         config.record = False
     budget = parse_size(memory_budget)
-    # checked here for every backend (vLLM reads it in its worker)
-    stage_specs = _stage_specs(spec_config, sized=backend is BackendKind.local and cost_profile != "off")
+    # checked here for every backend (the backend resolves it with the tuned settings, vLLM in its worker)
+    _check_spec_config(spec_config)
     recorder = _recorder(config)
     if backend is BackendKind.openai:
         if not upstream:
@@ -150,19 +154,20 @@ def serve(
         from agentaccel.traces.store import default_db_path
 
         check_cost_profile(cost_profile)
-        impl = _local_backend(model, served_model_name, device, dtype.value, stage_specs, budget,
-                              (db or default_db_path()) if seed else None, recorder, cost_profile,
-                              parse_size(prefix_cache))
+        impl = _local_backend(model, served_model_name, device, dtype.value, spec_config, budget,
+                              db or default_db_path(), seed, recorder, cost_profile, parse_size(prefix_cache),
+                              online_tuning)
     elif backend is BackendKind.replay:
         impl = _replay_backend(db, "gpu" if cost_profile == "auto" else cost_profile, step_ms, speculation,
-                               served_model_name, stage_specs, budget)
+                               served_model_name, spec_config, budget, online_tuning)
     else:
         if not model:
             raise typer.BadParameter("the vllm backend needs --model", param_hint="--model")
         from agentaccel.backends.vllm.backend import VLLMBackend
 
         impl = VLLMBackend(model, served_name=served_model_name, extra_args=list(ctx.args), db_path=db,
-                           seed=seed, spec_config=spec_config, memory_budget_bytes=budget, timeout=upstream_timeout)
+                           seed=seed, spec_config=spec_config, memory_budget_bytes=budget, timeout=upstream_timeout,
+                           online=online_tuning)
     if not api_key and host not in ("127.0.0.1", "localhost", "::1"):
         err.print(f"[bold red]warning:[/bold red] serving on {host} without --api-key: anyone who can reach this "
                   "address can use the model and read /metrics")
@@ -182,7 +187,7 @@ def check_cost_profile(value: str) -> None:
     """`--cost-profile` is auto, off, or a readable profile file (checked before the model loads)."""
     if value in ("auto", "off"):
         return
-    from agentaccel.engine.cost_profile import load_profile
+    from agentaccel.engine.cost import load_profile
 
     try:
         load_profile(value)
@@ -201,32 +206,41 @@ def _recorder(config):
         raise fail(str(e)) from e
 
 
-def _stage_specs(spec_config: Path | None, sized: bool) -> dict:
+def _check_spec_config(spec_config: Path | None) -> None:
     if spec_config is None:
-        return {}
-    from agentaccel.engine.stage_config import default_spec, load_stage_specs
+        return
+    from agentaccel.engine.policy import read_file
 
     try:
-        # stages not named in the file keep the backend's own default policy
-        return load_stage_specs(spec_config, default_spec("cpu", sized))[1]
+        read_file(spec_config)
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--spec-config") from e
 
 
-def _replay_backend(db, cost_profile, step_ms, speculation, served_name, stage_specs, budget):
+def _say(line: str) -> None:
+    err.print(f"agentaccel: {line}", highlight=False, markup=False)
+
+
+def _replay_backend(db, cost_profile, step_ms, speculation, served_name, spec_config, budget, online):
+    from agentaccel.backends.policies import resume_online, serving_policies
     from agentaccel.backends.replay import ReplayBackend
     from agentaccel.engine import SuffixEngine
-    from agentaccel.engine.cost_profile import load_profile
+    from agentaccel.engine.cost import load_profile
+    from agentaccel.engine.policy import default_config
 
     try:
         profile = load_profile(cost_profile)
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--cost-profile") from e
     store = open_store(db, must_exist=True)
+    engine = SuffixEngine(memory_budget_bytes=budget)
+    # the recordings' store also holds tuned policies; a replay does not save its calibration back
+    policies, resumed = serving_policies(default_config(profile), db=store.path, spec_config=spec_config, say=_say)
+    policies.install(engine)
+    calibration = resume_online(engine, resumed) if online else None
     with store:
         backend = ReplayBackend(store, open_tokenizer(None), profile, step_ms=step_ms, speculate=speculation,
-                                served_name=served_name or "replay", stage_specs=stage_specs,
-                                engine=SuffixEngine(memory_budget_bytes=budget))
+                                served_name=served_name or "replay", engine=engine, online=calibration)
     if not len(backend.recordings):
         raise fail(f"{store.path} holds no recorded calls to replay")
     err.print(f"agentaccel: replaying {len(backend.recordings)} recorded sessions from {store.path}; a plain step "
@@ -235,8 +249,8 @@ def _replay_backend(db, cost_profile, step_ms, speculation, served_name, stage_s
     return backend
 
 
-def _local_backend(model, served_name, device, dtype, stage_specs, budget, seed_db, recorder, cost_profile,
-                   prefix_cache_bytes):
+def _local_backend(model, served_name, device, dtype, spec_config, budget, db, seed, recorder, cost_profile,
+                   prefix_cache_bytes, online):
     from agentaccel.backends.local.service import LocalBackend
     from agentaccel.engine import SuffixEngine
 
@@ -245,12 +259,12 @@ def _local_backend(model, served_name, device, dtype, stage_specs, budget, seed_
     def on_ready(engine, tokenizer) -> None:
         if recorder is not None:
             recorder.set_tokenizer((tokenizer.fingerprint, tokenizer.encode_batch))
-        if seed_db is not None:
-            seed_engine(engine, seed_db, tokenizer)
+        if seed:
+            seed_engine(engine, db, tokenizer)
 
     return LocalBackend(engine, model_path=model, device=device, dtype=dtype, served_name=served_name,
-                        stage_specs=stage_specs, on_ready=on_ready, cost_profile=cost_profile,
-                        prefix_cache_bytes=prefix_cache_bytes, say=lambda line: err.print(f"agentaccel: {line}"))
+                        spec_config=spec_config, policy_db=db, online=online, on_ready=on_ready,
+                        cost_profile=cost_profile, prefix_cache_bytes=prefix_cache_bytes, say=_say)
 
 
 def seed_engine(engine, db_path, tokenizer) -> None:

@@ -93,7 +93,29 @@ def traces_stats(
     console.print("matched: output tokens whose context occurred in earlier outputs of the stage; entropy: mean "
                   "entropy of the next-token distribution there (lower predicts longer accepted drafts); top-1: "
                   "tokens that were the most frequent continuation.")
+    _policies_table(store)
     store.close()
+
+
+def _policies_table(store) -> None:
+    """Each stage's tuned drafting settings (`agentaccel tune`) and online calibration, if any."""
+    from agentaccel.traces import stage_policies
+
+    rows = stage_policies.read(store)
+    if not rows:
+        console.print("drafting policies: the defaults for every stage (`agentaccel tune` tunes them per stage)")
+        return
+    table = Table(title="drafting policies (`agentaccel tune`; `serve` reads them at start, --spec-config wins)")
+    for col in ("stage", "tuned settings", "cost", "calls", "est. speedup", "vs defaults", "tuned at",
+                "online factor"):
+        table.add_column(col, justify="left" if col in ("stage", "tuned settings", "cost", "tuned at") else "right")
+    for r in rows.values():
+        gain = f"{r.est_speedup / r.default_speedup - 1:+.1%}" if r.est_speedup and r.default_speedup else ""
+        table.add_row(r.stage, ", ".join(f"{k}={v}" for k, v in (r.config or {}).items()) or "defaults",
+                      r.cost or "", f"{r.calls:,}" if r.calls else "", f"{r.est_speedup:.2f}x" if r.est_speedup else "",
+                      gain, r.tuned_at or "",
+                      f"x{r.online_trust:.2f} ({r.online_steps:,} steps)" if r.online_trust else "")
+    console.print(table)
 
 
 def export_traces_cmd(

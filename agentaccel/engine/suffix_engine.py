@@ -6,26 +6,32 @@ the request tree and the stage tree (or the union of all stages) in one of two m
 
 * ``mode="paper"``: SuffixDecoding exactly (pattern lengths p = 1..P, MAX_SPEC = alpha * p,
   greedy growth by D(N), best SCORE over p and over trees);
-* ``mode="agentaccel"`` (default): one draft grown from a Bayesian mixture of several match
+* ``mode="mixture"`` (default): one draft grown from a Bayesian mixture of several match
   lengths and trees, sized by the expected gain per unit of verification cost.
+
+The engine owns the drafting policy: a default `SpecConfig` and per-stage overrides
+(`set_policy`); `speculate(rid, max_tokens)` drafts with the policy of the request's stage.
+`SpecConfig`'s field defaults are the only defaults: the native structs take every value.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Literal
 
 import numpy as np
 
 from agentaccel._native import load_core
+from agentaccel.engine.cost import CostCurve
 from agentaccel.engine.tokens import as_token_array
 
 _core = load_core()
 
 Draft = _core.Draft
-Mode = Literal["paper", "agentaccel"]
+Mode = Literal["paper", "mixture"]
+_MODE_ALIASES = {"agentaccel": "mixture"}  # the mixture's earlier name, still read from files
 TreeChoice = Literal["request", "stage", "union"]
 
 _TREE_BITS = {"request": _core.REQUEST_TREE, "stage": _core.STAGE_TREE, "union": _core.UNION_TREE}
@@ -33,44 +39,60 @@ _TREE_BITS = {"request": _core.REQUEST_TREE, "stage": _core.STAGE_TREE, "union":
 
 @dataclass(frozen=True)
 class SpecConfig:
-    """How drafts are grown. Read once per engine; pass overrides to `speculate` when needed."""
+    """How drafts are grown: one stage's drafting policy (see docs/ENGINE.md, "Drafting policy")."""
 
-    mode: Mode = "agentaccel"
+    mode: Mode = "mixture"
+    max_tokens: int = 32  # longest draft (a caller's max_tokens may ask for fewer)
     alpha: float = 1.0  # paper: MAX_SPEC = floor(alpha * p)
     max_pattern: int = 0  # P: longest pattern tried (0 = the engine's max_depth)
     min_prob: float = 0.05  # nodes whose D(N) is below this are never drafted (paper users: 0.1)
-    min_score: float = 0.0  # tau: when the best SCORE is below it, no draft (fallback)
+    min_score: float = 0.0  # tau: when the best SCORE (x confidence) is below it, no draft (fallback)
     tree: bool = True  # False: linear (single path) drafts
-    # paper mode: the best tree wins; agentaccel: all are mixed (the union then adds the *other* stages)
+    # paper mode: the best tree wins; mixture: all are mixed (the union then adds the *other* stages)
     trees: tuple[TreeChoice, ...] = ("request", "stage", "union")
-    # agentaccel mode (defaults chosen by `bench replay --sweep`, docs/BENCHMARKS.md):
-    cost: float = 0.02  # verification cost of one draft token, in decoding steps (GPU; CPU ~0.06)
+    # mixture mode:
+    cost: float = 0.02  # verification cost of one draft token, in steps: growth stops when a node no longer pays it
+    cost_curve: CostCurve | None = None  # a measured cost: the grown draft is cut to its best-rate prefix
+    confidence: float = 1.0  # how far D is trusted in every decision (tuned per stage, offline and online)
     max_sources: int = 2  # suffix lengths per tree mixed into one draft
     length_power: float = 1.0  # prior weight of a source = match_len ** length_power
     escape: float = 1.0  # PPM escape mass per distinct continuation: calibrates D...
     escape_length: float = 4.0  # ...shrunk by 1 + matched / escape_length (long matches copy well)
     # Share of recency-weighted counts in the request tree's continuations (0..1): an occurrence
     # weighs 2^(-age / recency_half_life), age in tokens, so in a long trajectory the latest way
-    # a pattern went on counts for more. The engine's own config decides whether request trees
-    # keep those weights (agentaccel mode, recency > 0) and with which half-life.
+    # a pattern went on counts for more. The engine's default policy decides whether request
+    # trees keep those weights (mixture mode, recency > 0) and with which half-life.
     recency: float = 0.25
     recency_half_life: float = 256.0
 
-    def to_native(self, max_tokens: int) -> _core.SpecParams:
-        if max_tokens < 0:
-            raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
-        if self.mode not in ("paper", "agentaccel"):
-            raise ValueError(f"mode must be 'paper' or 'agentaccel', got {self.mode!r}")
+    def __post_init__(self) -> None:
+        if self.mode in _MODE_ALIASES:
+            object.__setattr__(self, "mode", _MODE_ALIASES[self.mode])
+        if isinstance(self.trees, (list, str)):
+            object.__setattr__(self, "trees", (self.trees,) if isinstance(self.trees, str) else tuple(self.trees))
+        if isinstance(self.cost_curve, dict):
+            object.__setattr__(self, "cost_curve", CostCurve.from_dict(self.cost_curve))
+
+    def to_native(self, max_tokens: int | None = None) -> _core.SpecParams:
+        """Every native field set from this config (`max_tokens`: a cap below the config's own)."""
+        if self.mode not in ("paper", "mixture"):
+            raise ValueError(f"mode must be 'paper' or 'mixture', got {self.mode!r}")
         unknown = [t for t in self.trees if t not in _TREE_BITS]
         if unknown or not self.trees:
             raise ValueError(f"trees must be a non-empty subset of {sorted(_TREE_BITS)}, got {self.trees!r}")
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 0:
+            raise ValueError(f"max_tokens must be an integer >= 0, got {self.max_tokens!r}")
         if self.alpha < 0 or not 0 <= self.min_prob <= 1 or self.cost < 0 or self.max_pattern < 0:
             raise ValueError("alpha, cost and max_pattern must be >= 0 and min_prob in [0, 1]")
+        if not self.confidence > 0:
+            raise ValueError(f"confidence must be > 0, got {self.confidence!r}")
         if not 0 <= self.recency <= 1 or self.recency_half_life <= 0:
             raise ValueError("recency must be in [0, 1] and recency_half_life > 0")
+        if self.cost_curve is not None and not isinstance(self.cost_curve, CostCurve):
+            raise ValueError("cost_curve must be a CostCurve (or its dict form)")
         p = _core.SpecParams()
-        p.max_tokens = max_tokens
-        p.paper = self.mode == "paper"
+        p.max_tokens = self.max_tokens if max_tokens is None else min(self.max_tokens, _max_tokens(max_tokens))
+        p.mixture = self.mode == "mixture"
         p.alpha = self.alpha
         p.max_pattern = self.max_pattern
         p.min_prob = self.min_prob
@@ -78,12 +100,27 @@ class SpecConfig:
         p.tree = self.tree
         p.trees = sum(_TREE_BITS[t] for t in set(self.trees))
         p.cost = self.cost
+        p.confidence = self.confidence
         p.max_sources = self.max_sources
         p.length_power = self.length_power
         p.escape = self.escape
         p.escape_length = self.escape_length
         p.recency = self.recency
+        if self.cost_curve is not None:
+            p.curve_contexts = list(self.cost_curve.contexts)
+            p.curve_costs = [c for row in self.cost_curve.costs for c in row]
         return p
+
+    def as_dict(self) -> dict:
+        """Every field, JSON-ready (what tuned policies and resolved --spec-config files hold)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["trees"] = list(self.trees)
+        out["cost_curve"] = self.cost_curve.as_dict() if self.cost_curve else None
+        return out
+
+    def changed(self, other: SpecConfig) -> dict:
+        """The fields where this config differs from `other` (for logs and tables)."""
+        return {k: v for k, v in self.as_dict().items() if v != other.as_dict()[k]}
 
 
 class SuffixEngine:
@@ -111,12 +148,63 @@ class SuffixEngine:
         self._eng = _native
         self.vocab_size = vocab_size
         self.config = config or SpecConfig()
-        self.config.to_native(0)  # a bad config fails here, not at the first step
+        self.config.to_native()  # a bad config fails here, not at the first step
         # request trees keep recency weights only when the engine's drafts use them
-        uses_recency = self.config.mode == "agentaccel" and self.config.recency > 0
+        uses_recency = self.config.mode == "mixture" and self.config.recency > 0
         self._eng.recency_half_life = self.config.recency_half_life if uses_recency else 0.0
+        self._policies: dict[str, SpecConfig] = {}  # per-stage overrides of self.config
+        self._trust: dict[str, float] = {}  # per stage: the online calibration's factor on confidence
+        self._eng.set_policy("", self.config.to_native())
         self._native_params: dict[tuple[SpecConfig, int], _core.SpecParams] = {}
-        self._last: tuple[SpecConfig | None, int, _core.SpecParams | None] = (None, -1, None)  # the hot loop's
+
+    # ------------------------------------------------------------------ drafting policy
+    def set_policy(self, config: SpecConfig, stage: str | None = None) -> None:
+        """Sets the default policy (`stage` None) or one stage's. A new default reaches every
+        stage without its own; the request trees' recency half-life stays the engine's."""
+        config.to_native()
+        if stage is None:
+            self.config = config
+            self._eng.set_policy("", config.to_native())
+            for other in self._trust:
+                if other not in self._policies:
+                    self._push(other)
+            return
+        self._policies[_stage(stage)] = config
+        self._push(stage)
+
+    def clear_policy(self, stage: str) -> None:
+        """The stage drafts with the default policy again."""
+        self._policies.pop(_stage(stage), None)
+        self._push(stage)
+
+    def policy(self, stage: str | None = None) -> SpecConfig:
+        """What a request of `stage` drafts with (online calibration included); the default's
+        when None."""
+        if stage is None:
+            return self.config
+        base = self._policies.get(stage, self.config)
+        trust = self._trust.get(stage, 1.0)
+        return base if trust == 1.0 else replace(base, confidence=base.confidence * trust)
+
+    def policies(self) -> dict[str, SpecConfig]:
+        """The stages with a policy of their own (set, or calibrated online), as `policy` gives them."""
+        return {stage: self.policy(stage) for stage in sorted({*self._policies, *self._trust})}
+
+    def set_trust(self, stage: str, factor: float) -> None:
+        """The online calibration's factor on the stage's confidence (1: none)."""
+        if not factor > 0:
+            raise ValueError(f"trust factor must be > 0, got {factor!r}")
+        if factor == 1.0:
+            self._trust.pop(_stage(stage), None)
+        else:
+            self._trust[_stage(stage)] = factor
+        self._push(stage)
+
+    def _push(self, stage: str) -> None:
+        if stage in self._policies or stage in self._trust:
+            self._eng.set_policy(_stage(stage), self.policy(stage).to_native())
+        else:
+            self._eng.clear_policy(_stage(stage))
 
     # ------------------------------------------------------------------ global trees
     def add_document(self, token_ids: Sequence[int] | np.ndarray, stage: str = "default") -> int:
@@ -159,16 +247,19 @@ class SuffixEngine:
 
     def speculate(self, req_id: str | int, max_tokens: int = 32, config: SpecConfig | None = None,
                   **overrides) -> Draft:
-        """Drafts up to `max_tokens` tokens continuing the request's context.
+        """Drafts up to `max_tokens` tokens (and at most the policy's own max_tokens) continuing
+        the request's context, with the policy of the request's stage.
 
         `draft.parents[i] == -1` means node i follows the context directly; otherwise it follows
-        node `parents[i]`. `config` (default: the engine's) is a `SpecConfig`; keyword overrides
-        replace some of its fields (slower: hot loops should pass a prebuilt `config`)."""
+        node `parents[i]`. `config` replaces the stage's policy for this draft (sweeps, tests);
+        keyword overrides replace some of its fields (slower: hot loops should pass a prebuilt
+        `config`, or none)."""
+        if config is None and not overrides:
+            # the hot loop: the engine picks the stage's policy; no checks a str id does not need
+            if type(req_id) is str and type(max_tokens) is int and 0 <= max_tokens < 1 << 31:
+                return self._eng.speculate(req_id, max_tokens)
+            return self._eng.speculate(_rid(req_id), _max_tokens(max_tokens))
         config = config or self.config
-        last_config, last_max_tokens, last_params = self._last
-        if config is last_config and max_tokens == last_max_tokens and not overrides:
-            # the hot loop: no hashing of the config, no checks a str id does not need
-            return self._eng.speculate(req_id if type(req_id) is str else _rid(req_id), last_params)
         if overrides:
             config = _replace(config, overrides)
         key = (config, _max_tokens(max_tokens))
@@ -177,9 +268,7 @@ class SuffixEngine:
             if len(self._native_params) > 256:
                 self._native_params.clear()
             params = self._native_params[key] = config.to_native(max_tokens)
-        if not overrides:
-            self._last = (config, max_tokens, params)
-        return self._eng.speculate(_rid(req_id), params)
+        return self._eng.speculate_with(req_id if type(req_id) is str else _rid(req_id), params)
 
     def finish_request(self, req_id: str | int, keep_output: bool = True, retain: bool = False) -> int | None:
         """Ends the request; its output joins its stage's global tree (unless `keep_output` is
@@ -287,12 +376,8 @@ def _max_tokens(max_tokens: int) -> int:
 
 
 def _replace(config: SpecConfig, overrides: dict) -> SpecConfig:
-    from dataclasses import fields, replace
-
     known = {f.name for f in fields(SpecConfig)}
     unknown = set(overrides) - known
     if unknown:
         raise ValueError(f"unknown speculation option(s): {', '.join(sorted(unknown))}")
-    if "trees" in overrides and isinstance(overrides["trees"], str):
-        overrides = {**overrides, "trees": (overrides["trees"],)}
     return replace(config, **overrides)

@@ -24,7 +24,8 @@ class Metrics:
     drafts out of process, like vLLM); otherwise they are summed from each call's SpecStats."""
 
     def __init__(self, external_spec: Callable[[], dict[str, dict[str, int]]] | None = None,
-                 recorder: Recorder | None = None) -> None:
+                 recorder: Recorder | None = None,
+                 policies: Callable[[], dict[str, dict[str, float]]] | None = None) -> None:
         self.registry = r = CollectorRegistry()
         self.requests = Counter("agentaccel_requests", "Requests served", ["stage", "endpoint", "status"], registry=r)
         self.latency = Histogram("agentaccel_request_latency_seconds", "Request latency", ["stage", "endpoint"],
@@ -36,6 +37,8 @@ class Metrics:
         self._spec_totals: dict[str, dict[str, int]] = {}
         self._labels: set[str] = set()
         r.register(_SpecCollector(external_spec or (lambda: self._spec_totals)))
+        if policies is not None:
+            r.register(_PolicyCollector(policies))
         if recorder is not None:  # counted by the recorder and its writer process
             for family, name, doc, value in (
                     (CounterMetricFamily, "agentaccel_recorder_errors",
@@ -103,6 +106,33 @@ class _SpecCollector:
             if t.get("steps"):
                 mean.add_metric([stage], (t["accepted"] + t["steps"]) / t["steps"])
         yield from (steps, drafted, accepted, rate, mean)
+
+
+class _PolicyCollector:
+    """Each stage's drafting policy in force ("*": the default), read at scrape time."""
+
+    GAUGES = (("min_score", "agentaccel_policy_min_score", "Tau: drafts whose expected accepted tokens fall below "
+               "it are not made"),
+              ("confidence", "agentaccel_policy_confidence", "How far the drafter's probabilities are trusted "
+               "(tuned, times the online factor)"),
+              ("cost", "agentaccel_policy_cost", "Verification cost per draft token the growth pays for"),
+              ("max_tokens", "agentaccel_policy_max_tokens", "Longest draft"),
+              ("trust", "agentaccel_policy_online_factor", "Online calibration: accepted / predicted draft tokens, "
+               "as applied to the confidence"),
+              ("mean_draft", "agentaccel_policy_mean_draft_tokens", "Mean draft tokens per drafted step"))
+
+    def __init__(self, source: Callable[[], dict[str, dict[str, float]]]) -> None:
+        self.source = source
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        families = [(key, GaugeMetricFamily(name, doc, labels=["stage"])) for key, name, doc in self.GAUGES]
+        for stage, values in list(self.source().items())[:MAX_STAGES]:
+            for key, family in families:
+                family.add_metric([stage], float(values.get(key, 0.0)))
+        yield from (f for _, f in families)
 
 
 class _ValueCollector:

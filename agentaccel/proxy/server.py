@@ -47,7 +47,8 @@ class Proxy:
         self.on_started = on_started  # told once the backend is up (the model loaded, vLLM healthy)
         self.backend = backend
         self.recorder = recorder
-        self.metrics = Metrics(backend.stage_stats if backend.stage_stats() is not None else None, recorder)
+        self.metrics = Metrics(backend.stage_stats if backend.stage_stats() is not None else None, recorder,
+                               policies=backend.policy_state)
         self._models: list[str] = []
         # (key, tenant name): the name is a digest, so nothing downstream (caches, vLLM) holds a key
         self._tenants = [(k.encode(), "t" + hashlib.sha256(k.encode()).hexdigest()[:16]) for k in config.api_keys]

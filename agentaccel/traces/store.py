@@ -75,6 +75,19 @@ CREATE TABLE IF NOT EXISTS tokens (
   ids BLOB NOT NULL,
   PRIMARY KEY (kind, ref, tokenizer)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS stage_policies (  -- traces/stage_policies.py
+  stage TEXT PRIMARY KEY,
+  config TEXT,                       -- JSON: the tuned drafting settings (SpecConfig fields)
+  cost TEXT,                         -- the verification cost it was tuned under
+  calls INTEGER,                     -- recent calls of the stage it was tuned on
+  est_speedup REAL,                  -- replayed with the tuned settings...
+  default_speedup REAL,              -- ...and with the defaults
+  tuned_at TEXT,
+  calibration REAL,                  -- accepted / predicted draft tokens under the tuned settings
+  online_trust REAL,                 -- online calibration: the factor in force when last saved
+  online_steps INTEGER,
+  online_at TEXT
+);
 """
 
 

@@ -17,8 +17,7 @@ import torch
 
 from agentaccel.backends.local.static_slots import GraphSlot, SlotSequence, context_len, default_slots
 from agentaccel.backends.local.verifier import GrowingSequence
-from agentaccel.engine.cost_profile import load_profile, measured_profile
-from agentaccel.engine.draft_size import DraftSizer
+from agentaccel.engine.cost import CostProfile, load_profile, measured_profile
 
 DRAFT_SIZES = (0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32)  # fine below 8: the CPU curve climbs by steps
 CONTEXTS = (512, 2048)  # a short prompt, and a SWE-agent call's (1,536 + its output); between them: interpolated
@@ -110,15 +109,16 @@ def measure_profile(model, model_name: str, path: Path | None = None, contexts=C
     return prof, path
 
 
-def draft_sizer(model, model_name: str, setting: str | Path = "auto", say: Callable[[str], None] = lambda _: None,
-                max_tokens: int = 32) -> DraftSizer | None:
-    """What `--cost-profile` asks for: "off" (no cut: the per-token cost model), a profile file
-    from `bench backend`, or "auto": this model and device's cached curves, else curves measured
-    now (about a minute on CPU) and cached for the next start."""
+def cost_profile(model, model_name: str, setting: str | Path = "auto", say: Callable[[str], None] = lambda _: None,
+                 ) -> CostProfile:
+    """What `--cost-profile` asks for: "off" (a fixed cost per draft token, a CPU's or a GPU's),
+    a profile file from `bench backend`, or "auto": this model and device's cached curves, else
+    curves measured now (about a minute on CPU) and cached for the next start."""
     if setting == "off":
-        return None
+        cpu = next(model.parameters()).device.type == "cpu"
+        return CostProfile("per-token", 0.04 if cpu else 0.02)
     if setting != "auto":
-        return load_profile(str(setting)).sizer(max_tokens)
+        return load_profile(str(setting))
     device = device_tag(model)
     path = cached_profile_path(model_name, device)
     if path.is_file():
@@ -128,9 +128,9 @@ def draft_sizer(model, model_name: str, setting: str | Path = "auto", say: Calla
             say(f"{path}: unreadable cost profile, measuring again")
         else:
             if cached.by_context:  # measured by this version, over its contexts
-                return cached.sizer(max_tokens)
+                return cached
             say(f"{path}: an older profile, timed over one context length only; measuring again")
     say(f"first start of {model_name} on {device}: timing how long a step that verifies 0, 1, 2, ... draft tokens "
         f"takes here, to size drafts by it (about a minute on a CPU, less on a GPU; once, then read from {path})")
     prof, _ = measure_profile(model, model_name, path, progress=say)
-    return measured_profile(prof, model_name).sizer(max_tokens)
+    return measured_profile(prof, model_name)

@@ -16,9 +16,8 @@ from agentaccel.backends.local.prefix_cache import DEFAULT_BUDGET_BYTES, PrefixC
 from agentaccel.backends.local.sampling import SamplingParams, chooser
 from agentaccel.backends.local.static_slots import SlotPool, SlotSequence, context_len, default_slots
 from agentaccel.backends.local.verifier import DecodingSequence, GrowingSequence
-from agentaccel.engine import SpecConfig, SuffixEngine
-from agentaccel.engine.draft_size import DraftSizer
-from agentaccel.engine.stage_config import default_spec
+from agentaccel.engine import SuffixEngine
+from agentaccel.engine.online import OnlineCalibration
 
 OnTokens = Callable[[list[int]], None]
 
@@ -44,29 +43,26 @@ class GenerationResult:
 
 
 class LocalGenerator:
-    def __init__(self, model, tokenizer, engine: SuffixEngine | None = None, spec: SpecConfig | None = None,
-                 max_draft: int = 32, drafter: str = "suffix",
-                 stage_specs: dict[str, SpecConfig] | None = None, sizer: DraftSizer | None = None,
+    def __init__(self, model, tokenizer, engine: SuffixEngine | None = None, max_draft: int = 32,
+                 drafter: str = "suffix", online: OnlineCalibration | None = None,
                  static_slots: int | None = None, static_len: int | None = None,
                  prefix_cache_bytes: int = DEFAULT_BUDGET_BYTES) -> None:
-        """`drafter`: "suffix" (the engine's trees) or "pld" (prompt lookup in the request's own
-        context, the baseline; the engine then only holds the request). `stage_specs`: per-stage
-        drafting policy (alpha, tau, ...) overriding `spec`. `sizer`: cuts suffix drafts to the
-        size that pays best under this backend's measured cost curve. `static_slots`: requests
-        decoded at once on a static KV cache of `static_len` columns (default: the context),
-        whose steps replay as CUDA graphs on a GPU (default: static_slots.default_slots).
-        `prefix_cache_bytes`: memory for prompts' KV entries reused by later prompts that begin
-        alike (0: none)."""
+        """`drafter`: "suffix" (the engine's trees, each request with its stage's policy, which
+        the engine holds) or "pld" (prompt lookup in the request's own context, the baseline; the
+        engine then only holds the request). `online`: told what each step's draft was predicted
+        to get accepted and what was, so each stage's policy follows its real acceptance.
+        `static_slots`: requests decoded at once on a static KV cache of `static_len` columns
+        (default: the context), whose steps replay as CUDA graphs on a GPU (default:
+        static_slots.default_slots). `prefix_cache_bytes`: memory for prompts' KV entries reused
+        by later prompts that begin alike (0: none)."""
         if drafter not in ("suffix", "pld"):
             raise ValueError(f"drafter must be 'suffix' or 'pld', got {drafter!r}")
         self.model = model
         self.tokenizer = tokenizer
         self.engine = engine
-        self.spec = spec or default_spec(next(model.parameters()).device.type, sized=sizer is not None)
-        self.stage_specs = stage_specs or {}
         self.max_draft = max_draft
         self.drafter = drafter
-        self.sizer = sizer
+        self.online = online
         self.max_context = context_len(model)
         gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         self.eos = gen_eos if isinstance(gen_eos, int) else tokenizer.eos_token_id
@@ -92,22 +88,21 @@ class LocalGenerator:
         if engine is not None:
             engine.start_request(rid, prompt, stage=stage)
         try:
-            return self._decode(prompt, params, engine, rid, on_tokens, self.stage_specs.get(stage, self.spec),
-                                cache_scope)
+            return self._decode(prompt, params, engine, rid, on_tokens, stage, cache_scope)
         finally:
             if engine is not None and engine.has_request(rid):
                 engine.finish_request(rid, keep_output=False)
 
-    def _decode(self, prompt, params, engine, rid, on_tokens, spec: SpecConfig, cache_scope) -> GenerationResult:
+    def _decode(self, prompt, params, engine, rid, on_tokens, stage: str, cache_scope) -> GenerationResult:
         slot = self.slots.acquire(len(prompt) + params.max_tokens) if self.slots else None
         try:
             seq = SlotSequence(slot, prompt) if slot else GrowingSequence(self.model, prompt)
-            return self._run(seq, prompt, params, engine, rid, on_tokens, spec, cache_scope)
+            return self._run(seq, prompt, params, engine, rid, on_tokens, stage, cache_scope)
         finally:
             if slot:
                 self.slots.release(slot)
 
-    def _run(self, seq: DecodingSequence, prompt, params, engine, rid, on_tokens, spec: SpecConfig,
+    def _run(self, seq: DecodingSequence, prompt, params, engine, rid, on_tokens, stage: str,
              cache_scope) -> GenerationResult:
         choose = chooser(params)
         t0 = time.perf_counter()
@@ -131,21 +126,19 @@ class LocalGenerator:
             if finish:
                 break
             budget = min(self.max_draft, params.max_tokens - len(out) - 1)
-            tokens, parents = [], []
+            tokens, parents, predicted = [], [], 0.0
             if engine is not None and budget > 0:
-                if self.drafter == "pld":
-                    draft = engine.prompt_lookup(rid, 2, 5, min(8, budget))
-                    tokens, parents = draft.token_ids, draft.parents
-                else:
-                    draft = engine.speculate(rid, budget, spec)
-                    # priced over the context this step attends to: a draft costs more over a long one
-                    tokens, parents = (self.sizer.cut(draft, len(prompt) + len(out)) if self.sizer
-                                       else (draft.token_ids, draft.parents))
+                # the engine's draft is final: its stage's policy, cut to its best size on the cost curve
+                draft = (engine.prompt_lookup(rid, 2, 5, min(8, budget)) if self.drafter == "pld"
+                         else engine.speculate(rid, budget))
+                tokens, parents, predicted = draft.token_ids, draft.parents, draft.score
             with self._forward:
                 path, pending = seq.step(tokens, parents, choose)
             steps += 1
             drafted += len(tokens)
             accepted += len(path)
+            if self.online is not None and tokens and self.drafter == "suffix":
+                self.online.observe(stage, predicted, len(path), len(tokens))
             new = [*path, pending]
         if engine is not None:
             engine.finish_request(rid, keep_output=self.drafter == "suffix")  # output joins the stage tree

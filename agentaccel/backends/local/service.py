@@ -21,7 +21,9 @@ from agentaccel.backends.local.detokenize import TextDeltas
 from agentaccel.backends.local.generator import GenerationResult, LocalGenerator
 from agentaccel.backends.local.prefix_cache import DEFAULT_BUDGET_BYTES
 from agentaccel.backends.local.sampling import SamplingParams
-from agentaccel.engine import SpecConfig, SuffixEngine
+from agentaccel.backends.policies import policy_state, serving_policies, start_online
+from agentaccel.engine import SuffixEngine
+from agentaccel.engine.policy import default_config
 from agentaccel.errors import APIError, bad_request
 from agentaccel.text.render import render_prompt
 
@@ -37,19 +39,23 @@ class LocalBackend(Backend):
 
     def __init__(self, engine: SuffixEngine, *, model_path: str | Path | None = None, device: str | None = None,
                  dtype: str = "float32", served_name: str | None = None,
-                 stage_specs: dict[str, SpecConfig] | None = None,
-                 max_concurrency: int = 16, on_ready=None, cost_profile: str | Path = "off",
+                 spec_config: str | Path | None = None, policy_db: str | Path | None = None,
+                 online: bool = True, max_concurrency: int = 16, on_ready=None, cost_profile: str | Path = "off",
                  prefix_cache_bytes: int = DEFAULT_BUDGET_BYTES, say=lambda _: None) -> None:
         """`on_ready(engine, tokenizer)` runs once the model is loaded (the serve command seeds the
         engine's trees from the trace store there). `cost_profile`: "auto" cuts drafts to their
         best size under this model's measured verification cost curve (measured at the first
-        start, then cached), a path uses that profile, "off" keeps the per-token cost model."""
+        start, then cached), a path uses that profile, "off" keeps the per-token cost model.
+        Drafting policies: the defaults for that cost, the stages' tuned settings in `policy_db`,
+        then `spec_config` (see backends/policies.py); `online` calibrates each stage to what its
+        drafts get accepted, saved to `policy_db`."""
         self.engine = engine
         self.model_path = model_path
         self.device = device
         self.dtype = dtype
         self.served_name = served_name or (Path(model_path).name if model_path else "SmolLM2-135M-Instruct")
-        self.stage_specs = stage_specs or {}
+        self.spec_config, self.policy_db, self.online = spec_config, policy_db, online
+        self.calibration = self.keeper = None
         self.pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="agentaccel-gen")
         self.on_ready = on_ready
         self.cost_profile = cost_profile
@@ -62,16 +68,27 @@ class LocalBackend(Backend):
 
         model, tok = await asyncio.to_thread(load_model, self.model_path, self.device, self.dtype)
         self.tokenizer = tok
-        from agentaccel.backends.local.cost_curve import draft_sizer, model_key
+        from agentaccel.backends.local.cost_curve import cost_profile, model_key
 
-        sizer = await asyncio.to_thread(draft_sizer, model, model_key(self.model_path), self.cost_profile, self.say)
-        self.generator = LocalGenerator(model, tok, self.engine, stage_specs=self.stage_specs, sizer=sizer,
+        profile = await asyncio.to_thread(cost_profile, model, model_key(self.model_path), self.cost_profile, self.say)
+        policies, online = serving_policies(default_config(profile), db=self.policy_db,
+                                            spec_config=self.spec_config, say=self.say)
+        policies.install(self.engine)
+        if self.online:
+            self.calibration, self.keeper = start_online(self.engine, online, self.policy_db)
+        self.generator = LocalGenerator(model, tok, self.engine, online=self.calibration,
                                         prefix_cache_bytes=self.prefix_cache_bytes)
         if self.on_ready is not None:
             await asyncio.to_thread(self.on_ready, self.engine, tok)
 
     async def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+        if self.keeper is not None:
+            await asyncio.to_thread(self.keeper.close)
+
+    def policy_state(self) -> dict[str, dict]:
+        """Per stage: the policy in force and the online calibration (the proxy's /metrics)."""
+        return policy_state(self.engine, self.calibration)
 
     async def models(self) -> list[str]:
         return [self.served_name]

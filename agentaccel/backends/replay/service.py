@@ -20,10 +20,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from agentaccel.backends.base import CHAT, Backend, CallContext, SpecStats
+from agentaccel.backends.policies import policy_state
 from agentaccel.backends.replay.recordings import RecordedCall, Recordings
-from agentaccel.engine import SpecConfig, SuffixEngine
-from agentaccel.engine.cost_profile import CostProfile
-from agentaccel.engine.stage_config import SIZED_SPEC
+from agentaccel.engine import SuffixEngine
+from agentaccel.engine.cost import CostProfile
+from agentaccel.engine.online import OnlineCalibration
 from agentaccel.engine.verification import accepted_length
 from agentaccel.errors import bad_request
 from agentaccel.text.render import render_prompt
@@ -44,20 +45,22 @@ class ReplayBackend(Backend):
 
     def __init__(self, store: TraceStore, tokenizer, profile: CostProfile, *, step_ms: float = 20.0,
                  engine: SuffixEngine | None = None, speculate: bool = True, served_name: str = "replay",
-                 stage_specs: dict[str, SpecConfig] | None = None) -> None:
+                 online: OnlineCalibration | None = None) -> None:
         """`profile`: the relative cost of a step verifying d draft tokens; `step_ms`: the time of
-        a plain step (d = 0). A measured profile also cuts every draft to its best size, as the
-        embedded backend does; a linear one prices each drafted token inside the engine."""
+        a plain step (d = 0). The engine drafts with its stages' policies (the caller installs
+        them: `policy.default_config(profile)` is what a backend with this cost starts from);
+        `online` calibrates them to what the replayed drafts get accepted."""
         self.recordings = Recordings(store)
         self.tokenizer = tokenizer
         self.engine = engine or SuffixEngine()
         self.speculate = speculate
         self.served_name = served_name
         self.step_seconds = step_ms / 1000.0
-        self.sizer = profile.sizer(MAX_DRAFT)
-        self.cut = profile.measured
-        self.spec = SIZED_SPEC if profile.measured else SpecConfig(cost=profile.per_token)
-        self.stage_specs = stage_specs or {}
+        self.curve = profile.curve(MAX_DRAFT)
+        self.online = online
+
+    def policy_state(self) -> dict[str, dict]:
+        return policy_state(self.engine, self.online)
 
     async def models(self) -> list[str]:
         return [self.served_name]
@@ -75,20 +78,20 @@ class ReplayBackend(Backend):
         and stage tree learn exactly as in a real run)."""
         rid, stage = ctx.request_id or uuid.uuid4().hex, ctx.stage
         self.engine.start_request(rid, prompt, stage=stage)
-        spec = self.stage_specs.get(stage, self.spec)
         try:
             pos = 0
             while pos < len(output):
                 left = len(output) - pos
                 draft_ids, parents = [], []
                 if speculate and left > 1:
-                    draft = self.engine.speculate(rid, min(MAX_DRAFT, left - 1), spec)
-                    draft_ids, parents = (self.sizer.cut(draft, len(prompt) + pos) if self.cut
-                                          else (list(draft.token_ids), list(draft.parents)))
+                    draft = self.engine.speculate(rid, min(MAX_DRAFT, left - 1))  # final: the stage's policy
+                    draft_ids, parents = draft.token_ids, draft.parents
                 accepted = accepted_length(draft_ids, parents, output[pos:]) if draft_ids else 0
+                if self.online is not None and draft_ids:
+                    self.online.observe(stage, draft.score, accepted, len(draft_ids))
+                costs = self.curve.costs_at(len(prompt) + pos)
                 tokens = output[pos:pos + accepted + 1]
                 self.engine.extend(rid, tokens)
-                costs = self.sizer.costs_at(len(prompt) + pos)
                 yield Step(tokens, len(draft_ids), self.step_seconds * costs[min(len(draft_ids), len(costs) - 1)])
                 pos += len(tokens)
         finally:

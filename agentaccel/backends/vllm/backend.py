@@ -72,7 +72,7 @@ class VLLMBackend(OpenAIBackend):
     def __init__(self, model: str, *, served_name: str | None = None, extra_args: list[str] | None = None,
                  db_path: str | Path | None = None, seed: bool = True, spec_config: str | Path | None = None,
                  memory_budget_bytes: int = 0, timeout: float = 600.0, start_timeout: float = 900.0,
-                 port: int | None = None, echo=None) -> None:
+                 port: int | None = None, echo=None, online: bool = True) -> None:
         self.port = port or free_port()
         super().__init__(f"http://127.0.0.1:{self.port}", timeout=timeout)
         self.model = model
@@ -84,7 +84,8 @@ class VLLMBackend(OpenAIBackend):
 
             db_path = default_db_path()
         ours = {"AGENTACCEL_VLLM_STATS": str(self.stats_path), "AGENTACCEL_SEED": "1" if seed else "0",
-                "AGENTACCEL_MEMORY_BUDGET": str(memory_budget_bytes), "AGENTACCEL_DB": str(db_path)}
+                "AGENTACCEL_MEMORY_BUDGET": str(memory_budget_bytes), "AGENTACCEL_DB": str(db_path),
+                "AGENTACCEL_ONLINE": "1" if online else "0"}
         if spec_config is not None:
             ours["AGENTACCEL_SPEC_CONFIG"] = str(Path(spec_config).resolve())
         argv, env = launch_command(model, self.port, served_name=self.served_name, extra_args=extra, env=ours)
@@ -140,3 +141,7 @@ class VLLMBackend(OpenAIBackend):
     def stage_stats(self) -> dict[str, dict[str, int]]:
         """Cumulative draft statistics per stage since the child started, from the plugin."""
         return self._drafter_stats().get("stages", {})
+
+    def policy_state(self) -> dict[str, dict[str, float]]:
+        """The plugin's drafting policies in force, per stage (as it last wrote them)."""
+        return self._drafter_stats().get("policies", {})

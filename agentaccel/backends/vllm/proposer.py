@@ -5,8 +5,11 @@ Read once at start: vLLM's speculative config (`num_speculative_tokens` caps a d
 read by the paper mode only: the default mode sizes drafts by their verification cost —,
 `suffix_decoding_min_token_prob` min-prob) and the environment the managed launcher sets:
 
-* `AGENTACCEL_DB` + `AGENTACCEL_SEED=1`: seed the stage trees from the trace store;
-* `AGENTACCEL_SPEC_CONFIG`: per-stage drafting settings (JSON, see engine.stage_config);
+* `AGENTACCEL_DB`: the trace store; its stages' tuned drafting settings are read at start, and
+  the online calibration is saved there; with `AGENTACCEL_SEED=1` it also seeds the stage trees;
+* `AGENTACCEL_SPEC_CONFIG`: per-stage drafting settings (JSON, see engine.policy), winning over
+  the tuned ones;
+* `AGENTACCEL_ONLINE=0`: no online calibration of the stages' policies;
 * `AGENTACCEL_MEMORY_BUDGET`: bytes for the global trees;
 * `AGENTACCEL_VLLM_STATS`: a JSON file where a thread writes per-stage draft statistics every
   STATS_INTERVAL seconds (the proxy's /metrics reads it);
@@ -27,11 +30,15 @@ import logging
 import os
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
-from agentaccel.engine import SpecConfig, SuffixEngine
+from agentaccel.backends.policies import policy_state, serving_policies, start_online
+from agentaccel.engine import SuffixEngine
 from agentaccel.engine.batch import BatchDrafter
-from agentaccel.engine.stage_config import load_stage_specs
+from agentaccel.engine.cost import load_profile
+from agentaccel.engine.online import OnlineCalibration
+from agentaccel.engine.policy import default_config
 
 log = logging.getLogger("agentaccel.vllm")
 
@@ -108,21 +115,25 @@ class AgentaccelProposer:
         config = vllm_config.speculative_config
         self.num_speculative_tokens = config.num_speculative_tokens
         self.max_model_len = vllm_config.model_config.max_model_len
-        base = SpecConfig(tree=False, alpha=config.suffix_decoding_max_spec_factor,
-                          min_prob=config.suffix_decoding_min_token_prob, cost=0.02)
-        self.spec, self.stage_specs = base, {}
-        if os.environ.get("AGENTACCEL_SPEC_CONFIG"):
-            self.spec, self.stage_specs = load_stage_specs(os.environ["AGENTACCEL_SPEC_CONFIG"], base)
+        # vLLM verifies one chain, priced per token as on a GPU; alpha and min-prob are vLLM's own settings
+        base = replace(default_config(load_profile("gpu"), tree=False), alpha=config.suffix_decoding_max_spec_factor,
+                       min_prob=config.suffix_decoding_min_token_prob)
+        db = os.environ.get("AGENTACCEL_DB")
+        policies, online = serving_policies(base, db=db, spec_config=os.environ.get("AGENTACCEL_SPEC_CONFIG"),
+                                            say=lambda line: log.info("agentaccel: %s", line))
         budget = int(os.environ.get("AGENTACCEL_MEMORY_BUDGET", "0"))
         self.engine = SuffixEngine(max_depth=config.suffix_decoding_max_tree_depth, memory_budget_bytes=budget,
-                                   config=self.spec)
-        self.drafter = _DRAFTER = BatchDrafter(self.engine, self.spec, self.stage_specs,
-                                               max_tokens=self.num_speculative_tokens, threads=_draft_threads())
+                                   config=policies.default)
+        policies.install(self.engine)
+        self.calibration = self.keeper = None
+        if os.environ.get("AGENTACCEL_ONLINE", "1") != "0":
+            self.calibration, self.keeper = start_online(self.engine, online, db)
+        self.drafter = _DRAFTER = BatchDrafter(self.engine, threads=_draft_threads())
         _capture_stages()
         if os.environ.get("AGENTACCEL_SEED") == "1" and os.environ.get("AGENTACCEL_DB"):
             self._seed(vllm_config)
         if os.environ.get("AGENTACCEL_VLLM_STATS"):
-            StatsWriter(self.drafter, Path(os.environ["AGENTACCEL_VLLM_STATS"])).start()
+            StatsWriter(self.drafter, Path(os.environ["AGENTACCEL_VLLM_STATS"]), self.calibration).start()
 
     def _seed(self, vllm_config) -> None:
         from agentaccel.backends.seeding import seed_from_store
@@ -148,22 +159,38 @@ class AgentaccelProposer:
 
 
 class StatsWriter(threading.Thread):
-    """Writes the drafter's per-stage statistics and its live request count to a JSON file (the
-    proxy's /metrics and /health read it)
-    every `interval` seconds when they changed: off the step's path, no file write per step."""
+    """Writes the drafter's per-stage statistics, its live request count and the stages' policies
+    to a JSON file (the proxy's /metrics and /health read it) every `interval` seconds when they
+    changed: off the step's path, no file write per step. It also hands each stage's new drafted
+    steps to the online calibration."""
 
-    def __init__(self, drafter: BatchDrafter, path: Path, interval: float = STATS_INTERVAL) -> None:
+    def __init__(self, drafter: BatchDrafter, path: Path, calibration: OnlineCalibration | None = None,
+                 interval: float = STATS_INTERVAL) -> None:
         super().__init__(name="agentaccel-stats", daemon=True)
-        self.drafter, self.path, self.interval = drafter, path, interval
+        self.drafter, self.path, self.calibration, self.interval = drafter, path, calibration, interval
+        self._seen: dict[str, dict] = {}
 
     def run(self) -> None:
         last = None
         while True:
             time.sleep(self.interval)
-            stats = {"stages": self.drafter.stats(), "requests": self.drafter.tracked,
-                     "pending_outputs": self.drafter.pending_outputs}
+            stages = self.drafter.stats()
+            if self.calibration is not None:
+                self._calibrate(stages)
+            stats = {"stages": stages, "requests": self.drafter.tracked,
+                     "pending_outputs": self.drafter.pending_outputs,
+                     "policies": policy_state(self.drafter.engine, self.calibration)}
             if stats != last:
                 tmp = self.path.with_suffix(".tmp")
                 tmp.write_text(json.dumps(stats))
                 tmp.replace(self.path)
                 last = stats
+
+    def _calibrate(self, stages: dict[str, dict]) -> None:
+        for stage, now in stages.items():
+            before = self._seen.get(stage, {})
+            delta = {k: now[k] - before.get(k, 0) for k in ("steps", "drafted", "accepted", "predicted")}
+            self._seen[stage] = now
+            if stage != "other" and delta["steps"] > 0:
+                self.calibration.observe(stage, delta["predicted"], delta["accepted"], int(delta["drafted"]),
+                                         steps=int(delta["steps"]))
