@@ -334,12 +334,15 @@ void Engine::set_policy(const std::string& stage, const SpecParams& params) {
   auto shared = std::make_shared<const SpecParams>(params);
   std::unique_lock lock(policies_mu_);
   policies_[stage] = std::move(shared);
+  policies_version_.fetch_add(1, std::memory_order_release);
 }
 
 bool Engine::clear_policy(const std::string& stage) {
   if (stage.empty()) throw InvalidInput("the default policy cannot be cleared, only replaced");
   std::unique_lock lock(policies_mu_);
-  return policies_.erase(stage) > 0;
+  const bool had = policies_.erase(stage) > 0;
+  policies_version_.fetch_add(1, std::memory_order_release);
+  return had;
 }
 
 std::shared_ptr<const SpecParams> Engine::policy_for(const std::string& stage) const {
@@ -357,13 +360,15 @@ SpecParams Engine::policy(const std::string& stage) const {
 Draft Engine::speculate(const std::string& rid, int max_tokens) {
   auto req = find_request(rid);
   std::lock_guard rlock(req->mu);
-  std::shared_ptr<const SpecParams> params;
-  {
+  // The request keeps its stage's policy until a policy changes: no name lookup per draft.
+  const uint64_t version = policies_version_.load(std::memory_order_acquire);
+  if (req->policy_version != version) {
     std::shared_lock lock(stages_mu_);
-    params = policy_for(stages_[req->stage]->name);
+    req->policy = policy_for(stages_[req->stage]->name);
+    req->policy_version = version;
   }
-  if (!params) return Draft{};  // no policy set: nothing to draft with
-  return draft(*req, *params, std::min(max_tokens, params->max_tokens));
+  if (!req->policy) return Draft{};  // no policy set: nothing to draft with
+  return draft(*req, *req->policy, std::min(max_tokens, req->policy->max_tokens));
 }
 
 Draft Engine::speculate_with(const std::string& rid, const SpecParams& params) {

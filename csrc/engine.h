@@ -147,6 +147,8 @@ class Engine {
     size_t prompt_len;
     Automaton sam;               // request tree over prompt + output
     std::vector<Match> matches;  // indexed by stage
+    std::shared_ptr<const SpecParams> policy;  // its stage's policy as of policy_version (guarded by mu)
+    uint64_t policy_version = 0;
   };
   struct Tree {  // one candidate tree for a speculation: its states and match lengths
     const char* name;
@@ -176,6 +178,7 @@ class Engine {
 
   mutable std::shared_mutex policies_mu_;  // guards policies_ (a leaf lock: nothing is taken under it)
   std::unordered_map<std::string, std::shared_ptr<const SpecParams>> policies_;  // "" = the default
+  std::atomic<uint64_t> policies_version_{1};  // bumped on every change: requests re-resolve their policy
 
   mutable std::shared_mutex stages_mu_;
   std::vector<std::unique_ptr<Stage>> stages_;

@@ -112,3 +112,16 @@ def test_the_engine_refuses_a_malformed_native_curve():
     params.curve_costs = [1.0, 0.0, 1.0, 1.0]
     with pytest.raises(ValueError, match="positive"):
         eng._eng.set_policy("s", params)
+
+
+def test_the_replay_prices_each_step_at_its_own_context_as_the_engine_cuts(tmp_path):
+    f = tmp_path / "p.json"
+    curves = [{"context": 2048, "step_ms": [50, 60, 100]}, {"context": 512, "step_ms": [40, 44, 60]}]
+    f.write_text(json.dumps({"name": "m", "draft_tokens": [0, 1, 4], "step_ms": [40, 44, 60], "curves": curves}))
+    prof = load_profile(str(f))
+    curve = prof.curve(4)
+    drafted, contexts = np.array([0, 1, 3, 4, 2]), np.array([100, 512, 1280, 2048, 9000])
+    want = [curve.costs_at(int(c))[int(d)] for d, c in zip(drafted, contexts, strict=True)]
+    assert prof.step_cost(drafted, contexts) == pytest.approx(want)
+    assert prof.step_cost(drafted) == pytest.approx([curve.costs[0][int(d)] for d in drafted])  # no contexts: the first
+    assert load_profile("gpu").step_cost(drafted, contexts) == pytest.approx(1 + 0.02 * drafted)

@@ -100,7 +100,7 @@ def test_the_plugin_drafts_each_stage_with_its_tuned_policy(served):
     steps = spec_metric(url, "agentaccel_spec_steps_total", "tuned")
     assert 0 < drafted <= 2 * steps
     assert spec_metric(url, "agentaccel_policy_max_tokens", "tuned") == 2
-    assert spec_metric(url, "agentaccel_policy_max_tokens", "*") == 32
+    assert spec_metric(url, "agentaccel_policy_max_tokens", "*") == 16  # vLLM's num_speculative_tokens
     assert spec_metric(url, "agentaccel_policy_mean_draft_tokens", "tuned") > 0  # calibrated online
 
 

@@ -40,16 +40,20 @@ class Tally:
     predicted: float = 0.0  # expected accepted tokens of the drafts, as the drafter estimated them
     spec_ns: int = 0
     drafted_per_step: list[int] = field(default_factory=list)
+    context_per_step: list[int] = field(default_factory=list)  # tokens the step attends over (its cost grows with them)
     match_len: list[int] = field(default_factory=list)
     accepted_per_step: list[int] = field(default_factory=list)
 
     def summary(self, profiles: list[CostProfile]) -> dict:
         drafted = np.asarray(self.drafted_per_step, dtype=float)
         accepted = np.asarray(self.accepted_per_step, dtype=float)
-        speedups = {p.name: self.tokens / float(p.step_cost(drafted).sum()) if self.steps else 0.0 for p in profiles}
+        contexts = np.asarray(self.context_per_step, dtype=float)
+        speedups = {p.name: self.tokens / float(p.step_cost(drafted, contexts).sum()) if self.steps else 0.0
+                    for p in profiles}
         # The same steps with every draft cut to exactly its accepted part: the most that any
         # sizing of these drafts could give (only more correct tokens can go beyond it).
-        sized = self.tokens / float(profiles[0].step_cost(accepted).sum()) if self.steps and profiles else 0.0
+        sized = (self.tokens / float(profiles[0].step_cost(accepted, contexts).sum())
+                 if self.steps and profiles else 0.0)
         return {
             "calls": self.calls,
             "steps": self.steps,
@@ -122,6 +126,7 @@ def replay(calls: list[ReplayCall], speculators: list[Speculator], *, warm: list
                 acc = accepted_length(ids, draft.parents, out[pos:]) if ids else 0
                 spec.accepted(key, draft, acc)
                 step = min(acc + 1, len(out) - pos)
+                t.context_per_step.append(len(call.prompt) + pos)
                 spec.advance(key, out[pos : pos + step])
                 pos += step
                 t.steps += 1
@@ -142,6 +147,7 @@ def replay(calls: list[ReplayCall], speculators: list[Speculator], *, warm: list
             for f in ("calls", "steps", "tokens", "drafted", "accepted", "predicted", "spec_ns"):
                 setattr(total, f, getattr(total, f) + getattr(t, f))
             total.drafted_per_step += t.drafted_per_step
+            total.context_per_step += t.context_per_step
             total.match_len += t.match_len
             total.accepted_per_step += t.accepted_per_step
         per_stage["*"] = total

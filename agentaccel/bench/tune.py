@@ -119,7 +119,8 @@ class Scorer:
             for stage, config in wanted.items():
                 t = tallies.get(stage)
                 if t is not None:
-                    steps_cost = float(self.cost.step_cost(_array(t.drafted_per_step)).sum())
+                    steps_cost = float(self.cost.step_cost(_array(t.drafted_per_step),
+                                                           _array(t.context_per_step)).sum())
                     self._memo[(stage, config)] = StageScore(t.tokens, steps_cost, t.calls, t.accepted, t.predicted)
         return {s: self._memo[(s, c)] for s, c in wanted.items()}
 

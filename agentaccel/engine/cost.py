@@ -78,12 +78,24 @@ class CostProfile:
     relative_cost: tuple[float, ...] = ()  # ...divided by the time of a plain step (the first context's)
     by_context: tuple[tuple[int, tuple[float, ...]], ...] = ()  # (context, relative_cost) if timed at several
 
-    def step_cost(self, drafted: np.ndarray) -> np.ndarray:
-        """Relative cost of steps verifying `drafted` tokens (a measured profile: over its first
-        context, as the replay does not model context lengths)."""
+    def step_cost(self, drafted: np.ndarray, contexts: np.ndarray | None = None) -> np.ndarray:
+        """Relative cost of steps verifying `drafted` tokens, each over `contexts[i]` tokens of
+        context (a curve timed at several contexts is interpolated between them, as the engine
+        does when it cuts a draft; without contexts: over the first)."""
+        drafted = np.asarray(drafted, dtype=float)
         if self.per_token is not None:
             return 1.0 + self.per_token * drafted
-        return np.interp(drafted, self.draft_tokens, self.relative_cost)
+        if contexts is None or not self.by_context:
+            return np.interp(drafted, self.draft_tokens, self.relative_cost)
+        at = np.asarray(contexts, dtype=float)
+        ctx = np.asarray([c for c, _ in self.by_context], dtype=float)
+        rows = np.stack([np.interp(drafted, self.draft_tokens, costs) for _, costs in self.by_context])
+        hi = np.clip(np.searchsorted(ctx, at, side="right"), 0, len(ctx) - 1)
+        lo = np.clip(np.searchsorted(ctx, at, side="right") - 1, 0, len(ctx) - 1)
+        span = ctx[hi] - ctx[lo]
+        w = np.where(span > 0, (at - ctx[lo]) / np.where(span > 0, span, 1.0), 0.0)
+        steps = np.arange(len(drafted))
+        return rows[lo, steps] + w * (rows[hi, steps] - rows[lo, steps])
 
     @property
     def measured(self) -> bool:

@@ -115,9 +115,10 @@ class AgentaccelProposer:
         config = vllm_config.speculative_config
         self.num_speculative_tokens = config.num_speculative_tokens
         self.max_model_len = vllm_config.model_config.max_model_len
-        # vLLM verifies one chain, priced per token as on a GPU; alpha and min-prob are vLLM's own settings
-        base = replace(default_config(load_profile("gpu"), tree=False), alpha=config.suffix_decoding_max_spec_factor,
-                       min_prob=config.suffix_decoding_min_token_prob)
+        # vLLM verifies one chain, priced per token as on a GPU; the longest draft, alpha and min-prob
+        # are vLLM's own settings
+        base = replace(default_config(load_profile("gpu"), tree=False), max_tokens=self.num_speculative_tokens,
+                       alpha=config.suffix_decoding_max_spec_factor, min_prob=config.suffix_decoding_min_token_prob)
         db = os.environ.get("AGENTACCEL_DB")
         policies, online = serving_policies(base, db=db, spec_config=os.environ.get("AGENTACCEL_SPEC_CONFIG"),
                                             say=lambda line: log.info("agentaccel: %s", line))
