@@ -47,6 +47,7 @@ PLAN = {
     "agentaccel serve --backend vllm --model Qwen/Qwen2.5-7B-Instruct": "options",
     "agentaccel bench vllm": "bench",
     "agentaccel traces stats": "run",
+    "agentaccel tune": "run",
     "agentaccel export-traces --out calls.jsonl": "run",
     "agentaccel import-traces calls.jsonl --db copy.db": "run",
     "agentaccel bench replay": "run",

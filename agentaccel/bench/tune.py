@@ -174,14 +174,18 @@ def tune(scorer: Scorer, *, min_calls: int, grid: Mapping[str, tuple] = GRID, pa
     """Each stage's chosen policy, its score and the defaults' (stages with fewer than `min_calls`
     replayed calls keep the defaults, and say so)."""
     default = scorer.score({})
-    chosen = coordinate_descent(scorer, grid, passes)
-    tuned = scorer.score(chosen)
+    if any(score.calls >= min_calls for score in default.values()):
+        chosen = coordinate_descent(scorer, grid, passes)
+        tuned = scorer.score(chosen)
+    else:  # no stage has enough calls to tune on
+        chosen, tuned = {s: scorer.base for s in scorer.stages}, default
     results = []
     for s in scorer.stages:
         calls = default[s].calls
         if calls < min_calls:
+            plural = "s" if calls != 1 else ""
             results.append(StageResult(s, calls, default[s], default[s], scorer.base,
-                                       note=f"only {calls} calls (< {min_calls}): the defaults"))
+                                       note=f"only {calls} call{plural} (< {min_calls}): the defaults"))
         elif tuned[s].speedup < default[s].speedup * (1 + MIN_GAIN):
             results.append(StageResult(s, calls, default[s], default[s], scorer.base,
                                        note=f"tuning gained < {MIN_GAIN:.1%}: the defaults"))

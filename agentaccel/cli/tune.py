@@ -84,5 +84,8 @@ def tune_cmd(
                                                     "tuned_speedup": r.tuned.speedup, "note": r.note}
                                                    for r in results]}, indent=2))
     if not dry_run:
-        err.print("agentaccel: `agentaccel serve` drafts with these from its next start (--spec-config still wins)")
+        tuned = [r.stage for r in results if r.fields]
+        err.print(f"agentaccel: `agentaccel serve` drafts {', '.join(tuned)} with these from its next start "
+                  "(--spec-config still wins)" if tuned else
+                  "agentaccel: nothing stored: every stage keeps the defaults")
 

@@ -87,9 +87,9 @@ class OnlineCalibration:
                 return
             old, s.trust = s.trust, target
             s.changes += 1
+            self.engine.set_trust(stage, target)  # under the lock: concurrent steps apply changes in order
         log.info("agentaccel: stage %s: drafts get %.0f%% of the tokens predicted; confidence x%.2f -> x%.2f",
                  stage, 100 * ratio, old, target)
-        self.engine.set_trust(stage, target)
 
     def trust(self, stage: str) -> float:
         with self._lock:
@@ -118,4 +118,4 @@ class OnlineCalibration:
                 s.accepted = (trust * (s.predicted + self.prior) - self.prior) * s.reference
                 if s.accepted < 0:
                     s.accepted, s.predicted = 0.0, self.prior / trust - self.prior
-            self.engine.set_trust(stage, trust)
+                self.engine.set_trust(stage, trust)
