@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -329,6 +330,9 @@ void Engine::set_policy(const std::string& stage, const SpecParams& params) {
     throw InvalidInput("drafting policy: the cost curve needs the same draft sizes at every context");
   if (params.curve_contexts.empty() != params.curve_costs.empty())
     throw InvalidInput("drafting policy: a cost curve needs both contexts and costs");
+  if (std::adjacent_find(params.curve_contexts.begin(), params.curve_contexts.end(), std::greater_equal<>()) !=
+      params.curve_contexts.end())
+    throw InvalidInput("drafting policy: the cost curve's contexts must be increasing");
   for (double c : params.curve_costs)
     if (!(c > 0)) throw InvalidInput("drafting policy: every cost of the curve must be positive");
   auto shared = std::make_shared<const SpecParams>(params);
@@ -409,8 +413,8 @@ void keep_best_rate_prefix(Draft& d, const SpecParams& p, double trust, size_t c
 }
 }  // namespace
 
-Draft Engine::draft(Request& req_ref, const SpecParams& params, int max_tokens) {
-  Request* req = &req_ref;
+Draft Engine::draft(Request& request, const SpecParams& params, int max_tokens) {
+  Request* req = &request;  // as the body reads it
   max_tokens = std::max(max_tokens, 0);
   std::shared_lock lock(stages_mu_);
 
@@ -447,7 +451,7 @@ Draft Engine::draft(Request& req_ref, const SpecParams& params, int max_tokens) 
     Tree& all = add_tree("union");
     for (uint32_t s = 0; s < stages_.size(); ++s) {
       // A mixture already has the request's own stage as a source: the union adds the others.
-      if (stages_[s]->free || (!!params.mixture && (params.trees & kStageTree) && s == req->stage)) continue;
+      if (stages_[s]->free || (params.mixture && (params.trees & kStageTree) && s == req->stage)) continue;
       const Match& m = match_locked(*req, s);
       all.automata.push_back(&stages_[s]->sam);
       all.states.push_back(m.state);
@@ -478,7 +482,8 @@ Draft Engine::draft(Request& req_ref, const SpecParams& params, int max_tokens) 
     best.probs.clear();
     best.source.clear();
   }
-  if (!params.curve_costs.empty() && !best.tokens.empty()) keep_best_rate_prefix(best, params, trust, req->sam.num_tokens());
+  if (!params.curve_costs.empty() && !best.tokens.empty())
+    keep_best_rate_prefix(best, params, trust, req->sam.num_tokens());
   return best;
 }
 

@@ -112,6 +112,9 @@ def test_the_engine_refuses_a_malformed_native_curve():
     params.curve_costs = [1.0, 0.0, 1.0, 1.0]
     with pytest.raises(ValueError, match="positive"):
         eng._eng.set_policy("s", params)
+    params.curve_contexts, params.curve_costs = [100, 0], [1.0, 1.1, 1.0, 1.2]
+    with pytest.raises(ValueError, match="increasing"):
+        eng._eng.set_policy("s", params)
 
 
 def test_the_replay_prices_each_step_at_its_own_context_as_the_engine_cuts(tmp_path):

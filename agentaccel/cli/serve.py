@@ -96,8 +96,8 @@ def serve(
                                                           "and the defaults (default: none).")]
     = None,
     online_tuning: Annotated[bool, typer.Option(help="Adapt each stage's drafting to what its drafts get "
-                                                     "accepted while serving (saved to the trace store; "
-                                                     "default: on).")] = True,
+                                                     "accepted while serving (saved to the trace store "
+                                                     "unless --no-record; default: on).")] = True,
     memory_budget: Annotated[str, typer.Option(help="Memory for the global trees (e.g. 2GiB).")] = "2GiB",
     max_body: Annotated[str, typer.Option(help="Largest request body accepted.")] = "32MiB",
     device: Annotated[str | None, typer.Option(help="local: torch device (default cuda if available).")] = None,
@@ -263,7 +263,8 @@ def _local_backend(model, served_name, device, dtype, spec_config, budget, db, s
             seed_engine(engine, db, tokenizer)
 
     return LocalBackend(engine, model_path=model, device=device, dtype=dtype, served_name=served_name,
-                        spec_config=spec_config, policy_db=db, online=online, on_ready=on_ready,
+                        spec_config=spec_config, policy_db=db, online=online,
+                        save_calibration=recorder is not None, on_ready=on_ready,
                         cost_profile=cost_profile, prefix_cache_bytes=prefix_cache_bytes, say=_say)
 
 

@@ -40,7 +40,8 @@ class LocalBackend(Backend):
     def __init__(self, engine: SuffixEngine, *, model_path: str | Path | None = None, device: str | None = None,
                  dtype: str = "float32", served_name: str | None = None,
                  spec_config: str | Path | None = None, policy_db: str | Path | None = None,
-                 online: bool = True, max_concurrency: int = 16, on_ready=None, cost_profile: str | Path = "off",
+                 online: bool = True, save_calibration: bool = True, max_concurrency: int = 16, on_ready=None,
+                 cost_profile: str | Path = "off",
                  prefix_cache_bytes: int = DEFAULT_BUDGET_BYTES, say=lambda _: None) -> None:
         """`on_ready(engine, tokenizer)` runs once the model is loaded (the serve command seeds the
         engine's trees from the trace store there). `cost_profile`: "auto" cuts drafts to their
@@ -48,13 +49,14 @@ class LocalBackend(Backend):
         start, then cached), a path uses that profile, "off" keeps the per-token cost model.
         Drafting policies: the defaults for that cost, the stages' tuned settings in `policy_db`,
         then `spec_config` (see backends/policies.py); `online` calibrates each stage to what its
-        drafts get accepted, saved to `policy_db`."""
+        drafts get accepted, saved to `policy_db` unless `save_calibration` is off."""
         self.engine = engine
         self.model_path = model_path
         self.device = device
         self.dtype = dtype
         self.served_name = served_name or (Path(model_path).name if model_path else "SmolLM2-135M-Instruct")
         self.spec_config, self.policy_db, self.online = spec_config, policy_db, online
+        self.save_calibration = save_calibration
         self.calibration = self.keeper = None
         self.pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="agentaccel-gen")
         self.on_ready = on_ready
@@ -75,7 +77,8 @@ class LocalBackend(Backend):
                                             spec_config=self.spec_config, say=self.say)
         policies.install(self.engine)
         if self.online:
-            self.calibration, self.keeper = start_online(self.engine, online, self.policy_db)
+            self.calibration, self.keeper = start_online(self.engine, online,
+                                                         self.policy_db if self.save_calibration else None)
         self.generator = LocalGenerator(model, tok, self.engine, online=self.calibration,
                                         prefix_cache_bytes=self.prefix_cache_bytes)
         if self.on_ready is not None:
