@@ -124,9 +124,9 @@ def stage_prompts(tok):
 def test_reused_prompts_decode_exactly_as_fresh_ones(model_tok, slots):
     model, tok = model_tok
     prompts = stage_prompts(tok)
-    fresh = LocalGenerator(model, tok, SuffixEngine(), SpecConfig(min_score=0.0), prefix_cache_bytes=0)
+    fresh = LocalGenerator(model, tok, SuffixEngine(config=SpecConfig(min_score=0.0)), prefix_cache_bytes=0)
     want = [fresh.generate(p, SamplingParams(max_tokens=24)).token_ids for p in prompts]
-    gen = LocalGenerator(model, tok, SuffixEngine(), SpecConfig(min_score=0.0), static_slots=slots,
+    gen = LocalGenerator(model, tok, SuffixEngine(config=SpecConfig(min_score=0.0)), static_slots=slots,
                          static_len=512)
     got = [gen.generate(p, SamplingParams(max_tokens=24)) for p in prompts]
     shared = next(i for i, (a, b) in enumerate(zip(prompts[0], prompts[1], strict=False)) if a != b)

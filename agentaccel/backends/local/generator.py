@@ -43,7 +43,7 @@ class GenerationResult:
 
 
 class LocalGenerator:
-    def __init__(self, model, tokenizer, engine: SuffixEngine | None = None, max_draft: int = 32,
+    def __init__(self, model, tokenizer, engine: SuffixEngine | None = None, *, max_draft: int = 32,
                  drafter: str = "suffix", online: OnlineCalibration | None = None,
                  static_slots: int | None = None, static_len: int | None = None,
                  prefix_cache_bytes: int = DEFAULT_BUDGET_BYTES) -> None:
