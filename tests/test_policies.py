@@ -10,6 +10,7 @@ import httpx
 import numpy as np
 import pytest
 from servers import ServerThread
+from traces_fixtures import chat_store
 
 from agentaccel.backends.policies import CalibrationKeeper, serving_policies
 from agentaccel.backends.replay import ReplayBackend
@@ -22,7 +23,6 @@ from agentaccel.engine.policy import default_config, read_file, resolve
 from agentaccel.proxy import ProxyConfig, create_app
 from agentaccel.text.tokenization import load_tokenizer
 from agentaccel.traces import stage_policies
-from agentaccel.traces.importer import import_traces
 from agentaccel.traces.store import TraceStore
 
 CHARS = list("abcdefghijklmnopqrstuvwxyz0123456789")
@@ -44,11 +44,7 @@ def pipeline_store(tmp_path, n=60, rare=5):
     for i in range(rare):
         rows.append({"messages": [{"role": "user", "content": f"rare {i}"}, {"role": "assistant", "content": "ok"}],
                      "stage": "rare", "metadata": {"created_at": 5000.0 + i}})
-    (tmp_path / "calls.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
-    db = tmp_path / "t.db"
-    with TraceStore(db) as store:
-        import_traces([tmp_path / "calls.jsonl"], store, tokenizer=load_tokenizer())
-    return db
+    return chat_store(tmp_path, rows)
 
 
 def test_precedence_defaults_then_star_then_tuned_then_the_file_which_says_it_wins(tmp_path):

@@ -6,6 +6,7 @@ import sys
 
 import numpy as np
 import pytest
+from traces_fixtures import chat_store
 
 from agentaccel.bench import replay as rp
 from agentaccel.bench import speculators as sp
@@ -13,7 +14,6 @@ from agentaccel.engine.cost import CostProfile, load_profile
 from agentaccel.engine.policy import default_config
 from agentaccel.engine.verification import accepted_length
 from agentaccel.text.tokenization import load_tokenizer
-from agentaccel.traces.importer import import_traces
 from agentaccel.traces.store import TraceStore
 
 
@@ -53,11 +53,7 @@ def repetitive_store(tmp_path, n=30):
         sql = " ".join(words[:6]) + f" = {i} " + " ".join(words[6:]) + f" {rng.integers(1, 9)}"
         rows.append({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": sql}],
                      "stage": "sql" if i % 2 else "other", "metadata": {"created_at": 1000.0 + i}})
-    (tmp_path / "calls.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
-    db = tmp_path / "t.db"
-    with TraceStore(db) as store:
-        import_traces([tmp_path / "calls.jsonl"], store, tokenizer=load_tokenizer())
-    return db
+    return chat_store(tmp_path, rows)
 
 
 def test_replay_metrics_behave(tmp_path):

@@ -129,3 +129,16 @@ def write_sdk_conversation(root: Path, conversation_id: str = "abe8c3ae170f4ffab
         (folder / "events" / f"event-{i:05d}-e{i}.json").write_text(json.dumps(event))
     (folder / "events" / ".eventlog.lock").write_text("")
     return folder
+
+
+def chat_store(folder: Path, rows: list[dict]) -> Path:
+    """A trace store holding `rows` (chat JSONL objects), imported as a user would: its path."""
+    from agentaccel.text.tokenization import load_tokenizer
+    from agentaccel.traces.importer import import_traces
+    from agentaccel.traces.store import TraceStore
+
+    (folder / "calls.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    db = folder / "t.db"
+    with TraceStore(db) as store:
+        import_traces([folder / "calls.jsonl"], store, tokenizer=load_tokenizer())
+    return db

@@ -43,9 +43,8 @@ def serving_policies(base: SpecConfig, *, db: str | Path | None = None, spec_con
     for stage, origin in sorted(policies.origin.items()):
         changed = policies.stages[stage].changed(policies.default)
         say(f"stage {stage}: {origin}: " + (", ".join(f"{k}={v}" for k, v in changed.items()) or "the defaults"))
-    for stage, origin in policies.origin.items():  # set by --spec-config: its own confidence is the reference
-        if not origin.startswith("tuned "):
-            online.references.pop(stage, None)
+    # a stage --spec-config sets was not tuned: its own confidence is the reference
+    online.references = {s: r for s, r in online.references.items() if policies.origin[s].startswith("tuned ")}
     return policies, online
 
 

@@ -15,6 +15,7 @@ the online calibration recovers from a wrong one, on the selected calls (the rep
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -54,7 +55,7 @@ def compare(calls: list[rp.ReplayCall], warm: list[rp.ReplayCall], cost: CostPro
     glob = Combined("exhaustive, best single setting", {s: global_config for s in scorer.stages},
                     scorer.score({s: global_config for s in scorer.stages}))
     return {"stages": scorer.stages, "rows": [default, tuned, best, glob], "tuned_replays": searched,
-            "grid_points": _points(grid)}
+            "grid_points": math.prod(len(values) for values in grid.values())}
 
 
 def held_out(calls: list[rp.ReplayCall], warm: list[rp.ReplayCall], cost: CostProfile,
@@ -96,10 +97,3 @@ def online_recovery(calls: list[rp.ReplayCall], warm: list[rp.ReplayCall], cost:
              for name, (config, online) in runs.items()]
     tallies = rp.replay(after, specs, warm=[*warm, *before])
     return {name: tallies[name][stage].summary([cost])["est_speedup"] for name in runs}
-
-
-def _points(grid) -> int:
-    n = 1
-    for values in grid.values():
-        n *= len(values)
-    return n

@@ -19,6 +19,8 @@ import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from agentaccel.bench import replay as rp
 from agentaccel.bench.speculators import Suffix
 from agentaccel.engine import SpecConfig
@@ -70,13 +72,13 @@ class StageResult:
     note: str = ""
 
 
-def load_stage_calls(store: TraceStore, tokenizer, stages: list[str] | None, calls_per_stage: int,
+def load_stage_calls(store: TraceStore, tokenizer, stages: list[str], calls_per_stage: int,
                      warm_per_stage: int) -> tuple[list[rp.ReplayCall], list[rp.ReplayCall]]:
     """(warm-up outputs, calls to replay): each stage's `calls_per_stage` newest calls, and the
     `warm_per_stage` before them; both in time order."""
     store.ensure_tokens(tokenizer)
     warm, replayed = [], []
-    for stage in stages or sorted(store.counts_by_stage()):
+    for stage in stages:
         newest = list(store.iter_calls(stage=stage, newest_first=True, limit=calls_per_stage + warm_per_stage))
         newest.reverse()
         split = max(0, len(newest) - calls_per_stage)
@@ -88,8 +90,6 @@ def load_stage_calls(store: TraceStore, tokenizer, stages: list[str] | None, cal
 
 
 def _outputs_only(store, tokenizer, calls) -> list[rp.ReplayCall]:
-    import numpy as np
-
     outputs = store.response_tokens([c.id for c in calls], tokenizer.fingerprint)
     empty = np.zeros(0, dtype=np.uint32)
     return [rp.ReplayCall(c.id, c.session_id, c.stage, empty, outputs[c.id]) for c in calls if c.id in outputs]
@@ -119,20 +119,9 @@ class Scorer:
             for stage, config in wanted.items():
                 t = tallies.get(stage)
                 if t is not None:
-                    steps_cost = float(self.cost.step_cost(_array(t.drafted_per_step),
-                                                           _array(t.context_per_step)).sum())
+                    steps_cost = float(self.cost.step_cost(t.drafted_per_step, t.context_per_step).sum())
                     self._memo[(stage, config)] = StageScore(t.tokens, steps_cost, t.calls, t.accepted, t.predicted)
         return {s: self._memo[(s, c)] for s, c in wanted.items()}
-
-    def score_many(self, candidates: list[Mapping[str, SpecConfig]]) -> list[dict[str, StageScore]]:
-        return [self.score(c) for c in candidates]
-
-
-def _array(values):
-    import numpy as np
-
-    return np.asarray(values, dtype=float)
-
 
 def coordinate_descent(scorer: Scorer, grid: Mapping[str, tuple] = GRID, passes: int = 3) -> dict[str, SpecConfig]:
     current = {s: scorer.base for s in scorer.stages}

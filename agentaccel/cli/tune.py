@@ -56,7 +56,7 @@ def tune_cmd(
                        "`agentaccel import-traces` agent logs")
         base = default_config(profile)
         with console.status("loading calls") as status:
-            warm_calls, replayed = tune.load_stage_calls(store, tok, stage, calls, warm)
+            warm_calls, replayed = tune.load_stage_calls(store, tok, stage or sorted(known), calls, warm)
             scorer = tune.Scorer(replayed, warm_calls, profile, base, progress=status.update)
             results = tune.tune(scorer, min_calls=min_calls, passes=passes)
         if not dry_run:

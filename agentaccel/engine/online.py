@@ -91,11 +91,6 @@ class OnlineCalibration:
         log.info("agentaccel: stage %s: drafts get %.0f%% of the tokens predicted; confidence x%.2f -> x%.2f",
                  stage, 100 * ratio, old, target)
 
-    def trust(self, stage: str) -> float:
-        with self._lock:
-            s = self._stages.get(stage)
-            return s.trust if s else 1.0
-
     def state(self) -> dict[str, dict]:
         """Per stage: the factor in force, the running ratio's evidence, the changes made."""
         with self._lock:

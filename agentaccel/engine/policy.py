@@ -48,7 +48,7 @@ class Policies:
             engine.set_policy(config, stage)
 
     def as_dict(self) -> dict:
-        """Every field of every policy: a file the vLLM plugin reads back unchanged."""
+        """Every field of every policy: a complete policy file, which `resolve` reads back unchanged."""
         return {DEFAULT: self.default.as_dict(), **{s: c.as_dict() for s, c in self.stages.items()}}
 
 
