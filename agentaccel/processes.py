@@ -3,14 +3,17 @@ give one, waiting until it is healthy, and stopping it with everything it starte
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import time
+import uuid
 from collections.abc import Callable
 
 import httpx
+import psutil
 
 
 def free_port() -> int:
@@ -37,6 +40,64 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float, ready: Callab
         if time.monotonic() > deadline:
             raise RuntimeError(f"the server was not ready within {timeout:g} s")
         time.sleep(0.1)
+
+
+RUN_MARK = "AGENTACCEL_RUN"  # set in the environment of everything run_group starts, to find it again
+
+
+def run_group(command: list[str], *, timeout: float, env: dict[str, str] | None = None,
+              **popen) -> subprocess.CompletedProcess:
+    """`subprocess.run` with output captured as text, in a process group of its own that is killed
+    when the command returns or times out: whatever it started and left running (an agent
+    runtime's servers, a Jupyter kernel) goes with it, and so does anything that left the group
+    (a daemon calling setsid, such as tmux's server), found by a mark in its environment. A
+    confined command (adapters/sandbox.py) also runs in a PID namespace of its own, which nothing
+    outlives."""
+    mark = uuid.uuid4().hex
+    env = {**(os.environ if env is None else env), RUN_MARK: mark}
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, env=env, **popen)
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            try:
+                out, err = proc.communicate(timeout=min(0.5, max(deadline - time.monotonic(), 0.01)))
+                return subprocess.CompletedProcess(command, proc.returncode, out, err)
+            except subprocess.TimeoutExpired:
+                if proc.poll() is not None:  # it exited; what it left running holds its output open
+                    break
+                if time.monotonic() >= deadline:
+                    raise
+        _kill(proc, mark)
+        out, err = proc.communicate()
+        return subprocess.CompletedProcess(command, proc.returncode, out, err)
+    finally:
+        _kill(proc, mark)
+
+
+def _kill(proc: subprocess.Popen, mark: str) -> None:
+    kill_group(proc.pid)
+    for p in marked(mark):
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(5)
+
+
+def marked(mark: str, key: str = RUN_MARK) -> list[psutil.Process]:
+    """Live processes whose environment has `key` = `mark` (zombies left out)."""
+    found = []
+    for p in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if p.pid != os.getpid() and p.status() != psutil.STATUS_ZOMBIE and p.environ().get(key) == mark:
+                found.append(p)
+    return found
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL to every process of the group (none left: nothing happens)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
 
 
 def stop_group(proc: subprocess.Popen, grace: float = 30.0) -> None:

@@ -13,6 +13,26 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 
 import pytest  # noqa: E402
+from leftovers import check, mark_session  # noqa: E402
+
+_SESSION = {"mark": mark_session(), "temp": []}  # before any test starts a process
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _run_temp_folder(tmp_path_factory):
+    """The run's temporary folder, for the session-end check."""
+    _SESSION["temp"].append(tmp_path_factory.getbasetemp())
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Fails the run, naming them, when processes it started are still alive (and kills them),
+    or when pytest itself still listens on a port (tests/leftovers.py)."""
+    problems = check(_SESSION["mark"], _SESSION["temp"])
+    if problems:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        for line in problems:
+            (reporter.write_line if reporter else print)(f"LEFTOVER: {line}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session")

@@ -51,6 +51,7 @@ PLAN = {
     "agentaccel export-traces --out calls.jsonl": "run",
     "agentaccel import-traces calls.jsonl --db copy.db": "run",
     "agentaccel bench replay": "run",
+    "agentaccel bench replay --concurrency 1,4,16,64": "run",
     "pytest": "ci",
 }
 # What a command reads real traces for says so, with where to get them: never a traceback.
@@ -146,6 +147,9 @@ def serving(machine: FreshMachine, command: str, url: str):
         except subprocess.TimeoutExpired:
             os.killpg(group, signal.SIGKILL)
             server.wait(10)
+    said = log.read_text()
+    # stopped as a service manager stops it: a clean exit, no native object left behind (nanobind says so)
+    assert server.returncode == 0 and "leaked" not in said, f"exit code {server.returncode}\n{said[-3000:]}"
 
 
 @pytest.fixture(scope="module")

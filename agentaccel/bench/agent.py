@@ -10,30 +10,36 @@ content and no tests. The agent gets `problem_statement` as its task, verbatim.
 
 Per run: wall time; LLM time (the proxy's request latency summed over the run's calls), calls,
 output tokens and speculation by stage, all read from the proxy's /metrics before and after;
-resolved or not. The agent's tools run confined (adapters/sandbox.py) where the machine allows.
+resolved or not. The agent's tools run confined (adapters/sandbox.py) where the machine allows:
+the host read-only, a PID namespace nothing outlives, and a network namespace of their own from
+which only the proxy's port leads out. Elsewhere each run is still a process group of its own,
+killed with whatever it left running when the run ends.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 
-from agentaccel.adapters import openhands_runner, sandbox
+from agentaccel.adapters import openhands_runner, relay, sandbox
 from agentaccel.backends.replay.recordings import first_user_text
+from agentaccel.processes import run_group
 from agentaccel.traces.store import TraceStore
 
 BUNDLED = Path(__file__).resolve().parent / "agent_tasks"
 MODES = ("off", "on")
+RUN_TIMEOUT = 3600.0  # seconds one agent run may take
 COUNTERS = {  # /metrics series summed per run, by stage
     "agentaccel_requests_total": "calls",
     "agentaccel_request_latency_seconds_sum": "llm_seconds",
@@ -134,6 +140,12 @@ def _delta(before: dict, after: dict) -> dict[str, dict[str, float]]:
     return out
 
 
+def loopback_port(url: str) -> int | None:
+    """The port of a proxy on this machine's loopback (the one address a confined agent may reach)."""
+    parsed = urlsplit(url)
+    return parsed.port if parsed.hostname in ("127.0.0.1", "localhost") and parsed.port else None
+
+
 class Harness:
     def __init__(self, url: str, openhands_python: Path, *, model: str = "replay", max_iterations: int = 100,
                  confine: bool = True) -> None:
@@ -161,8 +173,12 @@ class Harness:
                    "--workspace", str(workspace), "--state", str(state), "--task", instance.problem_statement,
                    "--max-iterations", str(self.max_iterations)] + (["--no-speculation"] if mode == "off" else [])
         before = scrape(self.url)
+        port = loopback_port(self.url) if self.confine else None
+        socket = root / "proxy.sock"  # the agent's only way out of its network namespace: to the proxy
         t0 = time.perf_counter()
-        out = subprocess.run(self._confined(command, root), capture_output=True, text=True, env=env, cwd=workspace)
+        with relay.unix_to_tcp(socket, port) if port else contextlib.nullcontext():
+            out = run_group(self._confined(command, root, (port, socket) if port else None), env=env, cwd=workspace,
+                            timeout=RUN_TIMEOUT)
         wall = time.perf_counter() - t0
         by_stage = _delta(before, scrape(self.url))
         try:
@@ -172,18 +188,17 @@ class Harness:
         return Run(instance.instance_id, mode, outcome["status"], wall, self._resolved(instance, workspace, env, root),
                    by_stage, outcome.get("error"))
 
-    def _confined(self, command: list[str], root: Path) -> list[str]:
+    def _confined(self, command: list[str], root: Path, reach: tuple[int, Path] | None = None) -> list[str]:
         # OpenHands' environment stays visible (read-only) wherever it lives
-        return sandbox.confined(command, writable=[root], readable=[self.python.parent.parent]) if self.confine \
-            else command
+        return sandbox.confined(command, writable=[root], readable=[self.python.parent.parent], reach=reach) \
+            if self.confine else command
 
     def _resolved(self, instance: Instance, workspace: Path, env: dict, root: Path) -> bool | None:
         tests = instance.fail_to_pass + instance.pass_to_pass
         if not tests:
             return None
         check = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests]
-        return subprocess.run(self._confined(check, root), capture_output=True, env=env, cwd=workspace,
-                              timeout=600).returncode == 0
+        return run_group(self._confined(check, root), env=env, cwd=workspace, timeout=600).returncode == 0
 
 
 def run(harness: Harness, instances: list[Instance],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 from enum import StrEnum
 from pathlib import Path
@@ -178,6 +179,11 @@ def serve(
     # Background threads (the recorder's sender, the local backend's workers) must not hold the
     # event loop off the GIL for the default 5 ms: a streamed event waiting that long is a spike.
     sys.setswitchinterval(0.0005)
+    # uvicorn shuts down gracefully on SIGTERM / SIGINT, then sends itself the signal again for the
+    # handler it found: this one, so the process ends by returning (exit code 0, the interpreter's
+    # own teardown run) instead of being killed by the signal on the way out.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda _sig, _frame: None)
     uvicorn.run(app, host=host, port=port, log_level=os.environ.get("AGENTACCEL_LOG_LEVEL", "warning"),
                 # nothing reads the client address: skip its middleware
                 access_log=False, proxy_headers=False, http=app.http_protocol)
