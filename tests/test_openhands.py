@@ -8,21 +8,30 @@ read-only, /tmp is private, only the test's folder is writable — the test prov
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import json
 import os
 import pwd
 import shutil
 import subprocess
+import sys
 import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
+import psutil
 import pytest
 from traces_fixtures import write_sdk_conversation
 
-from agentaccel.adapters import openhands_env, openhands_runner, sandbox
+from agentaccel.adapters import openhands_env, openhands_runner, relay, sandbox
 from agentaccel.adapters.openhands import config_toml
 from agentaccel.bench.replay_server import replay_server
+from agentaccel.processes import free_port, run_group, stop_group, wait_healthy
+from agentaccel.text.messages import normalized
 from agentaccel.text.tokenization import load_tokenizer
 from agentaccel.traces.importer import import_traces
 from agentaccel.traces.store import TraceStore
@@ -38,55 +47,110 @@ def recorded_store(tmp_path: Path, source: Path) -> Path:
     return db
 
 
-def served_calls(url: str) -> float:
+def served_calls(url: str, stage: str | None = STAGE) -> float:
+    """Chat calls answered 200, of `stage` (None: of any)."""
+    total = 0.0
     for line in httpx.get(url + "/metrics").text.splitlines():
-        if line.startswith(f'agentaccel_requests_total{{endpoint="chat",stage="{STAGE}",status="200"}}'):
-            return float(line.split()[-1])
-    return 0.0
+        if line.startswith('agentaccel_requests_total{endpoint="chat",') and line.split()[0].endswith(
+                'status="200"}') and (stage is None or f'stage="{stage}"' in line):
+            total += float(line.split()[-1])
+    return total
 
 
-def run_confined(command: list[str], tmp_path: Path, python: Path, env: dict) -> subprocess.CompletedProcess:
-    """The agent with HOME, TMPDIR and tmux's sockets in its own folders, confined where possible;
-    the confinement is checked first: a write outside the test's folder fails."""
+@contextlib.contextmanager
+def recording_proxy(upstream: str, db: Path, log: Path):
+    """`agentaccel serve --backend openai` in front of `upstream`, recording every request it
+    relays into `db`: what the agent really sent. Yields its URL."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with log.open("w") as out:
+        proxy = subprocess.Popen([sys.executable, "-m", "agentaccel.cli.main", "serve", "--backend", "openai",
+                                  "--upstream", upstream + "/v1", "--db", str(db), "--port", str(port)],
+                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            wait_healthy(url, proxy, 120)
+            yield url
+        finally:
+            stop_group(proxy)
+
+
+def listeners_beyond_loopback() -> set[tuple[str, int, int | None]]:
+    """(address, port, pid) of every socket of the host listening on an address other than loopback."""
+    return {(c.laddr.ip, c.laddr.port, c.pid) for c in psutil.net_connections(kind="inet")
+            if c.status == psutil.CONN_LISTEN and not ipaddress.ip_address(c.laddr.ip).is_loopback}
+
+
+def descendants() -> set[str]:
+    """The command lines of every process this one started, and they started."""
+    out = set()
+    for p in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            out.add(" ".join(p.cmdline()))
+    return out
+
+
+def run_confined(command: list[str], tmp_path: Path, python: Path, env: dict, url: str,
+                 started: set[str] | None = None) -> subprocess.CompletedProcess:
+    """The agent with HOME, TMPDIR and tmux's sockets in its own folders, confined: the host
+    read-only (checked first: a write outside the test's folder fails), a PID namespace nothing
+    outlives, and a network namespace whose only way out is the proxy's port (checked: no socket
+    of the host listens anywhere but on loopback while it runs). `started` collects the command
+    lines of the processes seen running meanwhile."""
+    if not sandbox.available():
+        pytest.skip("needs the sandbox (root, unshare, ip): OpenHands' runtime would listen on 0.0.0.0 otherwise")
     home, scratch = tmp_path / "home", tmp_path / "tmp"
     home.mkdir(exist_ok=True)
     scratch.mkdir(exist_ok=True)
     sockets = Path(tempfile.mkdtemp(prefix="aa-tmux-"))  # tmux's socket path must stay under 108 bytes
     env = {**os.environ, "HOME": str(home), "TMPDIR": str(scratch), "TMUX_TMPDIR": str(sockets), **env}
     try:
-        if sandbox.available():
-            probe = subprocess.run(sandbox.confined(["touch", "/root/.agentaccel-sandbox-probe"], writable=[tmp_path]),
-                                   capture_output=True, text=True)
-            assert probe.returncode != 0 and "Read-only" in probe.stderr, probe
-            assert not Path("/root/.agentaccel-sandbox-probe").exists()
-            command = sandbox.confined(command, writable=[tmp_path, sockets], readable=[python.parent.parent])
-        return subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
+        probe = subprocess.run(sandbox.confined(["touch", "/root/.agentaccel-sandbox-probe"], writable=[tmp_path]),
+                               capture_output=True, text=True)
+        assert probe.returncode != 0 and "Read-only" in probe.stderr, probe
+        assert not Path("/root/.agentaccel-sandbox-probe").exists()
+        port, socket = urlsplit(url).port, sockets / "proxy.sock"
+        command = sandbox.confined(command, writable=[tmp_path, sockets], readable=[python.parent.parent],
+                                   reach=(port, socket))
+        before, seen = listeners_beyond_loopback(), set()
+        with relay.unix_to_tcp(socket, port), ThreadPoolExecutor(1) as pool:
+            run = pool.submit(run_group, command, env=env, timeout=600, cwd=tmp_path)
+            while not run.done():
+                seen |= listeners_beyond_loopback() - before
+                if started is not None:
+                    started |= descendants()
+                time.sleep(0.5)
+        assert not seen, f"the agent's runtime listened beyond loopback on the host: {seen}"
+        return run.result()
     finally:
         shutil.rmtree(sockets, ignore_errors=True)
 
 
 def test_an_openhands_sdk_agent_runs_real_tools_through_the_proxy(tmp_path, openhands_python):
     """...streaming its replies (tool calls arrive as stream deltas), and what OpenHands itself
-    persisted imports back as the same calls."""
+    persisted imports back as the calls it made: the same responses and tool calls as recorded,
+    and the same messages as the requests it sent (recorded by a proxy in front, compared after
+    text.messages.normalized)."""
     db = recorded_store(tmp_path, write_sdk_conversation(tmp_path / "recorded", tags=["agent:CodeActAgent"]))
     state = tmp_path / "conversations"
-    with replay_server(db, step_ms=2, cost_profile="gpu") as url:
-        # litellm_proxy/ at the proxy's root, streamed; then openai/ at its /v1, whole replies
-        for n, options in enumerate((["--stream"], ["--provider", "openai"])):
+    sent = tmp_path / "requests.db"
+    with replay_server(db, step_ms=2, cost_profile="gpu") as upstream, \
+            recording_proxy(upstream, sent, tmp_path / "proxy.log") as recording:
+        # litellm_proxy/ at the proxy's root, streamed and recorded; then openai/ at its /v1, whole replies
+        for n, (url, options) in enumerate(((recording, ["--stream"]), (upstream, ["--provider", "openai"]))):
             workspace = tmp_path / f"workspace-{n}"
             workspace.mkdir()
             # copied next to the run: where agentaccel lives (a clone under /tmp, say) is hidden in the sandbox
             runner = shutil.copy(openhands_runner.__file__, tmp_path / "openhands_runner.py")
             run = run_confined([str(openhands_python), str(runner), "--base-url", url, "--workspace",
                                 str(workspace), "--state", str(state / str(n)), "--task", TASK, *options], tmp_path,
-                               openhands_python, {})
+                               openhands_python, {}, url)
             assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
             outcome = json.loads(run.stdout.strip().splitlines()[-1])
             assert outcome["status"] == "finished", outcome
             assert (outcome["streamed_chunks"] > 2) == ("--stream" in options), outcome
             assert (workspace / "hello.txt").read_text() == "hello\n"  # the recorded tool calls ran, there alone
         assert not (tmp_path / "hello.txt").exists()
-        assert served_calls(url) == 4
+        assert served_calls(recording) == 2 and served_calls(upstream, stage=None) == 4
     with TraceStore(tmp_path / "replayed.db") as store:
         report = import_traces([state / "0"], store, tokenizer=load_tokenizer())
         replayed = list(store.iter_calls())
@@ -95,7 +159,13 @@ def test_an_openhands_sdk_agent_runs_real_tools_through_the_proxy(tmp_path, open
     assert report.rows[("openhands-sdk-conversation", STAGE)].calls == 2
     assert [c.tool_calls for c in replayed] == [c.tool_calls for c in original]
     assert [c.response for c in replayed] == [c.response for c in original]
-    assert [m["content"] for m in replayed[1].messages if m["role"] == "tool"] == ["", "hello"]
+    outputs = [m["content"] for m in replayed[1].messages if m["role"] == "tool"]
+    assert [o.split("\n[")[0] for o in outputs] == ["", "hello"]  # the commands' outputs, then their metadata
+    assert all(o.endswith("[Command finished with exit code 0]") for o in outputs)
+    requests, rebuilt = normalized_calls(sent), normalized_calls(tmp_path / "replayed.db")
+    assert len(requests) == 2
+    for k, (a, b) in enumerate(zip(requests, rebuilt, strict=True)):
+        assert a == b, f"call {k}: " + json.dumps([a, b], indent=1)[:4000]
 
 
 @pytest.fixture(scope="module")
@@ -107,25 +177,38 @@ def classic_python(tmp_path_factory):
     return python
 
 
-def classic_recording(path: Path) -> Path:
-    """What the classic CodeActAgent calls (execute_bash, finish) as chat JSONL."""
+def classic_recording(path: Path, richer: bool = False) -> Path:
+    """What the classic CodeActAgent calls as chat JSONL: execute_bash, then finish; `richer` adds a
+    response calling two commands at once, a command that fails, and a thought before the finish."""
     def call(i, name, args):
         return {"id": f"call_{i}", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
 
-    task = [{"role": "system", "content": "You are OpenHands."}, {"role": "user", "content": TASK}]
-    first = {"role": "assistant", "content": "Creating it.",
-             "tool_calls": [call(0, "execute_bash", {"command": "echo hello > hello.txt && cat hello.txt"})]}
-    done = {"role": "assistant", "content": "", "tool_calls": [call(1, "finish", {"message": "Done."})]}
-    rows = [{"messages": [*task, first], "metadata": {"session": "classic", "position": 0}},
-            {"messages": [*task, first, {"role": "tool", "tool_call_id": "call_0", "content": "hello"}, done],
-             "metadata": {"session": "classic", "position": 1}}]
+    replies = [{"role": "assistant", "content": "Creating it.",
+                "tool_calls": [call(0, "execute_bash", {"command": "echo hello > hello.txt && cat hello.txt"})]}]
+    if richer:
+        replies += [{"role": "assistant", "content": "Checking twice.",
+                     "tool_calls": [call(1, "execute_bash", {"command": "ls"}),
+                                    call(2, "execute_bash", {"command": "wc -c hello.txt"})]},
+                    {"role": "assistant", "content": "",
+                     "tool_calls": [call(3, "execute_bash", {"command": "cat missing.txt"})]},
+                    {"role": "assistant", "content": "",
+                     "tool_calls": [call(4, "think", {"thought": "hello.txt holds hello; done."})]}]
+    replies.append({"role": "assistant", "content": "", "tool_calls": [call(9, "finish", {"message": "Done."})]})
+    messages = [{"role": "system", "content": "You are OpenHands."}, {"role": "user", "content": TASK}]
+    rows = []
+    for position, reply in enumerate(replies):
+        rows.append({"messages": [*messages, reply], "metadata": {"session": "classic", "position": position}})
+        messages = [*messages, reply, *({"role": "tool", "tool_call_id": c["id"], "content": "..."}
+                                       for c in reply["tool_calls"])]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
 
 def test_the_classic_openhands_core_runs_through_the_proxy(tmp_path, classic_python):
     """config.toml's [llm] is what `agentaccel openhands-config` prints; the local runtime's usual
-    traps are set off: SU_TO_USER=false, USER = who runs it (else it adds a user to the host)."""
+    traps are set off: SU_TO_USER=false, USER = who runs it (else it adds a user to the host). Its
+    servers listen on 0.0.0.0, unchangeable: contained in a network namespace (run_confined), and
+    with the Jupyter tool off no Jupyter is started (tests/openhands_classic.py)."""
     db = recorded_store(tmp_path, classic_recording(tmp_path / "classic.jsonl"))
     workspace = tmp_path / "workspace"
     workspace.mkdir()
@@ -136,9 +219,59 @@ def test_the_classic_openhands_core_runs_through_the_proxy(tmp_path, classic_pyt
                           "enable_jupyter = false\n")
         env = {"RUNTIME": "local", "SU_TO_USER": "false", "USER": pwd.getpwuid(os.getuid()).pw_name,
                "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
-        run = run_confined([str(classic_python), "-m", "openhands.core.main", "-t", TASK, "-c", "CodeActAgent",
-                            "--config-file", str(config)], tmp_path, classic_python, env)
+        # the runner is copied next to the run: a checkout under /tmp is hidden in the sandbox
+        runner = shutil.copy(Path(__file__).with_name("openhands_classic.py"), tmp_path / "openhands_classic.py")
+        started: set[str] = set()
+        run = run_confined([str(classic_python), str(runner), "-t", TASK, "-c", "CodeActAgent",
+                            "--config-file", str(config)], tmp_path, classic_python, env, url, started)
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
         assert "AgentState.FINISHED" in run.stdout + run.stderr
         assert (workspace / "hello.txt").read_text() == "hello\n"
         assert served_calls(url) == 2  # the agent:CodeActAgent tag (metadata.tags) named the stage
+        assert any("action_execution_server" in c for c in started), started  # the runtime was watched
+        assert not [c for c in started if "jupyter" in c or "ipykernel" in c]
+
+
+def normalized_calls(db: Path) -> list[list[dict]]:
+    with TraceStore(db) as store:
+        return [[normalized(m) for m in call.messages] for call in store.iter_calls()]
+
+
+def test_an_imported_classic_history_is_what_openhands_sent(tmp_path, classic_python):
+    """The ground truth for the output.jsonl importer: a real classic run (a response calling two
+    commands, a failing command, a thought, the finish) through a recording proxy; the run's events
+    written as an evaluation harness writes them (its trajectory, `event_to_dict` per event) and
+    imported into a second store; every imported call's messages are the recorded request's,
+    message by message (text.messages.normalized: content parts joined, tool call arguments parsed)."""
+    db = recorded_store(tmp_path, classic_recording(tmp_path / "classic.jsonl", richer=True))
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    recorded = tmp_path / "requests.db"
+    trajectory = tmp_path / "trajectory.json"
+    with replay_server(db, step_ms=2, cost_profile="gpu") as upstream, \
+            recording_proxy(upstream, recorded, tmp_path / "proxy.log") as url:
+        config = tmp_path / "config.toml"
+        config.write_text(f'[core]\nruntime = "local"\nworkspace_base = "{workspace}"\nmax_iterations = 8\n'
+                          f'enable_browser = false\nsave_trajectory_path = "{trajectory}"\n\n'
+                          f'{config_toml(url, "replay")}\n[agent]\nenable_browsing = false\n'
+                          "enable_jupyter = false\nenable_prompt_extensions = false\n")
+        env = {"RUNTIME": "local", "SU_TO_USER": "false", "USER": pwd.getpwuid(os.getuid()).pw_name,
+               "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+        runner = shutil.copy(Path(__file__).with_name("openhands_classic.py"), tmp_path / "openhands_classic.py")
+        run = run_confined([str(classic_python), str(runner), "-t", TASK, "-c", "CodeActAgent",
+                            "--config-file", str(config)], tmp_path, classic_python, env, url)
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    history = json.loads(trajectory.read_text())
+    output = tmp_path / "output.jsonl"
+    output.write_text(json.dumps({"instance_id": "hello", "history": history, "metadata": {
+        "model_name": "replay", "agent_config": {"enable_prompt_extensions": False}}}) + "\n")
+    imported = tmp_path / "imported.db"
+    with TraceStore(imported) as store:
+        import_traces([output], store, tokenizer=load_tokenizer())
+    sent, rebuilt = normalized_calls(recorded), normalized_calls(imported)
+    assert len(sent) == 5, sent
+    assert len(rebuilt) == len(sent)
+    for k, (a, b) in enumerate(zip(sent, rebuilt, strict=True)):
+        assert a == b, f"call {k}: " + json.dumps([a, b], indent=1)[:4000]
+    with TraceStore(imported) as store:
+        assert all(not (c.metadata or {}).get("approximate") for c in store.iter_calls())

@@ -105,6 +105,11 @@ def test_an_agent_turn_gets_its_recorded_tool_calls(store_path):
         assert 'stage="openhands:CodeActAgent",status="200"' in requests
 
 
+def lookups(url: str) -> dict[str, float]:
+    return {line.split('"')[1]: float(line.split()[-1]) for line in httpx.get(url + "/metrics").text.splitlines()
+            if line.startswith("agentaccel_replay_lookups_total{")}
+
+
 def test_what_matches_no_recording_is_a_clear_400(store_path):
     with serve(store_path) as server:
         def post(messages):
@@ -112,9 +117,41 @@ def test_what_matches_no_recording_is_a_clear_400(store_path):
 
         r = post([{"role": "user", "content": "A task nobody recorded"}])
         assert r.status_code == 400 and r.json()["error"]["code"] == "no_recording"
-        assert "no recorded session begins with this user message" in r.json()["error"]["message"]
+        assert "no recorded conversation begins with this user message" in r.json()["error"]["message"]
         # the recorded SQL sessions hold one call each: a second turn has nothing to answer with
         r = post([{"role": "user", "content": "Question 0: count active users"},
                   {"role": "assistant", "content": ANSWER}, {"role": "user", "content": "again"}])
-        assert r.status_code == 400 and "has 1 calls; this request is call 2" in r.json()["error"]["message"]
+        assert r.status_code == 400 and "calls at turns 0..0; this request is turn 1" in r.json()["error"]["message"]
         assert httpx.get(server.url + "/health").json()["recorded_sessions"] == 5
+        assert lookups(server.url) == {"exact": 0, "fallback": 0, "none": 2, "ambiguous": 0}
+
+
+def test_each_call_is_answered_by_its_own_recording_or_refused(tmp_path):
+    """The same prompt is found exactly (content as a string or as text parts alike); a prompt whose
+    tool outputs differ from the recording's (a replayed agent running real tools) is found by its
+    conversation and turn, and counted as such; two recordings answering one prompt differently
+    are refused, never guessed between."""
+    rows = [{"messages": [{"role": "user", "content": "Fix it"}, {"role": "assistant", "content": "Looking.",
+                                                                  "tool_calls": [call]}],
+             "metadata": {"session": "s1", "position": 0}}
+            for call in [{"id": "c1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}]]
+    rows.append({"messages": [{"role": "user", "content": "Fix it"}, rows[0]["messages"][1],
+                              {"role": "tool", "tool_call_id": "c1", "content": "a.py"},
+                              {"role": "assistant", "content": "Done."}], "metadata": {"session": "s1", "position": 1}})
+    rows += [{"messages": [{"role": "user", "content": "Twice"}, {"role": "assistant", "content": answer}],
+              "metadata": {"session": f"t{k}"}} for k, answer in enumerate(("one", "two"))]
+    (tmp_path / "calls.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with TraceStore(tmp_path / "t.db") as store:
+        import_traces([tmp_path / "calls.jsonl"], store, tokenizer=load_tokenizer())
+    with serve(tmp_path / "t.db") as server:
+        def post(messages):
+            return httpx.post(server.url + "/v1/chat/completions", json={"model": "replay", "messages": messages})
+
+        first = post([{"role": "user", "content": [{"type": "text", "text": "Fix it"}]}])
+        assert first.status_code == 200 and first.json()["choices"][0]["message"]["content"] == "Looking."
+        second = post([{"role": "user", "content": "Fix it"}, rows[0]["messages"][1],
+                       {"role": "tool", "tool_call_id": "c1", "content": "b.py, c.py"}])  # another tool output
+        assert second.status_code == 200 and second.json()["choices"][0]["message"]["content"] == "Done."
+        both = post([{"role": "user", "content": "Twice"}])
+        assert both.status_code == 400 and both.json()["error"]["code"] == "ambiguous_recording"
+        assert lookups(server.url) == {"exact": 1, "fallback": 1, "none": 0, "ambiguous": 1}

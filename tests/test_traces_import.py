@@ -12,6 +12,7 @@ from traces_fixtures import (
     write_v0_logs,
 )
 
+from agentaccel.text.messages import calls_text
 from agentaccel.text.tokenization import load_tokenizer
 from agentaccel.traces.export import export_calls
 from agentaccel.traces.importer import import_traces
@@ -67,12 +68,22 @@ def test_openhands_sdk_log_prefers_raw_view(tmp_path, tok):
 
 
 def test_openhands_output_jsonl(tmp_path, tok):
+    """Rebuilt as OpenHands builds the prompt (tests/test_openhands.py checks it against a real
+    run): the system prompt, one assistant message per response with all its tool calls, each
+    output as a tool message with its exit code, the finish as its call's response."""
     responses = write_output_jsonl(tmp_path / "output.jsonl", instances=2)
     run([tmp_path / "output.jsonl"], tmp_path / "t.db", tok)
     calls = all_calls(tmp_path / "t.db")
     assert len(calls) == responses == 6  # the response shared by two actions counts once
-    assert calls[0].messages == [{"role": "user", "content": "Solve issue 0"}]
-    assert len({c.session_id for c in calls}) == 2
+    first, second, last = calls[:3]
+    assert first.messages == [{"role": "system", "content": "You are OpenHands agent."},
+                              {"role": "user", "content": "Solve issue 0"}]
+    assert [m["role"] for m in second.messages] == ["system", "user", "assistant", "tool", "tool"]
+    assert [c["id"] for c in second.messages[2]["tool_calls"]] == ["k0-c1", "k0-c2"]
+    assert second.messages[3]["tool_call_id"] == "k0-c1" and second.messages[3]["content"].startswith("setup.py")
+    assert last.messages[-1]["content"].endswith("[Command finished with exit code 1]")
+    assert last.tool_calls[0]["function"]["name"] == "finish" and last.stage == "openhands:CodeActAgent"
+    assert len({c.session_id for c in calls}) == 2 and not any((c.metadata or {}).get("approximate") for c in calls)
 
 
 def test_format_detection_does_not_depend_on_how_long_the_first_record_is(tmp_path, tok):
@@ -109,7 +120,9 @@ def test_openhands_sdk_conversation_folder(tmp_path, tok):
     assert len(calls) == 2  # two responses: two tool calls in one, then finish
     first, second = calls
     assert [m["role"] for m in first.messages] == ["system", "user"]
-    assert first.response == "Creating it." and [c["function"]["name"] for c in first.tool_calls] == ["terminal"] * 2
+    # the response as the proxy records one: its text, then its calls
+    assert first.response == "Creating it." + calls_text(first.tool_calls)
+    assert [c["function"]["name"] for c in first.tool_calls] == ["terminal"] * 2
     assert json.loads(first.tool_calls[1]["function"]["arguments"]) == {"command": "cat hello.txt"}
     assert [m["role"] for m in second.messages] == ["system", "user", "assistant", "tool", "tool"]
     assert second.messages[-1] == {"role": "tool", "tool_call_id": "call_2", "content": "hello"}

@@ -59,26 +59,75 @@ def write_sdk_log(path: Path, prompt_mode: bool = True) -> str:
     return raw_text
 
 
+def tool_call(call_id: str, name: str, arguments: dict) -> dict:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
+
+
+def classic_history(k: int = 0) -> list[dict]:
+    """A classic OpenHands run as its events serialize (event_to_dict, openhands-ai 0.62): the system
+    prompt with its tools, the task, a state change, a recall with nothing in it, one response calling
+    two commands, their outputs, a command that fails, an error, the finish."""
+    def ev(**fields):
+        return {"timestamp": "2024-11-01T10:00:00", **fields}
+
+    def run(call_id, command, response, source="agent"):
+        return ev(source=source, action="run", message=f"Running command: {command}",
+                  args={"command": command, "is_input": False, "thought": "", "blocking": False},
+                  tool_call_metadata={"function_name": "execute_bash", "tool_call_id": call_id,
+                                      "model_response": response, "total_calls_in_response": 2})
+
+    def output(call_id, cause, content, exit_code=0):
+        return ev(source="agent", observation="run", cause=cause, content=content,
+                  message=f"Command `x` executed with exit code {exit_code}.",
+                  tool_call_metadata={"function_name": "execute_bash", "tool_call_id": call_id},
+                  extras={"command": "x", "metadata": {"exit_code": exit_code, "pid": -1, "username": "root",
+                                                       "hostname": "h", "working_dir": "/workspace",
+                                                       "py_interpreter_path": "/usr/bin/python",
+                                                       "prefix": "", "suffix": ""}, "hidden": False})
+
+    tools = [{"type": "function", "function": {"name": "execute_bash"}}, {"type": "function",
+                                                                           "function": {"name": "finish"}}]
+    both = model_response("Let me look.", rid=f"k{k}-r0", tool_calls=[
+        tool_call(f"k{k}-c1", "execute_bash", {"command": "ls"}),
+        tool_call(f"k{k}-c2", "execute_bash", {"command": "cat setup.py"})])
+    failing = model_response("", rid=f"k{k}-r1", tool_calls=[tool_call(f"k{k}-c3", "execute_bash",
+                                                                      {"command": "pytest"})])
+    done = model_response("All tests pass.", rid=f"k{k}-r2", tool_calls=[tool_call(f"k{k}-c4", "finish",
+                                                                                 {"message": "Fixed."})])
+    events = [
+        ev(source="agent", action="system", message="You are OpenHands agent.",
+           args={"content": "You are OpenHands agent.", "tools": tools, "openhands_version": "0.62.0",
+                 "agent_class": "CodeActAgent"}),
+        ev(source="user", action="message", message=f"Solve issue {k}",
+           args={"content": f"Solve issue {k}", "file_urls": [], "image_urls": [], "wait_for_response": False}),
+        ev(source="environment", observation="agent_state_changed", content="", extras={"agent_state": "running"}),
+        ev(source="user", action="recall", args={"recall_type": "workspace_context", "query": f"Solve issue {k}"}),
+        ev(source="environment", observation="recall", content="Added workspace context", cause=3,
+           extras={"recall_type": "workspace_context", "repo_name": "", "repo_directory": "", "date": "",
+                   "runtime_hosts": {}, "microagent_knowledge": []}),
+        run(f"k{k}-c1", "ls", both),
+        run(f"k{k}-c2", "cat setup.py", both),
+        output(f"k{k}-c1", 5, "setup.py\nsrc"),
+        output(f"k{k}-c2", 6, "from setuptools import setup"),
+        run(f"k{k}-c3", "pytest", failing),
+        output(f"k{k}-c3", 9, "1 failed", exit_code=1),
+        ev(source="agent", action="finish", message="Fixed.",
+           args={"final_thought": "Fixed.", "outputs": {}, "thought": ""},
+           tool_call_metadata={"function_name": "finish", "tool_call_id": f"k{k}-c4", "model_response": done,
+                               "total_calls_in_response": 1}),
+    ]
+    for i, e in enumerate(events):
+        e["id"] = i
+    return events
+
+
 def write_output_jsonl(path: Path, instances: int = 2) -> int:
-    """Evaluation output: agent events carry the full model response; one response may produce
-    two actions (both events carry it). Returns the number of distinct responses."""
-    lines = []
-    responses = 0
-    for k in range(instances):
-        events = [{"id": 0, "source": "user", "message": f"Solve issue {k}", "timestamp": "2024-11-01T10:00:00"}]
-        for step in range(3):
-            resp = model_response(f"step {step} of {k}", rid=f"i{k}s{step}")
-            responses += 1
-            events.append({"id": len(events), "source": "agent", "message": f"run step {step}",
-                           "tool_call_metadata": {"model_response": resp}, "timestamp": "2024-11-01T10:00:05"})
-            if step == 1:  # a second action from the same response
-                events.append({"id": len(events), "source": "agent", "message": "second action",
-                               "tool_call_metadata": {"model_response": resp}})
-            events.append({"id": len(events), "source": "environment", "content": f"observation {step}"})
-        lines.append(json.dumps({"instance_id": f"repo__issue-{k}", "history": events,
-                                 "metadata": {"model_name": "gpt-4o"}}))
-    path.write_text("\n".join(lines) + "\n")
-    return responses
+    """An evaluation output.jsonl of classic runs (`classic_history`); returns the LLM calls in it."""
+    path.write_text("".join(json.dumps({"instance_id": f"repo__issue-{k}", "history": classic_history(k),
+                                        "metadata": {"model_name": "gpt-4o",
+                                                     "llm_config": {"max_message_chars": 30000}}}) + "\n"
+                            for k in range(instances)))
+    return 3 * instances
 
 
 def write_mock_pairs(folder: Path, n: int = 3) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from agentaccel.text.messages import reply_content
 from agentaccel.traces.formats.chat_jsonl import chat_jsonl_line
 from agentaccel.traces.store import TraceStore
 
@@ -15,7 +16,7 @@ def export_calls(store: TraceStore, out: Path, stage: str | None = None) -> int:
     n = 0
     with tmp.open("w", encoding="utf-8") as f:
         for call in store.iter_calls(stage=stage):
-            reply = {"role": "assistant", "content": call.response}
+            reply = {"role": "assistant", "content": reply_content(call.response, call.tool_calls)}
             if call.tool_calls:
                 reply["tool_calls"] = call.tool_calls
             f.write(chat_jsonl_line(call.messages, reply, stage=call.stage, model=call.model,

@@ -88,6 +88,12 @@ CREATE TABLE IF NOT EXISTS stage_policies (  -- traces/stage_policies.py
   online_steps INTEGER,
   online_at TEXT
 );
+CREATE TABLE IF NOT EXISTS step_costs (  -- traces/step_costs.py
+  server TEXT PRIMARY KEY,           -- what was timed: the model, the device, the parallelism
+  curve TEXT NOT NULL,               -- JSON: the learned step cost (engine/step_cost.py)
+  steps INTEGER,                     -- timed steps behind it
+  updated_at TEXT
+);
 """
 
 
@@ -108,6 +114,7 @@ class StoredCall:
     tool_calls: list | None
     finish_reason: str | None
     source_file: str | None
+    metadata: dict | None = None  # what the source said of the call (`approximate`: what a rebuild could not know)
 
 
 @dataclass
@@ -353,7 +360,7 @@ class TraceStore:
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
         order = "DESC" if newest_first else "ASC"
         sql = ("SELECT id, session_id, position, stage, model, created_at, prompt, response, tool_calls, "
-               f"finish_reason, source_file FROM calls {where} "
+               f"finish_reason, source_file, metadata FROM calls {where} "
                f"ORDER BY COALESCE(created_at, 0) {order}, session_id {order}, position {order}, id {order}")
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
@@ -361,7 +368,8 @@ class TraceStore:
         for row in self.conn.execute(sql, args).fetchall():
             prompt_ids = json.loads(row[6])
             yield StoredCall(row[0], row[1], row[2], row[3], row[4], row[5], self._messages(prompt_ids, blob_cache),
-                             row[7], json.loads(row[8]) if row[8] else None, row[9], row[10])
+                             row[7], json.loads(row[8]) if row[8] else None, row[9], row[10],
+                             json.loads(row[11]) if row[11] else None)
 
     def _messages(self, ids: list[int], cache: dict[int, dict]) -> list[dict]:
         missing = [i for i in ids if i not in cache]

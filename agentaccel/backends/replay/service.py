@@ -62,8 +62,15 @@ class ReplayBackend(Backend):
     def policy_state(self) -> dict[str, dict]:
         return policy_state(self.engine, self.online)
 
+    def counters(self) -> list[tuple[str, str, str, dict[str, float]]]:
+        return [("agentaccel_replay_lookups", "Requests by how a recording was found for them: exact (the same "
+                 "prompt), fallback (the conversation's task and turn), none or ambiguous (refused with a 400)",
+                 "result", dict(self.recordings.counts))]
+
     async def models(self) -> list[str]:
-        return [self.served_name]
+        """Its own name, and every recorded model's: a request may name the model whose recording
+        it wants (recordings/Recordings.match)."""
+        return [self.served_name, *(m for m in self.recordings.models if m != self.served_name)]
 
     def health(self) -> dict:
         stats = self.engine.stats()
@@ -97,12 +104,12 @@ class ReplayBackend(Backend):
         finally:
             self.engine.finish_request(rid, keep_output=speculate)  # the output joins the stage's tree
 
-    def _call(self, endpoint: str, body: dict) -> tuple[RecordedCall, list[int], list[int], bool]:
+    def _call(self, endpoint: str, body: dict, ctx: CallContext) -> tuple[RecordedCall, list[int], list[int], bool]:
         if endpoint != CHAT:
             raise bad_request("the replay backend answers chat completions (recorded calls are chats)")
         if body.get("n", 1) != 1:
             raise bad_request("the replay backend answers one choice per request (n=1)", param="n")
-        recorded = self.recordings.match(body["messages"])
+        recorded = self.recordings.match(body["messages"], ctx.session_id, body.get("model"), ctx.stage)
         prompt = self.tokenizer.encode(render_prompt(body["messages"], self.tokenizer.chat_template,
                                                      body.get("tools")))
         output = self.tokenizer.encode(recorded.response)
@@ -110,7 +117,7 @@ class ReplayBackend(Backend):
         return recorded, prompt, output, self.speculate and xargs.get("speculate", True) is not False
 
     async def complete(self, endpoint: str, body: dict, ctx: CallContext) -> dict:
-        recorded, prompt, output, speculate = self._call(endpoint, body)
+        recorded, prompt, output, speculate = self._call(endpoint, body, ctx)
         stats = ctx.spec = SpecStats()
         with contextlib.closing(self._steps(recorded, prompt, output, ctx, speculate)) as steps:
             for step in steps:
@@ -123,7 +130,7 @@ class ReplayBackend(Backend):
         return {**_head(body, "chat.completion"), "choices": [choice], "usage": _usage(prompt, output)}
 
     async def stream(self, endpoint: str, body: dict, ctx: CallContext) -> AsyncIterator[bytes]:
-        recorded, prompt, output, speculate = self._call(endpoint, body)
+        recorded, prompt, output, speculate = self._call(endpoint, body, ctx)
         head = _head(body, "chat.completion.chunk")
         content, produced, sent = recorded.content, [], 0
         stats = ctx.spec = SpecStats()

@@ -5,8 +5,7 @@
   saw and produced (`fncall_*` is the converted view), so those are used.
 * SDK (1.x) logs: `{messages, tools, kwargs, response, cost, timestamp, latency_sec,
   usage_summary, context_window}`; in prompt mode `raw_messages`/`raw_response` are the model's view.
-* Evaluation `output.jsonl`: one instance per line whose `history` events carry
-  `tool_call_metadata.model_response` (the full response) on agent actions.
+* Evaluation `output.jsonl` and saved trajectories: openhands_events.py.
 * Mock `prompt_NNN.log` / `response_NNN.log` pairs (a folder is one session).
 """
 
@@ -15,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from agentaccel.traces.formats.common import assistant_response, chat_message, iter_jsonl, load_json
+from agentaccel.traces.formats.common import assistant_response, chat_message, load_json
 from agentaccel.traces.records import Call, FormatError, Session, digest
 from agentaccel.traces.stages import explicit_stage
 
@@ -88,54 +87,6 @@ def _float(value) -> float | None:
         return None if value is None else float(value)
     except (TypeError, ValueError):
         return None
-
-
-def parse_output_jsonl(path: Path) -> list[Session]:
-    sessions = []
-    for lineno, row in iter_jsonl(path):
-        if not isinstance(row, dict) or not isinstance(row.get("history"), list):
-            raise FormatError(f"line {lineno}: an evaluation record needs a `history` list")
-        transcript: list[dict] = []
-        calls: list[Call] = []
-        seen_responses: set[str] = set()
-        for i, event in enumerate(row["history"]):
-            if not isinstance(event, dict):
-                raise FormatError(f"line {lineno}, event {i}: not an object")
-            meta = event.get("tool_call_metadata") or {}
-            response = meta.get("model_response") if isinstance(meta, dict) else None
-            if response:
-                reply, resp = _response_message(response, f"line {lineno}, event {i}")
-                rid = resp.get("id") or digest(reply)
-                if rid not in seen_responses:  # one response may produce several actions
-                    seen_responses.add(rid)
-                    text, tool_calls = assistant_response(reply)
-                    usage = resp.get("usage") or {}
-                    calls.append(Call(messages=list(transcript), response=text, tool_calls=tool_calls,
-                                      model=resp.get("model"), created_at=_timestamp(event.get("timestamp")),
-                                      prompt_tokens=usage.get("prompt_tokens"),
-                                      completion_tokens=usage.get("completion_tokens"), source_offset=lineno,
-                                      metadata={"agent": "CodeActAgent" if event.get("source") == "agent" else None}))
-            role = "assistant" if event.get("source") == "agent" else "user"
-            text = event.get("message") or event.get("content") or ""
-            if isinstance(text, str) and text:
-                transcript.append({"role": role, "content": text})
-        instance = row.get("instance_id", lineno)
-        key = digest("openhands-output", instance, (row.get("metadata") or {}).get("model_name"), len(row["history"]))
-        sessions.append(Session(key=key, framework="openhands", calls=calls, metadata={"instance_id": instance}))
-    return sessions
-
-
-def _timestamp(value) -> float | None:
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):
-        from datetime import datetime
-
-        try:
-            return datetime.fromisoformat(value).timestamp()
-        except ValueError:
-            return None
-    return None
 
 
 def parse_mock_folder(folder: Path) -> list[Session]:

@@ -3,9 +3,12 @@ them: `<conversation id>/base_state.json` (the agent and its LLM settings) and
 `events/event-NNNNN-<event id>.json`, one event per file.
 
 The LLM calls are rebuilt from the events: the prompt of a call is every event before it in chat
-form (the system prompt, user and agent messages, tool calls and their observations), and its
-output is one agent `MessageEvent`, or the `ActionEvent`s that share one `llm_response_id` (one
-response may call several tools). Condensation and state events carry no chat text and are left out.
+form (the system prompt, user and agent messages, tool calls and their observations as the SDK
+shows them to the model: a terminal's output with its working directory, interpreter and exit
+code, a failed tool's output after an error header), and its output is one agent `MessageEvent`,
+or the `ActionEvent`s that share one `llm_response_id` (one response may call several tools).
+Condensation and state events carry no chat text and are left out. A terminal output the SDK cut
+(it names a file holding the rest) is flagged in the calls after it (`approximate: truncated`).
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ import re
 from pathlib import Path
 from typing import Any
 
+from agentaccel.text.messages import message_text
 from agentaccel.traces.formats.common import load_json
+from agentaccel.traces.formats.openhands_events import terminal_text
 from agentaccel.traces.records import Call, FormatError, Session, digest
 from agentaccel.traces.stages import explicit_stage
 
@@ -56,6 +61,30 @@ def _tool_call(event: dict) -> dict:
             "function": {"name": call.get("name") or event.get("tool_name"), "arguments": call.get("arguments", "")}}
 
 
+ERROR_HEADER = "[An error occurred during execution.]\n"  # what the SDK puts before a failed tool's output
+TERMINAL_LIMIT = 30_000  # the SDK cuts a terminal's output beyond this, naming a file it saved the rest in
+
+
+def _observation_text(event: dict, approximate: set[str]) -> str:
+    """What the model is shown of an observation: a terminal's output formatted as the SDK formats
+    it (openhands_events.terminal_text), an error's header before a failed tool's output."""
+    if event.get("kind") != "ObservationEvent":
+        return event.get("error") or event.get("rejection_reason") or ""
+    observation = event.get("observation") or {}
+    text = _text(observation.get("content"))
+    if observation.get("kind") == "TerminalObservation" and isinstance(observation.get("metadata"), dict):
+        text = terminal_text(text, observation["metadata"])
+        if len(text) > TERMINAL_LIMIT:
+            approximate.add("truncated")
+    if observation.get("is_error"):
+        text = ERROR_HEADER + text
+    return text
+
+
+def _flagged(metadata: dict, approximate: set[str]) -> dict:
+    return {**metadata, **({"approximate": sorted(approximate)} if approximate else {})}
+
+
 def parse_conversation(folder: Path) -> list[Session]:
     state = load_json(folder / "base_state.json")
     if not isinstance(state, dict):
@@ -71,6 +100,7 @@ def parse_conversation(folder: Path) -> list[Session]:
     transcript: list[dict] = []
     tools: list | None = None
     calls: list[Call] = []
+    approximate: set[str] = set()  # what the events cannot say exactly, so far (the calls after it are flagged)
     pending: dict | None = None  # the assistant message of the response being read (ActionEvents)
 
     def close_pending() -> None:
@@ -87,11 +117,12 @@ def parse_conversation(folder: Path) -> list[Session]:
                 close_pending()
                 message = {"role": "assistant", "content": _text(event.get("thought")), "tool_calls": []}
                 call = Call(messages=list(transcript), response=message["content"], tools=tools, stage=stage,
-                            model=model, source_offset=i, metadata=dict(metadata))
+                            model=model, source_offset=i, metadata=_flagged(metadata, approximate))
                 calls.append(call)
                 pending = {"id": rid, "message": message, "call": call}
             pending["message"]["tool_calls"].append(_tool_call(event))
             pending["call"].tool_calls = list(pending["message"]["tool_calls"])
+            pending["call"].response = message_text(pending["message"])  # the text, then the calls (as stored)
             continue
         close_pending()
         if kind == "SystemPromptEvent":
@@ -103,11 +134,10 @@ def parse_conversation(folder: Path) -> list[Session]:
             role = message.get("role") or ("assistant" if source == "agent" else "user")
             if role == "assistant":
                 calls.append(Call(messages=list(transcript), response=text, tools=tools, stage=stage, model=model,
-                                  source_offset=i, metadata=dict(metadata)))
+                                  source_offset=i, metadata=_flagged(metadata, approximate)))
             transcript.append({"role": role, "content": text})
         elif kind in ("ObservationEvent", "AgentErrorEvent", "UserRejectObservation"):
-            observation = event.get("observation") or {}
-            text = _text(observation.get("content")) or event.get("error") or event.get("rejection_reason") or ""
+            text = _observation_text(event, approximate)
             transcript.append({"role": "tool", "tool_call_id": event.get("tool_call_id"), "content": text})
     close_pending()
     key = digest("openhands-sdk-conversation", state.get("id") or folder.name)

@@ -11,6 +11,7 @@ from agentaccel.traces.formats import (
     chat_jsonl,
     conversation,
     openhands,
+    openhands_events,
     openhands_sdk,
     swe_agent,
     text2sql,
@@ -25,7 +26,8 @@ PARSERS: dict[str, Parser] = {
     "trajectory-records": conversation.parse_trajectory_records,
     "chat-jsonl": chat_jsonl.parse_chat_jsonl,
     "openhands-completion": openhands.parse_completion_log,
-    "openhands-output": openhands.parse_output_jsonl,
+    "openhands-output": openhands_events.parse_output_jsonl,
+    "openhands-trajectory": openhands_events.parse_trajectory,
     "openhands-mock": openhands.parse_mock_folder,
     "openhands-sdk-conversation": openhands_sdk.parse_conversation,
     "rsl-sql": text2sql.parse_rsl_folder,
@@ -89,6 +91,8 @@ def file_format(path: Path) -> str | None:
     if first.container == "array":
         if {"instruction", "output"} <= keys:
             return "alpaca-eval"
+        if "action" in keys and "source" in keys or "observation" in keys and "extras" in keys:
+            return "openhands-trajectory"
         if keys & {"messages", "trajectory"}:
             return "trajectory-records"
     return None
