@@ -32,13 +32,14 @@ BatchDrafter::~BatchDrafter() {
   for (auto& w : workers_) w.join();
 }
 
-void BatchDrafter::admit(const std::string& rid, const std::string& stage, bool speculate) {
+void BatchDrafter::admit(const std::string& rid, const std::string& stage, bool speculate, int64_t max_total_tokens) {
   if (stage.empty()) throw InvalidInput("stage must be a non-empty string");
   std::lock_guard lock(admit_mu_);
   Entry& e = entries_[rid];
   if (e.started) return;  // re-admitted while live (vLLM re-adds a request it moved): keep its state
   e.stage = stage;
   e.speculate = speculate;
+  e.max_total_tokens = max_total_tokens;
   e.seen = step_no_;  // the next step must list it, or it is dropped (aborted before its first step)
 }
 
@@ -58,23 +59,45 @@ std::map<std::string, StageCounters> BatchDrafter::counters() const {
 }
 
 std::vector<std::vector<uint32_t>> BatchDrafter::step(const BatchStep& s) {
+  const auto started = std::chrono::steady_clock::now();
   const auto& rids = *s.rids;
   const size_t n = rids.size();
   std::vector<std::vector<uint32_t>> out(n);
+  std::shared_ptr<const StepCost> cost;
+  {
+    std::lock_guard clock(cost_mu_);
+    cost = cost_;
+  }
   std::lock_guard lock(admit_mu_);
   ++step_no_;
   jobs_.clear();
+  budgeted_ = cost != nullptr;
+  StepTiming timed;        // the step that just ran
+  bool continued = false;  // one of its requests was in the step before: the engine ran without a pause
+  size_t decoding = 0;     // requests that yield a token next step
+  double next_context = 0.0, next_attention = 0.0;
   {
     std::lock_guard clock(counters_mu_);
     for (size_t i = 0; i < n; ++i) {
       const std::string& rid = rids[i];
       if (rid.empty()) continue;
       Entry& e = entries_[rid];  // never admitted (no stage known): the defaults
-      e.seen = step_no_;
+      continued |= e.listed != 0 && e.listed + 1 == step_no_;
+      e.seen = e.listed = step_no_;
       if (e.stage.empty()) e.stage = "default";
       const int64_t lo = s.sampled_offsets[i], hi = s.sampled_offsets[i + 1];
-      if (hi <= lo || !e.speculate) continue;  // a partial prefill, or a baseline request
       const int32_t num_tokens = s.num_tokens[i];
+      const double before = double(std::max<int64_t>(int64_t(num_tokens) - (hi - lo), 0));  // its context then
+      ++timed.requests;
+      timed.context += before;
+      next_context += double(std::max(num_tokens, 0));
+      if (hi <= lo) continue;  // a partial prefill
+      const double queried = 1.0 + double(std::max(e.last_draft, 0));  // the token it fed plus the draft verified
+      timed.decode_tokens += queried;
+      timed.attention += queried * before;
+      ++decoding;
+      next_attention += double(std::max(num_tokens, 0));
+      if (!e.speculate) continue;  // a baseline request
       if (num_tokens < hi - lo || size_t(num_tokens) > s.stride)
         throw InvalidInput("request " + rid + ": num_tokens out of range");
       if (!e.started) {
@@ -96,16 +119,38 @@ std::vector<std::vector<uint32_t>> BatchDrafter::step(const BatchStep& s) {
       c.tokens += uint64_t(hi - lo);
       if (e.last_draft >= 0) {  // this step verified the draft proposed last time
         c.steps += 1;
+        c.drafted_steps += e.last_draft > 0;
         c.drafted += uint64_t(e.last_draft);
         c.accepted += uint64_t(std::min<int64_t>(e.last_draft, hi - lo - 1));
         c.predicted += e.last_score;
       }
-      const int budget = std::min<int64_t>(s.max_tokens, int64_t(s.max_model_len) - num_tokens - 1);
+      // A draft of d tokens yields up to d + 1: never more than the model may still give.
+      int64_t room = int64_t(s.max_model_len) - num_tokens - 1;
+      if (e.max_total_tokens >= 0) room = std::min<int64_t>(room, e.max_total_tokens - num_tokens - 1);
+      const int budget = int(std::min<int64_t>(s.max_tokens, room));
       e.last_draft = 0;
-      if (budget > 0) jobs_.push_back({i, &rid, &e, budget});
+      e.last_score = 0.0;
+      if (budget > 0) {
+        jobs_.emplace_back();
+        Job& j = jobs_.back();
+        j.index = i, j.rid = &rid, j.entry = &e, j.budget = budget, j.context = double(num_tokens);
+      }
     }
   }
+  timed.tokens = s.scheduled >= 0 ? double(s.scheduled) : timed.decode_tokens;
+  if (continued) record_timing(timed, started);
 
+  if (budgeted_) {
+    // A token is worth drafting only if it gains at least the plain step's rate times what it adds
+    // to the step; below that floor a candidate stops growing.
+    const double base_tokens = double(decoding) + cost->extra_tokens;
+    // the rate to beat is decoding's, without the prefill the step carries (as step_budget.cpp)
+    const double t0 = cost->at(double(decoding)) + cost->per_context * next_context +
+                      cost->per_attention * next_attention;
+    const double rate = t0 > 0.0 ? double(decoding) / t0 : 0.0;
+    const double slope = std::max(cost->min_slope_from(size_t(base_tokens)), 0.0);
+    for (Job& j : jobs_) j.floor = rate * (slope + cost->per_attention * j.context);
+  }
   out_ = &out;
   next_job_ = 0;
   if (workers_.empty() || jobs_.size() < kMinParallelJobs) {
@@ -127,6 +172,7 @@ std::vector<std::vector<uint32_t>> BatchDrafter::step(const BatchStep& s) {
     done_cv_.wait(plock, [&] { return busy_ == 0; });
     if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
   }
+  if (budgeted_) spend_budget(*cost, decoding, next_context, next_attention, out);
   for (const Job& j : jobs_) j.entry->last_draft = int32_t(out[j.index].size());
 
   // Requests that left the batch (finished, aborted or preempted) give their trees back; a
@@ -143,7 +189,63 @@ std::vector<std::vector<uint32_t>> BatchDrafter::step(const BatchStep& s) {
     it = entries_.erase(it);
   }
   if (!pending_.empty() && (live < kFewLive || step_no_ - last_flush_ >= kFlushEvery)) flush();
+  last_start_ = started;
+  last_end_ = std::chrono::steady_clock::now();
+  proposer_ns_.fetch_add(uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(last_end_ - started).count()),
+                         std::memory_order_relaxed);
+  steps_.fetch_add(1, std::memory_order_relaxed);
+  timed_before_ = true;
   return out;
+}
+
+void BatchDrafter::record_timing(StepTiming timed, std::chrono::steady_clock::time_point started) {
+  if (!timed_before_) return;
+  using seconds = std::chrono::duration<double>;
+  timed.seconds = seconds(started - last_end_).count();
+  timed.proposer_seconds = seconds(last_end_ - last_start_).count();
+  std::lock_guard lock(timings_mu_);
+  if (timings_.size() >= kMaxTimings)  // nobody drains them: keep the newest half
+    timings_.erase(timings_.begin(), timings_.begin() + kMaxTimings / 2);
+  timings_.push_back(timed);
+}
+
+std::vector<StepTiming> BatchDrafter::drain_timings() {
+  std::lock_guard lock(timings_mu_);
+  return std::exchange(timings_, {});
+}
+
+void BatchDrafter::set_step_cost(StepCost cost) {
+  std::shared_ptr<const StepCost> next;
+  if (!cost.base.empty()) {
+    cost.validate();
+    cost.prepare();
+    next = std::make_shared<const StepCost>(std::move(cost));
+  }
+  std::lock_guard lock(cost_mu_);
+  cost_ = std::move(next);
+}
+
+StepCost BatchDrafter::step_cost() const {
+  std::lock_guard lock(cost_mu_);
+  return cost_ ? *cost_ : StepCost{};
+}
+
+void BatchDrafter::spend_budget(const StepCost& cost, size_t decoding, double context, double attention,
+                                std::vector<std::vector<uint32_t>>& out) {
+  thread_local std::vector<BudgetRequest> requests;
+  thread_local std::vector<int32_t> keep;
+  requests.clear();
+  for (const Job& j : jobs_)
+    requests.push_back(BudgetRequest{j.candidate.probs.data(), j.candidate.probs.size(), j.confidence, j.context});
+  allocate_budget(requests, decoding, context, attention, cost, keep);
+  for (size_t k = 0; k < jobs_.size(); ++k) {
+    Job& j = jobs_[k];
+    const size_t kept = size_t(keep[k]);
+    double score = 0.0;
+    for (size_t q = 0; q < kept; ++q) score += j.candidate.probs[q];
+    j.entry->last_score = score;
+    out[j.index].assign(j.candidate.tokens.begin(), j.candidate.tokens.begin() + kept);
+  }
 }
 
 void BatchDrafter::release(const std::string& rid) {
@@ -171,7 +273,11 @@ void BatchDrafter::flush() {
 
 void BatchDrafter::draft_range(std::vector<std::vector<uint32_t>>& out) {
   for (size_t k = next_job_.fetch_add(1); k < jobs_.size(); k = next_job_.fetch_add(1)) {
-    const Job& j = jobs_[k];
+    Job& j = jobs_[k];
+    if (budgeted_) {  // a candidate: the budget cuts it once every request has one
+      j.candidate = engine_.speculate_candidate(*j.rid, j.budget, j.floor, &j.confidence);
+      continue;
+    }
     Draft d = engine_.speculate(*j.rid, j.budget);
     j.entry->last_score = d.score;
     out[j.index] = std::move(d.tokens);

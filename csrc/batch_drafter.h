@@ -5,10 +5,12 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -17,11 +19,13 @@
 #include <vector>
 
 #include "engine.h"
+#include "step_budget.h"
 
 namespace agentaccel {
 
 struct StageCounters {
   uint64_t steps = 0;     // verification steps of a draft proposed the step before
+  uint64_t drafted_steps = 0;  // of those, steps whose draft was not empty
   uint64_t drafted = 0;   // draft tokens those steps verified
   uint64_t accepted = 0;  // draft tokens accepted
   uint64_t tokens = 0;    // tokens produced (accepted + the one the model adds each step)
@@ -41,6 +45,20 @@ struct BatchStep {
   const int64_t* sampled_offsets;
   int max_tokens;     // most draft tokens this step
   int max_model_len;  // a draft never runs past it
+  int64_t scheduled = -1;  // tokens the step that just ran computed (vLLM's scheduler output; -1: unknown)
+};
+
+// One timed step of the serving engine: what it computed and how long it took, from the start of
+// one proposer call to the start of the next, less the proposer's own time. The step cost model
+// (agentaccel/engine/step_cost.py) is fitted to these.
+struct StepTiming {
+  double tokens = 0;         // tokens computed (the scheduler's count; else the decoding requests' 1 + drafts)
+  double decode_tokens = 0;  // of which the decoding requests' 1 + draft (the rest: prefill)
+  double context = 0;        // context tokens of the step's requests
+  double attention = 0;      // sum over decoding requests of (1 + draft) x context
+  double seconds = 0;        // the step, without the proposer
+  double proposer_seconds = 0;  // the proposer call that drafted for it
+  uint32_t requests = 0;     // rows of the step
 };
 
 class BatchDrafter {
@@ -52,14 +70,24 @@ class BatchDrafter {
   BatchDrafter(const BatchDrafter&) = delete;
   BatchDrafter& operator=(const BatchDrafter&) = delete;
 
-  // Announces a request before its first step: its stage, and whether it is drafted for (a
-  // request that is not is a baseline: no drafts, and its output is not learned from).
-  void admit(const std::string& rid, const std::string& stage, bool speculate);
+  // Announces a request before its first step: its stage, whether it is drafted for (a request
+  // that is not is a baseline: no drafts, and its output is not learned from), and the most tokens
+  // it may hold, prompt included (-1: no limit but max_model_len): no draft runs past it.
+  void admit(const std::string& rid, const std::string& stage, bool speculate, int64_t max_total_tokens = -1);
   // A request left the batch (finished, aborted or preempted): its tree is freed now and its
   // output queued for its stage tree. Requests a step no longer lists are released the same way.
   void release(const std::string& rid);
   std::vector<std::vector<uint32_t>> step(const BatchStep& step);
   std::map<std::string, StageCounters> counters() const;
+  // Drafts for the batch as a whole under this model of a step's cost (see step_budget.h): every
+  // request's candidate is grown with its stage's policy, then cut so that the step gives the most
+  // tokens per second. An empty model: each request's policy sizes its own draft alone.
+  void set_step_cost(StepCost cost);
+  StepCost step_cost() const;
+  // The steps timed since the last call (at most kMaxTimings are kept).
+  std::vector<StepTiming> drain_timings();
+  uint64_t proposer_ns() const { return proposer_ns_.load(std::memory_order_relaxed); }  // time in step(), all steps
+  uint64_t steps() const { return steps_.load(std::memory_order_relaxed); }
   size_t tracked() const;  // requests the drafter knows (admitted, not yet finished)
   size_t pending_outputs() const;  // finished outputs waiting to join their stage trees
 
@@ -67,11 +95,13 @@ class BatchDrafter {
   struct Entry {
     std::string stage;
     bool speculate = true;
+    int64_t max_total_tokens = -1;  // prompt + most output tokens (-1: unknown)
     bool started = false;     // has an engine request
     size_t prompt_len = 0;    // its context when it started (the output follows)
     int32_t last_draft = -1;  // length of the draft proposed last step (-1: none yet)
     double last_score = 0.0;  // its expected accepted tokens
-    uint64_t seen = 0;        // the last step that listed it
+    uint64_t seen = 0;        // the last step that listed it (or, before any, the step it was admitted at)
+    uint64_t listed = 0;      // the last step that listed it (0: none yet)
     StageCounters* counters = nullptr;
   };
   struct Job {  // one request's drafting in the current step
@@ -79,9 +109,16 @@ class BatchDrafter {
     const std::string* rid;
     Entry* entry;
     int budget;
+    double floor = 0.0;       // with a step cost: the candidate grows while confidence x D exceeds it
+    double context = 0.0;     // tokens its queries attend over next step
+    double confidence = 1.0;  // the trust its stage's policy gives its estimates
+    Draft candidate;          // with a step cost: the grown draft before the budget cuts it
   };
 
   void draft_range(std::vector<std::vector<uint32_t>>& out);
+  void record_timing(StepTiming timed, std::chrono::steady_clock::time_point started);
+  void spend_budget(const StepCost& cost, size_t decoding, double context, double attention,
+                    std::vector<std::vector<uint32_t>>& out);
   void retire(const std::string& rid, const Entry& e);  // frees the engine request, queues its output
   void flush();  // adds the pending outputs to their stage trees
   void worker_loop();
@@ -96,6 +133,17 @@ class BatchDrafter {
   uint64_t step_no_ = 0;
   uint64_t last_flush_ = 0;
   std::vector<std::pair<std::string, std::vector<uint32_t>>> pending_;  // finished outputs, by stage
+
+  // The step cost model (set by another thread) and the timing of steps.
+  mutable std::mutex cost_mu_;
+  std::shared_ptr<const StepCost> cost_;
+  std::mutex timings_mu_;
+  std::vector<StepTiming> timings_;
+  static constexpr size_t kMaxTimings = 8192;
+  std::chrono::steady_clock::time_point last_start_{}, last_end_{};
+  bool timed_before_ = false;
+  bool budgeted_ = false;  // this step drafts candidates for the budget (read by the pool's threads)
+  std::atomic<uint64_t> proposer_ns_{0}, steps_{0};
 
   // Drafting pool: the caller bumps `generation_`, every thread takes jobs from `next_job_`.
   std::vector<Job> jobs_;

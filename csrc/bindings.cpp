@@ -3,12 +3,14 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/map.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
 #include "batch_drafter.h"
 #include "engine.h"
 #include "errors.h"
+#include "step_budget.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -24,7 +26,8 @@ using Counts = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device:
 
 // One step of BatchDrafter: the Python lists are read with the GIL held, the drafting runs without it.
 static std::vector<std::vector<uint32_t>> batch_step(BatchDrafter& d, nb::list rids, Rows rows, Counts num_tokens,
-                                                     nb::list sampled, int max_tokens, int max_model_len) {
+                                                     nb::list sampled, int max_tokens, int max_model_len,
+                                                     int64_t scheduled) {
   const size_t n = nb::len(sampled);
   if (nb::len(rids) < n || rows.shape(0) < n || num_tokens.shape(0) < n)
     throw agentaccel::InvalidInput("req_ids, rows and num_tokens need a row for every sampled list");
@@ -37,10 +40,28 @@ static std::vector<std::vector<uint32_t>> batch_step(BatchDrafter& d, nb::list r
     for (nb::handle t : sampled[i]) flat.push_back(nb::cast<int32_t>(t));
     offsets[i + 1] = int64_t(flat.size());
   }
-  agentaccel::BatchStep step{&ids, rows.data(), rows.shape(1), num_tokens.data(), flat.data(), offsets.data(),
-                             max_tokens, max_model_len};
+  agentaccel::BatchStep step{&ids,      rows.data(), rows.shape(1), num_tokens.data(), flat.data(),
+                             offsets.data(), max_tokens, max_model_len, scheduled};
   nb::gil_scoped_release release;
   return d.step(step);
+}
+
+// The step budget over plain lists (tests, experiments): the allocation BatchDrafter runs each step.
+static std::vector<int32_t> allocate(const std::vector<std::vector<double>>& probs, const std::vector<double>& confidence,
+                                     const std::vector<double>& contexts, size_t decoding, double context,
+                                     double attention, agentaccel::StepCost cost) {
+  if (confidence.size() != probs.size() || contexts.size() != probs.size())
+    throw agentaccel::InvalidInput("probs, confidence and contexts need one entry per request");
+  cost.validate();
+  cost.prepare();
+  std::vector<agentaccel::BudgetRequest> requests(probs.size());
+  for (size_t i = 0; i < probs.size(); ++i) requests[i] = {probs[i].data(), probs[i].size(), confidence[i], contexts[i]};
+  std::vector<int32_t> keep;
+  {
+    nb::gil_scoped_release release;
+    agentaccel::allocate_budget(requests, decoding, context, attention, cost, keep);
+  }
+  return keep;
 }
 
 NB_MODULE(_core, m) {
@@ -109,16 +130,43 @@ NB_MODULE(_core, m) {
 
   nb::class_<agentaccel::StageCounters>(m, "StageCounters")
       .def_ro("steps", &agentaccel::StageCounters::steps)
+      .def_ro("drafted_steps", &agentaccel::StageCounters::drafted_steps)
       .def_ro("drafted", &agentaccel::StageCounters::drafted)
       .def_ro("accepted", &agentaccel::StageCounters::accepted)
       .def_ro("tokens", &agentaccel::StageCounters::tokens)
       .def_ro("predicted", &agentaccel::StageCounters::predicted);
 
+  nb::class_<agentaccel::StepCost>(m, "StepCost")
+      .def(nb::init<>())
+      .def_rw("base", &agentaccel::StepCost::base)
+      .def_rw("per_context", &agentaccel::StepCost::per_context)
+      .def_rw("per_attention", &agentaccel::StepCost::per_attention)
+      .def_rw("extra_tokens", &agentaccel::StepCost::extra_tokens)
+      .def("at", &agentaccel::StepCost::at, "tokens"_a);
+
+  nb::class_<agentaccel::StepTiming>(m, "StepTiming")
+      .def_ro("tokens", &agentaccel::StepTiming::tokens)
+      .def_ro("decode_tokens", &agentaccel::StepTiming::decode_tokens)
+      .def_ro("context", &agentaccel::StepTiming::context)
+      .def_ro("attention", &agentaccel::StepTiming::attention)
+      .def_ro("seconds", &agentaccel::StepTiming::seconds)
+      .def_ro("proposer_seconds", &agentaccel::StepTiming::proposer_seconds)
+      .def_ro("requests", &agentaccel::StepTiming::requests);
+
+  m.def("allocate_budget", &allocate, "probs"_a, "confidence"_a, "contexts"_a, "decoding"_a, "context"_a,
+        "attention"_a, "cost"_a);
+
   nb::class_<BatchDrafter>(m, "BatchDrafter")
       .def(nb::init<Engine&, int>(), "engine"_a, "threads"_a, nb::keep_alive<1, 2>())
-      .def("admit", &BatchDrafter::admit, "req_id"_a, "stage"_a, "speculate"_a, Release())
+      .def("admit", &BatchDrafter::admit, "req_id"_a, "stage"_a, "speculate"_a, "max_total_tokens"_a = -1, Release())
       .def("release", &BatchDrafter::release, "req_id"_a, Release())
-      .def("step", &batch_step, "req_ids"_a, "rows"_a, "num_tokens"_a, "sampled"_a, "max_tokens"_a, "max_model_len"_a)
+      .def("step", &batch_step, "req_ids"_a, "rows"_a, "num_tokens"_a, "sampled"_a, "max_tokens"_a, "max_model_len"_a,
+           "scheduled"_a = -1)
+      .def("set_step_cost", &BatchDrafter::set_step_cost, "cost"_a, Release())
+      .def("step_cost", &BatchDrafter::step_cost, Release())
+      .def("drain_timings", &BatchDrafter::drain_timings, Release())
+      .def("proposer_ns", &BatchDrafter::proposer_ns)
+      .def("steps", &BatchDrafter::steps)
       .def("counters", &BatchDrafter::counters, Release())
       .def("tracked", &BatchDrafter::tracked, Release())
       .def("pending_outputs", &BatchDrafter::pending_outputs, Release());
@@ -139,6 +187,13 @@ NB_MODULE(_core, m) {
            "req_id"_a, "tokens"_a, Release())
       .def("speculate", &Engine::speculate, "req_id"_a, "max_tokens"_a, Release())
       .def("speculate_with", &Engine::speculate_with, "req_id"_a, "params"_a, Release())
+      .def("speculate_candidate",
+           [](Engine& e, const std::string& rid, int max_tokens, double floor) {
+             double confidence = 1.0;
+             Draft d = e.speculate_candidate(rid, max_tokens, floor, &confidence);
+             return std::make_pair(std::move(d), confidence);
+           },
+           "req_id"_a, "max_tokens"_a, "floor"_a, Release())
       .def("set_policy", &Engine::set_policy, "stage"_a, "params"_a, Release())
       .def("clear_policy", &Engine::clear_policy, "stage"_a, Release())
       .def("policy", &Engine::policy, "stage"_a, Release())

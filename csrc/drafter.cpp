@@ -252,6 +252,7 @@ class Grower {
   bool worth_adding(double d, const Draft& draft) const {
     if (d < lim_.min_prob) return false;
     if (lim_.cost <= 0.0) return true;
+    if (lim_.fixed_threshold) return lim_.confidence * d > lim_.cost;
     // Adding a node pays off while its acceptance probability exceeds cost x the step's
     // expected speedup (1 + score) / (1 + cost * n): the budgeted greedy rule. (A fixed
     // threshold cost x the request's achieved speedup was measured too: slightly worse on

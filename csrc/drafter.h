@@ -45,6 +45,8 @@ struct GrowLimits {
   double recency = 0.0;        // mixture mode: share of a request tree's recency-weighted counts in
                                // its continuations' counts (0: plain counts; needs trees with recency)
   double confidence = 0.0;     // mixture mode: growth weighs each node's D by this (SpecParams::confidence)
+  bool fixed_threshold = false;  // mixture mode: a node is added while confidence x D > cost (a step-wide
+                                 // budget's floor: it cuts the draft itself) instead of the request's rate rule
   bool tree = false;           // false: a single path (linear draft)
   bool mixture = false;        // false: paper mode (summed counts)
 };

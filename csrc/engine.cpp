@@ -361,18 +361,33 @@ SpecParams Engine::policy(const std::string& stage) const {
   return p ? *p : SpecParams{};
 }
 
+const SpecParams* Engine::current_policy(Request& req) {
+  // The request keeps its stage's policy until a policy changes: no name lookup per draft.
+  const uint64_t version = policies_version_.load(std::memory_order_acquire);
+  if (req.policy_version != version) {
+    std::shared_lock lock(stages_mu_);
+    req.policy = policy_for(stages_[req.stage]->name);
+    req.policy_version = version;
+  }
+  return req.policy.get();
+}
+
 Draft Engine::speculate(const std::string& rid, int max_tokens) {
   auto req = find_request(rid);
   std::lock_guard rlock(req->mu);
-  // The request keeps its stage's policy until a policy changes: no name lookup per draft.
-  const uint64_t version = policies_version_.load(std::memory_order_acquire);
-  if (req->policy_version != version) {
-    std::shared_lock lock(stages_mu_);
-    req->policy = policy_for(stages_[req->stage]->name);
-    req->policy_version = version;
-  }
-  if (!req->policy) return Draft{};  // no policy set: nothing to draft with
-  return draft(*req, *req->policy, std::min(max_tokens, req->policy->max_tokens));
+  const SpecParams* policy = current_policy(*req);
+  if (!policy) return Draft{};  // no policy set: nothing to draft with
+  return draft(*req, *policy, std::min(max_tokens, policy->max_tokens));
+}
+
+Draft Engine::speculate_candidate(const std::string& rid, int max_tokens, double floor, double* confidence) {
+  if (!(floor >= 0.0)) throw InvalidInput("a budget candidate's floor must be >= 0");
+  auto req = find_request(rid);
+  std::lock_guard rlock(req->mu);
+  const SpecParams* policy = current_policy(*req);
+  if (confidence) *confidence = policy && policy->mixture ? policy->confidence : 1.0;
+  if (!policy) return Draft{};
+  return draft(*req, *policy, std::min(max_tokens, policy->max_tokens), &floor);
 }
 
 Draft Engine::speculate_with(const std::string& rid, const SpecParams& params) {
@@ -413,7 +428,7 @@ void keep_best_rate_prefix(Draft& d, const SpecParams& p, double trust, size_t c
 }
 }  // namespace
 
-Draft Engine::draft(Request& request, const SpecParams& params, int max_tokens) {
+Draft Engine::draft(Request& request, const SpecParams& params, int max_tokens, const double* floor) {
   Request* req = &request;  // as the body reads it
   max_tokens = std::max(max_tokens, 0);
   std::shared_lock lock(stages_mu_);
@@ -472,7 +487,7 @@ Draft Engine::draft(Request& request, const SpecParams& params, int max_tokens) 
       }
     }
   } else {
-    best = mixture(trees.data(), used, params, max_tokens);
+    best = mixture(trees.data(), used, params, max_tokens, floor);
   }
   if (best.tokens.empty()) best.source.clear();
   const double trust = params.mixture ? params.confidence : 1.0;
@@ -482,7 +497,7 @@ Draft Engine::draft(Request& request, const SpecParams& params, int max_tokens) 
     best.probs.clear();
     best.source.clear();
   }
-  if (!params.curve_costs.empty() && !best.tokens.empty())
+  if (!params.curve_costs.empty() && !best.tokens.empty() && floor == nullptr)
     keep_best_rate_prefix(best, params, trust, req->sam.num_tokens());
   return best;
 }
@@ -546,7 +561,8 @@ Draft Engine::paper_best(const Tree& tree, const SpecParams& params, int max_tok
   return best;
 }
 
-Draft Engine::mixture(const Tree* trees, size_t num_trees, const SpecParams& params, int max_tokens) const {
+Draft Engine::mixture(const Tree* trees, size_t num_trees, const SpecParams& params, int max_tokens,
+                      const double* floor) const {
   const int longest = params.max_pattern > 0 ? params.max_pattern : max_depth_;
   thread_local std::vector<Source> sources;  // reused: no allocation per step once warm
   sources.clear();
@@ -573,7 +589,8 @@ Draft Engine::mixture(const Tree* trees, size_t num_trees, const SpecParams& par
   lim.budget = max_tokens;
   lim.room = 1 << 30;
   lim.min_prob = params.min_prob;
-  lim.cost = params.cost;
+  lim.cost = floor ? *floor : params.cost;
+  lim.fixed_threshold = floor != nullptr;
   lim.escape = params.escape;
   lim.escape_length = params.escape_length;
   lim.recency = params.recency;

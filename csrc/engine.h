@@ -90,6 +90,11 @@ class Engine {
   Draft speculate(const std::string& rid, int max_tokens);
   // Drafts with explicit parameters (sweeps, tests), at most params.max_tokens tokens.
   Draft speculate_with(const std::string& rid, const SpecParams& params);
+  // A candidate for a step-wide draft budget (BatchDrafter): the stage's policy, except that a
+  // mixture grows while a node's confidence x D exceeds `floor` (the least any token of the step
+  // needs to pay) and no cost curve cuts it: the budget does. `confidence` receives the trust the
+  // budget gives the draft's estimates (the policy's confidence; 1 in paper mode).
+  Draft speculate_candidate(const std::string& rid, int max_tokens, double floor, double* confidence);
 
   // Drafting policies, by stage name ("" = the default, used by stages without their own). A
   // stage's policy outlives its slot: a recycled stage that comes back finds it again.
@@ -166,10 +171,13 @@ class Engine {
   void enforce_budget_locked();
   void rebuild_without_locked(Stage& stage, const std::vector<uint64_t>& doomed);
   const Match& match_locked(Request& req, uint32_t stage_idx);
-  Draft draft(Request& req, const SpecParams& params, int max_tokens);  // needs req.mu
+  // Needs req.mu. `floor`: a budget candidate (see speculate_candidate) grown down to this floor.
+  Draft draft(Request& req, const SpecParams& params, int max_tokens, const double* floor = nullptr);
   Draft paper_best(const Tree& tree, const SpecParams& params, int max_tokens) const;
-  Draft mixture(const Tree* trees, size_t num_trees, const SpecParams& params, int max_tokens) const;
+  Draft mixture(const Tree* trees, size_t num_trees, const SpecParams& params, int max_tokens,
+                const double* floor) const;
   std::shared_ptr<const SpecParams> policy_for(const std::string& stage) const;
+  const SpecParams* current_policy(Request& req);  // the request's stage's policy (needs req.mu)
 
   const int max_depth_;
   const uint64_t budget_;

@@ -22,21 +22,26 @@ def bench(tmp_path, *args, timeout=1200):
 
 
 def test_bench_vllm_compares_methods_on_bundled_workloads(tmp_path):
+    """A fresh machine: the bundled SQL questions, and for the agent workload, with no trace store
+    yet, the bundled OpenHands recordings (said in a note); the proposer's step log profiled."""
     out = tmp_path / "result.json"
-    r = bench(tmp_path, "--methods", "none,suffix,agentaccel", "--workloads", "sql,chat", "--concurrency", "1,2",
+    r = bench(tmp_path, "--methods", "none,suffix,agentaccel", "--workloads", "sql,agent", "--concurrency", "1,2",
               "--calls", "1,2", "--warm", "1", "--max-tokens", "24", "--json", str(out), "--plot",
               str(tmp_path / "bench.png"))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     result = json.loads(out.read_text())
-    assert result["notes"] == []
-    assert result["setup"]["sources"] == {"sql": "bundled text-to-SQL questions", "chat": "bundled chat prompts"}
+    assert [n for n in result["notes"] if "bundled" not in n] == []
+    assert result["setup"]["sources"] == {"sql": "bundled text-to-SQL questions",
+                                          "agent": "bundled OpenHands agent recordings"}
     rows = {(x["method"], x["workload"], x["concurrency"], x["stage"]): x for x in result["rows"]}
     for method in ("suffix", "agentaccel"):
-        for workload, level in (("sql", 1), ("sql", 2), ("chat", 1), ("chat", 2)):
+        for workload, level in (("sql", 1), ("sql", 2), ("agent", 1), ("agent", 2)):
             row = rows[(method, workload, level, "(all)")]
             assert row["differing_outputs"] == 0 and row["tokens"] > 0, row
         # the pipeline's prompts carry its schema and earlier answers: both suffix methods draft and land
         assert rows[(method, "sql", 1, "(all)")]["acceptance"] > 0
+    profile = result["profile"]["agentaccel"]["all"]
+    assert profile["steps"] > 20 and 0 < profile["proposer_ms"] < profile["step_ms"]
     assert rows[("none", "sql", 1, "(all)")]["draft_tokens_per_step"] == 0
     stages = {k[3] for k in rows if k[:3] == ("agentaccel", "sql", 1)}
     assert {"classify", "schema-link", "sql", "refine", "final"} <= stages
@@ -47,7 +52,19 @@ def test_bench_vllm_compares_methods_on_bundled_workloads(tmp_path):
 def test_bench_vllm_says_what_is_missing(tmp_path):
     r = bench(tmp_path, "--methods", "none,eagle", timeout=120)
     assert r.returncode == 2 and "eagle" in r.stderr and "Traceback" not in r.stderr
-    r = bench(tmp_path, "--workloads", "agent", timeout=120)  # fresh HOME: no trace store yet
+    r = bench(tmp_path, "--workloads", "agent", "--db", str(tmp_path / "none.db"), timeout=120)  # asked for: missing
     assert r.returncode == 2 and "import-traces" in r.stderr and "Traceback" not in r.stderr, r.stderr
     r = bench(tmp_path, "--concurrency", "1,8", "--calls", "2", timeout=120)
     assert r.returncode == 2 and "--calls" in r.stderr
+
+
+def test_a_level_the_source_cannot_fill_reuses_earlier_calls_and_says_so():
+    from agentaccel.bench.vllm_bench import Assignment, Sizes
+
+    plenty = Assignment.of(100, Sizes(1, {1: 4, 8: 16}))
+    assert plenty.warm == [0] and plenty.levels == {1: [1, 2, 3, 4], 8: list(range(5, 21))} and not plenty.reused
+    short = Assignment.of(12, Sizes(1, {1: 4, 4: 8, 16: 32}))  # the bundled SQL questions: 12
+    assert short.levels[1] == [1, 2, 3, 4] and len(short.levels[4]) == 8 and len(short.levels[16]) == 32
+    assert short.reused == {4: 1, 16: 32}  # every level runs all its jobs; none is reported empty
+    notes = short.notes("sql", 12)
+    assert len(notes) == 2 and "16 in flight: 32 of its 32 jobs ran before" in notes[1]

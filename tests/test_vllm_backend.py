@@ -242,6 +242,31 @@ def test_aborted_requests_leave_no_engine_entries(served):
     assert chat(url, PROMPTS[3], "after-aborts")
 
 
+def test_outputs_are_plain_decodings_at_every_concurrency_and_the_step_cost_is_learned(served):
+    """The budget drafts for the batch as a whole (the default): requests in flight together get
+    plain decoding's outputs, and the plugin times the server's steps and learns their cost."""
+    url, _ = served
+    from concurrent.futures import ThreadPoolExecutor
+
+    prompts = [f"{PROMPTS[i % 4]} (variant {i})" for i in range(8)]
+    plain = [chat(url, p, "load", speculate=False) for p in prompts]
+    chat(url, prompts[0], "load")  # the stage tree holds an output: drafts from it below
+    for level in (2, 4, 8):
+        with ThreadPoolExecutor(level) as pool:
+            assert list(pool.map(lambda p: chat(url, p, "load"), prompts[:level])) == plain[:level]
+    assert spec_metric(url, "agentaccel_draft_tokens_total", "load") > 0
+    text = httpx.get(url + "/metrics").text
+    timed = [float(line.split()[-1]) for line in text.splitlines()
+             if line.startswith("agentaccel_step_cost_timed_steps ")]
+    assert timed and timed[0] > 50, text[-2000:]  # steps timed and learned from
+    seconds = {line.split('"')[1]: float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith("agentaccel_step_cost_seconds{")}
+    assert 0 < seconds["1"] <= seconds["256"]
+    proposer = [float(line.split()[-1]) for line in text.splitlines()
+                if line.startswith("agentaccel_proposer_seconds_total ")]
+    assert proposer and proposer[0] > 0
+
+
 def test_killed_vllm_is_restarted(served):
     url, _ = served
     health = httpx.get(url + "/health").json()

@@ -73,3 +73,13 @@ class Backend(ABC):
         """Per stage, the drafting policy in force and its online calibration (backends/policies.py,
         `policy_state`); empty for a backend that does not draft."""
         return {}
+
+    def counters(self) -> list[tuple[str, str, str, dict[str, float]]]:
+        """Counters of the backend's own, for /metrics: (name, help, label, {label value: count})."""
+        return []
+
+    def drafter_state(self) -> dict:
+        """A batch drafter's own time (`proposer_seconds`, `steps`) and the step cost it drafts
+        under (`step_seconds` by tokens computed, `timed_steps` it was learned from); empty for a
+        backend without one."""
+        return {}

@@ -7,20 +7,16 @@ state is saved back to the store every `SAVE_EVERY` seconds and at shutdown."""
 
 from __future__ import annotations
 
-import logging
-import sqlite3
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agentaccel.backends.store_keeper import SAVE_EVERY, StoreKeeper
 from agentaccel.engine import SpecConfig, SuffixEngine
 from agentaccel.engine.online import OnlineCalibration
 from agentaccel.engine.policy import Policies, read_file, resolve
 from agentaccel.traces import stage_policies
 from agentaccel.traces.store import TraceStore
-
-SAVE_EVERY = 60.0  # seconds between saves of the online calibration
 
 
 def serving_policies(base: SpecConfig, *, db: str | Path | None = None, spec_config: str | Path | None = None,
@@ -57,35 +53,24 @@ class Online:
     references: dict[str, float] = field(default_factory=dict)
 
 
-class CalibrationKeeper:
+class CalibrationKeeper(StoreKeeper):
     """Saves an online calibration's state to the trace store now and then, and at `close`."""
 
+    what = "online calibration"
+
     def __init__(self, calibration: OnlineCalibration, db: str | Path | None, every: float = SAVE_EVERY) -> None:
-        self.calibration, self.db, self.every = calibration, db, every
-        self._stop = threading.Event()
-        self._last: dict | None = None
-        self._thread = threading.Thread(target=self._run, name="agentaccel-calibration", daemon=True)
-        if db is not None:
-            self._thread.start()
+        self.calibration, self._last = calibration, None
+        super().__init__(db, every)
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.every):
-            self.save()
-
-    def save(self) -> None:
+    def changes(self) -> object | None:
         state = {s: {"trust": v["trust"], "steps": v["steps"]} for s, v in self.calibration.state().items()}
-        if self.db is None or not state or state == self._last:
-            return
-        try:
-            with TraceStore(self.db) as store:
-                stage_policies.write_online(store, state)
-            self._last = state
-        except (ValueError, OSError, sqlite3.Error) as e:  # a store that went away must not take serving down
-            logging.getLogger("agentaccel.policy").warning("agentaccel: online calibration not saved: %s", e)
+        return state if state and state != self._last else None
 
-    def close(self) -> None:
-        self._stop.set()
-        self.save()
+    def write(self, store: TraceStore, state) -> None:
+        stage_policies.write_online(store, state)
+
+    def saved(self, state) -> None:
+        self._last = state
 
 
 def start_online(engine: SuffixEngine, online: Online, db: str | Path | None) -> tuple[OnlineCalibration,

@@ -5,9 +5,11 @@ The batch is laid out as vLLM's InputBatch holds it (an int32 token row per requ
 lengths, this step's sampled tokens). Each request is a held-out document replayed after the
 document before it: its draft is verified against the real continuation (accepted prefix plus
 one token, as the model would), and a finished request's slot is taken by the next document, so
-the batch stays full and starts are timed too. Two ways to do the same step are timed side by
-side on identical inputs: `BatchDrafter.step` (one native call) and the per-request Python loop
-the proposer ran before (engine calls per request).
+the batch stays full and starts are timed too. Three ways to do the same step are timed side by
+side on identical inputs: `BatchDrafter.step` with one draft budget for the batch (`budget`, the
+plugin's default: candidates grown, then cut together under a step cost, here the llama-3.1-8b@h100
+roofline), the same call with each request sizing its own draft (`batch`), and the per-request
+Python loop the proposer ran before (`loop`, engine calls per request).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from agentaccel.bench.corpus import TokenCorpus
-from agentaccel.engine import SpecConfig, SuffixEngine
+from agentaccel.engine import SpecConfig, SuffixEngine, roofline
 from agentaccel.engine.batch import BatchDrafter
 from agentaccel.engine.verification import accepted_length
 
@@ -102,12 +104,14 @@ def per_request_loop(engine: SuffixEngine, live: dict[str, int], req_ids, rows, 
 
 def time_batch(engine_factory, corpus: TokenCorpus, documents: list[int], size: int, steps: int, way: str,
                threads: int = 1, prompt_tokens: int = 2048, max_output: int = 256, max_tokens: int = 32) -> dict:
-    """Times `steps` proposer steps for a batch of `size`; `way` is "batch" or "loop"."""
+    """Times `steps` proposer steps for a batch of `size`; `way` is "budget", "batch" or "loop"."""
     max_model_len = prompt_tokens + max_output + max_tokens + 2
     engine: SuffixEngine = engine_factory()
     engine.add_document([1, 2])  # a loaded index is copied out of its mapping at the first change: not timed
     batch = SimulatedBatch(corpus, documents, size, prompt_tokens, max_output, max_model_len)
-    drafter = BatchDrafter(engine, threads=threads) if way == "batch" else None  # the engine's policy: VLLM_SPEC
+    drafter = BatchDrafter(engine, threads=threads) if way != "loop" else None  # the engine's policy: VLLM_SPEC
+    if way == "budget":
+        drafter.set_step_cost(roofline.profile("llama-3.1-8b@h100").model_cost())
     live: dict[str, int] = {}
     times, steady, drafted = [], [], 0
     for _ in range(steps):
@@ -154,8 +158,8 @@ def run(corpus: TokenCorpus, sizes: list[int], threads: list[int], max_depth: in
 
         for size in sizes:
             steps = max(30, min(200, 20_000 // size))  # about the same request-steps per size
-            for way, n_threads in [("loop", 1)] + [("batch", t) for t in threads]:
+            for way, n_threads in [("loop", 1)] + [(w, t) for t in threads for w in ("batch", "budget")]:
                 if progress:
-                    progress(f"batch of {size}: {way}" + (f", {n_threads} thread(s)" if way == "batch" else ""))
+                    progress(f"batch of {size}: {way}" + (f", {n_threads} thread(s)" if way != "loop" else ""))
                 rows.append(time_batch(factory, corpus, documents, size, steps, way, n_threads))
     return {"tokens": build.tokens, "documents": build.documents, "max_depth": max_depth, "runs": rows}

@@ -88,20 +88,34 @@ def agent_llm_time(runs: list[dict], out: Path) -> Path:
     return _save(fig, out, "agent_llm_time.png")
 
 
-def vllm_methods_plot(rows: list[dict], out: Path) -> Path:
-    """`bench vllm`: tokens/s per method for each workload and concurrency (bars), one PNG at `out`."""
-    rows = [r for r in rows if r["stage"] == "(all)"]
-    methods = list(dict.fromkeys(r["method"] for r in rows))
-    groups = list(dict.fromkeys((r["workload"], r["concurrency"]) for r in rows))
-    fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(groups)), 4))
-    width = 0.8 / max(len(methods), 1)
-    x = np.arange(len(groups))
-    for i, method in enumerate(methods):
-        vals = [next((r["tokens_per_s"] for r in rows if r["method"] == method and (r["workload"], r["concurrency"])
-                      == g), 0) for g in groups]
-        ax.bar(x + i * width - 0.4 + width / 2, vals, width, label=method)
-    ax.set_xticks(x, [f"{w}\nconcurrency {c}" for w, c in groups])
-    ax.set_ylabel("output tokens / s")
-    ax.legend()
+def tokens_vs_concurrency(rows: list[dict], out: Path, title: str) -> Path:
+    """Output tokens/s against requests in flight, one column per workload and a line per method
+    (`bench vllm`, `bench replay --concurrency`), and below each the same relative to plain
+    decoding (`none`) at each level; rows carry workload, concurrency, method, tokens_per_s. One
+    PNG at `out`."""
+    workloads = list(dict.fromkeys(r["workload"] for r in rows))
+    fig, axes = plt.subplots(2, len(workloads), figsize=(5.2 * len(workloads), 7.4), squeeze=False,
+                             gridspec_kw={"height_ratios": [3, 2]}, sharex="col")
+    for col, workload in enumerate(workloads):
+        mine = [r for r in rows if r["workload"] == workload]
+        plain = {r["concurrency"]: r["tokens_per_s"] for r in mine if r["method"] == "none"}
+        for method in dict.fromkeys(r["method"] for r in mine):
+            points = sorted((r["concurrency"], r["tokens_per_s"]) for r in mine if r["method"] == method)
+            style = {"linewidth": 2.4} if method == "agentaccel" else {"linestyle": "--"} if method == "oracle" else {}
+            axes[0][col].plot(*zip(*points, strict=True), marker="o", label=method, **style)
+            relative = [(n, v / plain[n]) for n, v in points if plain.get(n)]
+            if relative:
+                axes[1][col].plot(*zip(*relative, strict=True), marker="o", label=method, **style)
+        axes[0][col].set_yscale("log")
+        axes[0][col].set_ylabel("output tokens / s")
+        axes[0][col].set_title(workload)
+        axes[0][col].legend(fontsize=8)
+        axes[1][col].axhline(1.0, color="black", linewidth=0.8)
+        axes[1][col].set_ylabel("÷ plain decoding")
+        axes[1][col].set_xlabel("requests in flight")
+        for ax in axes[:, col]:
+            ax.set_xscale("log", base=2)
+            ax.grid(alpha=0.3, which="both")
+    fig.suptitle(title)
     out.parent.mkdir(parents=True, exist_ok=True)
     return _save(fig, out.parent, out.name)

@@ -52,6 +52,22 @@ def sweep_variants(base: sp.Suffix, grid: dict[str, list]) -> list[sp.Suffix]:
     return out
 
 
+def selected_calls(console, err, store, tokenizer, *, stages, model, source, sessions, limit, warm,
+                   least: int = 1) -> tuple[list, list]:
+    """(warm-up calls, measured calls) as the options select them, or a CLI error when fewer than
+    `least` are left to measure."""
+    with console.status("loading calls and token ids"):
+        calls = rp.load_calls(store, tokenizer, stages=stages, model=model, source_like=source, sessions=sessions,
+                              limit=limit)
+    if len(calls) < warm + least:
+        empty = not calls and not (stages or model or source)
+        err.print(f"[red]error:[/red] the trace store {store.path} holds no calls yet: send some through "
+                  "`agentaccel serve`, or `agentaccel import-traces` agent logs" if empty else
+                  f"[red]error:[/red] {len(calls)} calls selected, too few after --warm {warm}")
+        raise typer.Exit(2)
+    return calls[:warm], calls[warm:]
+
+
 def run_replay(console, err, store, tokenizer, *, stages, model, source, sessions, limit, warm, speculators, costs,
                sweep, sweep_base, scaling, json_out: Path | None, plot: Path | None) -> None:
     try:
@@ -68,16 +84,8 @@ def run_replay(console, err, store, tokenizer, *, stages, model, source, session
     except ValueError as e:
         err.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2) from e
-    with console.status("loading calls and token ids"):
-        calls = rp.load_calls(store, tokenizer, stages=stages, model=model, source_like=source, sessions=sessions,
-                              limit=limit)
-    if len(calls) <= warm:
-        empty = not calls and not (stages or model or source)
-        err.print(f"[red]error:[/red] the trace store {store.path} holds no calls yet: send some through "
-                  "`agentaccel serve`, or `agentaccel import-traces` agent logs" if empty else
-                  f"[red]error:[/red] {len(calls)} calls selected, none left after --warm {warm}")
-        raise typer.Exit(2)
-    warm_calls, measured = calls[:warm], calls[warm:]
+    warm_calls, measured = selected_calls(console, err, store, tokenizer, stages=stages, model=model, source=source,
+                                          sessions=sessions, limit=limit, warm=warm)
     progress = Progress(TextColumn("[bold]replaying"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=err, transient=True)
     t0 = time.perf_counter()
@@ -149,13 +157,9 @@ def run_policies(console, err, store, tokenizer, *, stages, model, source, sessi
     except ValueError as e:
         err.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2) from e
-    with console.status("loading calls and token ids") as status:
-        calls = rp.load_calls(store, tokenizer, stages=stages, model=model, source_like=source, sessions=sessions,
-                              limit=limit)
-        if len(calls) <= warm + 1:
-            err.print(f"[red]error:[/red] {len(calls)} calls selected, too few after --warm {warm}")
-            raise typer.Exit(2)
-        warm_calls, measured = calls[:warm], calls[warm:]
+    warm_calls, measured = selected_calls(console, err, store, tokenizer, stages=stages, model=model, source=source,
+                                          sessions=sessions, limit=limit, warm=warm, least=2)
+    with console.status("comparing policies") as status:
         t0 = time.perf_counter()
         result = pb.compare(measured, warm_calls, profile, status.update)
         held = pb.held_out(measured, warm_calls, profile, status.update)
@@ -199,3 +203,67 @@ def run_policies(console, err, store, tokenizer, *, stages, model, source, sessi
         out["online"] = {"stage": online_stage, "calls": online_calls, **online}
     if json_out:
         json_out.write_text(json.dumps(out, indent=2))
+
+
+def run_concurrency(console, err, store, tokenizer, *, stages, model, source, sessions, limit, warm, methods,
+                    levels: list[int], server: str, max_context: int, json_out: Path | None,
+                    plot: Path | None) -> None:
+    """`bench replay --concurrency N,...` (bench/batch_replay.py): the recorded sessions as N
+    concurrent streams through a simulated batching server, per method."""
+    from agentaccel.bench import batch_replay as br
+    from agentaccel.engine import roofline
+
+    try:
+        profile = roofline.profile(server)
+        names = [n.strip() for n in methods.split(",") if n.strip()] if methods else list(br.METHODS)
+        br.build(names, profile)  # unknown names fail here, before loading anything
+    except ValueError as e:
+        err.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from e
+    warm_calls, measured = selected_calls(console, err, store, tokenizer, stages=stages, model=model, source=source,
+                                          sessions=sessions, limit=limit, warm=warm)
+    streams = br.sessions_of(measured)
+    rows = []
+    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=err, transient=True)
+    t0 = time.perf_counter()
+    with progress:
+        task = progress.add_task("", total=len(levels) * len(names) * (len(measured)))
+        for n in levels:
+            for method in br.build(names, profile):
+                progress.update(task, description=f"{method.name}, {n} in flight")
+                if isinstance(method, br.Drafter):
+                    for call in warm_calls:
+                        method.engine.add_document(call.output, call.stage)
+                result = br.simulate(streams, method, profile, n, max_context=max_context,
+                                     progress=lambda k: progress.advance(task, k))
+                rows.append(result.row())
+    elapsed = time.perf_counter() - t0
+    label = ", ".join(stages) if stages else "all stages"
+    by = {(r["method"], r["streams"]): r for r in rows}
+    table = Table(title=f"{len(measured):,} calls ({len(streams):,} streams of calls) as N concurrent streams "
+                        f"on a simulated {profile.name} ({label}); {elapsed:.0f} s")
+    for c in ("N", "method", "in flight", "tok/s server", "tok/s per stream", "÷ none", "÷ best plain", "÷ suffix",
+              "÷ oracle", "MAT", "accept", "draft/step", "proposer µs/step"):
+        table.add_column(c, justify="left" if c == "method" else "right", no_wrap=True)
+    def ratio(r: dict, *others: str) -> float | None:
+        """r's tokens/s over the best of `others` at the same N."""
+        rates = [by[(m, r["streams"])]["tokens_per_s"] for m in others if (m, r["streams"]) in by]
+        return r["tokens_per_s"] / max(rates) if rates else None
+
+    for r in rows:
+        ratios = [ratio(r, "none"), ratio(r, "none", "none-async"), ratio(r, "suffix"), ratio(r, "oracle")]
+        table.add_row(str(r["streams"]), r["method"], f"{r['mean_in_flight']:.1f}", f"{r['tokens_per_s']:,.0f}",
+                      f"{r['tokens_per_s_per_stream']:,.1f}", *[f"{x:.3f}" if x else "-" for x in ratios],
+                      f"{r['mat']:.2f}", f"{r['acceptance']:.1%}", f"{r['draft_tokens_per_step']:.2f}",
+                      f"{r['proposer_us_per_step']:.0f}")
+    console.print(table)
+    result = {"calls": len(measured), "streams": len(streams), "warm_calls": warm, "server": profile.name,
+              "max_context": max_context, "seconds": elapsed, "rows": rows}
+    if json_out:
+        json_out.write_text(json.dumps(result, indent=2))
+    if plot:
+        path = plot / "tokens_vs_concurrency.png" if plot.suffix != ".png" else plot
+        written = plots.tokens_vs_concurrency([{**r, "workload": label, "concurrency": r["streams"]} for r in rows],
+                                              path, f"simulated {profile.name}")
+        console.print(f"figure: {written}")

@@ -8,7 +8,7 @@ Workloads: the multi-stage text-to-SQL pipeline of `bench e2e`; agent calls (SWE
 trajectories, or the calls of a trace store: the recorded prompt, generation up to the recorded
 reply's length, in recorded order, so the trees learn as in the real run); open chat. Prompts go
 to vLLM as token ids (/v1/completions), so every method reads exactly the same prompt. Each
-workload first runs its warm-up calls (not measured, the same for every method that learns), then its calls
+workload first runs its warm-up calls (not measured, the same for every method), then its calls
 at concurrency 1, then other calls at each higher concurrency (fresh calls: a tree that has
 seen the very same call would flatter the suffix methods). Greedy decoding in float32: every
 output must equal the plain run's.
@@ -42,8 +42,10 @@ METHODS: dict[str, dict | None] = {
     "ngram-tuned": {"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_min": 2, "prompt_lookup_max": 5},
     "suffix": DEFAULT_SPECULATIVE_CONFIG,  # vLLM's built-in path over ArcticInference's cache
     "agentaccel": DEFAULT_SPECULATIVE_CONFIG,  # the same knobs, our proposer
+    # our proposer as it drafted before the step budget: every request sizes its own draft alone
+    "agentaccel-request": DEFAULT_SPECULATIVE_CONFIG,
 }
-LEARNING = ("suffix", "agentaccel")  # methods whose trees keep earlier outputs
+DEFAULT_METHODS = "none,ngram,ngram-tuned,suffix,agentaccel"
 WORKLOADS = ("sql", "agent", "chat")
 ARCTIC = "arctic-inference==0.3.0"
 
@@ -56,10 +58,50 @@ class Sizes:
     """How many jobs each workload runs: warm-up, then per concurrency level."""
 
     warm: int = 1
-    per_level: dict[int, int] = field(default_factory=lambda: {1: 1, 8: 8})
+    per_level: dict[int, int] = field(default_factory=lambda: {1: 4, 4: 8, 8: 16, 16: 32})
+
+
+def auto_calls(level: int) -> int:
+    """Jobs per level by default: enough that two runs agree within a few percent here (docs/BENCHMARKS.md)."""
+    return max(4, 2 * level)
+
+
+@dataclass
+class Assignment:
+    """Which of a workload's jobs run where: the warm-up's, then each level's (fresh ones first;
+    when the source runs out, jobs an earlier level ran, counted in `reused`)."""
+
+    warm: list[int]
+    levels: dict[int, list[int]]
+    reused: dict[int, int]
+
+    @classmethod
+    def of(cls, available: int, sizes: Sizes) -> Assignment:
+        warm = list(range(min(sizes.warm, max(available - 1, 0))))
+        fresh = iter(range(len(warm), available))
+        cycle = 0
+        levels, reused = {}, {}
+        for level, count in sizes.per_level.items():
+            chosen = []
+            for _ in range(count):
+                nxt = next(fresh, None)
+                if nxt is None:  # out of fresh jobs: the ones run at lower levels, in order
+                    nxt = len(warm) + cycle % max(available - len(warm), 1) if available > len(warm) else None
+                    cycle += 1
+                    reused[level] = reused.get(level, 0) + 1
+                if nxt is not None:
+                    chosen.append(nxt)
+            levels[level] = chosen
+        return cls(warm, levels, reused)
+
+    def notes(self, workload: str, available: int) -> list[str]:
+        return [f"{workload} at {level} in flight: {n} of its {len(self.levels[level])} jobs ran before at a lower "
+                f"level (the source has {available}); the suffix methods' trees hold their outputs, which flatters "
+                "them there" for level, n in self.reused.items()]
 
 
 BUNDLED = Path(__file__).resolve().parents[2] / "examples" / "data"  # a clone's examples/data
+BUNDLED_AGENT = Path(__file__).resolve().parent / "agent_tasks" / "recorded.jsonl"  # OpenHands calls, recorded
 
 
 @dataclass
@@ -70,6 +112,7 @@ class Sources:
 
     traces: Path | None
     db: Path | None  # the trace store the agent calls come from (None: the SWE-agent trajectories)
+    bundled_agent: bool = False  # the agent calls are the bundled OpenHands recordings instead
 
     def has(self, name: str) -> bool:
         return self.traces is not None and any(self.traces.glob(name))
@@ -79,10 +122,12 @@ class Sources:
             return "Spider dev" if self.has(SPIDER_FILES[0]) else "bundled text-to-SQL questions"
         if workload == "chat":
             return "AlpacaEval" if self.has(CHAT_FILE) else "bundled chat prompts"
+        if self.bundled_agent:
+            return "bundled OpenHands agent recordings"
         return f"trace store {self.db}" if self.db else "SWE-agent trajectories"
 
     def missing(self, workload: str) -> str | None:
-        if workload != "agent":
+        if workload != "agent" or self.bundled_agent:
             return None
         if self.db is not None:
             fill = "`agentaccel import-traces` or calls through `agentaccel serve` fill one"
@@ -107,6 +152,13 @@ class Sources:
 
     def agent_calls(self) -> Iterator[tuple[list[dict], str, str]]:
         """(messages, stage, recorded reply) of agent calls in recorded order."""
+        if self.bundled_agent:
+            for line in BUNDLED_AGENT.read_text().splitlines():
+                row = json.loads(line)
+                *messages, reply = row["messages"]
+                calls = "".join(c["function"]["arguments"] for c in reply.get("tool_calls") or [])
+                yield messages, row["stage"], (reply.get("content") or "") + calls
+            return
         if self.db is not None:
             from agentaccel.traces.store import TraceStore
 
@@ -238,8 +290,14 @@ def arctic_inference_path(cache: Path, echo: Callable[[str], None]) -> tuple[Pat
     return target, ""
 
 
-def method_env(method: str, arctic: Path | None) -> dict[str, str]:
-    env = {"AGENTACCEL_SEED": "0", "AGENTACCEL_VLLM_PLUGIN": "1" if method == "agentaccel" else "0"}
+def method_env(method: str, arctic: Path | None, log_dir: Path | None = None) -> dict[str, str]:
+    ours = method.startswith("agentaccel")
+    env = {"AGENTACCEL_SEED": "0", "AGENTACCEL_VLLM_PLUGIN": "1" if ours else "0"}
+    if method == "agentaccel-request":
+        env["AGENTACCEL_STEP_COST"] = "off"
+    if ours and log_dir is not None:  # every step the proposer timed, and its per-stage counters: the profile
+        env["AGENTACCEL_STEP_LOG"] = str(log_dir / f"steps-{method}.jsonl")
+        env["AGENTACCEL_VLLM_STATS"] = str(log_dir / f"stats-{method}.json")
     if method == "suffix" and arctic is not None and str(arctic) not in ("", "."):
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(arctic), os.environ.get("PYTHONPATH", "")]))
     return env
@@ -263,7 +321,7 @@ def run_method(plan: Plan, method: str, tok, arctic: Path | None, progress: Call
     """One server for `method`: every workload's warm-up, then its calls at each concurrency."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    env = method_env(method, arctic)
+    env = method_env(method, arctic, plan.log_dir)
     env["AGENTACCEL_DB"] = str(plan.log_dir / "unused.db")  # agentaccel seeds nothing (SEED=0): trees start empty
     argv, env = launch_command(plan.model, port, served_name="bench", extra_args=plan.vllm_args,
                                speculative_config=METHODS[method], env=env)
@@ -275,15 +333,17 @@ def run_method(plan: Plan, method: str, tok, arctic: Path | None, progress: Call
         client = Client(url, "bench", tok, plan.keep_prompt)
         walls = {}
         for workload in plan.workloads:
-            total = plan.sizes.warm + sum(plan.sizes.per_level[c] for c in plan.levels)
-            jobs = workload_jobs(workload, plan.sources, total, tok, plan.max_tokens)
-            if method in LEARNING:  # the others keep nothing from one call to the next
-                progress(f"{method}: {workload} warm-up")
-                client.run_jobs(f"{workload}/warm", jobs[: plan.sizes.warm], 1)
-            start = plan.sizes.warm
+            jobs = workload_jobs(workload, plan.sources, plan.sizes.warm + sum(plan.sizes.per_level.values()), tok,
+                                 plan.max_tokens)
+            given = Assignment.of(len(jobs), plan.sizes)
+            # every method warms up alike: the learning ones fill their trees, and every server's first
+            # steps (kernels chosen for new shapes, caches filled) stay out of the measurement
+            progress(f"{method}: {workload} warm-up")
+            client.run_jobs(f"{workload}/warm", [jobs[i] for i in given.warm], 1)
             for level in plan.levels:
-                chunk = jobs[start : start + plan.sizes.per_level[level]]
-                start += len(chunk)
+                chunk = [jobs[i] for i in given.levels[level]]
+                if not chunk:
+                    continue
                 progress(f"{method}: {workload}, {len(chunk)} jobs at concurrency {level}")
                 before = spec_counters(client.http, url)
                 wall = client.run_jobs(f"{workload}/c{level}", chunk, level)
@@ -334,11 +394,53 @@ def summarize(results: dict[str, dict], plan: Plan) -> dict:
                 })
     speedups = {}
     by_key = {(r["method"], r["workload"], r["concurrency"], r["stage"]): r for r in rows}
+    profile = {m: p for m in results if (p := step_profile(plan.log_dir / f"steps-{m}.jsonl"))}
+    for m, p in profile.items():
+        p["stages"] = stage_profile(plan.log_dir / f"stats-{m}.json")
     for (method, workload, level, stage), r in by_key.items():
         if stage != "(all)" or method != "agentaccel":
             continue
-        for other in ("ngram", "ngram-tuned", "suffix", "none"):
+        for other in ("ngram", "ngram-tuned", "suffix", "agentaccel-request", "none"):
             o = by_key.get((other, workload, level, stage))
             if o and o["tokens_per_s"]:
                 speedups[f"{workload}/c{level} vs {other}"] = r["tokens_per_s"] / o["tokens_per_s"]
-    return {"rows": rows, "agentaccel_speedups": speedups}
+        vllm_own = [by_key[k]["tokens_per_s"] for m in ("ngram", "ngram-tuned", "suffix")
+                    if (k := (m, workload, level, stage)) in by_key and by_key[k]["tokens_per_s"]]
+        if vllm_own:
+            speedups[f"{workload}/c{level} vs vLLM's best"] = r["tokens_per_s"] / max(vllm_own)
+    return {"rows": rows, "agentaccel_speedups": speedups, "profile": profile}
+
+
+def stage_profile(path: Path) -> dict:
+    """Per stage, from the plugin's last statistics: draft tokens, how many were accepted, how many
+    the drafter expected to be (its estimates' calibration), and the online factor it ended with."""
+    try:
+        stats = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    policies = stats.get("policies") or {}
+    return {stage: {"drafted": c["drafted"], "accepted": c["accepted"], "predicted": c["predicted"],
+                    "accepted_per_predicted": c["accepted"] / c["predicted"] if c["predicted"] else None,
+                    "online_factor": (policies.get(stage) or {}).get("trust", 1.0)}
+            for stage, c in (stats.get("stages") or {}).items()}
+
+
+def step_profile(path: Path) -> dict | None:
+    """What the proposer's step log says (AGENTACCEL_STEP_LOG): the timed steps, by requests in the
+    step: mean step time (without the proposer), mean proposer time, tokens computed."""
+    if not path.is_file():
+        return None
+    steps = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if not steps:
+        return None
+    out = {}
+    for label, lo, hi in (("all", 0, 1 << 30), ("1", 1, 1), ("2-4", 2, 4), ("5-8", 5, 8), ("9-16", 9, 16),
+                          ("17+", 17, 1 << 30)):
+        sel = [s for s in steps if lo <= s["requests"] <= hi]
+        if sel:
+            n = len(sel)
+            out[label] = {"steps": n, "step_ms": 1e3 * sum(s["seconds"] for s in sel) / n,
+                          "proposer_ms": 1e3 * sum(s["proposer_seconds"] for s in sel) / n,
+                          "tokens": sum(s["tokens"] for s in sel) / n,
+                          "decode_tokens": sum(s["decode_tokens"] for s in sel) / n}
+    return out

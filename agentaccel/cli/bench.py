@@ -26,6 +26,8 @@ from agentaccel.cli.common import (
 )
 from agentaccel.cli.serve import PREFIX_CACHE, Dtype, DtypeOption, check_cost_profile, parse_size
 
+REPLAY_SPECULATORS = "none,pld,paper-linear,paper-tree,agentaccel"
+
 bench_app = typer.Typer(help="Benchmarks: replay your recorded calls, the engine, the embedded backend, the proxy "
                              "(results: docs/BENCHMARKS.md).", no_args_is_help=True)
 
@@ -45,7 +47,7 @@ def bench_replay(
                                                   "agentaccel, agentaccel-shared; oracle-1, oracle-2 are "
                                                   "ceilings (they know the output: the most any draft "
                                                   "copied after a 1- or 2-token match could give).")]
-    = "none,pld,paper-linear,paper-tree,agentaccel",
+    = REPLAY_SPECULATORS,
     cost: Annotated[list[str] | None, typer.Option("--cost", help="Cost profile(s): cpu-smollm2, gpu, c=0.04, "
                                                                  "or a bench-backend JSON (default: gpu and "
                                                                  "cpu-smollm2). The first drives est_speedup and "
@@ -71,11 +73,27 @@ def bench_replay(
     = None,
     online_calls: Annotated[int, typer.Option(help="--policies: that stage's calls replayed online "
                                                                  "(default: 200).", min=1)] = 200,
+    concurrency: Annotated[str | None, typer.Option(help="Instead: the sessions as N concurrent streams through a "
+                                                         "simulated batching server, for each N, e.g. 1,4,16,64,256; "
+                                                         "--speculators then names methods from none, ngram, suffix, "
+                                                         "agentaccel-request, agentaccel, oracle, agentaccel-known "
+                                                         "(default: off).")] = None,
+    server: Annotated[str, typer.Option(help="--concurrency: the simulated server, <model>@<gpu> (llama-3.1-8b, "
+                                             "qwen2.5-7b, qwen2.5-32b, llama-3.1-70b @ h100, h200, a100, l40s).")]
+    = "llama-3.1-8b@h100",
+    max_context: Annotated[int, typer.Option(help="--concurrency: prompts keep their last N tokens.", min=16)]
+    = 16384,
 ) -> None:
     """Replay calls from the trace store with a simulated verifier and compare speculators."""
-    from agentaccel.bench.replay_cli import run_policies, run_replay
+    from agentaccel.bench.replay_cli import run_concurrency, run_policies, run_replay
 
     store, tok = open_store(db, must_exist=True), open_tokenizer(tokenizer)
+    if concurrency is not None:
+        given = speculators if speculators != REPLAY_SPECULATORS else None
+        run_concurrency(console, err, store, tok, stages=stage, model=model, source=source, sessions=sessions,
+                        limit=limit, warm=warm, methods=given, levels=_int_list(concurrency, "--concurrency"),
+                        server=server, max_context=max_context, json_out=json_out, plot=plot)
+        return
     if policies:
         run_policies(console, err, store, tok, stages=stage, model=model, source=source, sessions=sessions,
                      limit=limit, warm=warm, cost=(cost or ["gpu"])[0], online_stage=online_stage,
@@ -278,15 +296,16 @@ def bench_e2e(
 def bench_vllm(
     ctx: typer.Context,
     methods: Annotated[str, typer.Option(help="Comma-separated, from none, ngram, ngram-tuned, suffix (vLLM's own, "
-                                              "ArcticInference), agentaccel.")]
+                                              "ArcticInference), agentaccel, agentaccel-request (each request "
+                                              "sizing its own draft, as before the step budget).")]
     = "none,ngram,ngram-tuned,suffix,agentaccel",
     workloads: Annotated[str, typer.Option(help="Comma-separated, from sql, agent, chat.")] = "sql,agent,chat",
     concurrency: Annotated[str, typer.Option(help="Requests in flight, comma-separated; each level runs its own "
-                                                  "fresh calls.")] = "1,8",
+                                                  "fresh calls.")] = "1,4,8,16",
     calls: Annotated[str, typer.Option(help="Jobs per concurrency level, comma-separated like --concurrency "
-                                            "(sql: questions of 5 calls).")] = "1,8",
-    warm: Annotated[int, typer.Option(help="Warm-up jobs per workload (not measured, the same for each method "
-                                           "that learns: suffix, agentaccel).")] = 1,
+                                            "(sql: questions of 5 calls), or auto: max(4, 2 x level).")] = "auto",
+    warm: Annotated[int, typer.Option(help="Warm-up jobs per workload (not measured, the same for every method; "
+                                           "the suffix methods learn from them).")] = 1,
     max_tokens: Annotated[int, typer.Option(help="Most output tokens per call (agent calls: the recorded "
                                                  "reply's length, up to this).")] = 32,
     keep_prompt: Annotated[int, typer.Option(help="Prompts are truncated from the left to this many tokens.")]
@@ -300,6 +319,10 @@ def bench_vllm(
     json_out: JsonOption = None,
     plot: Annotated[Path | None, typer.Option("--plot", help="Write a PNG of tokens/s per method here (default: "
                                                              "none).")] = None,
+    logs: Annotated[Path | None, typer.Option("--logs", help="Keep every server's log and the proposer's step "
+                                                             "log (AGENTACCEL_STEP_LOG) in this folder (default: a "
+                                                             "temporary one, kept only if something failed).")]
+    = None,
 ) -> None:
     """The same calls through vLLM once per speculation method (plain, ngram, vLLM's suffix, agentaccel), side by
     side. Arguments after `--` go to every `vllm serve` (default on CPU: --dtype float32 --enforce-eager
@@ -314,7 +337,9 @@ def bench_vllm(
         if unknown or not given:
             raise fail(f"{option}: unknown or none given ({', '.join(unknown) or '-'}); "
                        f"choose from {', '.join(known)}")
-    levels, per_level = _int_list(concurrency, "--concurrency"), _int_list(calls, "--calls")
+    levels = _int_list(concurrency, "--concurrency")
+    per_level = ([vllm_bench.auto_calls(n) for n in levels] if calls.strip() == "auto"
+                 else _int_list(calls, "--calls"))
     if len(per_level) != len(levels):
         raise fail(f"--calls needs one count per --concurrency level ({len(levels)}), got {calls!r}")
     try:
@@ -331,12 +356,25 @@ def bench_vllm(
     model_path = model or str(default_model_folder())
     tok = open_tokenizer(model_path if Path(model_path).exists() else None)
     vllm_args = list(ctx.args) or ["--dtype", "float32", "--enforce-eager", "--max-model-len", "4096"]
-    logs = Path(tempfile.mkdtemp(prefix="agentaccel-bench-vllm-"))
+    keep_logs = logs is not None
+    if keep_logs:
+        logs.mkdir(parents=True, exist_ok=True)
+    else:
+        logs = Path(tempfile.mkdtemp(prefix="agentaccel-bench-vllm-"))
     plan = vllm_bench.Plan(model_path, sources, chosen_methods, chosen_workloads, levels,
                            vllm_bench.Sizes(warm, dict(zip(levels, per_level, strict=True))), max_tokens,
                            keep_prompt, vllm_args, logs)
+    notes = [f"agent calls: {sources.describe('agent')} (no trace store with calls, and no published traces)"] \
+        if "agent" in chosen_workloads and sources.bundled_agent else []
+    for w in chosen_workloads:  # where a source has too few calls for every level, say so before the run
+        available = len(vllm_bench.workload_jobs(w, sources, plan.sizes.warm + sum(per_level), tok, max_tokens))
+        notes += vllm_bench.Assignment.of(available, plan.sizes).notes(w, available)
+    for note in notes:
+        err.print(f"[yellow]note: {note}[/]")
     result = _run_vllm_bench(plan, tok)
-    if result["notes"]:
+    troubled = bool(result["notes"])  # a method failed or was skipped: its server's log says why
+    result["notes"] = notes + result["notes"]
+    if troubled or keep_logs:
         result["notes"].append(f"vLLM logs kept in {logs}")
     else:
         shutil.rmtree(logs, ignore_errors=True)
@@ -360,6 +398,8 @@ def _vllm_sources(traces: Path | None, db: Path | None):
         from agentaccel.traces.store import default_db_path
 
         sources.db = default_db_path()
+        # a fresh machine has no calls of its own yet: the OpenHands calls bundled with agentaccel
+        sources.bundled_agent = sources.missing("agent") is not None
     return sources
 
 
@@ -412,14 +452,24 @@ def _vllm_report(result: dict, json_out: Path | None, plot: Path | None) -> None
     console.print(table)
     for key, ratio in result["agentaccel_speedups"].items():
         console.print(f"agentaccel tokens/s, {key}: {ratio:.2f}x")
+    for method, by_size in result.get("profile", {}).items():
+        stages = by_size.get("stages") or {}
+        console.print(f"{method}, timed steps by requests in the step: " + "; ".join(
+            f"{size}: {p['steps']:,} steps, {p['step_ms']:.1f} ms + proposer {p['proposer_ms'] * 1000:.0f} µs, "
+            f"{p['tokens']:.1f} tokens" for size, p in by_size.items() if size != "stages"))
+        if stages:
+            console.print(f"{method}, accepted / expected draft tokens by stage (online factor): " + "; ".join(
+                f"{stage} {s['accepted_per_predicted']:.2f} (x{s['online_factor']:.2f})" for stage, s in stages.items()
+                if s["accepted_per_predicted"] is not None))
     for note in result["notes"]:
         console.print(f"note: {note}")
     if json_out:
         json_out.write_text(json.dumps(result, indent=2))
     if plot:
-        from agentaccel.bench.plots import vllm_methods_plot
+        from agentaccel.bench.plots import tokens_vs_concurrency
 
-        vllm_methods_plot(result["rows"], plot)
+        tokens_vs_concurrency([r for r in result["rows"] if r["stage"] == "(all)"], plot,
+                              "vLLM, one server per method: output tokens/s")
         console.print(f"plot: {plot}")
 
 

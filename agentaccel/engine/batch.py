@@ -11,6 +11,7 @@ policy, which the engine holds (`SuffixEngine.set_policy`).
 
 from __future__ import annotations
 
+from agentaccel.engine.step_cost import StepCostModel
 from agentaccel.engine.suffix_engine import SuffixEngine, _core, _rid, _stage
 
 
@@ -21,13 +22,40 @@ class BatchDrafter:
         self.engine = engine
         self._native = _core.BatchDrafter(engine._eng, threads)
         # The hot path goes straight to the native method: rows and num_tokens are int32 arrays
-        # (vLLM's InputBatch.token_ids_cpu and num_tokens_no_spec), sampled a list of int lists.
+        # (vLLM's InputBatch.token_ids_cpu and num_tokens_no_spec), sampled a list of int lists,
+        # `scheduled` (optional) the tokens the step that just ran computed.
         self.step = self._native.step
+        self.step_cost: StepCostModel | None = None
 
-    def admit(self, req_id: str | int, stage: str = "default", speculate: bool = True) -> None:
+    def set_step_cost(self, model: StepCostModel | None) -> None:
+        """Drafts for each step's batch as a whole under this step cost (the budget); None: each
+        request's policy sizes its own draft."""
+        self._native.set_step_cost(model.to_native() if model is not None else _core.StepCost())
+        self.step_cost = model
+
+    def drain_timings(self) -> list:
+        """The steps timed since the last call: tokens computed, context, attention work, seconds
+        (without the proposer) and the proposer's own seconds (`_core.StepTiming`)."""
+        return self._native.drain_timings()
+
+    @property
+    def proposer_seconds(self) -> float:
+        """Time spent in `step` in all."""
+        return self._native.proposer_ns() / 1e9
+
+    @property
+    def steps(self) -> int:
+        return self._native.steps()
+
+    def admit(self, req_id: str | int, stage: str = "default", speculate: bool = True,
+              max_total_tokens: int | None = None) -> None:
         """Announces a request before its first step. `speculate=False`: a baseline request, never
-        drafted for and not learned from."""
-        self._native.admit(_rid(req_id), _stage(stage), bool(speculate))
+        drafted for and not learned from. `max_total_tokens`: its prompt plus the most tokens it may
+        generate: no draft runs past it (None: only max_model_len limits drafts)."""
+        limit = -1 if max_total_tokens is None else int(max_total_tokens)
+        if limit < -1:
+            raise ValueError(f"max_total_tokens must be >= 0, got {max_total_tokens!r}")
+        self._native.admit(_rid(req_id), _stage(stage), bool(speculate), limit)
 
     def release(self, req_id: str | int) -> None:
         """The request left the batch (finished, aborted, preempted): its tree is freed now and its
@@ -41,10 +69,11 @@ class BatchDrafter:
         return self._native.pending_outputs()
 
     def stats(self) -> dict[str, dict[str, float]]:
-        """Per stage: `steps` that verified a draft, the `drafted` and `accepted` tokens of those
-        steps, the tokens those drafts were `predicted` to get accepted, and every `tokens` produced."""
-        return {stage: {"steps": c.steps, "drafted": c.drafted, "accepted": c.accepted, "tokens": c.tokens,
-                        "predicted": c.predicted}
+        """Per stage: `steps` that verified a draft (`drafted_steps`: a non-empty one), the `drafted`
+        and `accepted` tokens of those steps, the tokens those drafts were `predicted` to get
+        accepted, and every `tokens` produced."""
+        return {stage: {"steps": c.steps, "drafted_steps": c.drafted_steps, "drafted": c.drafted,
+                        "accepted": c.accepted, "tokens": c.tokens, "predicted": c.predicted}
                 for stage, c in self._native.counters().items()}
 
     @property

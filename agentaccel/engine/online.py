@@ -51,6 +51,7 @@ class OnlineCalibration:
         self.decay, self.prior, self.low, self.high, self.hysteresis = decay, prior_tokens, low, high, hysteresis
         self._stages: dict[str, _Stage] = {}
         self._references: dict[str, float] = {}
+        self._counted: dict[str, dict] = {}  # the drafter's counters as observe_counters last saw them
         self._lock = threading.Lock()
 
     def set_reference(self, stage: str, ratio: float) -> None:
@@ -90,6 +91,18 @@ class OnlineCalibration:
             self.engine.set_trust(stage, target)  # under the lock: concurrent steps apply changes in order
         log.info("agentaccel: stage %s: drafts get %.0f%% of the tokens predicted; confidence x%.2f -> x%.2f",
                  stage, 100 * ratio, old, target)
+
+    def observe_counters(self, stages: dict[str, dict]) -> None:
+        """A batch drafter's cumulative per-stage counters (`BatchDrafter.stats()`): the steps
+        drafted since the last call are observed ("other" gathers stages past its count cap). A
+        step whose draft was empty tells nothing, and ages nothing."""
+        for stage, now in stages.items():
+            before = self._counted.get(stage, {})
+            delta = {k: now[k] - before.get(k, 0) for k in ("drafted_steps", "drafted", "accepted", "predicted")}
+            self._counted[stage] = now
+            if stage != "other" and delta["drafted_steps"] > 0:
+                self.observe(stage, delta["predicted"], delta["accepted"], int(delta["drafted"]),
+                             steps=int(delta["drafted_steps"]))
 
     def state(self) -> dict[str, dict]:
         """Per stage: the factor in force, the running ratio's evidence, the changes made."""

@@ -25,7 +25,9 @@ class Metrics:
 
     def __init__(self, external_spec: Callable[[], dict[str, dict[str, int]]] | None = None,
                  recorder: Recorder | None = None,
-                 policies: Callable[[], dict[str, dict[str, float]]] | None = None) -> None:
+                 policies: Callable[[], dict[str, dict[str, float]]] | None = None,
+                 drafter: Callable[[], dict] | None = None,
+                 counters: Callable[[], list[tuple[str, str, str, dict[str, float]]]] | None = None) -> None:
         self.registry = r = CollectorRegistry()
         self.requests = Counter("agentaccel_requests", "Requests served", ["stage", "endpoint", "status"], registry=r)
         self.latency = Histogram("agentaccel_request_latency_seconds", "Request latency", ["stage", "endpoint"],
@@ -39,6 +41,10 @@ class Metrics:
         r.register(_SpecCollector(external_spec or (lambda: self._spec_totals)))
         if policies is not None:
             r.register(_PolicyCollector(policies))
+        if drafter is not None:
+            r.register(_DrafterCollector(drafter))
+        if counters is not None:
+            r.register(_BackendCounters(counters))
         if recorder is not None:  # counted by the recorder and its writer process
             for family, name, doc, value in (
                     (CounterMetricFamily, "agentaccel_recorder_errors",
@@ -133,6 +139,50 @@ class _PolicyCollector:
             for key, family in families:
                 family.add_metric([stage], float(values.get(key, 0.0)))
         yield from (f for _, f in families)
+
+
+class _DrafterCollector:
+    """A batch drafter's own time and the step cost it drafts under (the vLLM plugin's)."""
+
+    def __init__(self, source: Callable[[], dict]) -> None:
+        self.source = source
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        state = self.source()
+        if not state:
+            return
+        yield CounterMetricFamily("agentaccel_proposer_seconds", "Time the proposer spent drafting, all steps",
+                                  value=state.get("proposer_seconds", 0.0))
+        yield CounterMetricFamily("agentaccel_proposer_steps", "Steps the proposer drafted for",
+                                  value=state.get("steps", 0))
+        if "step_seconds" in state:
+            yield GaugeMetricFamily("agentaccel_step_cost_timed_steps", "Timed steps the step cost was learned from",
+                                    value=state.get("timed_steps", 0))
+            cost = GaugeMetricFamily("agentaccel_step_cost_seconds", "Learned time of a step computing this many "
+                                     "tokens (without context)", labels=["tokens"])
+            for tokens, seconds in state["step_seconds"].items():
+                cost.add_metric([tokens], seconds)
+            yield cost
+
+
+class _BackendCounters:
+    """A backend's own labelled counters (`Backend.counters`), read at scrape time."""
+
+    def __init__(self, source: Callable[[], list[tuple[str, str, str, dict[str, float]]]]) -> None:
+        self.source = source
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        for name, doc, label, values in self.source():
+            family = CounterMetricFamily(name, doc, labels=[label])
+            for value, count in values.items():
+                family.add_metric([value], count)
+            yield family
 
 
 class _ValueCollector:

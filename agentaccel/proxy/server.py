@@ -48,7 +48,8 @@ class Proxy:
         self.backend = backend
         self.recorder = recorder
         self.metrics = Metrics(backend.stage_stats if backend.stage_stats() is not None else None, recorder,
-                               policies=backend.policy_state)
+                               policies=backend.policy_state, drafter=backend.drafter_state,
+                               counters=backend.counters)
         self._models: list[str] = []
         # (key, tenant name): the name is a digest, so nothing downstream (caches, vLLM) holds a key
         self._tenants = [(k.encode(), "t" + hashlib.sha256(k.encode()).hexdigest()[:16]) for k in config.api_keys]
@@ -70,6 +71,9 @@ class Proxy:
             await self.backend.close()
             if self.recorder is not None:
                 await asyncio.to_thread(self.recorder.close)
+            # Frozen objects are never collected, not even at exit: the server's cycles (app, backend,
+            # engine) would outlive the interpreter's teardown, and native ones would leak.
+            gc.unfreeze()
 
     # ------------------------------------------------------------------ plumbing
     def _authorize(self, request: Request) -> str | None:

@@ -145,3 +145,6 @@ class VLLMBackend(OpenAIBackend):
     def policy_state(self) -> dict[str, dict[str, float]]:
         """The plugin's drafting policies in force, per stage (as it last wrote them)."""
         return self._drafter_stats().get("policies", {})
+
+    def drafter_state(self) -> dict:
+        return self._drafter_stats().get("drafter", {})

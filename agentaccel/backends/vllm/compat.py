@@ -21,6 +21,8 @@ CALLABLES: list[tuple[str, str, tuple[str, ...] | None]] = [
     ("vllm.v1.worker.gpu_input_batch", "InputBatch.add_request", ("self", "request")),
     ("vllm.v1.worker.gpu_input_batch", "InputBatch.remove_request", ("self", "req_id")),
     ("vllm.v1.worker.gpu_input_batch", "InputBatch.req_ids", None),
+    # proposer._capture_scheduled wraps it to read each step's scheduled tokens
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.propose_draft_token_ids", ("self", "scheduler_output")),
 ]
 # Read by the proposer: InputBatch's arrays (set in __init__) and the configs' fields.
 INPUT_BATCH_ARRAYS = ("token_ids_cpu", "num_tokens_no_spec", "req_id_to_index")
@@ -29,7 +31,8 @@ CONFIG_FIELDS = {
                                                   "suffix_decoding_max_spec_factor",
                                                   "suffix_decoding_min_token_prob"),
     "vllm.sampling_params.SamplingParams": ("extra_args",),
-    "vllm.v1.worker.gpu_input_batch.CachedRequestState": ("req_id", "sampling_params"),
+    "vllm.v1.worker.gpu_input_batch.CachedRequestState": ("req_id", "sampling_params", "prompt_token_ids"),
+    "vllm.v1.core.sched.output.SchedulerOutput": ("total_num_scheduled_tokens",),
 }
 
 

@@ -13,7 +13,14 @@ read by the paper mode only: the default mode sizes drafts by their verification
 * `AGENTACCEL_MEMORY_BUDGET`: bytes for the global trees;
 * `AGENTACCEL_VLLM_STATS`: a JSON file where a thread writes per-stage draft statistics every
   STATS_INTERVAL seconds (the proxy's /metrics reads it);
-* `AGENTACCEL_DRAFT_THREADS`: drafting threads (see `_draft_threads`).
+* `AGENTACCEL_STEP_LOG`: a file where every timed step is appended as a JSON line (tokens
+  computed, context, seconds, the proposer's own seconds): a profile of the server's steps;
+* `AGENTACCEL_DRAFT_THREADS`: drafting threads (see `_draft_threads`);
+* `AGENTACCEL_STEP_COST`: how each step's drafts are sized. Unset: one budget for the whole
+  batch, under a step cost learned from this server's own steps (seeded with the curve the trace
+  store kept for this server, else with a roofline of the model on this GPU, else a linear seed);
+  a profile name (`llama-3.1-8b@h100`, engine/roofline.py): that seed; `off`: every request
+  sizes its own draft alone (before the budget).
 
 Each step drafts for the whole batch in one native call (`engine.batch.BatchDrafter`).
 
@@ -25,6 +32,7 @@ tokens, so drafts are linear.
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -34,18 +42,26 @@ from dataclasses import replace
 from pathlib import Path
 
 from agentaccel.backends.policies import policy_state, serving_policies, start_online
-from agentaccel.engine import SuffixEngine
+from agentaccel.backends.step_costs import StepCostKeeper, starting_cost
+from agentaccel.engine import SuffixEngine, roofline
 from agentaccel.engine.batch import BatchDrafter
 from agentaccel.engine.cost import load_profile
 from agentaccel.engine.online import OnlineCalibration
 from agentaccel.engine.policy import default_config
+from agentaccel.engine.step_cost import Fit, StepCostLearner, StepCostModel, linear
 
 log = logging.getLogger("agentaccel.vllm")
 
 STATS_INTERVAL = 0.5  # seconds between writes of the statistics file
+TIMING_FIELDS = ("tokens", "decode_tokens", "context", "attention", "seconds", "proposer_seconds", "requests")
 
 # The drafter of this process's proposer: the input batch hook announces requests to it.
 _DRAFTER: BatchDrafter | None = None
+# Tokens the step that just ran computed (its scheduler output), set by the model runner hook
+# right before it calls propose.
+_SCHEDULED = -1
+CPU_SEED = 0.06  # a small model on a CPU: a draft token costs about 6 % of a one-token step (bench backend)
+GPU_SEED = 0.02
 
 
 def _capture_stages() -> None:
@@ -65,10 +81,14 @@ def _capture_stages() -> None:
             extra = getattr(params, "extra_args", None) or {}
             stage = extra.get("stage")
             speculate = extra.get("speculate", True) not in (False, 0, "0", "false")
+            max_tokens = getattr(params, "max_tokens", None)
+            prompt = getattr(request, "num_prompt_tokens", None)
+            limit = prompt + max_tokens if isinstance(max_tokens, int) and isinstance(prompt, int) else None
             try:
-                _DRAFTER.admit(request.req_id, stage if isinstance(stage, str) and stage else "default", speculate)
+                _DRAFTER.admit(request.req_id, stage if isinstance(stage, str) and stage else "default", speculate,
+                               limit)
             except ValueError:  # a stage name the engine cannot keep: the request still runs, untagged
-                _DRAFTER.admit(request.req_id, "default", speculate)
+                _DRAFTER.admit(request.req_id, "default", speculate, limit)
         return original(self, request)
 
     def remove_request(self, req_id):
@@ -79,6 +99,24 @@ def _capture_stages() -> None:
     add_request._agentaccel = True
     InputBatch.add_request = add_request
     InputBatch.remove_request = remove_request
+
+
+def _capture_scheduled() -> None:
+    """Hands the proposer the tokens each step computed (prefill chunks included: the step cost
+    model is fitted to them), from the scheduler output the model runner drafts with."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    if getattr(GPUModelRunner.propose_draft_token_ids, "_agentaccel", False):
+        return
+    original = GPUModelRunner.propose_draft_token_ids
+
+    def propose_draft_token_ids(self, scheduler_output, *args, **kwargs):
+        global _SCHEDULED
+        _SCHEDULED = int(getattr(scheduler_output, "total_num_scheduled_tokens", -1))
+        return original(self, scheduler_output, *args, **kwargs)
+
+    propose_draft_token_ids._agentaccel = True
+    GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids
 
 
 def _draft_threads() -> int:
@@ -103,6 +141,34 @@ def _tokenizer_file(spec: str) -> str:
         return spec
     cached = try_to_load_from_cache(spec, "tokenizer.json")
     return cached if isinstance(cached, str) else spec
+
+
+def server_key(vllm_config) -> str:
+    """What a learned step cost belongs to: the model, the device, tensor parallelism."""
+    from vllm.platforms import current_platform
+
+    device = "cpu"
+    if not current_platform.is_cpu():
+        import torch
+
+        device = torch.cuda.get_device_name().replace(" ", "-")
+    model = Path(str(vllm_config.model_config.model)).name
+    return f"{model}|{device}|tp{vllm_config.parallel_config.tensor_parallel_size}"
+
+
+def seed_cost(vllm_config, mode: str) -> StepCostModel:
+    """Where the step cost starts before this server's steps say more (see AGENTACCEL_STEP_COST)."""
+    if mode:
+        return roofline.profile(mode).model_cost()
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        return linear(CPU_SEED)
+    import torch
+
+    found = roofline.from_config(vllm_config.model_config.hf_config, torch.cuda.get_device_name(),
+                                 vllm_config.parallel_config.tensor_parallel_size)
+    return found.model_cost() if found is not None else linear(GPU_SEED)
 
 
 class AgentaccelProposer:
@@ -131,10 +197,25 @@ class AgentaccelProposer:
             self.calibration, self.keeper = start_online(self.engine, online, db)
         self.drafter = _DRAFTER = BatchDrafter(self.engine, threads=_draft_threads())
         _capture_stages()
+        self.learner = self.cost_keeper = None
+        mode = os.environ.get("AGENTACCEL_STEP_COST", "").strip()
+        if mode != "off":
+            _capture_scheduled()
+            server = server_key(vllm_config)
+            cost, origin = starting_cost(server, db, seed_cost(vllm_config, mode))
+            log.info("agentaccel: one draft budget per step; step cost of %s: %s", server, origin)
+            self.drafter.set_step_cost(cost)
+            self.learner = StepCostLearner(cost)
+            saved_in = db if os.environ.get("AGENTACCEL_ONLINE", "1") != "0" else None  # --no-record saves nothing
+            self.cost_keeper = StepCostKeeper(self.learner, saved_in, server)
+        for keeper in (self.keeper, self.cost_keeper):  # what was learned since the last save, at a clean exit
+            if keeper is not None:
+                atexit.register(keeper.close)
         if os.environ.get("AGENTACCEL_SEED") == "1" and os.environ.get("AGENTACCEL_DB"):
             self._seed(vllm_config)
-        if os.environ.get("AGENTACCEL_VLLM_STATS"):
-            StatsWriter(self.drafter, Path(os.environ["AGENTACCEL_VLLM_STATS"]), self.calibration).start()
+        if os.environ.get("AGENTACCEL_VLLM_STATS") or os.environ.get("AGENTACCEL_STEP_LOG") or self.learner is not None:
+            path = os.environ.get("AGENTACCEL_VLLM_STATS")
+            StatsWriter(self.drafter, Path(path) if path else None, self.calibration, self.learner).start()
 
     def _seed(self, vllm_config) -> None:
         from agentaccel.backends.seeding import seed_from_store
@@ -153,45 +234,60 @@ class AgentaccelProposer:
     def propose(self, num_speculative_tokens, input_batch, sampled_token_ids, slot_mappings=None) -> list[list[int]]:
         return self.drafter.step(input_batch.req_ids, input_batch.token_ids_cpu, input_batch.num_tokens_no_spec,
                                  sampled_token_ids, min(num_speculative_tokens, self.num_speculative_tokens),
-                                 self.max_model_len)
+                                 self.max_model_len, _SCHEDULED)
 
     def load_model(self, *args, **kwargs) -> None:
         """No draft model to load."""
 
 
 class StatsWriter(threading.Thread):
-    """Writes the drafter's per-stage statistics, its live request count and the stages' policies
-    to a JSON file (the proxy's /metrics and /health read it) every `interval` seconds when they
-    changed: off the step's path, no file write per step. It also hands each stage's new drafted
-    steps to the online calibration."""
+    """Every `interval` seconds, off the step's path: fits the step cost to the steps timed since
+    (and hands the drafter the new curve), hands each stage's new drafted steps to the online
+    calibration, and writes the drafter's per-stage statistics, its live request count, the
+    stages' policies and the step cost to a JSON file when they changed (the proxy's /metrics and
+    /health read it; no file write per step)."""
 
-    def __init__(self, drafter: BatchDrafter, path: Path, calibration: OnlineCalibration | None = None,
-                 interval: float = STATS_INTERVAL) -> None:
+    def __init__(self, drafter: BatchDrafter, path: Path | None, calibration: OnlineCalibration | None = None,
+                 learner: StepCostLearner | None = None, interval: float = STATS_INTERVAL) -> None:
         super().__init__(name="agentaccel-stats", daemon=True)
         self.drafter, self.path, self.calibration, self.interval = drafter, path, calibration, interval
-        self._seen: dict[str, dict] = {}
+        self.learner = learner
+        self.fit: Fit | None = None
+        # AGENTACCEL_STEP_LOG: every timed step as a JSON line (a profile of the proposer in the server)
+        self.step_log = Path(os.environ["AGENTACCEL_STEP_LOG"]) if os.environ.get("AGENTACCEL_STEP_LOG") else None
 
     def run(self) -> None:
         last = None
         while True:
             time.sleep(self.interval)
+            timings = self.drafter.drain_timings()
+            if self.learner is not None and self.learner.observe(timings):
+                self.fit = self.learner.fit()
+                self.drafter.set_step_cost(self.fit.model)
+            if self.step_log is not None and timings:
+                with self.step_log.open("a") as f:
+                    f.writelines(json.dumps({k: getattr(t, k) for k in TIMING_FIELDS}) + "\n" for t in timings)
             stages = self.drafter.stats()
             if self.calibration is not None:
-                self._calibrate(stages)
+                self.calibration.observe_counters(stages)
+            if self.path is None:
+                continue
             stats = {"stages": stages, "requests": self.drafter.tracked,
                      "pending_outputs": self.drafter.pending_outputs,
-                     "policies": policy_state(self.drafter.engine, self.calibration)}
+                     "policies": policy_state(self.drafter.engine, self.calibration),
+                     "drafter": self._drafter_state()}
             if stats != last:
                 tmp = self.path.with_suffix(".tmp")
                 tmp.write_text(json.dumps(stats))
                 tmp.replace(self.path)
                 last = stats
 
-    def _calibrate(self, stages: dict[str, dict]) -> None:
-        for stage, now in stages.items():
-            before = self._seen.get(stage, {})
-            delta = {k: now[k] - before.get(k, 0) for k in ("steps", "drafted", "accepted", "predicted")}
-            self._seen[stage] = now
-            if stage != "other" and delta["steps"] > 0:
-                self.calibration.observe(stage, delta["predicted"], delta["accepted"], int(delta["drafted"]),
-                                         steps=int(delta["steps"]))
+    def _drafter_state(self) -> dict:
+        """The proposer's own time, and the step cost it drafts under (seconds of a step computing
+        that many tokens, without context)."""
+        state = {"proposer_seconds": self.drafter.proposer_seconds, "steps": self.drafter.steps}
+        cost = self.fit.model if self.fit is not None else self.drafter.step_cost
+        if cost is not None:
+            state["step_seconds"] = {str(t): float(cost.seconds(t)) for t in (1, 16, 64, 256)}
+            state["timed_steps"] = self.fit.steps if self.fit is not None else 0
+        return state

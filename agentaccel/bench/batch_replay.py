@@ -1,0 +1,413 @@
+"""`bench replay --concurrency N`: recorded sessions as N concurrent streams through a simulated
+batching server, to see what speculation gives under load before renting the hardware.
+
+Each stream replays recorded sessions one after another, a call at a time (the recorded prompt,
+then the recorded output as the model's greedy ground truth). The server runs one step at a time
+for every request in flight, as vLLM does: a request's first step computes its prompt (what the
+prefix cache does not hold: the longest common prefix with the previous call of its stream) and
+gives its first output token; every later step verifies the draft proposed for it after the
+previous step, accepts the longest matching prefix plus one token. A call starts only when the
+server's KV cache holds it whole (prompt and recorded output) beside the calls in flight, as
+vLLM's scheduler admits requests: streams beyond what the memory holds wait. Drafts come from the same
+native code the vLLM plugin runs (`BatchDrafter`, one call per step), or from a baseline. A step
+takes what the step cost profile says for what it computed (engine/roofline.py: tokens, KV read,
+attention work), with a little noise; the drafting's own time is measured and shown, not added
+(it is this machine's, not a GPU host's).
+
+Methods:
+* `none`: plain decoding, as vLLM runs it with speculation configured (no async scheduling);
+* `none-async`: plain decoding with vLLM's async scheduling (its default without speculation):
+  each step's CPU work overlaps the GPU's (the profile's per-step overhead no longer adds up);
+* `ngram`: vLLM's `ngram` as documented (5-token matches in the request's own context, 5 tokens);
+* `suffix`: vLLM's `suffix` defaults, ArcticInference's per-request rule (the paper's algorithm,
+  depth 24, alpha 1, min-prob 0.1, up to 24 tokens);
+* `agentaccel-request`: agentaccel as it drafted before the step budget (each request alone,
+  priced at the GPU's linear 0.02 per token);
+* `agentaccel`: the step budget (the default), its cost curve learned from the simulated steps it
+  sees, starting from the generic linear seed;
+* `oracle`: not a drafter but a ceiling: agentaccel's candidates, each cut to exactly what the
+  model will accept, given to the requests that pay most under the true step cost (the best
+  per-step allocation given the true acceptance).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from agentaccel.bench.replay import ReplayCall
+from agentaccel.bench.speculators import PAPER_LINEAR
+from agentaccel.engine import SpecConfig, SuffixEngine
+from agentaccel.engine.batch import BatchDrafter
+from agentaccel.engine.cost import load_profile
+from agentaccel.engine.online import OnlineCalibration
+from agentaccel.engine.policy import default_config
+from agentaccel.engine.roofline import Roofline
+from agentaccel.engine.step_cost import StepCostLearner, StepCostModel, linear
+from agentaccel.engine.verification import accepted_length
+
+METHODS = ("none", "none-async", "ngram", "suffix", "agentaccel-request", "agentaccel", "oracle")
+REFIT_EVERY = 32  # simulated steps between fits of the learned step cost
+
+
+def sessions_of(calls: Sequence[ReplayCall]) -> list[list[ReplayCall]]:
+    """What a stream replays one after another: the calls of a session that continue each other
+    (an agent's trajectory: each prompt extends the previous call's prompt and output); calls
+    stored in one session that do not (independent questions of a file) are streams of their own.
+    In order of their first call."""
+    out: dict[tuple[int, int], list[ReplayCall]] = {}
+    chain_of: dict[int, int] = {}
+    for call in calls:
+        previous = out.get((call.session, chain_of.get(call.session, -1)))
+        if previous is not None and _continues(previous[-1], call):
+            previous.append(call)
+            continue
+        chain_of[call.session] = chain_of.get(call.session, -1) + 1
+        out[(call.session, chain_of[call.session])] = [call]
+    return list(out.values())
+
+
+def _continues(before: ReplayCall, call: ReplayCall) -> bool:
+    """The call's prompt starts with most of the previous call's prompt (a conversation going on)."""
+    shared = _common_prefix(call.prompt, before.prompt)
+    return shared >= 0.5 * len(before.prompt)
+
+
+class Method:
+    """One way of drafting, called as vLLM calls its proposer: after each step, for the batch."""
+
+    name: str
+    oracle = False
+    overlapped = False  # async scheduling: the step's CPU work hides behind the GPU's (plain decoding only)
+
+    def admit(self, rid: str, stage: str, max_total: int) -> None: ...
+
+    def propose(self, rids: list[str | None], rows: np.ndarray, num_tokens: np.ndarray, sampled: list[list[int]],
+                max_len: int) -> list[list[int]]:
+        return [[] for _ in rids]
+
+    def observe(self, tokens: float, decode_tokens: float, context: float, attention: float, seconds: float) -> None:
+        """The step that just ran and its (simulated) time: a learning drafter learns from it."""
+
+
+class Drafter(Method):
+    """The plugin's BatchDrafter: per-request policies, or the step budget (learned or fixed)."""
+
+    def __init__(self, name: str, config: SpecConfig, *, depth: int = 64, max_tokens: int = 32,
+                 cost: StepCostModel | None = None, learn_from: StepCostModel | None = None) -> None:
+        self.name, self.max_tokens = name, max_tokens
+        self.engine = SuffixEngine(max_depth=depth, config=config)
+        self.drafter = BatchDrafter(self.engine)
+        self.learner = StepCostLearner(learn_from) if learn_from is not None else None
+        if cost is not None or learn_from is not None:
+            self.drafter.set_step_cost(cost or learn_from)
+        self.calibration = OnlineCalibration(self.engine)  # as the plugin's stats thread runs it
+        self._steps = 0
+        self._timed: list[_Timing] = []
+
+    def admit(self, rid, stage, max_total):
+        self.drafter.admit(rid, stage, max_total_tokens=max_total)
+
+    def propose(self, rids, rows, num_tokens, sampled, max_len):
+        return self.drafter.step(rids, rows, num_tokens, sampled, self.max_tokens, max_len)
+
+    def observe(self, tokens, decode_tokens, context, attention, seconds):
+        self._steps += 1
+        if self.learner is not None:
+            self._timed.append(_Timing(tokens, decode_tokens, context, attention, seconds))
+        if self._steps % REFIT_EVERY == 0:  # as often as the plugin's stats thread, in steps
+            self.calibration.observe_counters(self.drafter.stats())
+            if self.learner is not None:
+                self.learner.observe(self._timed)
+                self._timed.clear()
+                self.drafter.set_step_cost(self.learner.fit().model)
+
+
+@dataclass
+class _Timing:
+    tokens: float
+    decode_tokens: float
+    context: float
+    attention: float
+    seconds: float
+    proposer_seconds: float = 0.0
+
+
+class Ngram(Method):
+    """vLLM's ngram proposer: the tokens after the latest earlier occurrence of the context's last
+    `n` tokens (min_n..max_n), `k` of them."""
+
+    def __init__(self, k: int = 5, min_n: int = 5, max_n: int = 5) -> None:
+        self.name, self.k, self.min_n, self.max_n = "ngram", k, min_n, max_n
+        self.engine = SuffixEngine(config=SpecConfig(recency=0.0))
+        self.live: set[str] = set()
+
+    def propose(self, rids, rows, num_tokens, sampled, max_len):
+        out = []
+        for i, rid in enumerate(rids):
+            if rid is None or not sampled[i]:
+                out.append([])
+                continue
+            n = int(num_tokens[i])
+            if rid not in self.live:
+                self.engine.start_request(rid, rows[i, : n - len(sampled[i])].astype(np.uint32))
+                self.live.add(rid)
+            self.engine.extend(rid, sampled[i])
+            k = min(self.k, max_len - n - 1)
+            out.append(list(self.engine.prompt_lookup(rid, self.min_n, self.max_n, k).token_ids) if k > 0 else [])
+        for rid in self.live - set(rids):
+            self.engine.finish_request(rid, keep_output=False)
+            self.live.discard(rid)
+        return out
+
+
+class Oracle(Drafter):
+    """agentaccel's candidates grown as far as the trees go; the simulator cuts them to what is
+    accepted and allocates them with the true step cost (`best_allocation`)."""
+
+    oracle = True
+
+    def __init__(self, config: SpecConfig) -> None:
+        # a flat cost: every candidate is kept whole, to be cut by the truth
+        super().__init__("oracle", config, cost=StepCostModel((1.0, 1.0)))
+
+
+def build(names: Sequence[str], server: Roofline | None = None) -> list[Method]:
+    """The methods by name; `agentaccel-known` (the budget priced with the simulated server's own
+    profile instead of learning it) needs `server`."""
+    gpu = default_config(load_profile("gpu"), tree=False)
+    factories: dict[str, Callable[[], Method]] = {
+        "none": lambda: _named(Method(), "none"),
+        "none-async": _async_plain,
+        "ngram": Ngram,
+        "suffix": lambda: Drafter("suffix", replace(PAPER_LINEAR, max_tokens=24), depth=24, max_tokens=24),
+        "agentaccel-request": lambda: Drafter("agentaccel-request", gpu),
+        "agentaccel": lambda: Drafter("agentaccel", gpu, learn_from=linear(0.02)),
+        "oracle": lambda: Oracle(gpu),
+    }
+    if server is not None:
+        factories["agentaccel-known"] = lambda: Drafter("agentaccel-known", gpu, cost=server.model_cost())
+    unknown = [n for n in names if n not in factories]
+    if unknown:
+        raise ValueError(f"unknown method(s) {', '.join(unknown)}; known: {', '.join(factories)}")
+    return [factories[n]() for n in names]
+
+
+def _named(method: Method, name: str) -> Method:
+    method.name = name
+    return method
+
+
+def _async_plain() -> Method:
+    """Plain decoding with vLLM's async scheduling, which speculation turns off: each step's CPU
+    work (scheduling, sampling: the profile's overhead) overlaps the GPU's instead of adding to it."""
+    method = _named(Method(), "none-async")
+    method.overlapped = True
+    return method
+
+
+def best_allocation(accepted: Sequence[int], contexts: Sequence[float], decoding: int, tokens: float, context: float,
+                    attention: float, seconds: Callable[[float, float, float], float],
+                    prefill: float = 0.0) -> list[int]:
+    """The oracle's drafts: each request gets either exactly its accepted tokens or none, those
+    with the cheapest tokens (shortest context) first, as many as the true step cost rewards (the
+    rate of decoding, `prefill` seconds of the step left out, as the budget counts it)."""
+    order = sorted((i for i, a in enumerate(accepted) if a > 0), key=lambda i: contexts[i])
+    keep = [0] * len(accepted)
+    best = decoding / (seconds(tokens, context, attention) - prefill)
+    gained, chosen, best_n = 0, [], 0
+    for i in order:
+        tokens += accepted[i]
+        attention += accepted[i] * contexts[i]
+        gained += accepted[i]
+        chosen.append(i)
+        rate = (decoding + gained) / (seconds(tokens, context, attention) - prefill)
+        if rate > best:
+            best, best_n = rate, len(chosen)
+    for i in chosen[:best_n]:
+        keep[i] = accepted[i]
+    return keep
+
+
+@dataclass
+class Result:
+    method: str
+    streams: int
+    calls: int = 0
+    tokens: int = 0
+    seconds: float = 0.0  # simulated server time, drafting included
+    proposer_seconds: float = 0.0
+    steps: int = 0
+    request_steps: int = 0  # decoding steps of single requests
+    drafted: int = 0
+    accepted: int = 0
+    in_flight: float = 0.0  # mean requests per step
+
+    def row(self) -> dict:
+        return {"method": self.method, "streams": self.streams, "calls": self.calls, "tokens": self.tokens,
+                "seconds": self.seconds, "tokens_per_s": self.tokens / self.seconds if self.seconds else 0.0,
+                "tokens_per_s_per_stream": self.tokens / self.seconds / self.streams if self.seconds else 0.0,
+                "mean_in_flight": self.in_flight / self.steps if self.steps else 0.0,
+                "mat": (self.request_steps + self.accepted) / self.request_steps if self.request_steps else 1.0,
+                "acceptance": self.accepted / self.drafted if self.drafted else 0.0,
+                "draft_tokens_per_step": self.drafted / self.request_steps if self.request_steps else 0.0,
+                "proposer_us_per_step": 1e6 * self.proposer_seconds / self.steps if self.steps else 0.0}
+
+
+@dataclass
+class _Request:
+    rid: str
+    call: ReplayCall
+    prompt: np.ndarray
+    prefill: int  # prompt tokens its first step computes
+    pos: int = 0  # output tokens produced
+    started: bool = False
+
+
+@dataclass
+class _Stream:
+    calls: deque = field(default_factory=deque)
+    previous: np.ndarray | None = None  # the previous call's prompt + output (the prefix cache)
+    request: _Request | None = None
+
+
+def simulate(sessions: Sequence[Sequence[ReplayCall]], method: Method, server: Roofline, streams: int, *,
+             max_context: int = 16384, noise: float = 0.03, seed: int = 0, proposer_time: bool = False,
+             progress: Callable[[int], None] | None = None) -> Result:
+    """Replays `sessions` as `streams` concurrent streams through the simulated server."""
+    rng = np.random.default_rng(seed)
+    queue = deque(sessions)
+    longest = max((len(c.output) for s in sessions for c in s), default=1)
+    stride = max_context + longest + 2
+    rows = np.zeros((streams, stride), dtype=np.int32)
+    num_tokens = np.zeros(streams, dtype=np.int32)
+    rids: list[str | None] = [None] * streams
+    lanes = [_Stream() for _ in range(streams)]
+    drafts: list[list[int]] = [[] for _ in range(streams)]
+    result = Result(method.name, streams)
+    serial = 0
+    held = 0  # KV tokens the calls in flight will hold at their end
+    while True:
+        for i, lane in enumerate(lanes):  # idle streams take their next call, or a new session
+            if lane.request is not None:
+                continue
+            if not lane.calls and queue:
+                lane.calls, lane.previous = deque(queue.popleft()), None
+            if not lane.calls:
+                rids[i] = None
+                continue
+            need = min(len(lane.calls[0].prompt), max_context) + len(lane.calls[0].output)
+            if held and held + need > server.kv_capacity:  # the server's memory is full: it waits
+                continue
+            held += need
+            call = lane.calls.popleft()
+            prompt = call.prompt[-max_context:]
+            cached = _common_prefix(prompt, lane.previous) if lane.previous is not None else 0
+            serial += 1
+            lane.request = _Request(f"r{serial}", call, prompt, max(len(prompt) - cached, 1))
+            rows[i, : len(prompt)] = prompt
+            num_tokens[i] = len(prompt)
+            rids[i] = lane.request.rid
+            drafts[i] = []
+            method.admit(lane.request.rid, call.stage, len(prompt) + len(call.output))
+        active = [i for i in range(streams) if lanes[i].request is not None]
+        if not active:
+            break
+        # one step of the server: prefills give their first token, the others verify their drafts
+        tokens = decode_tokens = context = attention = 0.0
+        sampled: list[list[int]] = [[] for _ in range(streams)]
+        accepted_now = [0] * streams
+        if method.oracle:
+            drafts = _oracle_cut(drafts, lanes, num_tokens, server)
+        for i in active:
+            r = lanes[i].request
+            out = r.call.output
+            ctx = float(num_tokens[i])
+            context += ctx
+            if not r.started:
+                r.started = True
+                tokens += r.prefill
+                attention += r.prefill * (ctx - r.prefill / 2)
+                take = out[:1]
+            else:
+                d = drafts[i]
+                acc = accepted_length(d, range(-1, len(d) - 1), out[r.pos:]) if d else 0
+                take = out[r.pos : r.pos + acc + 1]
+                tokens += 1 + len(d)
+                decode_tokens += 1 + len(d)
+                attention += (1 + len(d)) * ctx
+                result.request_steps += 1
+                result.drafted += len(d)
+                result.accepted += min(acc, len(take) - 1)
+                accepted_now[i] = acc
+            n = int(num_tokens[i])
+            rows[i, n : n + len(take)] = take
+            num_tokens[i] = n + len(take)
+            r.pos += len(take)
+            sampled[i] = [int(t) for t in take]
+            result.tokens += len(take)
+        seconds = float(server.seconds(tokens, context, attention)) * float(rng.lognormal(0.0, noise))
+        if method.overlapped:
+            seconds = max(seconds - server.overhead, server.overhead)
+        method.observe(tokens, decode_tokens, context, attention, seconds)
+        t0 = time.perf_counter()
+        drafts = method.propose(rids, rows, num_tokens, sampled, stride)
+        spent = time.perf_counter() - t0
+        result.proposer_seconds += spent
+        result.seconds += seconds + (spent if proposer_time else 0.0)
+        result.steps += 1
+        result.in_flight += len(active)
+        for i in active:  # finished calls leave; the next step of their stream starts the next call
+            lane = lanes[i]
+            r = lane.request
+            if r.pos >= len(r.call.output):
+                held -= len(r.prompt) + len(r.call.output)
+                lane.previous = np.concatenate([r.prompt, r.call.output])
+                lane.request = None
+                rids[i] = None
+                drafts[i] = []
+                result.calls += 1
+                if progress:
+                    progress(1)
+    return result
+
+
+def _oracle_cut(drafts, lanes, num_tokens, server: Roofline) -> list[list[int]]:
+    """Each candidate cut to what the model will accept, kept where the true step cost pays for it."""
+    decoding, accepted, contexts = 0, [], []
+    context = attention = 0.0
+    for i, lane in enumerate(lanes):
+        r = lane.request
+        d = drafts[i]
+        ctx = float(num_tokens[i])
+        if r is not None:
+            context += ctx
+        if r is None or not r.started:
+            accepted.append(0)
+            contexts.append(ctx)
+            if r is not None:
+                attention += r.prefill * (ctx - r.prefill / 2)
+            continue
+        decoding += 1
+        attention += ctx
+        accepted.append(accepted_length(d, range(-1, len(d) - 1), r.call.output[r.pos:]) if d else 0)
+        contexts.append(ctx)
+    prefill = sum(lane.request.prefill for lane in lanes if lane.request is not None and not lane.request.started)
+    seconds = lambda t, c, a: float(server.seconds(t, c, a))  # noqa: E731
+    decode_attention = sum(contexts[i] for i, lane in enumerate(lanes) if lane.request and lane.request.started)
+    prefill_seconds = seconds(decoding + prefill, context, attention) - seconds(decoding, context, decode_attention)
+    keep = best_allocation(accepted, contexts, decoding, float(decoding + prefill), context, attention, seconds,
+                           prefill_seconds)
+    return [d[: keep[i]] for i, d in enumerate(drafts)]
+
+
+def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if len(diff) else n
