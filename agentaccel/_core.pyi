@@ -86,7 +86,8 @@ class StepCost:
     base: list[float]
     per_context: float
     per_attention: float
-    extra_tokens: float
+    prefill_tokens: float
+    prefill_share: float
     def __init__(self) -> None: ...
     def at(self, tokens: float) -> float: ...
 

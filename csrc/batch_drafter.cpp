@@ -143,12 +143,11 @@ std::vector<std::vector<uint32_t>> BatchDrafter::step(const BatchStep& s) {
   if (budgeted_) {
     // A token is worth drafting only if it gains at least the plain step's rate times what it adds
     // to the step; below that floor a candidate stops growing.
-    const double base_tokens = double(decoding) + cost->extra_tokens;
     // the rate to beat is decoding's, without the prefill the step carries (as step_budget.cpp)
     const double t0 = cost->at(double(decoding)) + cost->per_context * next_context +
                       cost->per_attention * next_attention;
     const double rate = t0 > 0.0 ? double(decoding) / t0 : 0.0;
-    const double slope = std::max(cost->min_slope_from(size_t(base_tokens)), 0.0);
+    const double slope = std::max(cost->expected_min_slope_from(double(decoding)), 0.0);
     for (Job& j : jobs_) j.floor = rate * (slope + cost->per_attention * j.context);
   }
   out_ = &out;

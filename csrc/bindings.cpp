@@ -141,7 +141,8 @@ NB_MODULE(_core, m) {
       .def_rw("base", &agentaccel::StepCost::base)
       .def_rw("per_context", &agentaccel::StepCost::per_context)
       .def_rw("per_attention", &agentaccel::StepCost::per_attention)
-      .def_rw("extra_tokens", &agentaccel::StepCost::extra_tokens)
+      .def_rw("prefill_tokens", &agentaccel::StepCost::prefill_tokens)
+      .def_rw("prefill_share", &agentaccel::StepCost::prefill_share)
       .def("at", &agentaccel::StepCost::at, "tokens"_a);
 
   nb::class_<agentaccel::StepTiming>(m, "StepTiming")

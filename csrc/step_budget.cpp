@@ -24,9 +24,10 @@ void StepCost::validate() const {
     if (!(std::isfinite(base[i]) && base[i] > 0.0)) throw InvalidInput("step cost: every base cost must be > 0");
     if (i > 0 && base[i] < base[i - 1]) throw InvalidInput("step cost: base must not decrease with tokens");
   }
-  for (double v : {per_context, per_attention, extra_tokens})
+  for (double v : {per_context, per_attention, prefill_tokens})
     if (!(std::isfinite(v) && v >= 0.0))
-      throw InvalidInput("step cost: per_context, per_attention and extra_tokens must be finite and >= 0");
+      throw InvalidInput("step cost: per_context, per_attention and prefill_tokens must be finite and >= 0");
+  if (!(prefill_share >= 0.0 && prefill_share <= 1.0)) throw InvalidInput("step cost: prefill_share must be in [0, 1]");
 }
 
 void StepCost::prepare() {
@@ -37,14 +38,14 @@ void StepCost::prepare() {
 double allocate_budget(const std::vector<BudgetRequest>& requests, size_t decoding, double context, double attention,
                        const StepCost& cost, std::vector<int32_t>& keep) {
   keep.assign(requests.size(), 0);
-  double tokens = double(decoding) + cost.extra_tokens;
+  double tokens = double(decoding);
   double work = attention;
   const double fixed = cost.per_context * context;
-  // The prefill a step carries is computed whatever the drafts: a step saved later saves only its
-  // decoding, so the rate a draft token must beat leaves the prefill's time out (its tokens still
-  // set where on the curve the drafts' own cost lies).
-  const double prefill = cost.at(tokens) - cost.at(double(decoding));
-  auto seconds = [&](double t, double a) { return cost.at(t) - prefill + fixed + cost.per_attention * a; };
+  // The prefill a step may carry is computed whatever the drafts: a step saved later saves only
+  // its decoding, so the rate a draft token must beat leaves the prefill's time out (its tokens
+  // still set where on the curve the drafts' own cost lies).
+  const double prefill = cost.expected_prefill(tokens);
+  auto seconds = [&](double t, double a) { return cost.expected(t) - prefill + fixed + cost.per_attention * a; };
   double yield = double(decoding);  // tokens the step gives: one per decoding request, plus accepted drafts
   const double t0 = seconds(tokens, work);
   if (!(t0 > 0.0)) return 0.0;
@@ -52,8 +53,8 @@ double allocate_budget(const std::vector<BudgetRequest>& requests, size_t decodi
 
   // Nodes are taken by gain per unit of what they add to the step at its starting size (the
   // order); every prefix of that order is priced exactly and the best one is kept.
-  const double slope = std::max(cost.at(tokens + 1.0) - cost.at(tokens), 0.0);
-  const double floor_slope = std::max(cost.min_slope_from(size_t(tokens)), 0.0);
+  const double slope = std::max(cost.expected(tokens + 1.0) - cost.expected(tokens), 0.0);
+  const double floor_slope = std::max(cost.expected_min_slope_from(tokens), 0.0);
   double least_context = std::numeric_limits<double>::infinity();
   for (const BudgetRequest& r : requests)
     if (r.size > 0) least_context = std::min(least_context, r.context);

@@ -18,10 +18,24 @@ struct StepCost {
   std::vector<double> base;     // base[T] for T = 0..size-1; beyond, extended with the last slope
   double per_context = 0.0;     // seconds per context token of the batch
   double per_attention = 0.0;   // seconds per (scheduled token x context token)
-  double extra_tokens = 0.0;    // tokens a step schedules beside the decoding requests (prefill), expected
+  double prefill_tokens = 0.0;  // tokens of a step's prefill chunks, in the steps that carry some
+  double prefill_share = 0.0;   // the share of steps that carry prefill (whether the next one will is not known)
 
   bool empty() const { return base.size() < 2; }
   double at(double tokens) const;  // base(T), linear between integer points
+  // base at `tokens` decoding tokens, expected over whether the step carries prefill: the mean of
+  // the cost, not the cost at the mean (a 2,048-token chunk in one step of ten would otherwise
+  // price every step's drafts as if it were compute-bound).
+  double expected(double tokens) const {
+    return (1.0 - prefill_share) * at(tokens) + prefill_share * at(tokens + prefill_tokens);
+  }
+  // What a step's prefill adds to it, expected (the budget leaves it out of the rate to beat).
+  double expected_prefill(double decoding) const { return expected(decoding) - at(decoding); }
+  // A lower bound on what one more token costs from `tokens` on, expected as above.
+  double expected_min_slope_from(double tokens) const {
+    return (1.0 - prefill_share) * min_slope_from(size_t(tokens)) +
+           prefill_share * min_slope_from(size_t(tokens + prefill_tokens));
+  }
   // The smallest slope of base from T on (a lower bound on what one more token costs there).
   double min_slope_from(size_t tokens) const { return tokens < min_slope_.size() ? min_slope_[tokens] : tail_slope(); }
   void validate() const;  // throws InvalidInput

@@ -71,6 +71,45 @@ def test_confidence_and_context_steer_the_budget():
     assert _core.allocate_budget(probs, [1.0, 1.0], [100.0, 5000.0], *args)[1] == 0  # long context: dearer
 
 
+def test_prefill_in_some_steps_is_priced_as_an_expectation_not_as_every_steps_mean():
+    """A GPU-like step: flat while memory-bound (to 256 tokens), then each token costs. A 2,048-
+    token prefill chunk in one step of ten makes a draft token dear in that step only: the budget
+    drafts as it would with no prefill, not as if every step carried 205 prefill tokens."""
+    t = np.arange(8193)
+    flat_then_steep = tuple((0.01 + 1e-3 * np.maximum(t - 256, 0)).tolist())
+    probs = [[0.6, 0.5, 0.4]] * 24  # 24 requests: 96 tokens with whole drafts, memory-bound
+    ones, zeros = [1.0] * 24, [0.0] * 24
+
+    def kept(prefill_tokens, share):
+        cost = StepCostModel(flat_then_steep, prefill_tokens=prefill_tokens, prefill_share=share).to_native()
+        return sum(_core.allocate_budget(probs, ones, zeros, 24, 0.0, 0.0, cost))
+
+    assert kept(0.0, 0.0) == 72  # nothing costs: every draft whole
+    assert kept(2048.0, 0.1) == 72  # the expected cost of a token is a tenth of a compute-bound one's
+    assert kept(2048.0, 1.0) == 0  # every step compute-bound: a token costs more than it gives
+    assert kept(204.8, 1.0) < 40  # the mean chunk in every step: drafts stop where the step turns compute-bound
+    with pytest.raises(ValueError, match="prefill_share"):
+        StepCostModel(flat_then_steep, prefill_share=1.5)
+
+
+def test_the_learner_learns_how_often_steps_carry_prefill_and_how_much():
+    truth = StepCostModel(tuple(0.01 + 0.0001 * np.arange(8193)))
+    steps = timings(truth, np.random.default_rng(2), 400)
+    for i, step in enumerate(steps):
+        if i % 4 == 0:  # one step in four carries a 512-token chunk
+            step.tokens += 512.0
+            step.seconds = float(truth.seconds(step.tokens))
+    learner = StepCostLearner(linear(0.06))
+    learner.observe(steps)
+    fit = learner.fit().model
+    assert fit.prefill_share == pytest.approx(0.25, abs=0.03) and fit.prefill_tokens == pytest.approx(512, rel=0.02)
+    again = StepCostModel.from_dict(fit.as_dict())
+    assert (again.prefill_tokens, again.prefill_share) == pytest.approx((fit.prefill_tokens, fit.prefill_share))
+    # a curve stored before (its prefill a mean per step) reads as prefill in every step
+    old = {k: v for k, v in fit.as_dict().items() if not k.startswith("prefill")} | {"extra_tokens": 128.0}
+    assert (StepCostModel.from_dict(old).prefill_tokens, StepCostModel.from_dict(old).prefill_share) == (128.0, 1.0)
+
+
 def test_a_step_cost_must_be_sane():
     with pytest.raises(ValueError):
         StepCostModel((1.0,))
@@ -82,7 +121,7 @@ def test_a_step_cost_must_be_sane():
     bad.base = [1.0, float("nan")]
     with pytest.raises(ValueError):
         _core.allocate_budget([[0.5]], [1.0], [0.0], 1, 0.0, 0.0, bad)
-    model = StepCostModel(tuple(1.0 + 0.01 * t for t in range(100)), 1e-6, 2e-9, 3.0)
+    model = StepCostModel(tuple(1.0 + 0.01 * t for t in range(100)), 1e-6, 2e-9, 3.0, 0.5)
     again = StepCostModel.from_dict(model.as_dict(), max_tokens=99)
     assert np.allclose(again.base, model.base) and again.per_context == model.per_context
 

@@ -40,22 +40,26 @@ CONTEXT_PRIOR = 30.0  # the context and attention terms' prior, relative to a kn
 @dataclass(frozen=True)
 class StepCostModel:
     """A priced step: `base[T]` for T = 0..len(base)-1 (extended by its last slope), plus the
-    context and attention terms; `extra_tokens`: tokens a step computes besides the decoding
-    requests (prefill), as expected next step."""
+    context and attention terms; `prefill_tokens`: tokens a step computes besides the decoding
+    requests (prefill chunks) in the `prefill_share` of steps that carry some (the drafter prices
+    the next step's drafts expected over whether it will)."""
 
     base: tuple[float, ...]
     per_context: float = 0.0
     per_attention: float = 0.0
-    extra_tokens: float = 0.0
+    prefill_tokens: float = 0.0
+    prefill_share: float = 0.0
 
     def __post_init__(self) -> None:
         base = np.asarray(self.base, dtype=float)
         if len(base) < 2 or not np.all(np.isfinite(base)) or np.any(base <= 0) or np.any(np.diff(base) < 0):
             raise ValueError("a step cost's base needs >= 2 positive, non-decreasing costs (0 and 1 tokens at least)")
-        for name in ("per_context", "per_attention", "extra_tokens"):
+        for name in ("per_context", "per_attention", "prefill_tokens"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"a step cost's {name} must be finite and >= 0, got {value!r}")
+        if not 0.0 <= self.prefill_share <= 1.0:
+            raise ValueError(f"a step cost's prefill_share must be in [0, 1], got {self.prefill_share!r}")
 
     def seconds(self, tokens, context=0.0, attention=0.0) -> np.ndarray:
         """The modelled time of steps (arrays or scalars)."""
@@ -75,14 +79,15 @@ class StepCostModel:
 
     def scaled(self, factor: float) -> StepCostModel:
         return StepCostModel(tuple(b * factor for b in self.base), self.per_context * factor,
-                             self.per_attention * factor, self.extra_tokens)
+                             self.per_attention * factor, self.prefill_tokens, self.prefill_share)
 
     def to_native(self) -> _core.StepCost:
         cost = _core.StepCost()
         cost.base = list(self.base)
         cost.per_context = self.per_context
         cost.per_attention = self.per_attention
-        cost.extra_tokens = self.extra_tokens
+        cost.prefill_tokens = self.prefill_tokens
+        cost.prefill_share = self.prefill_share
         return cost
 
     def as_dict(self) -> dict:
@@ -90,7 +95,7 @@ class StepCostModel:
         knots = _knots(len(self.base) - 1)
         return {"knots": knots.tolist(), "base": [float(self.base[0]), *self.seconds(knots).tolist()],
                 "per_context": self.per_context, "per_attention": self.per_attention,
-                "extra_tokens": self.extra_tokens}
+                "prefill_tokens": self.prefill_tokens, "prefill_share": self.prefill_share}
 
     @classmethod
     def from_dict(cls, data: dict, max_tokens: int = MAX_TOKENS) -> StepCostModel:
@@ -101,8 +106,11 @@ class StepCostModel:
             if len(knots) != len(at_knots) or len(knots) < 1 or np.any(np.diff(knots) <= 0):
                 raise ValueError("knots and base do not match")
             base = np.concatenate([[zero], np.interp(np.arange(1, max_tokens + 1), knots, at_knots)])
+            # a curve stored before prefill was priced per step kept its mean as `extra_tokens`
+            prefill = ((float(data["prefill_tokens"]), float(data.get("prefill_share", 0.0)))
+                       if "prefill_tokens" in data else (float(data.get("extra_tokens", 0.0)), 1.0))
             return cls(tuple(np.maximum.accumulate(base).tolist()), float(data.get("per_context", 0.0)),
-                       float(data.get("per_attention", 0.0)), float(data.get("extra_tokens", 0.0)))
+                       float(data.get("per_attention", 0.0)), *prefill)
         except (KeyError, TypeError, IndexError) as e:
             raise ValueError(f"not a step cost: {e}") from e
 
@@ -175,7 +183,8 @@ class StepCostLearner:
         self._xx, self._xy = np.zeros((p, p)), np.zeros(p)
         self._weight = 0.0  # sum of the steps' weights (their age only)
         self._sum_w = 0.0  # ... and their trust
-        self._extra = 0.0  # weighted sum of prefill tokens per step
+        self._prefill = 0.0  # weighted sum of prefill tokens
+        self._prefilled = 0.0  # ... and of the steps that carried some
         self._log_scale = 0.0  # weighted sum of log(seconds / seed's seconds): the server's speed
         self._units: np.ndarray | None = None  # typical context and attention (for conditioning)
         self._first: list[tuple] = []  # steps held until the units are known
@@ -225,7 +234,9 @@ class StepCostLearner:
             self._xx = self._xx * fade + (x * w[:, None]).T @ x
             self._xy = self._xy * fade + (x * w[:, None]).T @ seconds
             self._weight = self._weight * fade + age.sum()
-            self._extra = self._extra * fade + (w * np.maximum(tokens - decode, 0.0)).sum()
+            prefill = np.maximum(tokens - decode, 0.0)
+            self._prefill = self._prefill * fade + (w * prefill).sum()
+            self._prefilled = self._prefilled * fade + (w * (prefill > 0)).sum()
             self._log_scale = self._log_scale * fade + (w * np.log(seconds / predicted)).sum()
             self._sum_w = self._sum_w * fade + w.sum()
             self._proposer = self._proposer * fade + (w * proposer).sum()
@@ -249,8 +260,9 @@ class StepCostLearner:
             if self._units is None or self._weight == 0:
                 return Fit(self.seed, self._steps, 0.0, 0.0)
             xx, xy, weight, units = self._xx.copy(), self._xy.copy(), self._weight, self._units
-            extra, proposer, steps, scale = (self._extra / self._sum_w, self._proposer / self._sum_w, self._steps,
-                                             self.scale())
+            prefill = (self._prefill / self._prefilled if self._prefilled > 0 else 0.0,
+                       min(self._prefilled / self._sum_w, 1.0))
+            proposer, steps, scale = self._proposer / self._sum_w, self._steps, self.scale()
         k = len(self.knots)
         seed = self.seed
         theta0 = scale * np.concatenate([seed.seconds(self.knots), [seed.per_context, seed.per_attention] * units])
@@ -263,7 +275,7 @@ class StepCostLearner:
         zero = min(scale * seed.base[0], at_knots[0])
         base = np.concatenate([[zero], np.interp(np.arange(1, self.max_tokens + 1), self.knots, at_knots)])
         model = StepCostModel(tuple(np.maximum.accumulate(base).tolist()), max(theta[k], 0.0),
-                              max(theta[k + 1], 0.0), extra)
+                              max(theta[k + 1], 0.0), *prefill)
         with self._lock:
             self._model = model
         return Fit(model, steps, weight, proposer)
