@@ -379,26 +379,26 @@ def simulate(sessions: Sequence[Sequence[ReplayCall]], method: Method, server: R
 def _oracle_cut(drafts, lanes, num_tokens, server: Roofline) -> list[list[int]]:
     """Each candidate cut to what the model will accept, kept where the true step cost pays for it."""
     decoding, accepted, contexts = 0, [], []
-    context = attention = 0.0
+    context = decode_attention = prefill_attention = prefill = 0.0
     for i, lane in enumerate(lanes):
         r = lane.request
         d = drafts[i]
         ctx = float(num_tokens[i])
-        if r is not None:
-            context += ctx
-        if r is None or not r.started:
+        contexts.append(ctx)
+        if r is None:
             accepted.append(0)
-            contexts.append(ctx)
-            if r is not None:
-                attention += r.prefill * (ctx - r.prefill / 2)
+            continue
+        context += ctx
+        if not r.started:  # its prefill is in this step, whatever the drafts
+            accepted.append(0)
+            prefill += r.prefill
+            prefill_attention += r.prefill * (ctx - r.prefill / 2)
             continue
         decoding += 1
-        attention += ctx
+        decode_attention += ctx
         accepted.append(accepted_length(d, range(-1, len(d) - 1), r.call.output[r.pos:]) if d else 0)
-        contexts.append(ctx)
-    prefill = sum(lane.request.prefill for lane in lanes if lane.request is not None and not lane.request.started)
+    attention = decode_attention + prefill_attention
     seconds = lambda t, c, a: float(server.seconds(t, c, a))  # noqa: E731
-    decode_attention = sum(contexts[i] for i, lane in enumerate(lanes) if lane.request and lane.request.started)
     prefill_seconds = seconds(decoding + prefill, context, attention) - seconds(decoding, context, decode_attention)
     keep = best_allocation(accepted, contexts, decoding, float(decoding + prefill), context, attention, seconds,
                            prefill_seconds)

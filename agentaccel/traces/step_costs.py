@@ -31,11 +31,6 @@ def read(store: TraceStore, server: str) -> StepCostRow | None:
     return StepCostRow(row[0], curve, int(row[2] or 0), row[3]) if isinstance(curve, dict) else None
 
 
-def read_all(store: TraceStore) -> list[StepCostRow]:
-    rows = store.conn.execute("SELECT server FROM step_costs ORDER BY server").fetchall()
-    return [r for r in (read(store, s) for (s,) in rows) if r is not None]
-
-
 def write(store: TraceStore, server: str, curve: dict, steps: int) -> None:
     store.conn.execute(
         """INSERT INTO step_costs (server, curve, steps, updated_at) VALUES (?, ?, ?, ?)

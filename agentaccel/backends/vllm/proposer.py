@@ -48,7 +48,7 @@ from agentaccel.engine.batch import BatchDrafter
 from agentaccel.engine.cost import load_profile
 from agentaccel.engine.online import OnlineCalibration
 from agentaccel.engine.policy import default_config
-from agentaccel.engine.step_cost import Fit, StepCostLearner, StepCostModel, linear
+from agentaccel.engine.step_cost import StepCostLearner, StepCostModel, linear
 
 log = logging.getLogger("agentaccel.vllm")
 
@@ -252,7 +252,6 @@ class StatsWriter(threading.Thread):
         super().__init__(name="agentaccel-stats", daemon=True)
         self.drafter, self.path, self.calibration, self.interval = drafter, path, calibration, interval
         self.learner = learner
-        self.fit: Fit | None = None
         # AGENTACCEL_STEP_LOG: every timed step as a JSON line (a profile of the proposer in the server)
         self.step_log = Path(os.environ["AGENTACCEL_STEP_LOG"]) if os.environ.get("AGENTACCEL_STEP_LOG") else None
 
@@ -262,8 +261,7 @@ class StatsWriter(threading.Thread):
             time.sleep(self.interval)
             timings = self.drafter.drain_timings()
             if self.learner is not None and self.learner.observe(timings):
-                self.fit = self.learner.fit()
-                self.drafter.set_step_cost(self.fit.model)
+                self.drafter.set_step_cost(self.learner.fit().model)
             if self.step_log is not None and timings:
                 with self.step_log.open("a") as f:
                     f.writelines(json.dumps({k: getattr(t, k) for k in TIMING_FIELDS}) + "\n" for t in timings)
@@ -286,8 +284,8 @@ class StatsWriter(threading.Thread):
         """The proposer's own time, and the step cost it drafts under (seconds of a step computing
         that many tokens, without context)."""
         state = {"proposer_seconds": self.drafter.proposer_seconds, "steps": self.drafter.steps}
-        cost = self.fit.model if self.fit is not None else self.drafter.step_cost
+        cost = self.drafter.step_cost  # the learner's latest fit once there is one
         if cost is not None:
             state["step_seconds"] = {str(t): float(cost.seconds(t)) for t in (1, 16, 64, 256)}
-            state["timed_steps"] = self.fit.steps if self.fit is not None else 0
+            state["timed_steps"] = self.learner.steps if self.learner is not None else 0
         return state
