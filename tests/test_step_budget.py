@@ -186,28 +186,56 @@ def chain_corpus(seed, n, length):
 
 def serve(drafter, learner, per_token, steps=45, seed=0):
     """The test plays a server whose step takes 1 ms plus `per_token` seconds per token it
-    computes (its requests' 1 + draft), for `steps` steps of two fresh requests, the learner
-    refitting every 5 steps as the plugin's stats thread does; returns the mean draft length of
-    the last third."""
+    computes (its requests' 1 + draft), with 3 % noise, for `steps` steps of two fresh requests,
+    the learner refitting every 5 steps as the plugin's stats thread does; returns the mean draft
+    length of the last third. The server's clock is simulated: on a loaded machine a sleep's
+    overshoot swamps a 1 ms step (the drafter's own timing is tested below)."""
     docs = chain_corpus(seed=seed, n=2, length=900)
     batch = Batch(docs)
     ids = [f"s{seed}-{i}" for i in range(len(docs))]
     for rid in ids:
         drafter.admit(rid, "s")
+    noise = np.random.default_rng(seed)
     drafts, lengths = [[] for _ in ids], []
     for step in range(steps):
-        time.sleep(0.001 + per_token * sum(1 + len(d) for d in drafts))
         drafts = drafter.step(ids, batch.rows, batch.num_tokens, batch.sample(drafts), 16, MAX_LEN)
         lengths.append(np.mean([len(d) for d in drafts]))
         if step % 5 == 4:
-            learner.observe(drafter.drain_timings())
+            learner.observe([SimpleNamespace(tokens=t.tokens, decode_tokens=t.decode_tokens, context=t.context,
+                                             attention=t.attention, proposer_seconds=t.proposer_seconds,
+                                             seconds=(0.001 + per_token * t.tokens) * noise.lognormal(0, 0.03))
+                             for t in drafter.drain_timings()])
             drafter.set_step_cost(learner.fit().model)
     return float(np.mean(lengths[-steps // 3:]))
 
 
+def test_the_drafter_times_the_server_between_its_steps():
+    """A step's timing is the time from the previous step to this one (the server's forward pass)
+    and the tokens that pass computed: the previous step's requests, 1 + draft each."""
+    engine = SuffixEngine(max_depth=32, config=replace(SPEC, min_prob=0.01))
+    for doc in chain_corpus(seed=1, n=20, length=1000):
+        engine.add_document(doc, stage="s")
+    drafter = BatchDrafter(engine)
+    drafter.set_step_cost(linear(0.02))
+    batch = Batch(chain_corpus(seed=3, n=2, length=900))
+    ids = ["a", "b"]
+    for rid in ids:
+        drafter.admit(rid, "s")
+    drafts, computed = [[] for _ in ids], []
+    for _ in range(8):
+        time.sleep(0.003)
+        computed.append(sum(1 + len(d) for d in drafts))
+        drafts = drafter.step(ids, batch.rows, batch.num_tokens, batch.sample(drafts), 16, MAX_LEN)
+    timings = drafter.drain_timings()
+    assert [t.tokens for t in timings] == computed[1:]  # the first step has no previous one to time
+    assert all(0.003 <= t.seconds < 2.0 and t.proposer_seconds > 0 for t in timings)
+    assert drafter.drain_timings() == []
+
+
 def test_a_server_whose_steps_get_slower_gets_smaller_drafts():
     """Timed steps teach the drafter what a token costs: when that grows (here from 2 % of a step
-    to eight times its fixed part), the learned curve climbs with it and the drafts shrink."""
+    to eight times its fixed part, where a draft of the chain's 70 % tokens no longer pays), the
+    learned curve climbs with it and the drafts shrink."""
     engine = SuffixEngine(max_depth=32, config=replace(SPEC, min_prob=0.01))
     for doc in chain_corpus(seed=1, n=20, length=1000):
         engine.add_document(doc, stage="s")
@@ -222,7 +250,9 @@ def test_a_server_whose_steps_get_slower_gets_smaller_drafts():
     cheap_cost = per_token()
     dear = serve(drafter, learner, 0.008, steps=60, seed=12)
     assert learner.steps >= 110
-    assert per_token() > 20 * cheap_cost and per_token() == pytest.approx(0.008, rel=0.35)
+    # the true 8 ms a token within a factor of two: once drafting stops paying, the server computes
+    # two tokens a step and only the older, fewer steps tell the curve's slope above that
+    assert per_token() > 20 * cheap_cost and 0.004 < per_token() < 0.016
     assert cheap > 3.0 and dear < 0.75 * cheap, (cheap, dear)
 
 
