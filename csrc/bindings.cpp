@@ -174,6 +174,11 @@ NB_MODULE(_core, m) {
 
   nb::class_<Engine>(m, "Engine")
       .def(nb::init<int, uint64_t, double>(), "max_depth"_a, "memory_budget_bytes"_a, "evict_slack"_a)
+      .def("add_peer_document",
+           [](Engine& e, const std::string& stage, Tokens t) {
+             return e.add_peer_document(stage, t.data(), t.shape(0));
+           },
+           "stage"_a, "tokens"_a, Release())
       .def("add_document",
            [](Engine& e, const std::string& stage, Tokens t) { return e.add_document(stage, t.data(), t.shape(0)); },
            "stage"_a, "tokens"_a, Release())

@@ -84,6 +84,40 @@ uint64_t Engine::add_document(const std::string& stage, const uint32_t* tokens, 
   return id;
 }
 
+namespace {
+uint64_t output_key(const std::string& stage, const uint32_t* tokens, size_t n) {  // FNV-1a over both
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : stage) h = (h ^ c) * 1099511628211ull;
+  h = (h ^ 0xffu) * 1099511628211ull;  // stage "ab"+[..] differs from stage "a"+[b..]
+  for (size_t i = 0; i < n; ++i) h = (h ^ tokens[i]) * 1099511628211ull;
+  return h;
+}
+}  // namespace
+
+void Engine::remember_own_output(const std::string& stage, const uint32_t* tokens, size_t n) {
+  uint64_t key = output_key(stage, tokens, n);
+  std::lock_guard lock(own_mu_);
+  own_recent_.insert(key);
+  own_order_.push_back(key);
+  if (own_order_.size() > kOwnRecent) {
+    auto it = own_recent_.find(own_order_.front());
+    if (it != own_recent_.end()) own_recent_.erase(it);  // (gone already when the tail consumed it)
+    own_order_.pop_front();
+  }
+}
+
+int64_t Engine::add_peer_document(const std::string& stage, const uint32_t* tokens, size_t n) {
+  {
+    std::lock_guard lock(own_mu_);
+    auto it = own_recent_.find(output_key(stage, tokens, n));
+    if (it != own_recent_.end()) {
+      own_recent_.erase(it);
+      return -1;
+    }
+  }
+  return int64_t(add_document(stage, tokens, n));
+}
+
 bool Engine::remove_document(uint64_t doc_id) {
   std::unique_lock lock(stages_mu_);
   auto it = doc_stage_.find(doc_id);
@@ -253,6 +287,7 @@ int64_t Engine::finish_request(const std::string& rid, bool keep_output, bool re
         stage = stages_[req->stage]->name;
       }
       doc = int64_t(add_document(stage, toks.data() + req->prompt_len, toks.size() - req->prompt_len));
+      remember_own_output(stage, toks.data() + req->prompt_len, toks.size() - req->prompt_len);
     }
     req->matches.clear();
     std::unique_lock lock(stages_mu_);

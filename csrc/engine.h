@@ -8,12 +8,14 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "automaton.h"
@@ -71,6 +73,13 @@ class Engine {
 
   // Global trees.
   uint64_t add_document(const std::string& stage, const uint32_t* tokens, size_t n);
+  // A document another server produced (read from the shared trace store): skipped, returning -1,
+  // when it is one of this engine's own recent outputs coming back recorded (each such output is
+  // skipped once: the same text produced elsewhere as well still counts).
+  int64_t add_peer_document(const std::string& stage, const uint32_t* tokens, size_t n);
+  // Notes an output of this engine's own requests (finish_request and BatchDrafter call it when
+  // they keep one), for add_peer_document to recognise.
+  void remember_own_output(const std::string& stage, const uint32_t* tokens, size_t n);
   bool remove_document(uint64_t doc_id);
   std::vector<uint64_t> document_ids(const std::string& stage) const;  // "" = every stage, oldest first
 
@@ -195,6 +204,11 @@ class Engine {
   std::vector<uint32_t> free_stages_;                 // recycled slots of stages_
   uint64_t next_doc_id_ = 1;
   uint64_t evicted_docs_ = 0;
+
+  static constexpr size_t kOwnRecent = 16384;  // own outputs remembered (many seconds of a busy server's)
+  std::mutex own_mu_;                           // guards own_*; a leaf lock
+  std::unordered_multiset<uint64_t> own_recent_;  // (stage, content) hashes of recent own outputs
+  std::deque<uint64_t> own_order_;                // the same, oldest first, to forget the oldest
 
   static constexpr size_t kMaxRetained = 64;
   mutable std::mutex requests_mu_;

@@ -20,7 +20,7 @@ case "${1:-}" in
 prepare)
   grep -qx '/.gpu/' .git/info/exclude || printf '/.gpu/\n/.gpu2/\n' >> .git/info/exclude
   rm -rf .gpu .gpu2 && mkdir -p .gpu/whl .gpu/smol_cfg .gpu2
-  for name in click-default-group gguf httptools orjson sqlite-fts4 sqlite-utils starlette transformers uvicorn; do
+  for name in click-default-group gguf httptools orjson starlette transformers uvicorn; do
     want=$(python3 -c "import importlib.metadata as m; print(m.version('$name'))")
     for spec in "$name==$want" "$name"; do  # this machine's version, else the newest with a cp312 wheel
       python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

@@ -1,4 +1,7 @@
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 from hypothesis import settings
 
@@ -45,3 +48,40 @@ def openhands_python(tmp_path_factory):
     if python is None:
         pytest.skip(f"no OpenHands environment: {why}")
     return python
+
+
+@pytest.fixture(scope="session")
+def postgres(tmp_path_factory):
+    """A real PostgreSQL server for the run (tests/postgres_server.py); the tests that need it fail,
+    saying how to install PostgreSQL, when none can be started."""
+    from postgres_server import PostgresServer
+
+    # not under pytest's own folder: that is private to the user running the tests, and the server
+    # runs as another when that user is root
+    folder = Path(tempfile.mkdtemp(prefix="agentaccel-postgres-"))
+    _SESSION["temp"].append(folder)
+    server = PostgresServer(folder / "server")
+    try:
+        server.start()
+    except RuntimeError as e:
+        shutil.rmtree(folder, ignore_errors=True)
+        pytest.fail(str(e), pytrace=False)
+    yield server
+    server.stop()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def new_store(request, tmp_path):
+    """Makes fresh, empty trace stores on each backend in turn: a SQLite file in the test's folder,
+    or a new database on the run's PostgreSQL server. Returns what `--db` takes (a path or a URL)."""
+    if request.param == "sqlite":
+        count = iter(range(1_000_000))
+        return lambda: tmp_path / f"store{next(count)}.db"
+    return request.getfixturevalue("postgres").new_database
+
+
+@pytest.fixture
+def db(new_store):
+    """One fresh trace store, on each backend in turn."""
+    return new_store()

@@ -2,6 +2,7 @@
 
 import json
 import sqlite3
+from pathlib import Path
 
 import pytest
 from traces_fixtures import (
@@ -34,10 +35,10 @@ def all_calls(db, **filters):
         return list(store.iter_calls(**filters))
 
 
-def test_openhands_v0_logs_use_what_the_model_saw(tmp_path, tok):
+def test_openhands_v0_logs_use_what_the_model_saw(tmp_path, tok, db):
     replies = write_v0_logs(tmp_path / "logs" / "completions" / "session-1", n=3, prompt_mode=True)
-    report = run([tmp_path / "logs"], tmp_path / "t.db", tok)
-    calls = all_calls(tmp_path / "t.db")
+    report = run([tmp_path / "logs"], db, tok)
+    calls = all_calls(db)
     assert [c.response for c in calls] == replies  # `response`, not the converted fncall_response
     assert {c.stage for c in calls} == {"openhands:CodeActAgent"}  # from the metadata tag
     assert len({c.session_id for c in calls}) == 1
@@ -46,10 +47,10 @@ def test_openhands_v0_logs_use_what_the_model_saw(tmp_path, tok):
     assert report.rows[("openhands-completion", "openhands:CodeActAgent")].calls == 3
 
 
-def test_openhands_sdk_log_prefers_raw_view(tmp_path, tok):
+def test_openhands_sdk_log_prefers_raw_view(tmp_path, tok, db):
     raw = write_sdk_log(tmp_path / "sdk.json", prompt_mode=True)
-    run([tmp_path / "sdk.json"], tmp_path / "t.db", tok)
-    (call,) = all_calls(tmp_path / "t.db")
+    run([tmp_path / "sdk.json"], db, tok)
+    (call,) = all_calls(db)
     assert call.response == raw
     assert call.stage == "openhands:condenser"
     assert "tools described in text" in call.messages[-1]["content"]
@@ -67,13 +68,13 @@ def test_openhands_sdk_log_prefers_raw_view(tmp_path, tok):
     assert [c.stage for c in all_calls(tmp_path / "t2.db")] == ["openhands:CodeActAgent"]
 
 
-def test_openhands_output_jsonl(tmp_path, tok):
+def test_openhands_output_jsonl(tmp_path, tok, db):
     """Rebuilt as OpenHands builds the prompt (tests/test_openhands.py checks it against a real
     run): the system prompt, one assistant message per response with all its tool calls, each
     output as a tool message with its exit code, the finish as its call's response."""
     responses = write_output_jsonl(tmp_path / "output.jsonl", instances=2)
-    run([tmp_path / "output.jsonl"], tmp_path / "t.db", tok)
-    calls = all_calls(tmp_path / "t.db")
+    run([tmp_path / "output.jsonl"], db, tok)
+    calls = all_calls(db)
     assert len(calls) == responses == 6  # the response shared by two actions counts once
     first, second, last = calls[:3]
     assert first.messages == [{"role": "system", "content": "You are OpenHands agent."},
@@ -86,7 +87,7 @@ def test_openhands_output_jsonl(tmp_path, tok):
     assert len({c.session_id for c in calls}) == 2 and not any((c.metadata or {}).get("approximate") for c in calls)
 
 
-def test_format_detection_does_not_depend_on_how_long_the_first_record_is(tmp_path, tok):
+def test_format_detection_does_not_depend_on_how_long_the_first_record_is(tmp_path, tok, db):
     """A real evaluation output.jsonl's first line can be megabytes long (a window over it used to
     see no `history` key and skip the file); JSON files are judged by their first record's keys."""
     responses = write_output_jsonl(tmp_path / "output.jsonl", instances=2)
@@ -96,8 +97,8 @@ def test_format_detection_does_not_depend_on_how_long_the_first_record_is(tmp_pa
         row["history"] = row.pop("history")  # after it
     (tmp_path / "output.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     assert len((tmp_path / "output.jsonl").read_text().split("\n", 1)[0]) > 1 << 20
-    run([tmp_path / "output.jsonl"], tmp_path / "t.db", tok)
-    assert len(all_calls(tmp_path / "t.db")) == responses
+    run([tmp_path / "output.jsonl"], db, tok)
+    assert len(all_calls(db)) == responses
     # a long chat JSONL record and a completion log whose first value is long: the same
     long = "x" * (1 << 17)
     (tmp_path / "chat.jsonl").write_text(json.dumps({"id": long, "messages": [{"role": "user", "content": "q"},
@@ -111,12 +112,12 @@ def test_format_detection_does_not_depend_on_how_long_the_first_record_is(tmp_pa
     assert file_format(tmp_path / "sdk.json") == "openhands-completion"
 
 
-def test_openhands_sdk_conversation_folder(tmp_path, tok):
+def test_openhands_sdk_conversation_folder(tmp_path, tok, db):
     write_sdk_conversation(tmp_path / "conversations")
     write_sdk_conversation(tmp_path / "tagged", conversation_id="c2", tags=["agent:CodeActAgent"])
-    report = run([tmp_path], tmp_path / "t.db", tok)
+    report = run([tmp_path], db, tok)
     assert not report.skipped_files and not [s for s in report.unrecognized if "events" in str(s.path)]
-    calls = all_calls(tmp_path / "t.db", stage="openhands:Agent")
+    calls = all_calls(db, stage="openhands:Agent")
     assert len(calls) == 2  # two responses: two tool calls in one, then finish
     first, second = calls
     assert [m["role"] for m in first.messages] == ["system", "user"]
@@ -127,11 +128,11 @@ def test_openhands_sdk_conversation_folder(tmp_path, tok):
     assert [m["role"] for m in second.messages] == ["system", "user", "assistant", "tool", "tool"]
     assert second.messages[-1] == {"role": "tool", "tool_call_id": "call_2", "content": "hello"}
     assert second.tool_calls[0]["function"]["name"] == "finish"
-    assert len(all_calls(tmp_path / "t.db", stage="openhands:CodeActAgent")) == 2  # the LLM's tags name the stage
-    assert run([tmp_path], tmp_path / "t.db", tok).calls == 0  # re-imports add nothing
+    assert len(all_calls(db, stage="openhands:CodeActAgent")) == 2  # the LLM's tags name the stage
+    assert run([tmp_path], db, tok).calls == 0  # re-imports add nothing
 
 
-def test_rsl_sql_flat_layout(tmp_path, tok):
+def test_rsl_sql_flat_layout(tmp_path, tok, db):
     """RSL-SQL's published Spider results: one folder, LLM.json beside step_N_sql.txt files."""
     run_folder = tmp_path / "spider_test" / "gpt-4o"
     run_folder.mkdir(parents=True)
@@ -140,27 +141,27 @@ def test_rsl_sql_flat_layout(tmp_path, tok):
     for step in (1, 2, 3, 4):
         (run_folder / f"step_{step}_sql.txt").write_text("".join(f"SELECT name FROM singer -- {step}.{n}\n"
                                                                  for n in range(3)))
-    report = run([tmp_path], tmp_path / "t.db", tok)
+    report = run([tmp_path], db, tok)
     assert {stage for _, stage in report.rows} == {"rsl-sql:schema-linking", "rsl-sql:preliminary-sql",
                                                    "rsl-sql:augmented-sql", "rsl-sql:binary-selection",
                                                    "rsl-sql:self-correction"}
-    final = all_calls(tmp_path / "t.db", stage="rsl-sql:self-correction")
+    final = all_calls(db, stage="rsl-sql:self-correction")
     assert [c.response for c in final] == [f"SELECT name FROM singer -- 4.{n}" for n in range(3)]
-    assert len({c.session_id for c in all_calls(tmp_path / "t.db")}) == 3  # one session per question
+    assert len({c.session_id for c in all_calls(db)}) == 3  # one session per question
     (run_folder / "step_4_sql.txt").write_text("SELECT 1\n")  # steps that disagree are refused, not guessed
     report = run([tmp_path], tmp_path / "u.db", tok)
     assert report.skipped_files and "disagree" in report.skipped_files[0][1]
 
 
-def test_openhands_mock_pairs(tmp_path, tok):
+def test_openhands_mock_pairs(tmp_path, tok, db):
     write_mock_pairs(tmp_path / "CodeActAgent" / "test_write_file", n=3)
-    run([tmp_path], tmp_path / "t.db", tok)
-    calls = all_calls(tmp_path / "t.db")
+    run([tmp_path], db, tok)
+    calls = all_calls(db)
     assert [c.response for c in calls] == [f"<execute_ipython>\nprint({i})\n</execute_ipython>" for i in (1, 2, 3)]
     assert {c.stage for c in calls} == {"openhands:CodeActAgent"}
 
 
-def test_chat_jsonl_stage_tags_and_validation(tmp_path, tok):
+def test_chat_jsonl_stage_tags_and_validation(tmp_path, tok, db):
     rows = [
         {"messages": [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "SELECT 1"}],
          "stage": "sql"},
@@ -170,13 +171,13 @@ def test_chat_jsonl_stage_tags_and_validation(tmp_path, tok):
     ]
     path = tmp_path / "calls.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows))
-    run([path], tmp_path / "t.db", tok)
-    assert sorted(c.stage for c in all_calls(tmp_path / "t.db")) == ["default", "openhands:condenser", "sql"]
+    run([path], db, tok)
+    assert sorted(c.stage for c in all_calls(db)) == ["default", "openhands:condenser", "sql"]
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps(rows[0]) + "\n" + json.dumps({"messages": [{"role": "user", "content": "x"}]}) + "\n")
-    report = run([bad], tmp_path / "t.db", tok)
+    report = run([bad], db, tok)
     assert report.skipped_files and "last message must be the assistant" in report.skipped_files[0][1]
-    assert len(all_calls(tmp_path / "t.db")) == 3  # the bad file wrote nothing, not even its good line
+    assert len(all_calls(db)) == 3  # the bad file wrote nothing, not even its good line
 
 
 @pytest.mark.parametrize(
@@ -192,25 +193,25 @@ def test_chat_jsonl_stage_tags_and_validation(tmp_path, tok):
     ],
     ids=["truncated", "binary", "empty", "not-utf8", "no-history", "bad-line", "huge"],
 )
-def test_malformed_files_are_skipped_with_a_reason(tmp_path, tok, name, content, reason):
+def test_malformed_files_are_skipped_with_a_reason(tmp_path, tok, name, content, reason, db):
     good = tmp_path / "good.jsonl"
     good.write_text(json.dumps({"messages": [{"role": "user", "content": "q"},
                                              {"role": "assistant", "content": "a"}]}))
     (tmp_path / name).write_bytes(content)
     skipped = []
-    report = run([tmp_path], tmp_path / "t.db", tok, max_file_bytes=4096, on_skip=lambda p, r: skipped.append((p, r)))
+    report = run([tmp_path], db, tok, max_file_bytes=4096, on_skip=lambda p, r: skipped.append((p, r)))
     assert [(p.name, reason in r) for p, r in skipped] == [(name, True)], skipped
-    assert report.calls == 1 and len(all_calls(tmp_path / "t.db")) == 1
+    assert report.calls == 1 and len(all_calls(db)) == 1
 
 
-def test_missing_path_and_unknown_files(tmp_path):
+def test_missing_path_and_unknown_files(tmp_path, db):
     skipped = []
     (tmp_path / "README.md").write_text("# not a trace")
     (tmp_path / "odd.jsonl").write_text('{"hello": 1}\n')
     (tmp_path / "src").mkdir()
     for name in ("README.md", "odd.jsonl"):
         (tmp_path / name).rename(tmp_path / "src" / name)
-    report = run([tmp_path / "nope", tmp_path / "src"], tmp_path / "t.db",
+    report = run([tmp_path / "nope", tmp_path / "src"], db,
                  on_skip=lambda p, r: skipped.append((p.name, r)))
     assert skipped == [("nope", "no such file or folder"), ("odd.jsonl", "not in any known trace format")]
     assert [s.path.name for s in report.unrecognized] == ["README.md"]
@@ -223,19 +224,19 @@ def test_not_a_database_gives_a_clear_error(tmp_path):
         TraceStore(bad)
 
 
-def test_export_then_import_round_trip(tmp_path, tok):
+def test_export_then_import_round_trip(tmp_path, tok, db, new_store):
     write_v0_logs(tmp_path / "logs" / "s1", n=4)
     write_output_jsonl(tmp_path / "output.jsonl")
-    db = tmp_path / "t.db"
     run([tmp_path / "logs", tmp_path / "output.jsonl"], db, tok)
     out = tmp_path / "export.jsonl"
     with TraceStore(db) as store:
         assert export_calls(store, out) == 10
     again = run([out], db, tok)  # same store: nothing new
     assert again.calls == 0 and sum(r.skipped for r in again.rows.values()) == 10
-    run([out], tmp_path / "fresh.db", tok)  # fresh store: the same calls
+    fresh = new_store()
+    run([out], fresh, tok)  # fresh store: the same calls
     key = lambda c: (c.stage, c.response, json.dumps(c.messages))  # noqa: E731
-    assert sorted(map(key, all_calls(tmp_path / "fresh.db"))) == sorted(map(key, all_calls(db)))
+    assert sorted(map(key, all_calls(fresh))) == sorted(map(key, all_calls(db)))
 
 
 def test_dry_run_writes_nothing(tmp_path, tok):
@@ -245,12 +246,11 @@ def test_dry_run_writes_nothing(tmp_path, tok):
     assert not (tmp_path / "t.db").exists()
 
 
-def test_prompt_tokens_are_the_rendered_prompt(tmp_path, tok):
+def test_prompt_tokens_are_the_rendered_prompt(tmp_path, tok, db):
     """Cached per-message segments, back to back, tokenize exactly like the whole rendered prompt."""
     from agentaccel.text.render import render_message
 
     write_v0_logs(tmp_path / "logs" / "s1", n=3)
-    db = tmp_path / "t.db"
     run([tmp_path / "logs"], db, tok)
     with TraceStore(db) as store:
         for call in store.iter_calls():
@@ -260,12 +260,12 @@ def test_prompt_tokens_are_the_rendered_prompt(tmp_path, tok):
             assert ids.tolist() == tok.encode(call.response)
 
 
-def test_store_is_wal_and_queries_filter(tmp_path, tok):
+def test_store_is_wal_and_queries_filter(tmp_path, tok, db):
     write_v0_logs(tmp_path / "logs" / "s1", n=3)
     write_sdk_log(tmp_path / "sdk.json")
-    db = tmp_path / "t.db"
     run([tmp_path], db, tok)
-    assert sqlite3.connect(db).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    if isinstance(db, Path):  # SQLite: readers never wait for the writer
+        assert sqlite3.connect(db).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     with TraceStore(db) as store:
         assert store.counts_by_stage() == {"openhands:CodeActAgent": {"calls": 3, "sessions": 1},
                                            "openhands:condenser": {"calls": 1, "sessions": 1}}

@@ -16,6 +16,7 @@ from agentaccel.engine import SpecConfig, SuffixEngine
 from agentaccel.engine.online import OnlineCalibration
 from agentaccel.engine.policy import Policies, read_file, resolve
 from agentaccel.traces import stage_policies
+from agentaccel.traces.database import locate
 from agentaccel.traces.store import TraceStore
 
 
@@ -25,7 +26,7 @@ def serving_policies(base: SpecConfig, *, db: str | Path | None = None, spec_con
     not exist yet holds nothing (it is not created here)."""
     tuned: dict[str, dict] = {}
     online = Online()
-    if db is not None and Path(db).is_file():
+    if db is not None and locate(db).exists():
         with TraceStore(db) as store:
             for row in stage_policies.read(store).values():
                 if row.config:

@@ -23,12 +23,14 @@ class SeedReport:
 
 
 def seed_from_store(engine: SuffixEngine, store: TraceStore, tokenizer, budget_bytes: int | None = None,
-                    progress: Callable[[int, int], None] | None = None, chunk: int = 500) -> SeedReport:
+                    progress: Callable[[int, int], None] | None = None, chunk: int = 500,
+                    up_to: int | None = None) -> SeedReport:
     """`budget_bytes` (default: the engine's memory budget, 0 = all) bounds what is read;
-    `progress(done, total)` is called as documents go in."""
+    `progress(done, total)` is called as documents go in; `up_to`: only calls with ids up to it
+    (a tail started there reads the rest)."""
     store.ensure_tokens(tokenizer)
     budget = budget_bytes if budget_bytes is not None else engine.stats()["memory_budget_bytes"]
-    rows = store.output_lengths(tokenizer.fingerprint)
+    rows = store.output_lengths(tokenizer.fingerprint, up_to)
     report = SeedReport()
     chosen, total = [], 0
     for call_id, stage, n in rows:

@@ -11,6 +11,7 @@ from pathlib import Path
 from agentaccel.backends.store_keeper import SAVE_EVERY, StoreKeeper
 from agentaccel.engine.step_cost import StepCostLearner, StepCostModel
 from agentaccel.traces import step_costs
+from agentaccel.traces.database import locate
 from agentaccel.traces.store import TraceStore
 
 log = logging.getLogger("agentaccel.step_cost")
@@ -19,7 +20,7 @@ log = logging.getLogger("agentaccel.step_cost")
 def starting_cost(server: str, db: str | Path | None, seed: StepCostModel) -> tuple[StepCostModel, str]:
     """(the curve to start from, where it came from): the store's curve for `server` when it has
     one, else `seed`. A store that does not exist yet is not created here."""
-    if db is not None and Path(db).is_file():
+    if db is not None and locate(db).exists():
         try:
             with TraceStore(db) as store:
                 row = step_costs.read(store, server)

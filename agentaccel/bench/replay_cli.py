@@ -61,7 +61,7 @@ def selected_calls(console, err, store, tokenizer, *, stages, model, source, ses
                               limit=limit)
     if len(calls) < warm + least:
         empty = not calls and not (stages or model or source)
-        err.print(f"[red]error:[/red] the trace store {store.path} holds no calls yet: send some through "
+        err.print(f"[red]error:[/red] the trace store {store.name} holds no calls yet: send some through "
                   "`agentaccel serve`, or `agentaccel import-traces` agent logs" if empty else
                   f"[red]error:[/red] {len(calls)} calls selected, too few after --warm {warm}")
         raise typer.Exit(2)

@@ -33,6 +33,7 @@ from agentaccel.backends.vllm.backend import DEFAULT_SPECULATIVE_CONFIG, launch_
 from agentaccel.bench.e2e import CHAT_FILE, SPIDER_FILES, SWE_TRAJECTORIES, sql_question, sql_questions
 from agentaccel.processes import free_port, stop_group, wait_healthy
 from agentaccel.text.render import render_prompt
+from agentaccel.traces.database import Location
 
 METHODS: dict[str, dict | None] = {
     "none": None,
@@ -111,7 +112,7 @@ class Sources:
     calls in the trace store for the agent workload)."""
 
     traces: Path | None
-    db: Path | None  # the trace store the agent calls come from (None: the SWE-agent trajectories)
+    db: Location | None  # the trace store the agent calls come from (None: the SWE-agent trajectories)
     bundled_agent: bool = False  # the agent calls are the bundled OpenHands recordings instead
 
     def has(self, name: str) -> bool:
@@ -131,7 +132,7 @@ class Sources:
             return None
         if self.db is not None:
             fill = "`agentaccel import-traces` or calls through `agentaccel serve` fill one"
-            if not self.db.is_file():
+            if not self.db.exists():
                 return f"no trace store at {self.db} ({fill})"
             from agentaccel.traces.store import TraceStore
 

@@ -22,6 +22,7 @@ from agentaccel.cli.common import (
     fail,
     open_store,
     open_tokenizer,
+    store_location,
     traces_folder,
 )
 from agentaccel.cli.serve import PREFIX_CACHE, Dtype, DtypeOption, check_cost_profile, parse_size
@@ -312,7 +313,7 @@ def bench_vllm(
     = 768,
     model: Annotated[str | None, typer.Option(help="Model vLLM serves (default: the bundled SmolLM2-135M "
                                                    "folder).")] = None,
-    db: Annotated[Path | None, typer.Option("--db", help="Take the agent calls from this trace store (default: "
+    db: Annotated[str | None, typer.Option("--db", help="Take the agent calls from this trace store (default: "
                                                           "the SWE-agent trajectories of --traces, else your "
                                                           "trace store).")] = None,
     traces: TracesOption = None,
@@ -393,7 +394,7 @@ def _vllm_sources(traces: Path | None, db: Path | None):
         folder = traces or default_traces_dir()
     except TracesMissing:
         folder = None
-    sources = vllm_bench.Sources(folder, db)
+    sources = vllm_bench.Sources(folder, store_location(db) if db else None)
     if db is None and not sources.has(vllm_bench.SWE_TRAJECTORIES):
         from agentaccel.traces.store import default_db_path
 
@@ -578,12 +579,12 @@ def _agent_instances(stack, instances, recorded, db, stage):
     """(instances, the trace store the replay server answers from)."""
     from agentaccel.bench import agent
     from agentaccel.traces.importer import import_traces
-    from agentaccel.traces.store import TraceStore, default_db_path
+    from agentaccel.traces.store import TraceStore
 
     if recorded:
         store = open_store(db, must_exist=True)
         with store:
-            return agent.recorded_instances(store, stage), store.path
+            return agent.recorded_instances(store, stage), store.location
     try:
         chosen = agent.load_instances(instances or agent.BUNDLED / "tasks.jsonl")
     except (OSError, ValueError) as e:
@@ -593,7 +594,7 @@ def _agent_instances(stack, instances, recorded, db, stage):
         with TraceStore(folder / "recorded.db") as store:
             import_traces([agent.BUNDLED / "recorded.jsonl"], store, tokenizer=open_tokenizer(None))
         return chosen, folder / "recorded.db"
-    return chosen, db or default_db_path()
+    return chosen, store_location(db)
 
 
 def _openhands_python(given: Path | None) -> Path:

@@ -14,8 +14,9 @@ from rich.console import Console
 console = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, soft_wrap=True)  # error lines stay whole (grep-able, copy-able)
 
-DbOption = Annotated[Path | None, typer.Option("--db", help="Trace store (default: $AGENTACCEL_DB, else "
-                                                           "~/.agentaccel/traces.db).")]
+DbOption = Annotated[str | None, typer.Option("--db", help="Trace store: a SQLite file or "
+                                                          "postgresql://user@host:port/db (default: $AGENTACCEL_DB, "
+                                                          "else ~/.agentaccel/traces.db).")]
 TokenizerOption = Annotated[str | None, typer.Option("--tokenizer", help="tokenizer.json or model folder "
                                                                          "(default: SmolLM2's).")]
 JsonOption = Annotated[Path | None, typer.Option("--json", help="Also write the results as JSON here (default: not "
@@ -31,17 +32,28 @@ def fail(message: str) -> typer.Exit:
     return typer.Exit(2)
 
 
-def open_store(db: Path | None, must_exist: bool = False):
+def store_location(db: str | Path | None):
+    """`--db` (or the default) as a trace store location; a CLI error for a URL it cannot use."""
+    from agentaccel.traces.database import locate
+    from agentaccel.traces.store import default_db_path
+
+    try:
+        return locate(db) if db else default_db_path()
+    except ValueError as e:
+        raise fail(str(e)) from e
+
+
+def open_store(db: str | Path | None, must_exist: bool = False):
     """The trace store. `must_exist`: commands that only read it say so when there is none yet,
     instead of creating an empty one."""
-    from agentaccel.traces.store import TraceStore, default_db_path
+    from agentaccel.traces.store import TraceStore
 
-    path = db or default_db_path()
-    if must_exist and not path.exists():
-        raise fail(f"no trace store at {path} yet: `agentaccel serve` records every call there, and "
+    location = store_location(db)
+    if must_exist and not location.exists():
+        raise fail(f"no trace store at {location} yet: `agentaccel serve` records every call there, and "
                    "`agentaccel import-traces` reads agent logs into it")
     try:
-        return TraceStore(path)
+        return TraceStore(location)
     except ValueError as e:
         raise fail(str(e)) from e
 

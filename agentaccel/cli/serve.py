@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import signal
@@ -12,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from agentaccel.cli.common import DbOption, err, fail, open_store, open_tokenizer
+from agentaccel.cli.common import DbOption, err, fail, open_store, open_tokenizer, store_location
 
 
 class BackendKind(StrEnum):
@@ -85,6 +86,9 @@ def serve(
     record: Annotated[bool, typer.Option(help="Record every call in the trace store.")] = True,
     redact: Annotated[bool, typer.Option(help="Record without message or response text.")] = False,
     seed: Annotated[bool, typer.Option(help="Seed the stage trees from the trace store at start.")] = True,
+    follow: Annotated[bool, typer.Option(help="While serving, add to the stage trees every call any server "
+                                              "records into the same trace store (replicas sharing one "
+                                              "PostgreSQL store learn from each other).")] = True,
     stage_rule: Annotated[list[str] | None, typer.Option(help="NAME=REGEX: requests whose system prompt matches "
                                                               "go to stage NAME (repeatable, first match wins; "
                                                               "default: none).")]
@@ -132,9 +136,10 @@ def serve(
         rules = [StageRule.parse(r) for r in stage_rule or []]
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--stage-rule") from e
+    location = store_location(db)  # a URL it cannot use fails here, before anything starts
     config = ProxyConfig(host=host, port=port, api_keys=tuple(api_key or ()),
                          prefix_scope=prefix_cache_scope.value, max_body_bytes=parse_size(max_body), record=record,
-                         redact=redact, db_path=db, stage_rules=rules, fingerprint_system=fingerprint,
+                         redact=redact, db_path=location, stage_rules=rules, fingerprint_system=fingerprint,
                          upstream_timeout=upstream_timeout, read_timeout=read_timeout,
                          max_connections=max_connections)
     if backend is BackendKind.replay and record:
@@ -152,30 +157,28 @@ def serve(
 
         impl = OpenAIBackend(upstream, api_key=upstream_api_key, timeout=upstream_timeout)
     elif backend is BackendKind.local:
-        from agentaccel.traces.store import default_db_path
-
         check_cost_profile(cost_profile)
         impl = _local_backend(model, served_model_name, device, dtype.value, spec_config, budget,
-                              db or default_db_path(), seed, recorder, cost_profile, parse_size(prefix_cache),
+                              location, seed, follow, recorder, cost_profile, parse_size(prefix_cache),
                               online_tuning)
     elif backend is BackendKind.replay:
-        impl = _replay_backend(db, "gpu" if cost_profile == "auto" else cost_profile, step_ms, speculation,
+        impl = _replay_backend(location, "gpu" if cost_profile == "auto" else cost_profile, step_ms, speculation,
                                served_model_name, spec_config, budget, online_tuning)
     else:
         if not model:
             raise typer.BadParameter("the vllm backend needs --model", param_hint="--model")
         from agentaccel.backends.vllm.backend import VLLMBackend
 
-        impl = VLLMBackend(model, served_name=served_model_name, extra_args=list(ctx.args), db_path=db,
-                           seed=seed, spec_config=spec_config, memory_budget_bytes=budget, timeout=upstream_timeout,
-                           online=online_tuning)
+        impl = VLLMBackend(model, served_name=served_model_name, extra_args=list(ctx.args), db_path=location,
+                           seed=seed, follow=follow, spec_config=spec_config, memory_budget_bytes=budget,
+                           timeout=upstream_timeout, online=online_tuning)
     if not api_key and host not in ("127.0.0.1", "localhost", "::1"):
         err.print(f"[bold red]warning:[/bold red] serving on {host} without --api-key: anyone who can reach this "
                   "address can use the model and read /metrics")
     url = f"http://{host}:{port}/v1"
     app = create_app(config, impl, recorder, on_started=lambda: err.print(f"agentaccel: ready on {url}"))
     err.print(f"agentaccel: {backend.value} backend starting on {url} "
-              f"(recording {'off' if recorder is None else 'to ' + str(recorder.path)})")
+              f"(recording {'off' if recorder is None else 'to ' + str(recorder.location)})")
     # Background threads (the recorder's sender, the local backend's workers) must not hold the
     # event loop off the GIL for the default 5 ms: a streamed event waiting that long is a spike.
     sys.setswitchinterval(0.0005)
@@ -241,21 +244,21 @@ def _replay_backend(db, cost_profile, step_ms, speculation, served_name, spec_co
     store = open_store(db, must_exist=True)
     engine = SuffixEngine(memory_budget_bytes=budget)
     # the recordings' store also holds tuned policies; a replay does not save its calibration back
-    policies, resumed = serving_policies(default_config(profile), db=store.path, spec_config=spec_config, say=_say)
+    policies, resumed = serving_policies(default_config(profile), db=store.location, spec_config=spec_config, say=_say)
     policies.install(engine)
     calibration = resume_online(engine, resumed) if online else None
     with store:
         backend = ReplayBackend(store, open_tokenizer(None), profile, step_ms=step_ms, speculate=speculation,
                                 served_name=served_name or "replay", engine=engine, online=calibration)
     if not len(backend.recordings):
-        raise fail(f"{store.path} holds no recorded calls to replay")
-    err.print(f"agentaccel: replaying {len(backend.recordings)} recorded sessions from {store.path}; a plain step "
+        raise fail(f"{store.name} holds no recorded calls to replay")
+    err.print(f"agentaccel: replaying {len(backend.recordings)} recorded sessions from {store.name}; a plain step "
               f"takes {step_ms:g} ms, a verifying one {profile.name}'s cost (simulated); speculation "
               f"{'on' if speculation else 'off'}")
     return backend
 
 
-def _local_backend(model, served_name, device, dtype, spec_config, budget, db, seed, recorder, cost_profile,
+def _local_backend(model, served_name, device, dtype, spec_config, budget, db, seed, follow, recorder, cost_profile,
                    prefix_cache_bytes, online):
     from agentaccel.backends.local.service import LocalBackend
     from agentaccel.engine import SuffixEngine
@@ -265,8 +268,8 @@ def _local_backend(model, served_name, device, dtype, spec_config, budget, db, s
     def on_ready(engine, tokenizer) -> None:
         if recorder is not None:
             recorder.set_tokenizer((tokenizer.fingerprint, tokenizer.encode_batch))
-        if seed:
-            seed_engine(engine, db, tokenizer)
+        if seed or follow:
+            seed_engine(engine, db, tokenizer, seed, follow)
 
     return LocalBackend(engine, model_path=model, device=device, dtype=dtype, served_name=served_name,
                         spec_config=spec_config, policy_db=db, online=online,
@@ -274,16 +277,24 @@ def _local_backend(model, served_name, device, dtype, spec_config, budget, db, s
                         cost_profile=cost_profile, prefix_cache_bytes=prefix_cache_bytes, say=_say)
 
 
-def seed_engine(engine, db_path, tokenizer) -> None:
-    """Seeds the engine from the trace store, with a progress bar."""
+def seed_engine(engine, db, tokenizer, seed: bool, follow: bool) -> None:
+    """Seeds the engine from the trace store, with a progress bar, then (`follow`) keeps adding the
+    calls any server records there while this one serves."""
     from rich.progress import Progress
 
-    from agentaccel.backends.seeding import seed_from_store
-    from agentaccel.traces.store import TraceStore
+    from agentaccel.backends.follower import StoreFollower, seed_then_follow
 
-    with TraceStore(db_path) as store, Progress(console=err, transient=True) as progress:
-        task = progress.add_task("seeding stage trees from the trace store", total=None)
-        report = seed_from_store(engine, store, tokenizer,
-                                 progress=lambda done, total: progress.update(task, completed=done, total=total))
-    err.print(f"agentaccel: seeded {report.calls} outputs ({report.tokens} tokens, {report.stages} stages) "
-              f"from {db_path}")
+    follower = None
+    if seed:
+        with Progress(console=err, transient=True) as progress:
+            task = progress.add_task("seeding stage trees from the trace store", total=None)
+            report, follower = seed_then_follow(
+                engine, db, tokenizer, follow=follow,
+                progress=lambda done, total: progress.update(task, completed=done, total=total))
+        err.print(f"agentaccel: seeded {report.calls} outputs ({report.tokens} tokens, {report.stages} stages) "
+                  f"from {db}")
+    elif follow:
+        follower = StoreFollower(engine, db, tokenizer).start()
+    if follower is not None:
+        atexit.register(follower.close)
+        err.print(f"agentaccel: learning from every call recorded into {db} from now on")

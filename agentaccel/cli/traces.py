@@ -50,7 +50,7 @@ def import_traces_cmd(
 
         report = import_traces(paths, store, tokenizer=tok, forced_format=format, max_file_bytes=max_file_size,
                                on_source=on_source, on_skip=on_skip)
-    table = Table(title="dry run: nothing written" if dry_run else f"imported into {store.path}")
+    table = Table(title="dry run: nothing written" if dry_run else f"imported into {store.name}")
     for col in ("format", "stage", "files", "sessions", "calls", "out tokens", "dupes"):
         table.add_column(col, justify="left" if col in ("format", "stage") else "right", no_wrap=True)
     for (fmt, stage), row in sorted(report.rows.items()):
@@ -82,7 +82,7 @@ def traces_stats(
     store = open_store(db, must_exist=True)
     with console.status("tokenizing what the cache lacks and scoring each stage"):
         reports = stage_reports(store, open_tokenizer(tokenizer), max_calls)
-    table = Table(title=f"trace store {store.path}")
+    table = Table(title=f"trace store {store.name}")
     for col in ("stage", "calls", "sessions", "prompt tokens", "output tokens", "matched", "entropy bits",
                 "top-1"):
         table.add_column(col, justify="left" if col == "stage" else "right")

@@ -50,9 +50,9 @@ def tune_cmd(
         known = store.counts_by_stage()
         unknown = sorted(set(stage or ()) - set(known))
         if unknown:
-            raise fail(f"{store.path}: no calls of stage(s) {', '.join(unknown)}; stages: {', '.join(known) or 'none'}")
+            raise fail(f"{store.name}: no calls of stage(s) {', '.join(unknown)}; stages: {', '.join(known) or 'none'}")
         if not known:
-            raise fail(f"{store.path} holds no calls to tune on: send some through `agentaccel serve`, or "
+            raise fail(f"{store.name} holds no calls to tune on: send some through `agentaccel serve`, or "
                        "`agentaccel import-traces` agent logs")
         base = default_config(profile)
         with console.status("loading calls") as status:
@@ -69,7 +69,7 @@ def tune_cmd(
                     stage_policies.clear_tuned(store, r.stage)
     table = Table(title=f"drafting policies tuned on {len(replayed):,} calls under {profile.name} "
                         f"({scorer.replays} replays)" + (" — dry run, nothing stored" if dry_run else
-                                                         f" — stored in {store.path}"))
+                                                         f" — stored in {store.name}"))
     for col in ("stage", "calls", "default", "tuned", "gain", "settings"):
         table.add_column(col, justify="left" if col in ("stage", "settings") else "right")
     for r in results:

@@ -211,6 +211,13 @@ class SuffixEngine:
         """Adds a finished output to `stage`'s global tree; returns its document id."""
         return self._eng.add_document(_stage(stage), as_token_array(token_ids, self.vocab_size, "add_document"))
 
+    def add_peer_document(self, token_ids: Sequence[int] | np.ndarray, stage: str = "default") -> int | None:
+        """Adds an output another server produced (read from a shared trace store); None, adding
+        nothing, when it is one of this engine's own recent outputs coming back recorded."""
+        doc = self._eng.add_peer_document(_stage(stage),
+                                          as_token_array(token_ids, self.vocab_size, "add_peer_document"))
+        return None if doc < 0 else doc
+
     def remove_document(self, doc_id: int) -> None:
         if not self._eng.remove_document(int(doc_id)):
             raise KeyError(f"unknown document id: {doc_id}")

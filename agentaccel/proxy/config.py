@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agentaccel.proxy.tagging import StageRule
+from agentaccel.traces.database import Location
 
 
 @dataclass
@@ -20,7 +21,7 @@ class ProxyConfig:
     max_body_bytes: int = 32 << 20
     record: bool = True
     redact: bool = False  # record stage, usage, timings and speculation stats, but no message text
-    db_path: Path | None = None  # the trace store (default ~/.agentaccel/traces.db)
+    db_path: Path | Location | None = None  # the trace store (default ~/.agentaccel/traces.db)
     stage_rules: list[StageRule] = field(default_factory=list)
     fingerprint_system: bool = True  # untagged requests: stage = fingerprint of the system prompt
     upstream_timeout: float = 600.0

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agentaccel.traces.database import Location
 from agentaccel.traces.records import Call, Session, without_lone_surrogates
 from agentaccel.traces.store import TraceStore
 
@@ -68,11 +69,11 @@ class RecordedCall:
 class Recorder:
     """The server side: `submit` never blocks on storage."""
 
-    def __init__(self, path: str | Path | None, *, redact: bool = False, tokenize: Tokenize | None = None,
+    def __init__(self, path: str | Path | Location | None, *, redact: bool = False, tokenize: Tokenize | None = None,
                  batch_size: int = 256, flush_seconds: float = 0.25) -> None:
         with TraceStore(path) as store:  # opened here so that a bad path fails at start, not later
             store.check_writable()
-            self.path = store.path
+            self.location = store.location
         self._ctx = multiprocessing.get_context("spawn")  # the server has threads and a running loop: no fork
         self._written = self._ctx.Value("q", 0, lock=False)  # calls stored, counted by the writers
         self._failed = self._ctx.Value("q", 0, lock=False)   # calls a failed transaction dropped
@@ -103,7 +104,7 @@ class Recorder:
     def _start_writer(self) -> None:
         reader, self._pipe = self._ctx.Pipe(duplex=False)
         self._process = self._ctx.Process(target=_writer_main, name="agentaccel-recorder", daemon=True,
-                                          args=(str(self.path), *self._settings, reader, self._written, self._failed,
+                                          args=(self.location, *self._settings, reader, self._written, self._failed,
                                                 self._reopened))
         self._process.start()
         reader.close()  # the writer holds the only read end: our death is its end of input
@@ -209,13 +210,13 @@ class Recorder:
             self._unsent += calls
 
 
-def _writer_main(path: str, redact: bool, batch_size: int, flush_seconds: float, pipe, written, failed,
+def _writer_main(location: Location, redact: bool, batch_size: int, flush_seconds: float, pipe, written, failed,
                  reopened) -> None:
     """The writer process: batches what arrives into transactions until the pipe closes."""
     # Background work: when cores are short, serving goes first (batches absorb the delay).
     with contextlib.suppress(OSError):
         os.nice(10)
-    writer = _Writer(TraceStore(path), redact, written, failed, reopened)
+    writer = _Writer(TraceStore(location), redact, written, failed, reopened)
     batch: list[RecordedCall] = []
     deadline = None
     while True:
@@ -237,13 +238,15 @@ def _writer_main(path: str, redact: bool, batch_size: int, flush_seconds: float,
             batch, deadline = [], None
     if batch:
         writer.write(batch)
-    writer.store.close()
+    if writer.store is not None:
+        writer.store.close()
 
 
 class _Writer:
     def __init__(self, store: TraceStore, redact: bool, written, failed, reopened) -> None:
-        self.store = store
-        self.inode = os.stat(store.path).st_ino
+        self.store: TraceStore | None = store  # None while a PostgreSQL server cannot be reached
+        self.location = store.location
+        self.inode = os.stat(store.path).st_ino if store.path is not None else None
         self.reopened = reopened
         self.redact = redact
         self.written, self.failed = written, failed  # counters shared with the server process
@@ -259,18 +262,22 @@ class _Writer:
         error: Exception | None = None
         for attempt in range(_LOCK_RETRIES + 1):
             try:
+                if self.store is None:
+                    self.store = TraceStore(self.location)
                 self._store(cleaned)
                 self.written.value += len(batch)
                 return
-            except sqlite3.OperationalError as e:
-                error = e
-                if "locked" not in str(e) and "busy" not in str(e) or attempt == _LOCK_RETRIES:
-                    break
-                log.warning("trace store locked by another writer; trying again in %d s", 2 ** attempt)
-                time.sleep(2 ** attempt)
             except Exception as e:  # a full disk, a bad value: must not take the proxy down
                 error = e
-                break
+                why = _worth_retrying(e)
+                if why is None or attempt == _LOCK_RETRIES:
+                    break
+                log.warning("trace store %s; trying again in %d s", why, 2 ** attempt)
+                if why == "unreachable" and self.store is not None:  # a server restarting: connect anew
+                    with contextlib.suppress(Exception):
+                        self.store.close()
+                    self.store = None
+                time.sleep(2 ** attempt)
         if len(batch) > 1:
             for call in batch:
                 self.write([call])
@@ -281,6 +288,8 @@ class _Writer:
     def _reopen_if_replaced(self) -> None:
         """A trace store deleted or replaced under a running server would swallow every call into
         an unlinked file: the writer opens the file at the path again (a new store if none)."""
+        if self.location.path is None or self.store is None:
+            return
         try:
             current = os.stat(self.store.path).st_ino
         except OSError:
@@ -333,6 +342,24 @@ class _Writer:
                     created_at=call.created_at, finish_reason=call.finish_reason, prompt_tokens=call.prompt_tokens,
                     completion_tokens=call.completion_tokens, latency=call.latency,
                     metadata={**call.metadata, "position": position, "redacted": self.redact})
+
+
+def _worth_retrying(error: Exception) -> str | None:
+    """Why a failed batch may succeed if tried again (another SQLite writer holds the lock; a
+    PostgreSQL deadlock or serialization failure between concurrent proxies; a PostgreSQL server
+    that went away, e.g. restarting), or None."""
+    if isinstance(error, sqlite3.OperationalError):
+        return "locked by another writer" if "locked" in str(error) or "busy" in str(error) else None
+    try:
+        import psycopg
+    except ImportError:
+        return None
+    if isinstance(error, psycopg.errors.DeadlockDetected | psycopg.errors.SerializationFailure):
+        return "in conflict with another writer"
+    reconnecting = isinstance(error, ValueError) and "cannot connect" in str(error)  # TraceStore() anew
+    if isinstance(error, psycopg.OperationalError) or reconnecting:
+        return "unreachable"
+    return None
 
 
 def _clean(call: RecordedCall) -> RecordedCall:

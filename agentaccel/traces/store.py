@@ -1,104 +1,112 @@
-"""The SQLite trace store: every LLM call an agent made, imported or recorded live.
+"""The trace store: every LLM call an agent made, imported or recorded live, in a SQLite file (the
+default) or a PostgreSQL database several servers share (traces/database.py).
 
 Layout: `sessions` (one agent run / trajectory / pipeline run), `calls` (one LLM call; its prompt
 is a list of ids into `blobs`, where every distinct chat message and tool list is stored once —
 agent prompts repeat the whole history, so storing them per call would grow quadratically) and
 `tokens` (token ids per blob or response and tokenizer fingerprint, as little-endian uint32).
-WAL mode; every batch is one transaction, so a crash keeps every committed call and no partial
-one.
+Every batch is one transaction, so a crash keeps every committed call and no partial one (SQLite
+in WAL mode). Rows that several writers may insert at once (a session, a message, a call) are
+inserted with ON CONFLICT DO NOTHING: concurrent proxies recording into one PostgreSQL store
+neither fail nor duplicate. A committed batch wakes the store's tails (traces/tail.py).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import sqlite3
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import sqlite_utils
 
 from agentaccel.text.messages import canonical_json
 from agentaccel.text.render import render_message
+from agentaccel.traces.database import Connection, Location, errors, locate
 from agentaccel.traces.records import Session, digest
 
 SCHEMA_VERSION = 1
+CALLS_CHANNEL = "agentaccel_calls"  # PostgreSQL NOTIFY channel: new calls were committed
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 CREATE TABLE IF NOT EXISTS sessions (
-  id INTEGER PRIMARY KEY,
+  id {ID},
   key TEXT UNIQUE NOT NULL,          -- content-derived identity (dedupe)
   source TEXT,                       -- file it came from ('' when recorded live)
   framework TEXT,
   model TEXT,
-  started_at REAL,
+  started_at {FLOAT},
   metadata TEXT
 );
 CREATE TABLE IF NOT EXISTS blobs (
-  id INTEGER PRIMARY KEY,
+  id {ID},
   hash TEXT UNIQUE NOT NULL,
   json TEXT NOT NULL                 -- one chat message, or one tool list
 );
 CREATE TABLE IF NOT EXISTS calls (
-  id INTEGER PRIMARY KEY,
-  session_id INTEGER NOT NULL REFERENCES sessions(id),
-  position INTEGER NOT NULL,         -- order of the call inside its session
+  id {ID},
+  session_id {INT} NOT NULL REFERENCES sessions(id),
+  position {INT} NOT NULL,         -- order of the call inside its session
   stage TEXT NOT NULL,
   model TEXT,
-  created_at REAL,
+  created_at {FLOAT},
   prompt TEXT NOT NULL,              -- JSON list of blob ids: the request messages
-  tools INTEGER REFERENCES blobs(id),
+  tools {INT} REFERENCES blobs(id),
   response TEXT NOT NULL,
   tool_calls TEXT,
   finish_reason TEXT,
-  prompt_tokens INTEGER,
-  completion_tokens INTEGER,
-  latency REAL,
+  prompt_tokens {INT},
+  completion_tokens {INT},
+  latency {FLOAT},
   content_hash TEXT UNIQUE NOT NULL,
   source_file TEXT,
-  source_offset INTEGER,
+  source_offset {INT},
   format TEXT,
   metadata TEXT,
-  imported_at REAL NOT NULL
+  imported_at {FLOAT} NOT NULL
 );
 CREATE INDEX IF NOT EXISTS calls_stage_time ON calls(stage, created_at, id);
 CREATE INDEX IF NOT EXISTS calls_session ON calls(session_id, position);
 CREATE INDEX IF NOT EXISTS calls_model ON calls(model);
 CREATE TABLE IF NOT EXISTS tokens (
   kind TEXT NOT NULL,                -- 'b': a blob (message), 'r': a call's response
-  ref INTEGER NOT NULL,
+  ref {INT} NOT NULL,
   tokenizer TEXT NOT NULL,           -- tokenizer fingerprint
-  ids BLOB NOT NULL,
+  ids {BYTES} NOT NULL,
   PRIMARY KEY (kind, ref, tokenizer)
-) WITHOUT ROWID;
+) {WITHOUT_ROWID};
 CREATE TABLE IF NOT EXISTS stage_policies (  -- traces/stage_policies.py
   stage TEXT PRIMARY KEY,
   config TEXT,                       -- JSON: the tuned drafting settings (SpecConfig fields)
   cost TEXT,                         -- the verification cost it was tuned under
-  calls INTEGER,                     -- recent calls of the stage it was tuned on
-  est_speedup REAL,                  -- replayed with the tuned settings...
-  default_speedup REAL,              -- ...and with the defaults
+  calls {INT},                     -- recent calls of the stage it was tuned on
+  est_speedup {FLOAT},                  -- replayed with the tuned settings...
+  default_speedup {FLOAT},              -- ...and with the defaults
   tuned_at TEXT,
-  calibration REAL,                  -- accepted / predicted draft tokens under the tuned settings
-  online_trust REAL,                 -- online calibration: the factor in force when last saved
-  online_steps INTEGER,
+  calibration {FLOAT},                  -- accepted / predicted draft tokens under the tuned settings
+  online_trust {FLOAT},                 -- online calibration: the factor in force when last saved
+  online_steps {INT},
   online_at TEXT
 );
 CREATE TABLE IF NOT EXISTS step_costs (  -- traces/step_costs.py
   server TEXT PRIMARY KEY,           -- what was timed: the model, the device, the parallelism
   curve TEXT NOT NULL,               -- JSON: the learned step cost (engine/step_cost.py)
-  steps INTEGER,                     -- timed steps behind it
+  steps {INT},                     -- timed steps behind it
   updated_at TEXT
 );
 """
 
 
-def default_db_path() -> Path:
-    return Path(os.environ.get("AGENTACCEL_DB", Path.home() / ".agentaccel" / "traces.db"))
+TABLES = set(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", SCHEMA))
+
+
+def default_db_path() -> Location:
+    """$AGENTACCEL_DB (a path or a URL), else ~/.agentaccel/traces.db."""
+    return locate(os.environ.get("AGENTACCEL_DB") or Path.home() / ".agentaccel" / "traces.db")
 
 
 @dataclass
@@ -150,40 +158,62 @@ def unpack_ids(blob: bytes) -> np.ndarray:
 
 
 class TraceStore:
-    def __init__(self, path: str | os.PathLike | None = None) -> None:
-        self.path = Path(path) if path is not None else default_db_path()
+    """A store at `db`: a file path or `sqlite:///` URL (created when missing), a `postgresql://`
+    URL (its tables created when missing), or None for the default file."""
+
+    def __init__(self, db: str | os.PathLike | Location | None = None) -> None:
+        self.location = locate(db if db is not None else default_db_path())
+        self.path = self.location.path  # the SQLite file; None on PostgreSQL
+        self.name = str(self.location)  # what messages call it (a URL without its password)
+        if self.path is not None:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise ValueError(f"{self.path}: cannot create the folder {self.path.parent} ({e.strerror})") from e
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise ValueError(f"{self.path}: cannot create the folder {self.path.parent} ({e.strerror})") from e
+            self.conn = Connection(self.location)
+        except errors() as e:
+            raise ValueError(f"{self.name}: not a usable trace store ({e})") from e
         try:
-            conn = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.execute("PRAGMA foreign_keys=ON")
-            conn.executescript(SCHEMA)
-        except sqlite3.DatabaseError as e:
-            raise ValueError(f"{self.path}: not a usable trace store ({e})") from e
-        self.conn = conn
-        self.db = sqlite_utils.Database(conn)
-        version = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-        if version is None:
-            conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-        elif int(version[0]) != SCHEMA_VERSION:
-            raise ValueError(f"{self.path}: trace store schema {version[0]}, this agentaccel reads {SCHEMA_VERSION}")
+            if self._missing_tables():  # (a store made before a table was added gains it)
+                self.conn.script(SCHEMA)
+            version = self._schema_version()
+            if version is None:  # a new store (a store that may only be read is never written here)
+                self.conn.execute("INSERT INTO meta VALUES ('schema_version', ?) ON CONFLICT (key) DO NOTHING",
+                                  (str(SCHEMA_VERSION),))
+                version = self._schema_version()
+        except errors() as e:
+            self.conn.close()
+            raise ValueError(f"{self.name}: not a usable trace store ({e})") from e
+        if int(version) != SCHEMA_VERSION:
+            self.conn.close()
+            raise ValueError(f"{self.name}: trace store schema {version}, this agentaccel reads {SCHEMA_VERSION}")
+
+    def _missing_tables(self) -> bool:
+        """Whether the schema script must run. On PostgreSQL it runs only then: its CREATE INDEX,
+        even IF NOT EXISTS, waits for every open write transaction on the table."""
+        if self.conn.kind == "sqlite":
+            return True  # a no-op when all is there, and SQLite's DDL takes no lock then
+        present = {r[0] for r in self.conn.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()")}
+        return not TABLES <= present
+
+    def _schema_version(self) -> str | None:
+        row = self.conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        return None if row is None else row[0]
 
     def check_writable(self) -> None:
-        """ValueError naming the file unless a write transaction can start now (a read-only or
-        immutable file, a read-only folder, another writer holding the lock)."""
+        """ValueError naming the store unless a write transaction can start now (a read-only or
+        immutable file, a read-only folder, another writer holding the lock, a role that may only
+        read)."""
         try:
-            version = self.conn.execute("PRAGMA user_version").fetchone()[0]
-            self.conn.execute("BEGIN IMMEDIATE")
+            self.conn.begin()
             try:  # a real write: a file SQLite could open only for reading fails here, not at BEGIN
-                self.conn.execute(f"PRAGMA user_version = {int(version)}")
+                self.conn.execute("UPDATE meta SET value = value WHERE key = 'schema_version'")
             finally:
-                self.conn.execute("ROLLBACK")
-        except sqlite3.OperationalError as e:
-            raise ValueError(f"{self.path}: cannot write to the trace store ({e})") from e
+                self.conn.rollback()
+        except errors() as e:
+            raise ValueError(f"{self.name}: cannot write to the trace store ({e})") from e
 
     def close(self) -> None:
         self.conn.close()
@@ -210,7 +240,7 @@ class TraceStore:
         result = WriteResult()
         now = time.time()
         conn = self.conn
-        conn.execute("BEGIN IMMEDIATE")
+        conn.begin()
         try:
             new_texts: list[tuple[str, int, str]] = []  # (kind, ref, text) to tokenize
             stage_of_response: dict[int, str] = {}
@@ -219,17 +249,18 @@ class TraceStore:
             memo: dict[int, tuple[int, str]] = {}
             for session in sessions:
                 row = conn.execute("SELECT id FROM sessions WHERE key=?", (session.key,)).fetchone()
-                new_session = row is None
-                if new_session:
-                    cur = conn.execute(
+                if row is None:  # another writer may insert it meanwhile: then its row is ours too
+                    row = conn.execute(
                         "INSERT INTO sessions (key, source, framework, model, started_at, metadata) "
-                        "VALUES (?,?,?,?,?,?)",
+                        "VALUES (?,?,?,?,?,?) ON CONFLICT (key) DO NOTHING RETURNING id",
                         (session.key, source_file, session.framework, session.model, session.started_at,
                          _json_or_none(session.metadata)),
-                    )
-                    session_id = cur.lastrowid
+                    ).fetchone()
+                    new_session = row is not None
+                    row = row or conn.execute("SELECT id FROM sessions WHERE key=?", (session.key,)).fetchone()
                 else:
-                    session_id = row[0]
+                    new_session = False
+                session_id = row[0]
                 counted: set[str] = set()
                 for position, call in enumerate(session.calls):
                     stage = stage_of(session, call)
@@ -248,28 +279,34 @@ class TraceStore:
                         continue
                     prompt_ids = [blob_id for blob_id, _ in refs]
                     tools_id = self._blob(call.tools, None, memo)[0] if call.tools else None
-                    cur = conn.execute(
+                    inserted = conn.execute(
                         """INSERT INTO calls (session_id, position, stage, model, created_at, prompt, tools, response,
                            tool_calls, finish_reason, prompt_tokens, completion_tokens, latency, content_hash,
                            source_file, source_offset, format, metadata, imported_at)
-                           VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)""",
+                           VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
+                           ON CONFLICT (content_hash) DO NOTHING RETURNING id""",
                         (session_id, position, stage, call.model or session.model,
                          call.created_at, json.dumps(prompt_ids), tools_id, call.response,
                          _json_or_none(call.tool_calls), call.finish_reason, call.prompt_tokens,
                          call.completion_tokens, call.latency, content_hash, source_file, call.source_offset, fmt,
                          _json_or_none(call.metadata), now),
-                    )
-                    new_texts.append(("r", cur.lastrowid, call.response))
-                    stage_of_response[cur.lastrowid] = stage
+                    ).fetchone()
+                    if inserted is None:  # another writer stored the same call meanwhile
+                        counts.duplicates += 1
+                        continue
+                    new_texts.append(("r", inserted[0], call.response))
+                    stage_of_response[inserted[0]] = stage
                     counts.calls += 1
             if tokenize is not None and new_texts:
                 lengths = self._store_tokens(new_texts, tokenize)
                 for (kind, ref, _), n in zip(new_texts, lengths, strict=True):
                     if kind == "r":
                         result.stage(stage_of_response[ref]).output_tokens += n
-            conn.execute("COMMIT")
+            if stage_of_response:
+                conn.notify(CALLS_CHANNEL)
+            conn.commit()
         except BaseException:
-            conn.execute("ROLLBACK")
+            conn.rollback()
             raise
         return result
 
@@ -284,9 +321,14 @@ class TraceStore:
         if row:
             blob_id = row[0]
         else:
-            blob_id = self.conn.execute("INSERT INTO blobs (hash, json) VALUES (?, ?)", (h, text)).lastrowid
-            if new_texts is not None:
-                new_texts.append(("b", blob_id, render_message(value)))
+            row = self.conn.execute("INSERT INTO blobs (hash, json) VALUES (?, ?) ON CONFLICT (hash) DO NOTHING "
+                                    "RETURNING id", (h, text)).fetchone()
+            if row is None:  # another writer stored it meanwhile (and tokenizes it)
+                blob_id = self.conn.execute("SELECT id FROM blobs WHERE hash=?", (h,)).fetchone()[0]
+            else:
+                blob_id = row[0]
+                if new_texts is not None:
+                    new_texts.append(("b", blob_id, render_message(value)))
         memo[id(value)] = (blob_id, h)
         return blob_id, h
 
@@ -294,7 +336,8 @@ class TraceStore:
         fingerprint, encode = tokenize
         ids = encode([text for _, _, text in items])
         self.conn.executemany(
-            "INSERT OR REPLACE INTO tokens (kind, ref, tokenizer, ids) VALUES (?,?,?,?)",
+            "INSERT INTO tokens (kind, ref, tokenizer, ids) VALUES (?,?,?,?) "
+            "ON CONFLICT (kind, ref, tokenizer) DO UPDATE SET ids = excluded.ids",
             [(kind, ref, fingerprint, pack_ids(tok)) for (kind, ref, _), tok in zip(items, ids, strict=True)],
         )
         return [len(tok) for tok in ids]
@@ -316,12 +359,12 @@ class TraceStore:
         items = [("r", i, text) for i, text in missing_r] + [("b", i, render_message(json.loads(j)))
                                                             for i, j in missing_b]
         for start in range(0, len(items), batch):
-            self.conn.execute("BEGIN IMMEDIATE")
+            self.conn.begin()
             try:
                 self._store_tokens(items[start : start + batch], (fp, tokenizer.encode_batch))
-                self.conn.execute("COMMIT")
+                self.conn.commit()
             except BaseException:
-                self.conn.execute("ROLLBACK")
+                self.conn.rollback()
                 raise
 
     # ------------------------------------------------------------------ reading
@@ -381,13 +424,20 @@ class TraceStore:
                     cache[blob_id] = json.loads(text)
         return [cache[i] for i in ids]
 
-    def output_lengths(self, tokenizer_fingerprint: str) -> list[tuple[int, str, int]]:
-        """(call id, stage, output length in tokens) of every call tokenized with that tokenizer,
-        newest first (what seeding a server's trees reads first)."""
+    def output_lengths(self, tokenizer_fingerprint: str, up_to: int | None = None) -> list[tuple[int, str, int]]:
+        """(call id, stage, output length in tokens) of every call tokenized with that tokenizer
+        (with an id up to `up_to`, when given), newest first (what seeding a server's trees reads
+        first)."""
+        bound = "" if up_to is None else "WHERE c.id <= ? "
         return [tuple(row) for row in self.conn.execute(
-            """SELECT c.id, c.stage, LENGTH(t.ids) / 4 FROM calls c JOIN tokens t
-               ON t.kind = 'r' AND t.ref = c.id AND t.tokenizer = ?
-               ORDER BY COALESCE(c.created_at, 0) DESC, c.id DESC""", (tokenizer_fingerprint,))]
+            f"""SELECT c.id, c.stage, LENGTH(t.ids) / 4 FROM calls c JOIN tokens t
+               ON t.kind = 'r' AND t.ref = c.id AND t.tokenizer = ? {bound}
+               ORDER BY COALESCE(c.created_at, 0) DESC, c.id DESC""",
+            (tokenizer_fingerprint, *(() if up_to is None else (int(up_to),))))]
+
+    def newest_call_id(self) -> int:
+        """The highest call id (0 for an empty store): where a tail started now begins."""
+        return int(self.conn.execute("SELECT COALESCE(MAX(id), 0) FROM calls").fetchone()[0])
 
     def response_tokens(self, call_ids: list[int], tokenizer_fingerprint: str) -> dict[int, np.ndarray]:
         out: dict[int, np.ndarray] = {}
@@ -437,21 +487,22 @@ class TraceStore:
 
     def check(self) -> None:
         """Raises if the database is damaged or a call lacks what it refers to."""
-        (result,) = self.conn.execute("PRAGMA integrity_check").fetchone()
-        if result != "ok":
-            raise ValueError(f"{self.path}: integrity check failed: {result}")
+        if self.conn.kind == "sqlite":  # a PostgreSQL server checks its own pages
+            (result,) = self.conn.execute("PRAGMA integrity_check").fetchone()
+            if result != "ok":
+                raise ValueError(f"{self.name}: integrity check failed: {result}")
         orphans = self.conn.execute(
             "SELECT COUNT(*) FROM calls c LEFT JOIN sessions s ON s.id = c.session_id WHERE s.id IS NULL"
         ).fetchone()[0]
         if orphans:
-            raise ValueError(f"{self.path}: {orphans} calls without a session")
+            raise ValueError(f"{self.name}: {orphans} calls without a session")
         for (prompt,) in self.conn.execute("SELECT prompt FROM calls"):
             ids = json.loads(prompt)
             if ids:
                 n = self.conn.execute(f"SELECT COUNT(*) FROM blobs WHERE id IN ({','.join('?' * len(ids))})",
                                       ids).fetchone()[0]
                 if n != len(set(ids)):
-                    raise ValueError(f"{self.path}: a call refers to missing messages")
+                    raise ValueError(f"{self.name}: a call refers to missing messages")
 
 
 def _json_or_none(value) -> str | None:

@@ -70,7 +70,8 @@ class VLLMBackend(OpenAIBackend):
     name = "vllm"
 
     def __init__(self, model: str, *, served_name: str | None = None, extra_args: list[str] | None = None,
-                 db_path: str | Path | None = None, seed: bool = True, spec_config: str | Path | None = None,
+                 db_path: str | Path | None = None, seed: bool = True, follow: bool = True,
+                 spec_config: str | Path | None = None,
                  memory_budget_bytes: int = 0, timeout: float = 600.0, start_timeout: float = 900.0,
                  port: int | None = None, echo=None, online: bool = True) -> None:
         self.port = port or free_port()
@@ -79,12 +80,13 @@ class VLLMBackend(OpenAIBackend):
         self.served_name = served_name or model
         extra = list(extra_args or [])
         self.stats_path = Path(tempfile.mkdtemp(prefix="agentaccel-vllm-")) / "spec_stats.json"
-        if db_path is None:
-            from agentaccel.traces.store import default_db_path
+        from agentaccel.traces.database import locate
+        from agentaccel.traces.store import default_db_path
 
-            db_path = default_db_path()
+        db = default_db_path() if db_path is None else locate(db_path)
         ours = {"AGENTACCEL_VLLM_STATS": str(self.stats_path), "AGENTACCEL_SEED": "1" if seed else "0",
-                "AGENTACCEL_MEMORY_BUDGET": str(memory_budget_bytes), "AGENTACCEL_DB": str(db_path),
+                "AGENTACCEL_FOLLOW": "1" if follow else "0",
+                "AGENTACCEL_MEMORY_BUDGET": str(memory_budget_bytes), "AGENTACCEL_DB": db.spec,
                 "AGENTACCEL_ONLINE": "1" if online else "0"}
         if spec_config is not None:
             ours["AGENTACCEL_SPEC_CONFIG"] = str(Path(spec_config).resolve())

@@ -6,7 +6,8 @@ read by the paper mode only: the default mode sizes drafts by their verification
 `suffix_decoding_min_token_prob` min-prob) and the environment the managed launcher sets:
 
 * `AGENTACCEL_DB`: the trace store; its stages' tuned drafting settings are read at start, and
-  the online calibration is saved there; with `AGENTACCEL_SEED=1` it also seeds the stage trees;
+  the online calibration is saved there; with `AGENTACCEL_SEED=1` it also seeds the stage trees,
+  and with `AGENTACCEL_FOLLOW=1` every call recorded there later (by any server) is added too;
 * `AGENTACCEL_SPEC_CONFIG`: per-stage drafting settings (JSON, see engine.policy), winning over
   the tuned ones;
 * `AGENTACCEL_ONLINE=0`: no online calibration of the stages' policies;
@@ -211,25 +212,32 @@ class AgentaccelProposer:
         for keeper in (self.keeper, self.cost_keeper):  # what was learned since the last save, at a clean exit
             if keeper is not None:
                 atexit.register(keeper.close)
-        if os.environ.get("AGENTACCEL_SEED") == "1" and os.environ.get("AGENTACCEL_DB"):
-            self._seed(vllm_config)
+        self.follower = None
+        seed, follow = os.environ.get("AGENTACCEL_SEED") == "1", os.environ.get("AGENTACCEL_FOLLOW") == "1"
+        if (seed or follow) and os.environ.get("AGENTACCEL_DB"):
+            self._seed(vllm_config, seed, follow)
         if os.environ.get("AGENTACCEL_VLLM_STATS") or os.environ.get("AGENTACCEL_STEP_LOG") or self.learner is not None:
             path = os.environ.get("AGENTACCEL_VLLM_STATS")
             StatsWriter(self.drafter, Path(path) if path else None, self.calibration, self.learner).start()
 
-    def _seed(self, vllm_config) -> None:
-        from agentaccel.backends.seeding import seed_from_store
+    def _seed(self, vllm_config, seed: bool, follow: bool) -> None:
+        from agentaccel.backends.follower import StoreFollower, seed_then_follow
         from agentaccel.text.tokenization import load_tokenizer
-        from agentaccel.traces.store import TraceStore
 
         try:
             tokenizer = load_tokenizer(_tokenizer_file(vllm_config.model_config.tokenizer))
         except ValueError as e:
             log.warning("agentaccel: not seeding, no usable tokenizer (%s)", e)
             return
-        with TraceStore(os.environ["AGENTACCEL_DB"]) as store:
-            report = seed_from_store(self.engine, store, tokenizer)
-        log.info("agentaccel: seeded %d outputs (%d tokens, %d stages)", report.calls, report.tokens, report.stages)
+        db = os.environ["AGENTACCEL_DB"]
+        if seed:
+            report, self.follower = seed_then_follow(self.engine, db, tokenizer, follow=follow)
+            log.info("agentaccel: seeded %d outputs (%d tokens, %d stages)", report.calls, report.tokens,
+                     report.stages)
+        else:
+            self.follower = StoreFollower(self.engine, db, tokenizer).start()
+        if self.follower is not None:
+            atexit.register(self.follower.close)
 
     def propose(self, num_speculative_tokens, input_batch, sampled_token_ids, slot_mappings=None) -> list[list[int]]:
         return self.drafter.step(input_batch.req_ids, input_batch.token_ids_cpu, input_batch.num_tokens_no_spec,

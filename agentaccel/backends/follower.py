@@ -1,0 +1,107 @@
+"""Every server learns what every server answers: a background thread tails the trace store that
+all proxies record into (traces/tail.py) and adds each new output to this server's stage trees,
+skipping the outputs this server produced itself (the engine recognises those: they are in its
+trees already). It never blocks a decoding step: it holds the tree lock for one document at a
+time, and a store that cannot be read is logged and tried again, never raised."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+from agentaccel.backends.seeding import SeedReport, seed_from_store
+from agentaccel.engine.suffix_engine import SuffixEngine
+from agentaccel.traces.database import Location, errors
+from agentaccel.traces.store import TraceStore
+from agentaccel.traces.tail import CallTail
+
+log = logging.getLogger("agentaccel.follower")
+
+WAIT_SECONDS = 0.5  # longest sleep between polls (PostgreSQL wakes the tail sooner, at each commit)
+RETRY_SECONDS = 5.0  # after a failed read
+
+
+@dataclass
+class FollowStats:
+    learned: int = 0  # outputs of other servers added to the trees
+    own: int = 0  # this server's own outputs seen coming back (skipped)
+    empty: int = 0  # calls without an output (redacted, tool calls only)
+    errors: int = 0  # polls that failed
+    cursor: int = 0  # the newest call id read
+    lag_seconds: float = 0.0  # from the newest call's recording to its arrival in the trees
+
+
+class StoreFollower:
+    def __init__(self, engine: SuffixEngine, db: str | Location, tokenizer, *, after: int | None = None,
+                 wait_seconds: float = WAIT_SECONDS) -> None:
+        self.engine, self.db, self.tokenizer, self.wait_seconds = engine, db, tokenizer, wait_seconds
+        self.stats = FollowStats()
+        self._after = after
+        self._tail: CallTail | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="agentaccel-follow", daemon=True)
+
+    def start(self) -> StoreFollower:
+        self._tail = CallTail(self.db, self.tokenizer, after=self._after)  # opened here: a bad store fails now
+        self.stats.cursor = self._tail.cursor
+        self._thread.start()
+        return self
+
+    def step(self) -> int:
+        """One poll: adds what arrived; returns how many calls were read."""
+        calls = self._tail.poll()
+        for call in calls:
+            if not len(call.tokens):
+                self.stats.empty += 1
+            elif self.engine.add_peer_document(call.tokens, call.stage) is None:
+                self.stats.own += 1
+            else:
+                self.stats.learned += 1
+        if calls:
+            self.stats.cursor = self._tail.cursor
+            newest = max((c.created_at for c in calls if c.created_at), default=None)
+            if newest is not None:
+                self.stats.lag_seconds = max(0.0, time.time() - newest)
+        return len(calls)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                if self.step() == 0:
+                    self._tail.wait(self.wait_seconds)
+            except errors() as e:
+                self.stats.errors += 1
+                log.warning("agentaccel: reading new calls from the trace store failed: %s", e)
+                self._reconnect()
+
+    def _reconnect(self) -> None:
+        cursor = self._tail.cursor
+        try:
+            self._tail.close()
+        except errors():
+            pass
+        while not self._stop.wait(RETRY_SECONDS):
+            try:
+                self._tail = CallTail(self.db, self.tokenizer, after=cursor)
+                return
+            except (ValueError, *errors()) as e:
+                log.warning("agentaccel: trace store still unreachable: %s", e)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(10)
+        if self._tail is not None:
+            self._tail.close()
+
+
+def seed_then_follow(engine: SuffixEngine, db: str | Location, tokenizer, *, follow: bool = True,
+                     progress=None) -> tuple[SeedReport, StoreFollower | None]:
+    """Seeds the trees with the store's calls up to its newest one now, then (`follow`) tails every
+    call after it: nothing is missed between the two and nothing read twice."""
+    with TraceStore(db) as store:
+        cursor = store.newest_call_id()
+        report = seed_from_store(engine, store, tokenizer, progress=progress, up_to=cursor)
+    return report, StoreFollower(engine, db, tokenizer, after=cursor).start() if follow else None

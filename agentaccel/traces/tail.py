@@ -1,0 +1,109 @@
+"""Reading a trace store's new calls as they are committed, from a cursor: how every server learns
+the outputs every other server's proxy records into a shared store.
+
+The cursor is the highest call id read. Ids are given out when a row is inserted, not when its
+transaction commits: with several writers on PostgreSQL a lower id can become visible after a
+higher one. So the ids skipped below the cursor are kept as gaps and asked for again on every
+poll until they appear (the row committed late: delivered then) or `gap_seconds` pass (its
+transaction rolled back: the id never comes). A row is delivered once: either above the cursor or
+as a filled gap, never both.
+
+On PostgreSQL `wait` sleeps until a writer's NOTIFY (traces/store.py sends one per committed
+batch) or the timeout; on SQLite it sleeps the timeout (polling).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from agentaccel.traces.database import Location
+from agentaccel.traces.store import CALLS_CHANNEL, TraceStore, unpack_ids
+
+GAP_SECONDS = 60.0  # an id missing this long belonged to a transaction that rolled back
+MAX_GAPS = 10_000  # ids remembered as missing at most (a bigger jump: the rest are taken as never coming)
+
+
+@dataclass(frozen=True)
+class TailedCall:
+    id: int
+    stage: str
+    tokens: np.ndarray  # the response, in the tail's tokenizer
+    created_at: float | None
+
+
+class CallTail:
+    """New calls of a store, in the order they become visible. `after`: the cursor to start from
+    (None: the store's newest call now, so only calls recorded from now on are read)."""
+
+    def __init__(self, db: str | Location, tokenizer, *, after: int | None = None, batch: int = 2000,
+                 gap_seconds: float = GAP_SECONDS) -> None:
+        self.store = TraceStore(db)
+        self.tokenizer = tokenizer
+        self.batch, self.gap_seconds = batch, gap_seconds
+        self.cursor = self.store.newest_call_id() if after is None else int(after)
+        self._gaps: dict[int, float] = {}  # missing id -> when it was first missed
+        self._listening = False
+
+    @property
+    def gaps(self) -> int:
+        return len(self._gaps)
+
+    def poll(self) -> list[TailedCall]:
+        """The calls committed since the last poll (at most `batch` past the cursor, plus filled gaps)."""
+        rows = self._rows("c.id > ? ORDER BY c.id LIMIT ?", (self.cursor, self.batch))
+        if self._gaps:
+            ids = sorted(self._gaps)
+            for start in range(0, len(ids), 500):
+                chunk = ids[start:start + 500]
+                rows += self._rows(f"c.id IN ({','.join('?' * len(chunk))})", tuple(chunk))
+        now = time.monotonic()
+        out: list[TailedCall] = []
+        for call_id, stage, response, ids, created_at in sorted(rows, key=lambda r: r[0]):
+            if call_id in self._gaps:
+                del self._gaps[call_id]
+            elif call_id <= self.cursor:
+                continue  # delivered already
+            else:
+                for missing in range(self.cursor + 1, min(call_id, self.cursor + 1 + MAX_GAPS - len(self._gaps))):
+                    self._gaps[missing] = now
+                self.cursor = call_id
+            out.append((call_id, stage, response, ids, created_at))
+        for missing, since in list(self._gaps.items()):
+            if now - since > self.gap_seconds:
+                del self._gaps[missing]
+        return self._tokenized(out)
+
+    def _rows(self, where: str, params: tuple) -> list[tuple]:
+        return [tuple(r) for r in self.store.conn.execute(
+            "SELECT c.id, c.stage, c.response, t.ids, c.created_at FROM calls c LEFT JOIN tokens t "
+            f"ON t.kind = 'r' AND t.ref = c.id AND t.tokenizer = ? WHERE {where}",
+            (self.tokenizer.fingerprint, *params)).fetchall()]
+
+    def _tokenized(self, rows: list[tuple]) -> list[TailedCall]:
+        """Responses in the tail's tokenizer: the store's cached ids, else encoded here (a proxy
+        recording with another tokenizer, or none)."""
+        todo = [i for i, row in enumerate(rows) if row[3] is None and row[2]]
+        encoded = dict(zip(todo, self.tokenizer.encode_batch([rows[i][2] for i in todo]), strict=True)) if todo else {}
+        out = []
+        for i, (call_id, stage, _response, ids, created_at) in enumerate(rows):
+            tokens = unpack_ids(ids) if ids is not None else np.asarray(encoded.get(i, []), dtype=np.uint32)
+            out.append(TailedCall(call_id, stage, tokens, created_at))
+        return out
+
+    def wait(self, timeout: float) -> None:
+        """Until a writer commits calls (PostgreSQL) or `timeout` seconds pass."""
+        conn = self.store.conn
+        if conn.kind != "postgresql":
+            time.sleep(timeout)
+            return
+        if not self._listening:
+            conn.execute(f"LISTEN {CALLS_CHANNEL}")
+            self._listening = True
+        for _ in conn.raw.notifies(timeout=timeout, stop_after=1):
+            pass
+
+    def close(self) -> None:
+        self.store.close()
