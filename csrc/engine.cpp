@@ -95,11 +95,16 @@ uint64_t output_key(const std::string& stage, const uint32_t* tokens, size_t n) 
 }  // namespace
 
 void Engine::remember_own_output(const std::string& stage, const uint32_t* tokens, size_t n) {
-  uint64_t key = output_key(stage, tokens, n);
+  // Also without its last token: a server's output ends with the end-of-sequence token, which the
+  // recorded text (re-tokenized from the store) does not have.
+  uint64_t keys[2] = {output_key(stage, tokens, n), n > 1 ? output_key(stage, tokens, n - 1) : 0};
   std::lock_guard lock(own_mu_);
-  own_recent_.insert(key);
-  own_order_.push_back(key);
-  if (own_order_.size() > kOwnRecent) {
+  for (uint64_t key : keys) {
+    if (key == 0) continue;
+    own_recent_.insert(key);
+    own_order_.push_back(key);
+  }
+  while (own_order_.size() > kOwnRecent) {
     auto it = own_recent_.find(own_order_.front());
     if (it != own_recent_.end()) own_recent_.erase(it);  // (gone already when the tail consumed it)
     own_order_.pop_front();

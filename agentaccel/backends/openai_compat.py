@@ -19,6 +19,7 @@ import aiohttp
 
 from agentaccel import jsonfast
 from agentaccel.backends.base import CHAT, Backend, CallContext
+from agentaccel.backends.routing import SESSION_HEADER, session_headers
 from agentaccel.errors import APIError, upstream_timeout, upstream_unavailable
 
 _PATHS = {CHAT: "/chat/completions", "completions": "/completions"}
@@ -28,12 +29,14 @@ class OpenAIBackend(Backend):
     name = "openai"
 
     def __init__(self, upstream: str, *, api_key: str | None = None, timeout: float = 600.0,
-                 max_connections: int = 1024) -> None:
+                 max_connections: int = 1024, session_header: str | None = SESSION_HEADER) -> None:
         base = upstream.rstrip("/")
         self.base_url = base if base.endswith("/v1") else base + "/v1"
         self.api_key = api_key
         self.timeout = timeout
         self.max_connections = max_connections
+        self.session_header = session_header.lower() if session_header else None  # for routers (backends/routing.py)
+        self.data_parallel_ranks = 1  # >1: sessions pinned to a rank of the server's data parallelism
         self.session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
@@ -57,9 +60,10 @@ class OpenAIBackend(Backend):
         return {"backend": self.name, "upstream": self.base_url}
 
     def _headers(self, ctx: CallContext) -> dict[str, str]:
+        headers = ctx.headers
         if self.api_key:  # the configured upstream key wins over whatever the client sent
-            return {k: v for k, v in ctx.headers.items() if k != "authorization"}
-        return ctx.headers
+            headers = {k: v for k, v in headers.items() if k != "authorization"}
+        return session_headers(headers, ctx.session_id, self.session_header, self.data_parallel_ranks)
 
     def _failure(self, e: Exception, what: str) -> APIError:
         if isinstance(e, asyncio.TimeoutError):

@@ -119,3 +119,24 @@ def tokens_vs_concurrency(rows: list[dict], out: Path, title: str) -> Path:
     fig.suptitle(title)
     out.parent.mkdir(parents=True, exist_ok=True)
     return _save(fig, out.parent, out.name)
+
+
+def speedup_vs_replicas(rows: list[dict], out: Path, title: str) -> Path:
+    """Estimated speedup and acceptance against the number of replicas, a line per way of
+    learning (`bench replay --replicas`); rows carry mode, replicas, est_speedup, acceptance_rate."""
+    fig, axes = plt.subplots(1, 2, figsize=(10.5, 4.2))
+    for mode in dict.fromkeys(r["mode"] for r in rows):
+        points = sorted((r["replicas"], r["est_speedup"], r["acceptance_rate"]) for r in rows if r["mode"] == mode)
+        n, speedup, acceptance = zip(*points, strict=True)
+        style = {"linestyle": "--", "color": "black"} if mode == "one" else {"marker": "o"}
+        axes[0].plot(n, speedup, label=mode, **style)
+        axes[1].plot(n, acceptance, label=mode, **style)
+    for ax, label in ((axes[0], "est. speedup"), (axes[1], "draft acceptance")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("replicas")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+    fig.suptitle(title)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return _save(fig, out.parent, out.name)

@@ -110,34 +110,9 @@ def replay(calls: list[ReplayCall], speculators: list[Speculator], *, warm: list
     tallies: dict[str, dict[str, Tally]] = {s.name: defaultdict(Tally) for s in speculators}
     last_of_session: dict[tuple[str, int], str] = {}
     for n, call in enumerate(calls):
-        out = call.output
         for spec in speculators:
             key = f"c{call.call_id}"
-            spec.begin(key, call.prompt, call.stage, last_of_session.get((spec.name, call.session)))
-            spec.foresee(key, out)
-            t = tallies[spec.name][call.stage]
-            t.calls += 1
-            pos = 0
-            while pos < len(out):
-                t0 = time.perf_counter_ns()
-                draft = spec.propose(key)
-                t.spec_ns += time.perf_counter_ns() - t0
-                ids = draft.token_ids
-                acc = accepted_length(ids, draft.parents, out[pos:]) if ids else 0
-                spec.accepted(key, draft, acc)
-                step = min(acc + 1, len(out) - pos)
-                t.context_per_step.append(len(call.prompt) + pos)
-                spec.advance(key, out[pos : pos + step])
-                pos += step
-                t.steps += 1
-                t.drafted += len(ids)
-                t.accepted += min(acc, step)
-                t.predicted += getattr(draft, "score", 0.0)
-                t.drafted_per_step.append(len(ids))
-                t.match_len.append(draft.match_len)
-                t.accepted_per_step.append(acc)
-            t.tokens += len(out)
-            spec.end(key)
+            run_call(spec, key, call, tallies[spec.name][call.stage], last_of_session.get((spec.name, call.session)))
             last_of_session[(spec.name, call.session)] = key
         if progress:
             progress(n + 1, len(calls))
@@ -152,6 +127,38 @@ def replay(calls: list[ReplayCall], speculators: list[Speculator], *, warm: list
             total.accepted_per_step += t.accepted_per_step
         per_stage["*"] = total
     return tallies
+
+
+def run_call(spec: Speculator, key: str, call: ReplayCall, t: Tally, previous: str | None) -> int:
+    """Replays one call on `spec` (its request continuing `previous`, the session's last call),
+    counting into `t`; returns the steps it took."""
+    out = call.output
+    spec.begin(key, call.prompt, call.stage, previous)
+    spec.foresee(key, out)
+    t.calls += 1
+    pos, steps = 0, 0
+    while pos < len(out):
+        t0 = time.perf_counter_ns()
+        draft = spec.propose(key)
+        t.spec_ns += time.perf_counter_ns() - t0
+        ids = draft.token_ids
+        acc = accepted_length(ids, draft.parents, out[pos:]) if ids else 0
+        spec.accepted(key, draft, acc)
+        step = min(acc + 1, len(out) - pos)
+        t.context_per_step.append(len(call.prompt) + pos)
+        spec.advance(key, out[pos : pos + step])
+        pos += step
+        steps += 1
+        t.drafted += len(ids)
+        t.accepted += min(acc, step)
+        t.predicted += getattr(draft, "score", 0.0)
+        t.drafted_per_step.append(len(ids))
+        t.match_len.append(draft.match_len)
+        t.accepted_per_step.append(acc)
+    t.steps += steps
+    t.tokens += len(out)
+    spec.end(key)
+    return steps
 
 
 def summarize(tallies: dict[str, dict[str, Tally]], profiles: list[CostProfile]) -> list[dict]:

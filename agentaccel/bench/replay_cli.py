@@ -267,3 +267,61 @@ def run_concurrency(console, err, store, tokenizer, *, stages, model, source, se
         written = plots.tokens_vs_concurrency([{**r, "workload": label, "concurrency": r["streams"]} for r in rows],
                                               path, f"simulated {profile.name}")
         console.print(f"figure: {written}")
+
+
+def run_replicas(console, err, store, tokenizer, *, stages, model, source, sessions, limit, warm, replicas: list[int],
+                 streams: int, delay: float, step_ms: float, cost: str, json_out: Path | None,
+                 plot: Path | None) -> None:
+    """`bench replay --replicas R,...` (bench/replicas.py): the fleet learning as one, siloed, or
+    sharing through the store with a delay."""
+    from agentaccel.bench import batch_replay as br
+    from agentaccel.bench import replicas as rc
+
+    try:
+        profile = load_profile(cost)
+    except ValueError as e:
+        err.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from e
+    warm_calls, measured = selected_calls(console, err, store, tokenizer, stages=stages, model=model, source=source,
+                                          sessions=sessions, limit=limit, warm=warm)
+    sessions_list = br.sessions_of(measured)
+
+    def make() -> sp.Speculator:
+        (spec,) = sp.build(["agentaccel"], profile)
+        for call in warm_calls:
+            spec.warm(call.output, call.stage)
+        return spec
+
+    runs = [("one", 1)] + [(mode, n) for n in replicas for mode in ("siloed", "shared") if n > 1]
+    rows = []
+    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=err, transient=True)
+    t0 = time.perf_counter()
+    with progress:
+        task = progress.add_task("", total=len(runs) * len(measured))
+        for mode, n in runs:
+            progress.update(task, description=f"{mode}, {n} replicas")
+            tally = rc.simulate(sessions_list, make, mode=mode, replicas=n, streams=streams,
+                                step_seconds=step_ms / 1000, delay=delay, progress=lambda _: progress.advance(task))
+            rows.append({"mode": mode, "replicas": n, **tally.summary([profile])})
+    rows += [{**rows[0], "replicas": n} for n in replicas if n > 1]  # one replica seeing all: the same at every R
+    elapsed = time.perf_counter() - t0
+    label = ", ".join(stages) if stages else "all stages"
+    table = Table(title=f"{len(measured):,} calls ({len(sessions_list):,} sessions, {streams} at a time) on R "
+                        f"replicas routed by session ({label}); shared after {delay:g} s; {elapsed:.0f} s")
+    for c in ("replicas", "learning", "MAT", "accept", "draft/step", f"speedup {profile.name}", "÷ one"):
+        table.add_column(c, justify="left" if c == "learning" else "right", no_wrap=True)
+    one = rows[0]["est_speedup"]
+    for r in sorted(rows, key=lambda r: (r["replicas"], rc.MODES.index(r["mode"]))):
+        table.add_row(str(r["replicas"]), r["mode"], f"{r['mat']:.2f}", f"{r['acceptance_rate']:.1%}",
+                      f"{r['draft_tokens_per_step']:.2f}", f"{r['est_speedup']:.3f}x",
+                      f"{r['est_speedup'] / one:.3f}" if one else "-")
+    console.print(table)
+    result = {"calls": len(measured), "sessions": len(sessions_list), "warm_calls": len(warm_calls),
+              "streams": streams, "delay": delay, "step_ms": step_ms, "cost": profile.name, "seconds": elapsed,
+              "rows": rows}
+    if json_out:
+        json_out.write_text(json.dumps(result, indent=2))
+    if plot:
+        path = plot / "speedup_vs_replicas.png" if plot.suffix != ".png" else plot
+        console.print(f"figure: {plots.speedup_vs_replicas(rows, path, f'{label}: replicas learning together')}")

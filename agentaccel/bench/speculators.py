@@ -63,6 +63,10 @@ _NO_MIXTURE = SpecConfig(recency=0.0)
 
 
 class _EngineBacked(Speculator):
+    # Whether a finished call's output joins the global trees at once (False: the caller adds it
+    # with `warm` when it should become visible, as the replicas replay does)
+    keep_outputs = True
+
     def __init__(self, max_depth: int = 64, config: SpecConfig = _NO_MIXTURE) -> None:
         self.engine = SuffixEngine(max_depth=max_depth, config=config)
 
@@ -73,7 +77,8 @@ class _EngineBacked(Speculator):
         self.engine.extend(key, tokens)
 
     def end(self, key):
-        self.engine.finish_request(key, retain=True)  # the next call of the session continues from it
+        # retained: the next call of the session continues from it
+        self.engine.finish_request(key, keep_output=self.keep_outputs, retain=True)
 
     def warm(self, output, stage):
         self.engine.add_document(output, stage=self._stage(stage))

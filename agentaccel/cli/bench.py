@@ -84,11 +84,26 @@ def bench_replay(
     = "llama-3.1-8b@h100",
     max_context: Annotated[int, typer.Option(help="--concurrency: prompts keep their last N tokens.", min=16)]
     = 16384,
+    replicas: Annotated[str | None, typer.Option(help="Instead: a fleet of R servers, sessions routed to them by "
+                                                      "session, for each R, e.g. 1,2,4,8: one replica seeing all, "
+                                                      "replicas siloed, replicas sharing through the store "
+                                                      "(default: off).")] = None,
+    share_delay: Annotated[float, typer.Option(help="--replicas: seconds from a call's end until the other "
+                                                    "replicas learn its output.", min=0)] = 1.0,
+    streams: Annotated[int, typer.Option(help="--replicas: sessions running at once across the fleet.", min=1)]
+    = 32,
+    step_ms: Annotated[float, typer.Option(help="--replicas: simulated time of one verification step, ms.",
+                                           min=0.01)] = 20.0,
 ) -> None:
     """Replay calls from the trace store with a simulated verifier and compare speculators."""
-    from agentaccel.bench.replay_cli import run_concurrency, run_policies, run_replay
+    from agentaccel.bench.replay_cli import run_concurrency, run_policies, run_replay, run_replicas
 
     store, tok = open_store(db, must_exist=True), open_tokenizer(tokenizer)
+    if replicas is not None:
+        run_replicas(console, err, store, tok, stages=stage, model=model, source=source, sessions=sessions,
+                     limit=limit, warm=warm, replicas=_int_list(replicas, "--replicas"), streams=streams,
+                     delay=share_delay, step_ms=step_ms, cost=(cost or ["gpu"])[0], json_out=json_out, plot=plot)
+        return
     if concurrency is not None:
         given = speculators if speculators != REPLAY_SPECULATORS else None
         run_concurrency(console, err, store, tok, stages=stage, model=model, source=source, sessions=sessions,

@@ -86,6 +86,10 @@ def serve(
     record: Annotated[bool, typer.Option(help="Record every call in the trace store.")] = True,
     redact: Annotated[bool, typer.Option(help="Record without message or response text.")] = False,
     seed: Annotated[bool, typer.Option(help="Seed the stage trees from the trace store at start.")] = True,
+    session_header: Annotated[str, typer.Option(help="Header that carries each call's session id to the upstream, "
+                                                     "for routers that keep a session on one server (vllm-router "
+                                                     "consistent_hash reads X-Session-ID; production-stack: its "
+                                                     "--session-key); empty: none.")] = "X-Session-ID",
     follow: Annotated[bool, typer.Option(help="While serving, add to the stage trees every call any server "
                                               "records into the same trace store (replicas sharing one "
                                               "PostgreSQL store learn from each other).")] = True,
@@ -155,7 +159,8 @@ def serve(
             raise typer.BadParameter("the openai backend needs --upstream URL", param_hint="--upstream")
         from agentaccel.backends.openai_compat import OpenAIBackend
 
-        impl = OpenAIBackend(upstream, api_key=upstream_api_key, timeout=upstream_timeout)
+        impl = OpenAIBackend(upstream, api_key=upstream_api_key, timeout=upstream_timeout,
+                             session_header=session_header or None)
     elif backend is BackendKind.local:
         check_cost_profile(cost_profile)
         impl = _local_backend(model, served_model_name, device, dtype.value, spec_config, budget,
@@ -171,7 +176,7 @@ def serve(
 
         impl = VLLMBackend(model, served_name=served_model_name, extra_args=list(ctx.args), db_path=location,
                            seed=seed, follow=follow, spec_config=spec_config, memory_budget_bytes=budget,
-                           timeout=upstream_timeout, online=online_tuning)
+                           timeout=upstream_timeout, online=online_tuning, session_header=session_header or None)
     if not api_key and host not in ("127.0.0.1", "localhost", "::1"):
         err.print(f"[bold red]warning:[/bold red] serving on {host} without --api-key: anyone who can reach this "
                   "address can use the model and read /metrics")

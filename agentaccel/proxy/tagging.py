@@ -21,7 +21,7 @@ from agentaccel.traces.stages import DEFAULT_STAGE, explicit_stage
 
 STAGE_HEADER = "x-agentaccel-stage"
 MAX_STAGE_LENGTH = 128  # a stage is a Prometheus label value and a tree in the engine: names stay short
-SESSION_HEADERS = ("x-agentaccel-session", "x-litellm-session-id")
+SESSION_HEADERS = ("x-agentaccel-session", "x-litellm-session-id", "x-session-id")
 # metadata keys the proxy consumes; anything else in metadata is forwarded untouched
 _METADATA_KEYS = ("stage", "tags", "session_id", "litellm_session_id")
 _SESSION_METADATA = ("session_id", "litellm_session_id")

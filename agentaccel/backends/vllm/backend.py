@@ -16,6 +16,8 @@ from pathlib import Path
 
 from agentaccel.backends.base import CallContext
 from agentaccel.backends.openai_compat import OpenAIBackend
+from agentaccel.backends.routing import SESSION_HEADER, data_parallel_size
+from agentaccel.backends.vllm import stats_files
 from agentaccel.backends.vllm.supervisor import Supervisor
 from agentaccel.errors import APIError
 from agentaccel.processes import free_port
@@ -73,12 +75,14 @@ class VLLMBackend(OpenAIBackend):
                  db_path: str | Path | None = None, seed: bool = True, follow: bool = True,
                  spec_config: str | Path | None = None,
                  memory_budget_bytes: int = 0, timeout: float = 600.0, start_timeout: float = 900.0,
-                 port: int | None = None, echo=None, online: bool = True) -> None:
+                 port: int | None = None, echo=None, online: bool = True,
+                 session_header: str | None = SESSION_HEADER) -> None:
         self.port = port or free_port()
-        super().__init__(f"http://127.0.0.1:{self.port}", timeout=timeout)
+        super().__init__(f"http://127.0.0.1:{self.port}", timeout=timeout, session_header=session_header)
         self.model = model
         self.served_name = served_name or model
         extra = list(extra_args or [])
+        self.data_parallel_ranks = data_parallel_size(extra)  # sessions pinned to ranks (backends/routing.py)
         self.stats_path = Path(tempfile.mkdtemp(prefix="agentaccel-vllm-")) / "spec_stats.json"
         from agentaccel.traces.database import locate
         from agentaccel.traces.store import default_db_path
@@ -133,12 +137,26 @@ class VLLMBackend(OpenAIBackend):
                 "draft_requests": drafter.get("requests"), "pending_outputs": drafter.get("pending_outputs")}
 
     def _drafter_stats(self) -> dict:
-        """What the plugin last wrote (every STATS_INTERVAL seconds); {} before its first write."""
-        try:
-            data = json.loads(self.stats_path.read_text())
-        except (OSError, ValueError):
-            return {}
-        return data if isinstance(data, dict) else {}
+        """What the plugin last wrote (every STATS_INTERVAL seconds), every data-parallel rank's
+        summed; {} before its first write."""
+        return stats_files.merged(stats_files.read_ranks(self.stats_path))
+
+    def counters(self) -> list[tuple[str, str, str, dict[str, float]]]:
+        """Per data-parallel rank: draft tokens accepted and outputs learned from other servers."""
+        ranks = stats_files.read_ranks(self.stats_path)
+        if not ranks:
+            return []
+
+        def per_rank(read) -> dict[str, float]:
+            return {str(rank): float(read(data)) for rank, data in sorted(ranks.items())}
+
+        out = [("agentaccel_rank_accepted_tokens", "Draft tokens accepted, per data-parallel rank of the vLLM server",
+                "rank", per_rank(lambda d: sum((s.get("accepted") or 0) for s in (d.get("stages") or {}).values())))]
+        if any(d.get("follower") for d in ranks.values()):
+            out.append(("agentaccel_followed_outputs", "Outputs other servers recorded into the shared trace store "
+                        "that this rank's trees learned (its own coming back are not counted)", "rank",
+                        per_rank(lambda d: (d.get("follower") or {}).get("learned", 0))))
+        return out
 
     def stage_stats(self) -> dict[str, dict[str, int]]:
         """Cumulative draft statistics per stage since the child started, from the plugin."""

@@ -39,11 +39,12 @@ import logging
 import os
 import threading
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from agentaccel.backends.policies import policy_state, serving_policies, start_online
 from agentaccel.backends.step_costs import StepCostKeeper, starting_cost
+from agentaccel.backends.vllm import stats_files
 from agentaccel.engine import SuffixEngine, roofline
 from agentaccel.engine.batch import BatchDrafter
 from agentaccel.engine.cost import load_profile
@@ -218,7 +219,12 @@ class AgentaccelProposer:
             self._seed(vllm_config, seed, follow)
         if os.environ.get("AGENTACCEL_VLLM_STATS") or os.environ.get("AGENTACCEL_STEP_LOG") or self.learner is not None:
             path = os.environ.get("AGENTACCEL_VLLM_STATS")
-            StatsWriter(self.drafter, Path(path) if path else None, self.calibration, self.learner).start()
+            # each data-parallel rank's proposer writes a file of its own; vLLM runs the ranks of a dense
+            # model as independent engines (data_parallel_rank 0 in each): data_parallel_index is the rank
+            parallel = vllm_config.parallel_config
+            rank = getattr(parallel, "data_parallel_index", parallel.data_parallel_rank)
+            path = stats_files.rank_path(Path(path), rank) if path else None
+            StatsWriter(self.drafter, path, self.calibration, self.learner, self.follower).start()
 
     def _seed(self, vllm_config, seed: bool, follow: bool) -> None:
         from agentaccel.backends.follower import StoreFollower, seed_then_follow
@@ -256,10 +262,10 @@ class StatsWriter(threading.Thread):
     /health read it; no file write per step)."""
 
     def __init__(self, drafter: BatchDrafter, path: Path | None, calibration: OnlineCalibration | None = None,
-                 learner: StepCostLearner | None = None, interval: float = STATS_INTERVAL) -> None:
+                 learner: StepCostLearner | None = None, follower=None, interval: float = STATS_INTERVAL) -> None:
         super().__init__(name="agentaccel-stats", daemon=True)
         self.drafter, self.path, self.calibration, self.interval = drafter, path, calibration, interval
-        self.learner = learner
+        self.learner, self.follower = learner, follower
         # AGENTACCEL_STEP_LOG: every timed step as a JSON line (a profile of the proposer in the server)
         self.step_log = Path(os.environ["AGENTACCEL_STEP_LOG"]) if os.environ.get("AGENTACCEL_STEP_LOG") else None
 
@@ -282,6 +288,8 @@ class StatsWriter(threading.Thread):
                      "pending_outputs": self.drafter.pending_outputs,
                      "policies": policy_state(self.drafter.engine, self.calibration),
                      "drafter": self._drafter_state()}
+            if self.follower is not None:
+                stats["follower"] = asdict(self.follower.stats)
             if stats != last:
                 tmp = self.path.with_suffix(".tmp")
                 tmp.write_text(json.dumps(stats))

@@ -1,0 +1,92 @@
+"""`bench replay --replicas R,...`: what several servers gain from learning from each other.
+
+Recorded sessions run as `streams` concurrent streams across a fleet of R replicas; a router
+sends every call of a session to one replica (by a hash of the session, as consistent-hash and
+session routers do), and each replica drafts from its own trees. Three ways of learning:
+
+* `one`: a single replica that sees all traffic (the ceiling sharing aims at);
+* `siloed`: each replica learns only the outputs it produced (every server today without a
+  shared store);
+* `shared`: each replica also learns every other replica's outputs, `delay` seconds after they
+  finished (recorded by a proxy, then read from the shared store by the replica's follower).
+
+Time is simulated: a call takes one `step_seconds` per verification step it needs, so calls
+overlap as they would on servers, and an output becomes visible to the replica that produced it
+when its call ends, to the others `delay` later. The estimated speedup prices the steps with the
+cost profile, as `bench replay` does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from agentaccel.bench.replay import ReplayCall, Tally, run_call
+from agentaccel.bench.speculators import Speculator
+
+MODES = ("one", "siloed", "shared")
+
+
+def replica_of(session: int, replicas: int) -> int:
+    """The replica a session's calls go to: a stable hash of the session, as a router's."""
+    digest = hashlib.blake2b(str(session).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % replicas
+
+
+@dataclass
+class _Pending:  # an output on its way to a replica's trees
+    visible_at: float
+    order: int
+    replica: int
+    output: object
+    stage: str
+
+    def __lt__(self, other: _Pending) -> bool:
+        return (self.visible_at, self.order) < (other.visible_at, other.order)
+
+
+def simulate(sessions: Sequence[Sequence[ReplayCall]], make: Callable[[], Speculator], *, mode: str, replicas: int,
+             streams: int = 32, step_seconds: float = 0.02, delay: float = 1.0,
+             progress: Callable[[int], None] | None = None) -> Tally:
+    """Replays `sessions` (each a list of calls that continue each other) on the fleet; the tally
+    of every call on whichever replica served it."""
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
+    fleet = [make() for _ in range(1 if mode == "one" else replicas)]
+    for spec in fleet:
+        spec.keep_outputs = False  # outputs join the trees when they become visible (below)
+    tally, pending, order = Tally(), [], 0
+    queue = list(reversed(sessions))  # popped from the end: sessions start in recorded order
+    ready = [(0.0, stream) for stream in range(min(streams, len(sessions)))]  # (free at, stream)
+    heapq.heapify(ready)
+    current: dict[int, tuple[Sequence[ReplayCall], int, str | None]] = {}  # stream -> (session, next, previous)
+    done = 0
+    while ready:
+        now, stream = heapq.heappop(ready)
+        while pending and pending[0].visible_at <= now:
+            out = heapq.heappop(pending)
+            fleet[out.replica].warm(out.output, out.stage)
+        session, index, previous = current.get(stream, ((), 0, None))
+        if index >= len(session):
+            if not queue:
+                continue  # this stream is done
+            session, index, previous = queue.pop(), 0, None
+        call = session[index]
+        home = 0 if mode == "one" else replica_of(call.session, replicas)
+        key = f"c{call.call_id}"
+        steps = run_call(fleet[home], key, call, tally, previous)
+        end = now + steps * step_seconds
+        for replica in range(len(fleet)):
+            if replica == home:
+                heapq.heappush(pending, _Pending(end, order, replica, call.output, call.stage))
+            elif mode == "shared":
+                heapq.heappush(pending, _Pending(end + delay, order, replica, call.output, call.stage))
+            order += 1
+        current[stream] = (session, index + 1, key)
+        heapq.heappush(ready, (end, stream))
+        done += 1
+        if progress:
+            progress(done)
+    return tally

@@ -1,0 +1,47 @@
+"""`bench replay --replicas`: a fleet that shares its outputs at once drafts exactly as one
+server seeing all traffic; siloed replicas draft worse when sessions repeat each other."""
+
+import numpy as np
+
+from agentaccel.bench.replay import ReplayCall
+from agentaccel.bench.replicas import replica_of, simulate
+from agentaccel.bench.speculators import agentaccel
+from agentaccel.engine.cost import load_profile
+
+
+def fleet_sessions(n_sessions=24, calls=3, seed=0):
+    """Sessions of an agent whose outputs repeat across sessions (a few shared answers, each
+    call's prompt new): what one session learns helps the others."""
+    rng = np.random.default_rng(seed)
+    answers = [rng.integers(100, 5000, size=60).astype(np.uint32) for _ in range(4)]
+    sessions = []
+    for s in range(n_sessions):
+        calls_of = []
+        for c in range(calls):
+            prompt = rng.integers(100, 5000, size=40).astype(np.uint32)
+            calls_of.append(ReplayCall(call_id=s * 100 + c, session=s, stage="agent", prompt=prompt,
+                                       output=answers[(s + c) % len(answers)].copy()))
+        sessions.append(calls_of)
+    return sessions
+
+
+def run(mode, replicas, delay=1.0):
+    profile = load_profile("gpu")
+    t = simulate(fleet_sessions(), lambda: agentaccel(profile), mode=mode, replicas=replicas, streams=8,
+                 step_seconds=0.02, delay=delay)
+    summary = t.summary([profile])
+    del summary["spec_us_per_step"]  # this machine's time, not the fleet's
+    return summary
+
+
+def test_sharing_at_once_is_one_server_and_silos_lose():
+    one = run("one", 1)
+    assert run("shared", 4, delay=0.0) == one
+    siloed, shared = run("siloed", 4), run("shared", 4, delay=1.0)
+    assert siloed["est_speedup"] < shared["est_speedup"] <= one["est_speedup"]
+    assert siloed["calls"] == shared["calls"] == one["calls"] == 72
+
+
+def test_sessions_spread_over_every_replica():
+    counts = np.bincount([replica_of(s, 8) for s in range(800)], minlength=8)
+    assert counts.min() > 60 and counts.max() < 140
