@@ -126,8 +126,9 @@ def test_openai_backend_in_front_of_a_real_model(local, tmp_path):
         r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=32, temperature=0,
                                            extra_headers={"X-Agentaccel-Stage": "chained"})
         assert r.choices[0].message.content == greedy(backend, messages, 32)
-        # the stage header is the proxy's own: the back proxy sees an untagged request
+        # the front proxy passes the stage it resolved on: the back server files the call under it too
         assert metric(front.url, "agentaccel_output_tokens_total", "chained") == r.usage.completion_tokens
+        assert metric(server.url, "agentaccel_output_tokens_total", "chained") == r.usage.completion_tokens
 
 
 def test_seeding_from_the_trace_store_drafts_on_the_first_call(local, tmp_path):

@@ -205,43 +205,111 @@ def test_a_follower_learns_other_servers_outputs_but_not_its_own_twice(db, tok):
 
 
 # ---------------------------------------------------------------------------- two real servers
-def test_a_call_answered_by_one_server_drafts_on_another_within_two_seconds(postgres, tmp_path):
-    """Two `agentaccel serve --backend local` (the real model) recording into one PostgreSQL store:
-    after server A answers a question, server B drafts A's answer when the question comes to it."""
-    url = postgres.new_database()
-    servers = []
+def start_serve(args: list[str], log: Path) -> tuple[str, subprocess.Popen]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "agentaccel.cli.main", "serve", "--port", str(port), *args],
+                            stdout=subprocess.DEVNULL, stderr=open(log, "w"), start_new_session=True)
+    return f"http://127.0.0.1:{port}", proc
+
+
+def stop(procs: list[subprocess.Popen]) -> None:
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def two_servers(postgres, tmp_path_factory):
+    """Two `agentaccel serve --backend local` (the real model), each recording into one PostgreSQL
+    store and following it."""
+    url, logs = postgres.new_database(), tmp_path_factory.mktemp("servers")
+    servers = [start_serve(["--backend", "local", "--db", url, "--cost-profile", "off"], logs / f"{name}.log")
+               for name in ("a", "b")]
     try:
-        for name in ("a", "b"):
-            port = free_port()
-            proc = subprocess.Popen([sys.executable, "-m", "agentaccel.cli.main", "serve", "--backend", "local",
-                                     "--db", url, "--port", str(port), "--cost-profile", "off"],
-                                    stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"{name}.log", "w"),
-                                    start_new_session=True)
-            servers.append((f"http://127.0.0.1:{port}", proc))
         for base, proc in servers:
             wait_healthy(base, proc, 300)
-        body = {"model": "SmolLM2-135M-Instruct", "max_tokens": 48, "temperature": 0,
-                "messages": [{"role": "user", "content": "Write a SQL query that counts users per country."}]}
-        headers = {"X-Agentaccel-Stage": "qa"}
-        (a, _), (b, _) = servers
-        first = httpx.post(a + "/v1/chat/completions", json=body, headers=headers, timeout=300).json()
-        answered = time.monotonic()
+        yield [base for base, _ in servers]
+    finally:
+        stop([proc for _, proc in servers])
+
+
+def ask(url: str, question: str, session: str | None = None) -> dict:
+    body = {"model": "SmolLM2-135M-Instruct", "max_tokens": 48, "temperature": 0,
+            "messages": [{"role": "user", "content": question}]}
+    headers = {"X-Agentaccel-Stage": "qa", **({"X-Agentaccel-Session": session} if session else {})}
+    r = httpx.post(url + "/v1/chat/completions", json=body, headers=headers, timeout=300)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_a_call_answered_by_one_server_drafts_on_another_within_two_seconds(two_servers):
+    """After server A answers a question, server B drafts A's answer when the question comes to it
+    2 s later: B learned it from the shared store."""
+    a, b = two_servers
+    question = "Write a SQL query that counts users per country."
+    first = ask(a, question)
+    answered = time.monotonic()
+    time.sleep(2.0)
+    assert time.monotonic() - answered < 2.5
+    second = ask(b, question)
+    assert second["choices"][0]["message"]["content"] == first["choices"][0]["message"]["content"]
+    accepted = metric(b, "agentaccel_accepted_tokens_total", "qa")
+    # cold, server B would accept a handful of its 40-odd tokens (test_proxy_local); here most
+    assert accepted >= 0.6 * second["usage"]["completion_tokens"], (accepted, second["usage"])
+
+
+def test_the_readme_recipe_through_vllm_router(two_servers, tmp_path):
+    """The README's several-servers recipe: agents -> agentaccel proxy (forwards the session id as
+    X-Session-ID) -> vllm-router (consistent_hash) -> servers sharing one store. A session stays on
+    one server; the question answered on one server drafts on the other."""
+    port = free_port()
+    router = subprocess.Popen([sys.executable, "-m", "vllm_router.launch_router", "--host", "127.0.0.1", "--port",
+                               str(port), "--policy", "consistent_hash", "--worker-urls", *two_servers,
+                               "--log-level", "warning"],
+                              stdout=subprocess.DEVNULL, stderr=open(tmp_path / "router.log", "w"),
+                              start_new_session=True)
+    front, proxy = start_serve(["--backend", "openai", "--upstream", f"http://127.0.0.1:{port}", "--no-record"],
+                               tmp_path / "front.log")
+    try:
+        wait_healthy(front, proxy, 120)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # the router answers once it found its workers healthy
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+
+        def served_by(question: str, session: str) -> tuple[str, dict]:
+            before = [metric(s, "agentaccel_output_tokens_total", "qa") for s in two_servers]
+            reply = ask(front, question, session)
+            after = [metric(s, "agentaccel_output_tokens_total", "qa") for s in two_servers]
+            (server,) = [s for s, x, y in zip(two_servers, before, after, strict=True) if y > x]
+            return server, reply
+
+        question = "List the tables you would create for a library: books, members and loans."
+        home, first = served_by(question, "agent-0")
+        assert served_by("Say hello.", "agent-0")[0] == home  # the session stays on its server
         time.sleep(2.0)
-        assert time.monotonic() - answered < 2.5
-        second = httpx.post(b + "/v1/chat/completions", json=body, headers=headers, timeout=300).json()
+        for n in range(1, 16):  # a session the router sends to the other server
+            other = next(s for s in two_servers if s != home)
+            before = metric(other, "agentaccel_accepted_tokens_total", "qa")
+            server, second = served_by(question, f"agent-{n}")
+            if server == other:
+                break
+        else:
+            pytest.fail("the router sent 15 sessions to one server of two")
         assert second["choices"][0]["message"]["content"] == first["choices"][0]["message"]["content"]
-        accepted = metric(b, "agentaccel_accepted_tokens_total", "qa")
-        # cold, server B would accept a handful of its 40-odd tokens (test_proxy_local); here most
+        accepted = metric(other, "agentaccel_accepted_tokens_total", "qa") - before
         assert accepted >= 0.6 * second["usage"]["completion_tokens"], (accepted, second["usage"])
     finally:
-        for _, proc in servers:
-            proc.terminate()
-        for _, proc in servers:
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+        stop([proxy, router])
 
 
 def metric(url: str, name: str, stage: str) -> float:

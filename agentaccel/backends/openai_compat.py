@@ -19,7 +19,7 @@ import aiohttp
 
 from agentaccel import jsonfast
 from agentaccel.backends.base import CHAT, Backend, CallContext
-from agentaccel.backends.routing import SESSION_HEADER, session_headers
+from agentaccel.backends.routing import SESSION_HEADER, upstream_headers
 from agentaccel.errors import APIError, upstream_timeout, upstream_unavailable
 
 _PATHS = {CHAT: "/chat/completions", "completions": "/completions"}
@@ -63,7 +63,7 @@ class OpenAIBackend(Backend):
         headers = ctx.headers
         if self.api_key:  # the configured upstream key wins over whatever the client sent
             headers = {k: v for k, v in headers.items() if k != "authorization"}
-        return session_headers(headers, ctx.session_id, self.session_header, self.data_parallel_ranks)
+        return upstream_headers(headers, ctx.stage, ctx.session_id, self.session_header, self.data_parallel_ranks)
 
     def _failure(self, e: Exception, what: str) -> APIError:
         if isinstance(e, asyncio.TimeoutError):

@@ -8,6 +8,9 @@ vLLM's prefix cache hold that session's history).
   `SESSION_HEADER` (`serve --session-header` names another, or none).
 * vLLM's own data parallelism (`--data-parallel-size N`) honours `X-data-parallel-rank`: the
   managed backend pins a session to rank hash(session) mod N.
+* An agentaccel server upstream (a proxy in front of a router in front of agentaccel servers)
+  gets the stage and session this proxy resolved (`X-Agentaccel-Stage`, `X-Agentaccel-Session`):
+  every server of the fleet files the call under the same stage.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ import hashlib
 
 SESSION_HEADER = "x-session-id"
 DP_RANK_HEADER = "x-data-parallel-rank"
+STAGE_HEADER = "x-agentaccel-stage"  # (proxy/tagging.py reads the same names)
+AGENTACCEL_SESSION_HEADER = "x-agentaccel-session"
 
 
 def session_rank(session_id: str, ranks: int) -> int:
@@ -40,12 +45,14 @@ def data_parallel_size(vllm_args: list[str]) -> int:
     return 1
 
 
-def session_headers(headers: dict[str, str], session_id: str | None, session_header: str | None,
-                    ranks: int = 1) -> dict[str, str]:
-    """`headers` plus the session's routing headers (a client's own values are kept)."""
+def upstream_headers(headers: dict[str, str], stage: str, session_id: str | None, session_header: str | None,
+                     ranks: int = 1) -> dict[str, str]:
+    """`headers` plus the call's stage and its session's routing headers (a client's own routing
+    values are kept)."""
+    out = {**headers, STAGE_HEADER: stage}
     if not session_id:
-        return headers
-    out = dict(headers)
+        return out
+    out[AGENTACCEL_SESSION_HEADER] = session_id
     if session_header and session_header not in out:
         out[session_header] = session_id
     if ranks > 1 and DP_RANK_HEADER not in out:
