@@ -306,7 +306,7 @@ def run_replicas(console, err, store, tokenizer, *, stages, model, source, sessi
             rows.append({"mode": mode, "replicas": n, **tally.summary([profile])})
     rows += [{**rows[0], "replicas": n} for n in replicas if n > 1]  # one replica seeing all: the same at every R
     elapsed = time.perf_counter() - t0
-    label = ", ".join(stages) if stages else "all stages"
+    label = ", ".join(stages) if stages and len(stages) <= 2 else f"{len(stages)} stages" if stages else "all stages"
     table = Table(title=f"{len(measured):,} calls ({len(sessions_list):,} sessions, {streams} at a time) on R "
                         f"replicas routed by session ({label}); shared after {delay:g} s; {elapsed:.0f} s")
     for c in ("replicas", "learning", "MAT", "accept", "draft/step", f"speedup {profile.name}", "÷ one"):
