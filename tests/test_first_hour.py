@@ -37,6 +37,9 @@ README_URL = "http://127.0.0.1:8000"
 #   ci      CI runs it itself (.ci/run: install, then the tests)
 #   bench   its default takes ~15 minutes: its options must parse here; tests/test_bench_vllm.py
 #           runs it for real on a fresh HOME with fewer calls
+#   fleet   the several-servers recipe (PostgreSQL, servers, vllm-router, a front proxy): needs
+#           a GPU model and a PostgreSQL of the user's; tests/test_shared_store.py runs the same
+#           topology for real (its own PostgreSQL, two servers with the real model, vllm-router)
 PLAN = {
     "./install.sh": "ci",
     "agentaccel serve": "serve",
@@ -52,6 +55,17 @@ PLAN = {
     "agentaccel import-traces calls.jsonl --db copy.db": "run",
     "agentaccel bench replay": "run",
     "agentaccel bench replay --concurrency 1,4,16,64": "run",
+    "agentaccel bench replay --replicas 1,2,4,8": "run",
+    'initdb -D ~/agentaccel-pg -U agentaccel --auth=trust && pg_ctl -D ~/agentaccel-pg -l ~/agentaccel-pg.log '
+    '-o "-p 5433 -k /tmp" start': "fleet",
+    "createdb -h 127.0.0.1 -p 5433 -U agentaccel traces": "fleet",
+    "DB=postgresql://agentaccel@127.0.0.1:5433/traces": "fleet",
+    "agentaccel serve --backend vllm --model Qwen/Qwen2.5-7B-Instruct --port 8001 --db $DB -- "
+    "--data-parallel-size 2": "fleet",
+    "agentaccel serve --backend vllm --model Qwen/Qwen2.5-7B-Instruct --port 8002 --db $DB": "fleet",
+    "vllm-router --port 8100 --policy consistent_hash --worker-urls http://127.0.0.1:8001 http://127.0.0.1:8002":
+        "fleet",
+    "agentaccel serve --backend openai --upstream http://127.0.0.1:8100 --port 8000 --no-record": "fleet",
     "pytest": "ci",
 }
 # What a command reads real traces for says so, with where to get them: never a traceback.
@@ -191,6 +205,9 @@ def test_a_new_users_first_hour(machine):
                     assert "resolved 1/1 off, 1/1 on" in out.stdout, out.stdout
             elif how in ("options", "bench"):
                 assert_clean(machine.run(f"{command} --help"), command)
+            elif how == "fleet" and command.startswith(("agentaccel", "vllm-router")):  # installed, options known
+                program = command.split(" --", 1)[0].split(" -- ", 1)[0]
+                assert_clean(machine.run(f"{program} --help"), command)
     for command in NEEDS_TRACES:
         out = machine.run(command)
         assert "Traceback" not in out.stdout + out.stderr, out.stderr
