@@ -204,6 +204,43 @@ def test_a_follower_learns_other_servers_outputs_but_not_its_own_twice(db, tok):
         follower.close()
 
 
+def wait_for(condition, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return condition()
+
+
+def test_a_server_starts_warm_from_a_snapshot_and_reads_only_later_calls(db, tok, tmp_path):
+    snapshot = tmp_path / "trees.idx"
+    answers = [f"SELECT name FROM t{i} WHERE id = {i};" for i in range(5)]
+    write(db, *(session(f"k{i}", answers[i]) for i in range(3)), tokenize=(tok.fingerprint, tok.encode_batch))
+    first = SuffixEngine()
+    report, follower = seed_then_follow(first, db, tok, snapshot=snapshot)
+    assert report.snapshot is None and report.calls == 3  # no snapshot yet: seeded from the store
+    assert wait_for(lambda: (tmp_path / "trees.idx.json").is_file())  # saved at once, for the next server
+    follower.close()
+    write(db, *(session(f"k{i}", answers[i]) for i in range(3, 5)), tokenize=(tok.fingerprint, tok.encode_batch))
+
+    second = SuffixEngine()
+    report, follower = seed_then_follow(second, db, tok, snapshot=snapshot)
+    try:
+        assert report.snapshot is not None and report.calls == 0  # the trees came from the snapshot
+        assert wait_for(lambda: follower.stats.learned == 2)  # and only the two later calls from the store
+        assert len(second.document_ids("s")) == 5  # each output once
+    finally:
+        follower.close()
+
+    # a snapshot that does not fit is not used: another store, or a damaged file
+    other = tmp_path / "other.db"
+    write(other, session("x", "SELECT 1;"))
+    report, _ = seed_then_follow(SuffixEngine(), other, tok, follow=False, snapshot=snapshot)
+    assert report.snapshot is None and report.calls == 1
+    snapshot.write_bytes(snapshot.read_bytes()[:100])
+    report, _ = seed_then_follow(SuffixEngine(), db, tok, follow=False, snapshot=snapshot)
+    assert report.snapshot is None and report.calls == 5
+
+
 # ---------------------------------------------------------------------------- two real servers
 def start_serve(args: list[str], log: Path) -> tuple[str, subprocess.Popen]:
     port = free_port()

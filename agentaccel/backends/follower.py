@@ -6,14 +6,18 @@ time, and a store that cannot be read is logged and tried again, never raised.""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
+from agentaccel.backends import snapshots
 from agentaccel.backends.seeding import SeedReport, seed_from_store
 from agentaccel.engine.suffix_engine import SuffixEngine
-from agentaccel.traces.database import Location, errors
+from agentaccel.traces.database import Location, errors, locate
 from agentaccel.traces.store import TraceStore
 from agentaccel.traces.tail import CallTail
 
@@ -37,9 +41,12 @@ class StoreFollower:
     def __init__(self, engine: SuffixEngine, db: str | Location, tokenizer, *, after: int | None = None,
                  wait_seconds: float = WAIT_SECONDS) -> None:
         self.engine, self.db, self.tokenizer, self.wait_seconds = engine, db, tokenizer, wait_seconds
+        self.store_name = str(locate(db))
         self.stats = FollowStats()
+        self.keeper: snapshots.SnapshotKeeper | None = None  # saves the trees now and then, when set
         self._after = after
         self._tail: CallTail | None = None
+        self._lock = threading.Lock()  # a poll's additions vs a snapshot of the trees
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="agentaccel-follow", daemon=True)
 
@@ -49,8 +56,19 @@ class StoreFollower:
         self._thread.start()
         return self
 
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[int]:
+        """Holds polls off and gives the cursor the trees are complete up to (below the oldest
+        call still expected to commit late)."""
+        with self._lock:
+            yield self._tail.safe_cursor if self._tail is not None else (self._after or 0)
+
     def step(self) -> int:
         """One poll: adds what arrived; returns how many calls were read."""
+        with self._lock:
+            return self._step()
+
+    def _step(self) -> int:
         calls = self._tail.poll()
         for call in calls:
             if not len(call.tokens):
@@ -90,6 +108,8 @@ class StoreFollower:
                 log.warning("agentaccel: trace store still unreachable: %s", e)
 
     def close(self) -> None:
+        if self.keeper is not None:
+            self.keeper.close()
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(10)
@@ -98,10 +118,22 @@ class StoreFollower:
 
 
 def seed_then_follow(engine: SuffixEngine, db: str | Location, tokenizer, *, follow: bool = True,
-                     progress=None) -> tuple[SeedReport, StoreFollower | None]:
-    """Seeds the trees with the store's calls up to its newest one now, then (`follow`) tails every
-    call after it: nothing is missed between the two and nothing read twice."""
-    with TraceStore(db) as store:
-        cursor = store.newest_call_id()
-        report = seed_from_store(engine, store, tokenizer, progress=progress, up_to=cursor)
-    return report, StoreFollower(engine, db, tokenizer, after=cursor).start() if follow else None
+                     progress=None, snapshot: str | Path | None = None,
+                     save_snapshot: bool = True) -> tuple[SeedReport, StoreFollower | None]:
+    """Fills the trees with the store's calls up to its newest one now, then (`follow`) tails every
+    call after it: nothing is missed between the two and nothing read twice. With `snapshot`: the
+    trees come from that snapshot when it fits (backends/snapshots.py) and only the calls after
+    it are read; while following, the snapshot is saved now and then (`save_snapshot`)."""
+    info = snapshots.load(engine, Path(snapshot), str(locate(db)), tokenizer) if snapshot else None
+    if info is not None:
+        cursor, report = info.cursor, SeedReport(snapshot=info)
+    else:
+        with TraceStore(db) as store:
+            cursor = store.newest_call_id()
+            report = seed_from_store(engine, store, tokenizer, progress=progress, up_to=cursor)
+    if not follow:
+        return report, None
+    follower = StoreFollower(engine, db, tokenizer, after=cursor).start()
+    if snapshot and save_snapshot:
+        follower.keeper = snapshots.SnapshotKeeper(follower, Path(snapshot))
+    return report, follower

@@ -20,6 +20,7 @@ class SeedReport:
     tokens: int = 0
     stages: int = 0
     skipped_for_budget: int = 0
+    snapshot: object | None = None  # the snapshot the trees came from instead (backends/snapshots.py)
 
 
 def seed_from_store(engine: SuffixEngine, store: TraceStore, tokenizer, budget_bytes: int | None = None,

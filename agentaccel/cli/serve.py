@@ -90,6 +90,11 @@ def serve(
                                                      "for routers that keep a session on one server (vllm-router "
                                                      "consistent_hash reads X-Session-ID; production-stack: its "
                                                      "--session-key); empty: none.")] = "X-Session-ID",
+    snapshot: Annotated[Path | None, typer.Option(help="A file where the stage trees are saved (every 5 minutes "
+                                                       "and at shutdown) with the trace store position they "
+                                                       "cover; the next start loads it and reads only later "
+                                                       "calls from the store (default: none: seed from the "
+                                                       "whole store).")] = None,
     follow: Annotated[bool, typer.Option(help="While serving, add to the stage trees every call any server "
                                               "records into the same trace store (replicas sharing one "
                                               "PostgreSQL store learn from each other).")] = True,
@@ -164,7 +169,7 @@ def serve(
     elif backend is BackendKind.local:
         check_cost_profile(cost_profile)
         impl = _local_backend(model, served_model_name, device, dtype.value, spec_config, budget,
-                              location, seed, follow, recorder, cost_profile, parse_size(prefix_cache),
+                              location, seed, follow, snapshot, recorder, cost_profile, parse_size(prefix_cache),
                               online_tuning)
     elif backend is BackendKind.replay:
         impl = _replay_backend(location, "gpu" if cost_profile == "auto" else cost_profile, step_ms, speculation,
@@ -176,7 +181,8 @@ def serve(
 
         impl = VLLMBackend(model, served_name=served_model_name, extra_args=list(ctx.args), db_path=location,
                            seed=seed, follow=follow, spec_config=spec_config, memory_budget_bytes=budget,
-                           timeout=upstream_timeout, online=online_tuning, session_header=session_header or None)
+                           timeout=upstream_timeout, online=online_tuning, session_header=session_header or None,
+                           snapshot=snapshot)
     if not api_key and host not in ("127.0.0.1", "localhost", "::1"):
         err.print(f"[bold red]warning:[/bold red] serving on {host} without --api-key: anyone who can reach this "
                   "address can use the model and read /metrics")
@@ -263,8 +269,8 @@ def _replay_backend(db, cost_profile, step_ms, speculation, served_name, spec_co
     return backend
 
 
-def _local_backend(model, served_name, device, dtype, spec_config, budget, db, seed, follow, recorder, cost_profile,
-                   prefix_cache_bytes, online):
+def _local_backend(model, served_name, device, dtype, spec_config, budget, db, seed, follow, snapshot, recorder,
+                   cost_profile, prefix_cache_bytes, online):
     from agentaccel.backends.local.service import LocalBackend
     from agentaccel.engine import SuffixEngine
 
@@ -274,7 +280,7 @@ def _local_backend(model, served_name, device, dtype, spec_config, budget, db, s
         if recorder is not None:
             recorder.set_tokenizer((tokenizer.fingerprint, tokenizer.encode_batch))
         if seed or follow:
-            seed_engine(engine, db, tokenizer, seed, follow)
+            seed_engine(engine, db, tokenizer, seed, follow, snapshot)
 
     return LocalBackend(engine, model_path=model, device=device, dtype=dtype, served_name=served_name,
                         spec_config=spec_config, policy_db=db, online=online,
@@ -282,7 +288,7 @@ def _local_backend(model, served_name, device, dtype, spec_config, budget, db, s
                         cost_profile=cost_profile, prefix_cache_bytes=prefix_cache_bytes, say=_say)
 
 
-def seed_engine(engine, db, tokenizer, seed: bool, follow: bool) -> None:
+def seed_engine(engine, db, tokenizer, seed: bool, follow: bool, snapshot: Path | None = None) -> None:
     """Seeds the engine from the trace store, with a progress bar, then (`follow`) keeps adding the
     calls any server records there while this one serves."""
     from rich.progress import Progress
@@ -294,10 +300,14 @@ def seed_engine(engine, db, tokenizer, seed: bool, follow: bool) -> None:
         with Progress(console=err, transient=True) as progress:
             task = progress.add_task("seeding stage trees from the trace store", total=None)
             report, follower = seed_then_follow(
-                engine, db, tokenizer, follow=follow,
+                engine, db, tokenizer, follow=follow, snapshot=snapshot,
                 progress=lambda done, total: progress.update(task, completed=done, total=total))
-        err.print(f"agentaccel: seeded {report.calls} outputs ({report.tokens} tokens, {report.stages} stages) "
-                  f"from {db}")
+        if report.snapshot is not None:
+            err.print(f"agentaccel: stage trees from the snapshot {snapshot} (calls up to {report.snapshot.cursor}), "
+                      f"then the calls recorded after it in {db}")
+        else:
+            err.print(f"agentaccel: seeded {report.calls} outputs ({report.tokens} tokens, {report.stages} stages) "
+                      f"from {db}")
     elif follow:
         follower = StoreFollower(engine, db, tokenizer).start()
     if follower is not None:

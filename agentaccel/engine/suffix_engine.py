@@ -344,6 +344,20 @@ class SuffixEngine:
         """Writes the global trees (not live requests) atomically to `path`."""
         self._eng.save(os.fspath(path))
 
+    def adopt(self, path: str | os.PathLike) -> None:
+        """Takes the global trees of a file `save` wrote in place of this engine's own, keeping
+        this engine's policies and settings: how a server starts warm from a snapshot. Only
+        before any request has started (a live request's tree refers to the trees it replaces).
+        A bad file raises ValueError, as `load` does, and changes nothing."""
+        if self._eng.num_requests():
+            raise RuntimeError("adopt() needs an engine without live requests")
+        native = _core.Engine.load(os.fspath(path))
+        native.recency_half_life = self._eng.recency_half_life
+        native.set_policy("", self.config.to_native())
+        self._eng = native
+        for stage in set(self._policies) | set(self._trust):
+            self._push(stage)
+
     @classmethod
     def load(cls, path: str | os.PathLike, *, vocab_size: int | None = None,
              config: SpecConfig | None = None) -> SuffixEngine:

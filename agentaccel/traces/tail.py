@@ -51,6 +51,12 @@ class CallTail:
     def gaps(self) -> int:
         return len(self._gaps)
 
+    @property
+    def safe_cursor(self) -> int:
+        """Every call up to here has been read (below the oldest gap): where a tail restarted
+        later must begin so that a late commit is not missed."""
+        return min(self._gaps) - 1 if self._gaps else self.cursor
+
     def poll(self) -> list[TailedCall]:
         """The calls committed since the last poll (at most `batch` past the cursor, plus filled gaps)."""
         rows = self._rows("c.id > ? ORDER BY c.id LIMIT ?", (self.cursor, self.batch))

@@ -76,7 +76,7 @@ class VLLMBackend(OpenAIBackend):
                  spec_config: str | Path | None = None,
                  memory_budget_bytes: int = 0, timeout: float = 600.0, start_timeout: float = 900.0,
                  port: int | None = None, echo=None, online: bool = True,
-                 session_header: str | None = SESSION_HEADER) -> None:
+                 session_header: str | None = SESSION_HEADER, snapshot: str | Path | None = None) -> None:
         self.port = port or free_port()
         super().__init__(f"http://127.0.0.1:{self.port}", timeout=timeout, session_header=session_header)
         self.model = model
@@ -92,6 +92,8 @@ class VLLMBackend(OpenAIBackend):
                 "AGENTACCEL_FOLLOW": "1" if follow else "0",
                 "AGENTACCEL_MEMORY_BUDGET": str(memory_budget_bytes), "AGENTACCEL_DB": db.spec,
                 "AGENTACCEL_ONLINE": "1" if online else "0"}
+        if snapshot is not None:
+            ours["AGENTACCEL_SNAPSHOT"] = str(Path(snapshot).expanduser().resolve())
         if spec_config is not None:
             ours["AGENTACCEL_SPEC_CONFIG"] = str(Path(spec_config).resolve())
         argv, env = launch_command(model, self.port, served_name=self.served_name, extra_args=extra, env=ours)

@@ -8,6 +8,8 @@ read by the paper mode only: the default mode sizes drafts by their verification
 * `AGENTACCEL_DB`: the trace store; its stages' tuned drafting settings are read at start, and
   the online calibration is saved there; with `AGENTACCEL_SEED=1` it also seeds the stage trees,
   and with `AGENTACCEL_FOLLOW=1` every call recorded there later (by any server) is added too;
+* `AGENTACCEL_SNAPSHOT`: a file where the stage trees are saved with the store cursor they
+  cover, and loaded from at the next start (then only later calls are read from the store);
 * `AGENTACCEL_SPEC_CONFIG`: per-stage drafting settings (JSON, see engine.policy), winning over
   the tuned ones;
 * `AGENTACCEL_ONLINE=0`: no online calibration of the stages' policies;
@@ -194,6 +196,11 @@ class AgentaccelProposer:
         self.engine = SuffixEngine(max_depth=config.suffix_decoding_max_tree_depth, memory_budget_bytes=budget,
                                    config=policies.default)
         policies.install(self.engine)
+        # before the drafter is built on the engine: a snapshot replaces the engine's trees
+        self.follower = None
+        seed, follow = os.environ.get("AGENTACCEL_SEED") == "1", os.environ.get("AGENTACCEL_FOLLOW") == "1"
+        if (seed or follow) and os.environ.get("AGENTACCEL_DB"):
+            self._seed(vllm_config, seed, follow)
         self.calibration = self.keeper = None
         if os.environ.get("AGENTACCEL_ONLINE", "1") != "0":
             self.calibration, self.keeper = start_online(self.engine, online, db)
@@ -213,10 +220,6 @@ class AgentaccelProposer:
         for keeper in (self.keeper, self.cost_keeper):  # what was learned since the last save, at a clean exit
             if keeper is not None:
                 atexit.register(keeper.close)
-        self.follower = None
-        seed, follow = os.environ.get("AGENTACCEL_SEED") == "1", os.environ.get("AGENTACCEL_FOLLOW") == "1"
-        if (seed or follow) and os.environ.get("AGENTACCEL_DB"):
-            self._seed(vllm_config, seed, follow)
         if os.environ.get("AGENTACCEL_VLLM_STATS") or os.environ.get("AGENTACCEL_STEP_LOG") or self.learner is not None:
             path = os.environ.get("AGENTACCEL_VLLM_STATS")
             # each data-parallel rank's proposer writes a file of its own; vLLM runs the ranks of a dense
@@ -237,7 +240,12 @@ class AgentaccelProposer:
             return
         db = os.environ["AGENTACCEL_DB"]
         if seed:
-            report, self.follower = seed_then_follow(self.engine, db, tokenizer, follow=follow)
+            # every data-parallel rank learns the same calls: rank 0 alone keeps the snapshot
+            parallel = vllm_config.parallel_config
+            rank = getattr(parallel, "data_parallel_index", parallel.data_parallel_rank)
+            report, self.follower = seed_then_follow(self.engine, db, tokenizer, follow=follow,
+                                                     snapshot=os.environ.get("AGENTACCEL_SNAPSHOT") or None,
+                                                     save_snapshot=rank == 0)
             log.info("agentaccel: seeded %d outputs (%d tokens, %d stages)", report.calls, report.tokens,
                      report.stages)
         else:
