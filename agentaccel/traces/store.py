@@ -50,7 +50,7 @@ CREATE TABLE IF NOT EXISTS blobs (
 CREATE TABLE IF NOT EXISTS calls (
   id {ID},
   session_id {INT} NOT NULL REFERENCES sessions(id),
-  position {INT} NOT NULL,         -- order of the call inside its session
+  position {INT} NOT NULL,           -- order of the call inside its session
   stage TEXT NOT NULL,
   model TEXT,
   created_at {FLOAT},
@@ -83,19 +83,19 @@ CREATE TABLE IF NOT EXISTS stage_policies (  -- traces/stage_policies.py
   stage TEXT PRIMARY KEY,
   config TEXT,                       -- JSON: the tuned drafting settings (SpecConfig fields)
   cost TEXT,                         -- the verification cost it was tuned under
-  calls {INT},                     -- recent calls of the stage it was tuned on
-  est_speedup {FLOAT},                  -- replayed with the tuned settings...
-  default_speedup {FLOAT},              -- ...and with the defaults
+  calls {INT},                       -- recent calls of the stage it was tuned on
+  est_speedup {FLOAT},               -- replayed with the tuned settings...
+  default_speedup {FLOAT},           -- ...and with the defaults
   tuned_at TEXT,
-  calibration {FLOAT},                  -- accepted / predicted draft tokens under the tuned settings
-  online_trust {FLOAT},                 -- online calibration: the factor in force when last saved
+  calibration {FLOAT},               -- accepted / predicted draft tokens under the tuned settings
+  online_trust {FLOAT},              -- online calibration: the factor in force when last saved
   online_steps {INT},
   online_at TEXT
 );
 CREATE TABLE IF NOT EXISTS step_costs (  -- traces/step_costs.py
   server TEXT PRIMARY KEY,           -- what was timed: the model, the device, the parallelism
   curve TEXT NOT NULL,               -- JSON: the learned step cost (engine/step_cost.py)
-  steps {INT},                     -- timed steps behind it
+  steps {INT},                       -- timed steps behind it
   updated_at TEXT
 );
 """
