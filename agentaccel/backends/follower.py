@@ -93,6 +93,10 @@ class StoreFollower:
                 self.stats.errors += 1
                 log.warning("agentaccel: reading new calls from the trace store failed: %s", e)
                 self._reconnect()
+            except Exception:  # a bad row or a bug: logged and counted; the thread must go on
+                self.stats.errors += 1
+                log.exception("agentaccel: following the trace store failed; trying again")
+                self._stop.wait(RETRY_SECONDS)
 
     def _reconnect(self) -> None:
         cursor = self._tail.cursor
