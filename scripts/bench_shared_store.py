@@ -19,7 +19,6 @@ from agentaccel.engine import SuffixEngine
 from agentaccel.text.tokenization import load_tokenizer
 from agentaccel.traces.records import Call, Session
 from agentaccel.traces.store import TraceStore
-from agentaccel.traces.tail import CallTail
 
 
 def main() -> None:
@@ -47,8 +46,7 @@ def main() -> None:
           f"= {report.calls / seconds:,.0f} calls/s")
 
     engine = SuffixEngine()
-    follower = StoreFollower(engine, args.db, tok, after=0)
-    follower._tail = CallTail(args.db, tok, after=0)  # read everything, as a tail that fell behind does
+    follower = StoreFollower(engine, args.db, tok, after=0).open()  # everything, as a tail that fell behind
     t0, read = time.perf_counter(), 0
     while True:
         n = follower.step()
@@ -56,7 +54,7 @@ def main() -> None:
             break
         read += n
     seconds = time.perf_counter() - t0
-    follower._tail.close()
+    follower.close()
     print(f"tail: {read:,} calls read into the trees in {seconds:.2f} s = {read / seconds:,.0f} calls/s")
 
     # live: a writer records calls in batches of 64 as fast as it can; another server's follower

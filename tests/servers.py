@@ -10,6 +10,16 @@ import uvicorn
 from agentaccel.processes import free_port, wait_healthy  # noqa: F401 - one definition, re-exported for tests
 
 
+def metric(url: str, name: str, stage: str) -> float:
+    """A per-stage value from a proxy's /metrics (0 when the stage has none yet)."""
+    import httpx
+
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith(f'{name}{{stage="{stage}"}}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
 class ServerThread:
     def __init__(self, app, port: int | None = None) -> None:
         self.port = port or free_port()

@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("torch")
 openai = pytest.importorskip("openai")
 
-from servers import ServerThread  # noqa: E402
+from servers import ServerThread, metric  # noqa: E402
 
 from agentaccel.backends.local.service import LocalBackend  # noqa: E402
 from agentaccel.backends.openai_compat import OpenAIBackend  # noqa: E402
@@ -25,13 +25,6 @@ from agentaccel.traces.store import TraceStore  # noqa: E402
 MODEL = "SmolLM2-135M-Instruct"
 QUESTIONS = ["Write a SQL query that counts users per country.", "List three colors.",
              "Explain recursion in one sentence."]
-
-
-def metric(url, name, stage):
-    for line in httpx.get(url + "/metrics").text.splitlines():
-        if line.startswith(f'{name}{{stage="{stage}"}}'):
-            return float(line.split()[-1])
-    return 0.0
 
 
 @pytest.fixture(scope="module")

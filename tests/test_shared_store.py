@@ -14,12 +14,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-from servers import ServerThread, free_port, wait_healthy
+from servers import ServerThread, free_port, metric, wait_healthy
 
 from agentaccel.backends.follower import seed_then_follow
 from agentaccel.backends.openai_compat import OpenAIBackend
 from agentaccel.bench.upstream import MODEL, Upstream
 from agentaccel.engine import SuffixEngine
+from agentaccel.processes import stop_group
 from agentaccel.proxy import ProxyConfig, create_app
 from agentaccel.proxy.recorder import RecordedCall, Recorder
 from agentaccel.text.tokenization import load_tokenizer
@@ -249,17 +250,6 @@ def start_serve(args: list[str], log: Path) -> tuple[str, subprocess.Popen]:
     return f"http://127.0.0.1:{port}", proc
 
 
-def stop(procs: list[subprocess.Popen]) -> None:
-    for proc in procs:
-        proc.terminate()
-    for proc in procs:
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-
-
 @pytest.fixture(scope="module")
 def two_servers(postgres, tmp_path_factory):
     """Two `agentaccel serve --backend local` (the real model), each recording into one PostgreSQL
@@ -272,7 +262,8 @@ def two_servers(postgres, tmp_path_factory):
             wait_healthy(base, proc, 300)
         yield [base for base, _ in servers]
     finally:
-        stop([proc for _, proc in servers])
+        for _, proc in servers:
+            stop_group(proc, 60)
 
 
 def ask(url: str, question: str, session: str | None = None) -> dict:
@@ -346,12 +337,5 @@ def test_the_readme_recipe_through_vllm_router(two_servers, tmp_path):
         accepted = metric(other, "agentaccel_accepted_tokens_total", "qa") - before
         assert accepted >= 0.6 * second["usage"]["completion_tokens"], (accepted, second["usage"])
     finally:
-        stop([proxy, router])
-
-
-def metric(url: str, name: str, stage: str) -> float:
-    for line in httpx.get(url + "/metrics").text.splitlines():
-        if line.startswith(f'{name}{{stage="{stage}"}}'):
-            return float(line.split()[-1])
-    return 0.0
-
+        for proc in (proxy, router):
+            stop_group(proc, 60)

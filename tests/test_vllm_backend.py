@@ -20,6 +20,7 @@ pytest.importorskip("torch")
 from servers import free_port, wait_healthy  # noqa: E402
 
 from agentaccel.backends.vllm.proposer import STATS_INTERVAL  # noqa: E402
+from agentaccel.processes import stop_group  # noqa: E402
 
 MAX_MODEL_LEN = 1024
 PROMPTS = ["Write a SQL query counting users per country.", "List three colors.",
@@ -51,11 +52,7 @@ def served(tmp_path_factory):
         wait_healthy(url, proc, 600, ready=lambda health: health.get("state") == "ready")
         yield url, db
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        stop_group(proc, 60)
         log.seek(0)
         print(log.read()[-4000:])
 

@@ -4,8 +4,6 @@ each rank, a session stays on one rank, and each rank learns what the other answ
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -18,6 +16,7 @@ pytest.importorskip("vllm")
 from servers import free_port, wait_healthy  # noqa: E402
 
 from agentaccel.backends.routing import session_rank  # noqa: E402
+from agentaccel.processes import stop_group  # noqa: E402
 
 
 def metrics(url: str) -> dict[str, float]:
@@ -68,10 +67,6 @@ def test_two_ranks_each_learn_what_the_other_answered(postgres, tmp_path):
         assert seen['agentaccel_accepted_tokens_total{stage="qa"}'] == sum(
             v for k, v in seen.items() if k.startswith("agentaccel_rank_accepted_tokens_total"))
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        stop_group(proc, 60)
         log.seek(0)
         print(log.read()[-3000:])

@@ -50,9 +50,15 @@ class StoreFollower:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="agentaccel-follow", daemon=True)
 
-    def start(self) -> StoreFollower:
-        self._tail = CallTail(self.db, self.tokenizer, after=self._after)  # opened here: a bad store fails now
+    def open(self) -> StoreFollower:
+        """Opens the tail (a bad store fails here); `step` then polls by hand."""
+        self._tail = CallTail(self.db, self.tokenizer, after=self._after)
         self.stats.cursor = self._tail.cursor
+        return self
+
+    def start(self) -> StoreFollower:
+        """Opens the tail and follows on a background thread."""
+        self.open()
         self._thread.start()
         return self
 

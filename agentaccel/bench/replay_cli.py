@@ -52,6 +52,21 @@ def sweep_variants(base: sp.Suffix, grid: dict[str, list]) -> list[sp.Suffix]:
     return out
 
 
+def _profile(err, cost: str):
+    """The cost profile named, or a CLI error."""
+    try:
+        return load_profile(cost)
+    except ValueError as e:
+        err.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(2) from e
+
+
+def _progress(err) -> Progress:
+    """A progress bar whose task description says what runs."""
+    return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=err, transient=True)
+
+
 def selected_calls(console, err, store, tokenizer, *, stages, model, source, sessions, limit, warm,
                    least: int = 1) -> tuple[list, list]:
     """(warm-up calls, measured calls) as the options select them, or a CLI error when fewer than
@@ -152,11 +167,7 @@ def run_policies(console, err, store, tokenizer, *, stages, model, source, sessi
     """`bench replay --policies` (bench/policy_bench.py)."""
     from agentaccel.bench import policy_bench as pb
 
-    try:
-        profile = load_profile(cost)
-    except ValueError as e:
-        err.print(f"[red]error:[/red] {e}")
-        raise typer.Exit(2) from e
+    profile = _profile(err, cost)
     warm_calls, measured = selected_calls(console, err, store, tokenizer, stages=stages, model=model, source=source,
                                           sessions=sessions, limit=limit, warm=warm, least=2)
     with console.status("comparing policies") as status:
@@ -224,8 +235,7 @@ def run_concurrency(console, err, store, tokenizer, *, stages, model, source, se
                                           sessions=sessions, limit=limit, warm=warm)
     streams = br.sessions_of(measured)
     rows = []
-    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), console=err, transient=True)
+    progress = _progress(err)
     t0 = time.perf_counter()
     with progress:
         task = progress.add_task("", total=len(levels) * len(names) * (len(measured)))
@@ -277,11 +287,7 @@ def run_replicas(console, err, store, tokenizer, *, stages, model, source, sessi
     from agentaccel.bench import batch_replay as br
     from agentaccel.bench import replicas as rc
 
-    try:
-        profile = load_profile(cost)
-    except ValueError as e:
-        err.print(f"[red]error:[/red] {e}")
-        raise typer.Exit(2) from e
+    profile = _profile(err, cost)
     warm_calls, measured = selected_calls(console, err, store, tokenizer, stages=stages, model=model, source=source,
                                           sessions=sessions, limit=limit, warm=warm)
     sessions_list = br.sessions_of(measured)
@@ -294,8 +300,7 @@ def run_replicas(console, err, store, tokenizer, *, stages, model, source, sessi
 
     runs = [("one", 1)] + [(mode, n) for n in replicas for mode in ("siloed", "shared") if n > 1]
     rows = []
-    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), console=err, transient=True)
+    progress = _progress(err)
     t0 = time.perf_counter()
     with progress:
         task = progress.add_task("", total=len(runs) * len(measured))

@@ -18,11 +18,11 @@ cost profile, as `bench replay` does.
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from agentaccel.backends.routing import session_rank
 from agentaccel.bench.replay import ReplayCall, Tally, run_call
 from agentaccel.bench.speculators import Speculator
 
@@ -31,8 +31,7 @@ MODES = ("one", "siloed", "shared")
 
 def replica_of(session: int, replicas: int) -> int:
     """The replica a session's calls go to: a stable hash of the session, as a router's."""
-    digest = hashlib.blake2b(str(session).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") % replicas
+    return session_rank(str(session), replicas)
 
 
 @dataclass

@@ -28,10 +28,6 @@ class Location:
     path: Path | None = None  # the SQLite file
     url: str | None = None  # the PostgreSQL URL, as given
 
-    @property
-    def is_file(self) -> bool:
-        return self.kind == "sqlite"
-
     def exists(self) -> bool:
         """False only for a SQLite file that is not there yet (a server's database always 'exists')."""
         return self.path.is_file() if self.path is not None else True

@@ -147,6 +147,13 @@ def _tokenizer_file(spec: str) -> str:
     return cached if isinstance(cached, str) else spec
 
 
+def data_parallel_rank(vllm_config) -> int:
+    """This engine's data-parallel rank. vLLM runs the ranks of a dense model as independent
+    engines (data_parallel_rank 0 in each); data_parallel_index keeps the real rank."""
+    parallel = vllm_config.parallel_config
+    return getattr(parallel, "data_parallel_index", parallel.data_parallel_rank)
+
+
 def server_key(vllm_config) -> str:
     """What a learned step cost belongs to: the model, the device, tensor parallelism."""
     from vllm.platforms import current_platform
@@ -221,12 +228,8 @@ class AgentaccelProposer:
             if keeper is not None:
                 atexit.register(keeper.close)
         if os.environ.get("AGENTACCEL_VLLM_STATS") or os.environ.get("AGENTACCEL_STEP_LOG") or self.learner is not None:
-            path = os.environ.get("AGENTACCEL_VLLM_STATS")
-            # each data-parallel rank's proposer writes a file of its own; vLLM runs the ranks of a dense
-            # model as independent engines (data_parallel_rank 0 in each): data_parallel_index is the rank
-            parallel = vllm_config.parallel_config
-            rank = getattr(parallel, "data_parallel_index", parallel.data_parallel_rank)
-            path = stats_files.rank_path(Path(path), rank) if path else None
+            path = os.environ.get("AGENTACCEL_VLLM_STATS")  # each data-parallel rank writes a file of its own
+            path = stats_files.rank_path(Path(path), data_parallel_rank(vllm_config)) if path else None
             StatsWriter(self.drafter, path, self.calibration, self.learner, self.follower).start()
 
     def _seed(self, vllm_config, seed: bool, follow: bool) -> None:
@@ -241,11 +244,9 @@ class AgentaccelProposer:
         db = os.environ["AGENTACCEL_DB"]
         if seed:
             # every data-parallel rank learns the same calls: rank 0 alone keeps the snapshot
-            parallel = vllm_config.parallel_config
-            rank = getattr(parallel, "data_parallel_index", parallel.data_parallel_rank)
             report, self.follower = seed_then_follow(self.engine, db, tokenizer, follow=follow,
                                                      snapshot=os.environ.get("AGENTACCEL_SNAPSHOT") or None,
-                                                     save_snapshot=rank == 0)
+                                                     save_snapshot=data_parallel_rank(vllm_config) == 0)
             log.info("agentaccel: seeded %d outputs (%d tokens, %d stages)", report.calls, report.tokens,
                      report.stages)
         else:

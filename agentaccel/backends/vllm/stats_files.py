@@ -37,24 +37,26 @@ def merged(ranks: dict[int, dict]) -> dict:
     policies and the step cost of the lowest rank (every rank starts from the same ones)."""
     if len(ranks) <= 1:
         return next(iter(ranks.values()), {})
-    first = ranks[min(ranks)]
-    stages: dict[str, dict[str, float]] = {}
-    for data in ranks.values():
-        for stage, counters in (data.get("stages") or {}).items():
-            into = stages.setdefault(stage, {})
-            for key, value in counters.items():
-                if isinstance(value, int | float):
-                    into[key] = into.get(key, 0) + value
-    drafter = dict(first.get("drafter") or {})
-    for key in ("proposer_seconds", "steps", "timed_steps"):
-        values = [(d.get("drafter") or {}).get(key) for d in ranks.values()]
-        if any(v is not None for v in values):
-            drafter[key] = sum(v or 0 for v in values)
-    follower = {}
-    for data in ranks.values():
-        for key, value in (data.get("follower") or {}).items():
-            follower[key] = max(follower.get(key, 0), value) if key in ("cursor", "lag_seconds") else \
-                follower.get(key, 0) + value
-    return {"stages": stages, "requests": sum(d.get("requests") or 0 for d in ranks.values()),
-            "pending_outputs": sum(d.get("pending_outputs") or 0 for d in ranks.values()),
+    first, every = ranks[min(ranks)], list(ranks.values())
+    names = {stage for data in every for stage in data.get("stages") or {}}
+    stages = {stage: _summed([(d.get("stages") or {}).get(stage) or {} for d in every]) for stage in names}
+    drafter = dict(first.get("drafter") or {})  # the step cost curve: rank 0's (every rank starts alike)
+    counts = _summed([d.get("drafter") or {} for d in every])
+    drafter.update({k: v for k, v in counts.items() if k in ("proposer_seconds", "steps", "timed_steps")})
+    follower = _summed([d.get("follower") or {} for d in every])
+    for key in ("cursor", "lag_seconds"):  # positions, not counts: the furthest rank's
+        if key in follower:
+            follower[key] = max((d.get("follower") or {}).get(key, 0) for d in every)
+    return {"stages": stages, "requests": sum(d.get("requests") or 0 for d in every),
+            "pending_outputs": sum(d.get("pending_outputs") or 0 for d in every),
             "policies": first.get("policies", {}), "drafter": drafter, "follower": follower}
+
+
+def _summed(dicts: list[dict]) -> dict:
+    """The numeric values of `dicts`, added key by key."""
+    out: dict = {}
+    for d in dicts:
+        for key, value in d.items():
+            if isinstance(value, int | float):
+                out[key] = out.get(key, 0) + value
+    return out
