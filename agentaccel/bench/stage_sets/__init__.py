@@ -1,0 +1,1 @@
+"""Labelled benchmark sets for stage discovery (`agentaccel bench stages`)."""

@@ -1,0 +1,331 @@
+"""Prompt templates found as calls arrive: the stage of an untagged call.
+
+A stage is a prompt template: text that stays the same across calls, with slots that change (the
+schema, the question, the workspace, the date). A call is read as lines of its *template text* (the
+system message and the first user message, digits masked) and goes to the template whose fixed
+lines it contains.
+
+Calls of a pipeline form a grid: every stage meets every database and every question, so the text
+two calls share says as readily "same database" as "same stage". Two facts break the symmetry:
+- templates open with their instructions (no pipeline we know starts its prompt with a slot), so
+  calls are first split by their opening line;
+- a line that the fixed text of several templates holds (a schema every stage shows) tells no
+  template from another: a template is recognised by its *distinctive* fixed lines (held by no
+  other template), the first `window_chars` of them in prompt order.
+A slot right after a shared opening (examples chosen per question, as DAIL-SQL's) shows up as
+templates in one opening group that never see a second call: past `slot_after` of them, they
+merge into one. The first call of a template goes to `default`; the template is a stage from its
+second call on, so a flood of one-off prompts leaves at most `max_new` provisional templates behind
+and no stage names; established templates beyond `max_stages` go to `default` too (counted).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, field
+
+from agentaccel.text.messages import message_text
+
+PREFIX = "tmpl:"
+_DIGITS = re.compile(r"\d+")
+_WORD = re.compile(r"[a-z0-9]+")
+
+
+@dataclass(frozen=True)
+class MinerConfig:
+    max_chars: int = 16384  # template text read per call: templates open with their fixed text
+    max_lines: int = 512  # fixed lines kept per template
+    window_chars: int = 2048  # distinctive fixed text a call must show, read from the template's start
+    join: float = 0.5  # share of that text a call must contain
+    slot_after: int = 3  # one-call templates of one opening that make its next lines a slot
+    max_stages: int = 128  # established templates (stage names)
+    max_new: int = 512  # one-call templates kept while they wait for a second call
+    max_shared: int = 200_000  # lines remembered as slot content
+    refine_every: int = 16  # past 64 calls a template's fixed set is narrowed on every n-th call only
+
+
+def template_text(messages) -> str:
+    """The system message(s) and the first user message: where a pipeline puts a stage's
+    instructions (later messages are the conversation, not the template)."""
+    parts = []
+    if isinstance(messages, list):
+        for m in messages:
+            if not isinstance(m, dict):
+                continue
+            role = m.get("role")
+            parts.append(message_text(m))
+            if role not in ("system", "developer"):
+                break
+    return "\n".join(parts)
+
+
+@dataclass
+class Signature:
+    hashes: list[int]
+    lines: list[str]
+
+    @classmethod
+    def of(cls, text: str, config: MinerConfig) -> Signature:
+        lines = [s for s in _DIGITS.sub("0", text[: config.max_chars]).splitlines() if s and not s.isspace()]
+        return cls(list(map(hash, lines)), lines)
+
+
+@dataclass
+class Template:
+    name: str | None  # None until its second call
+    order: list[int]  # its first call's lines (hashes) in order; the fixed ones are in `fixed`
+    texts: dict[int, str]  # text of the fixed lines
+    fixed: set[int]
+    calls: int = 1
+    created: int = 0  # the miner's call counter when it was made
+    window_chars: int = 1  # chars of its window (the distinctive text a call is matched on)
+    aliases: list[str] = field(default_factory=list)  # names merged into this one
+
+    def fixed_lines(self) -> list[str]:
+        return [self.texts[h] for h in self.order if h in self.fixed]
+
+
+@dataclass
+class Match:
+    stage: str | None  # None: not a stage (yet): the caller's default
+    template: Template | None
+    overflow: bool = False
+
+
+class TemplateMiner:
+    """Online template discovery. Not thread-safe: one caller (the proxy's event loop, or a CLI)."""
+
+    def __init__(self, config: MinerConfig | None = None) -> None:
+        self.config = config or MinerConfig()
+        self.templates_: list[Template] = []
+        self.named: dict[str, Template] = {}
+        self.new: OrderedDict[int, Template] = OrderedDict()  # one-call templates, oldest first
+        self.holders: Counter[int] = Counter()  # line -> templates whose fixed set holds it
+        self.shared: set[int] = set()  # lines two templates ever held at once: slot content (a schema)
+        self.version = 0  # bumped when `holders` changes (windows and the index are cached against it)
+        self._index: dict[int, list[Template]] = {}  # window line -> templates it identifies
+        self._index_version = -1
+        self.seen = 0
+        self.overflow = 0
+        self.merged_into: dict[int, Template] = {}  # id of a merged template -> the one it became
+        self.renamed: dict[str, str] = {}  # a merged stage's name -> the surviving one
+        self.changed: set[str] = set()  # names whose template changed since `take_changes`
+
+    # --- matching ----------------------------------------------------------------------------
+    def observe_messages(self, messages) -> Match:
+        return self.observe(template_text(messages))
+
+    def observe(self, text: str) -> Match:
+        sig = Signature.of(text, self.config)
+        self.seen += 1
+        if not sig.hashes:
+            return Match(None, None)
+        present = set(sig.hashes)
+        best = self._best(present) or self._merge_slot(present, sig.hashes)
+        if best is None:
+            return self._create(sig)
+        return self._join(best, present)
+
+    def _best(self, present: set[int]) -> Template | None:
+        index = self._window_index()
+        got: dict[int, int] = {}
+        owners: dict[int, Template] = {}
+        for h in present.intersection(index):
+            for t, w in index[h]:
+                got[id(t)] = got.get(id(t), 0) + w
+                owners[id(t)] = t
+        best, best_score = None, self.config.join
+        for key, weight in got.items():
+            t = owners[key]
+            if self._anchor(t) not in present:  # a template is anchored by its first own fixed line
+                continue
+            score = weight / t.window_chars
+            if score > best_score or (best is not None and score == best_score and t.calls > best.calls):
+                best, best_score = t, score
+        return best
+
+    def _window_index(self) -> dict[int, list[tuple[Template, int]]]:
+        if self._index_version != self.version:
+            index: dict[int, list[tuple[Template, int]]] = {}
+            for t in self.templates_:
+                window = self._window(t)
+                t.window_chars = sum(w for _, w in window) or 1
+                for h, w in window:
+                    index.setdefault(h, []).append((t, w))
+            self._index, self._index_version = index, self.version
+        return self._index
+
+    def _anchor(self, t: Template) -> int | None:
+        window = self._window(t)
+        return window[0][0] if window else None
+
+    def _window(self, t: Template) -> list[tuple[int, int]]:
+        """The first `window_chars` of the template's own fixed text, in prompt order: lines never
+        seen as slot content, else lines no other template holds, else all its fixed lines."""
+        for own in (lambda h: h not in self.shared, lambda h: self.holders[h] == 1, lambda h: True):
+            limit, got, window = self.config.window_chars, 0, []
+            for h in t.order:
+                if h in t.fixed and own(h):
+                    window.append((h, len(t.texts[h]) + 1))
+                    got += window[-1][1]
+                    if got >= limit:
+                        break
+            if window:
+                return window
+        return []
+
+    # --- learning ----------------------------------------------------------------------------
+    def _join(self, t: Template, present: set[int]) -> Match:
+        t.calls += 1
+        self._slot_content(present - t.fixed)
+        if t.calls <= 64 or t.calls % self.config.refine_every == 0:
+            gone = t.fixed - present
+            if gone:
+                self._drop(t, gone)
+        if t.name is None and not self._establish(t):
+            return Match(None, t, overflow=True)
+        return Match(t.name, t)
+
+    def _slot_content(self, lines: set[int]) -> None:
+        if lines - self.shared:
+            self.shared |= lines
+            self.version += 1
+            if len(self.shared) > self.config.max_shared:
+                self.shared.clear()  # rare (a flood of one-off prompts); templates re-learn it
+
+    def _drop(self, t: Template, lines: set[int]) -> None:
+        self._slot_content(lines)
+        t.fixed -= lines
+        self.holders.subtract(lines)
+        for h in lines:
+            if self.holders[h] <= 0:
+                del self.holders[h]
+            t.texts.pop(h, None)
+        t.order = [h for h in t.order if h in t.fixed]
+        self.version += 1
+        if t.name:
+            self.changed.add(t.name)
+
+    def _establish(self, t: Template) -> bool:
+        self.new.pop(id(t), None)
+        if len(self.named) >= self.config.max_stages:
+            self.overflow += 1
+            self.new[id(t)] = t  # stays a candidate; evicted like any other one-call template
+            return False
+        t.name = self._name(t)
+        self.named[t.name] = t
+        self.changed.add(t.name)
+        return True
+
+    def _create(self, sig: Signature) -> Match:
+        order, texts = [], {}
+        for h, line in zip(sig.hashes, sig.lines, strict=True):
+            if h not in texts and len(order) < self.config.max_lines:
+                order.append(h)
+                texts[h] = line
+        t = Template(None, order, texts, set(order), created=self.seen)
+        self._add(t)
+        self.new[id(t)] = t
+        while len(self.new) > self.config.max_new:
+            self._remove(self.new.popitem(last=False)[1])
+        return Match(None, t)
+
+    def _add(self, t: Template) -> None:
+        self.templates_.append(t)
+        self.holders.update(t.fixed)
+        if len(self.templates_) > 1:
+            self._slot_content({h for h in t.fixed if self.holders[h] > 1})
+        self.version += 1
+
+    def _remove(self, t: Template) -> None:
+        self.templates_.remove(t)
+        self.holders.subtract(t.fixed)
+        for h in t.fixed:
+            if self.holders[h] <= 0:
+                del self.holders[h]
+        self.version += 1
+
+    def _merge_slot(self, present: set[int], hashes: list[int]) -> Template | None:
+        """Templates that open with this call's first line, none of which this call matches: with
+        `slot_after` of them, what follows the opening is a slot (examples chosen per question,
+        as DAIL-SQL's), not each its own template: they merge into the oldest, whose fixed text
+        becomes what they all share."""
+        first = hashes[0]
+        siblings = [t for t in self.templates_ if t.order and t.order[0] == first]
+        if len(siblings) < self.config.slot_after:  # a slot first, then the same own text
+            anchor = next((h for h in hashes if h not in self.shared), first)
+            siblings = [t for t in self.templates_ if self._anchor(t) == anchor]
+        if len(siblings) < self.config.slot_after:
+            return None
+        home = min(siblings, key=lambda t: (t.name is None, t.created))
+        core = set(home.fixed) & present
+        for t in siblings:
+            core &= t.fixed
+        for t in siblings:
+            if t is home:
+                continue
+            self._remove(t)
+            self.new.pop(id(t), None)
+            self.merged_into[id(t)] = home
+            home.calls += t.calls
+            if t.name:
+                del self.named[t.name]
+                self.renamed[t.name] = home.name or ""
+        if home.fixed - core:
+            self._drop(home, home.fixed - core)
+        return home
+
+    @staticmethod
+    def _chars(lines: set[int], t: Template) -> int:
+        return sum(len(t.texts[h]) + 1 for h in lines if h in t.texts)
+
+    def resolve(self, t: Template | None) -> Template | None:
+        """The template a call's template became after merges."""
+        while t is not None and id(t) in self.merged_into:
+            t = self.merged_into[id(t)]
+        return t
+
+    # --- names -------------------------------------------------------------------------------
+    def _name(self, t: Template) -> str:
+        lines = t.fixed_lines()
+        own = [t.texts[h] for h in t.order if h in t.fixed and h not in self.shared]
+        for source in (lines[:1], own[:1], own[:3]):
+            base = slug(" ".join(source))
+            if base and PREFIX + base not in self.named:
+                return PREFIX + base
+        base = slug(" ".join(lines[:1])) or "template"
+        n = 2
+        while f"{PREFIX}{base}-{n}" in self.named:
+            n += 1
+        return f"{PREFIX}{base}-{n}"
+
+    # --- state kept in the trace store ---------------------------------------------------------
+    def restore(self, name: str, fixed_text: str, calls: int) -> None:
+        """A template saved earlier (its name kept): its fixed lines, as `fixed_lines()` gave them."""
+        sig = Signature.of(fixed_text, MinerConfig(max_chars=len(fixed_text) + 1))
+        if not sig.hashes or name in self.named:
+            return
+        t = Template(name, [], {}, set(), calls=max(int(calls), 2))
+        for h, line in zip(sig.hashes, sig.lines, strict=True):
+            if h not in t.texts:
+                t.order.append(h)
+                t.texts[h] = line
+        t.fixed = set(t.order)
+        self._add(t)
+        self.named[name] = t
+
+    def take_changes(self) -> list[Template]:
+        """Templates named or narrowed since the last call (to save)."""
+        out = [self.named[n] for n in sorted(self.changed) if n in self.named]
+        self.changed.clear()
+        return out
+
+    def templates(self) -> list[Template]:
+        return sorted(self.named.values(), key=lambda t: -t.calls)
+
+
+def slug(text: str, words: int = 6, limit: int = 48) -> str:
+    """Readable, label-safe words of a template's opening (`identify-the-tables-...`)."""
+    out = "-".join(_WORD.findall(text.lower())[:words])
+    return out[:limit].rstrip("-")
