@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter, OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from agentaccel.text.messages import message_text
 
@@ -79,8 +79,8 @@ class Template:
     fixed: set[int]
     calls: int = 1
     created: int = 0  # the miner's call counter when it was made
-    window_chars: int = 1  # chars of its window (the distinctive text a call is matched on)
-    aliases: list[str] = field(default_factory=list)  # names merged into this one
+    window: list[tuple[int, int]] | None = None  # (line, chars) it is matched on, as of the index
+    window_chars: int = 1  # their sum
 
     def fixed_lines(self) -> list[str]:
         return [self.texts[h] for h in self.order if h in self.fixed]
@@ -90,7 +90,6 @@ class Template:
 class Match:
     stage: str | None  # None: not a stage (yet): the caller's default
     template: Template | None
-    overflow: bool = False
 
 
 class TemplateMiner:
@@ -104,13 +103,11 @@ class TemplateMiner:
         self.holders: Counter[int] = Counter()  # line -> templates whose fixed set holds it
         self.shared: set[int] = set()  # lines two templates ever held at once: slot content (a schema)
         self.version = 0  # bumped when `holders` changes (windows and the index are cached against it)
-        self._index: dict[int, list[Template]] = {}  # window line -> templates it identifies
+        self._index: dict[int, list[tuple[Template, int]]] = {}  # window line -> (template, chars)
         self._index_version = -1
         self.seen = 0
         self.overflow = 0
         self.merged_into: dict[int, Template] = {}  # id of a merged template -> the one it became
-        self.renamed: dict[str, str] = {}  # a merged stage's name -> the surviving one
-        self.changed: set[str] = set()  # names whose template changed since `take_changes`
 
     # --- matching ----------------------------------------------------------------------------
     def observe_messages(self, messages) -> Match:
@@ -149,16 +146,16 @@ class TemplateMiner:
         if self._index_version != self.version:
             index: dict[int, list[tuple[Template, int]]] = {}
             for t in self.templates_:
-                window = self._window(t)
-                t.window_chars = sum(w for _, w in window) or 1
-                for h, w in window:
+                t.window = self._window(t)
+                t.window_chars = sum(w for _, w in t.window) or 1
+                for h, w in t.window:
                     index.setdefault(h, []).append((t, w))
             self._index, self._index_version = index, self.version
         return self._index
 
     def _anchor(self, t: Template) -> int | None:
-        window = self._window(t)
-        return window[0][0] if window else None
+        """Its first own fixed line (the window as the index last saw it: current within a call)."""
+        return t.window[0][0] if t.window else None
 
     def _window(self, t: Template) -> list[tuple[int, int]]:
         """The first `window_chars` of the template's own fixed text, in prompt order: lines never
@@ -184,7 +181,7 @@ class TemplateMiner:
             if gone:
                 self._drop(t, gone)
         if t.name is None and not self._establish(t):
-            return Match(None, t, overflow=True)
+            return Match(None, t)
         return Match(t.name, t)
 
     def _slot_content(self, lines: set[int]) -> None:
@@ -204,8 +201,6 @@ class TemplateMiner:
             t.texts.pop(h, None)
         t.order = [h for h in t.order if h in t.fixed]
         self.version += 1
-        if t.name:
-            self.changed.add(t.name)
 
     def _establish(self, t: Template) -> bool:
         self.new.pop(id(t), None)
@@ -215,7 +210,6 @@ class TemplateMiner:
             return False
         t.name = self._name(t)
         self.named[t.name] = t
-        self.changed.add(t.name)
         return True
 
     def _create(self, sig: Signature) -> Match:
@@ -271,14 +265,9 @@ class TemplateMiner:
             home.calls += t.calls
             if t.name:
                 del self.named[t.name]
-                self.renamed[t.name] = home.name or ""
         if home.fixed - core:
             self._drop(home, home.fixed - core)
         return home
-
-    @staticmethod
-    def _chars(lines: set[int], t: Template) -> int:
-        return sum(len(t.texts[h]) + 1 for h in lines if h in t.texts)
 
     def resolve(self, t: Template | None) -> Template | None:
         """The template a call's template became after merges."""
@@ -299,30 +288,6 @@ class TemplateMiner:
         while f"{PREFIX}{base}-{n}" in self.named:
             n += 1
         return f"{PREFIX}{base}-{n}"
-
-    # --- state kept in the trace store ---------------------------------------------------------
-    def restore(self, name: str, fixed_text: str, calls: int) -> None:
-        """A template saved earlier (its name kept): its fixed lines, as `fixed_lines()` gave them."""
-        sig = Signature.of(fixed_text, MinerConfig(max_chars=len(fixed_text) + 1))
-        if not sig.hashes or name in self.named:
-            return
-        t = Template(name, [], {}, set(), calls=max(int(calls), 2))
-        for h, line in zip(sig.hashes, sig.lines, strict=True):
-            if h not in t.texts:
-                t.order.append(h)
-                t.texts[h] = line
-        t.fixed = set(t.order)
-        self._add(t)
-        self.named[name] = t
-
-    def take_changes(self) -> list[Template]:
-        """Templates named or narrowed since the last call (to save)."""
-        out = [self.named[n] for n in sorted(self.changed) if n in self.named]
-        self.changed.clear()
-        return out
-
-    def templates(self) -> list[Template]:
-        return sorted(self.named.values(), key=lambda t: -t.calls)
 
 
 def slug(text: str, words: int = 6, limit: int = 48) -> str:

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from agentaccel.traces.formats.text2sql import parse_rsl_folder
+
 TEMPLATES = Path(__file__).with_name("templates")
 
 
@@ -78,7 +80,7 @@ def schemas(path: str) -> dict[str, Schema]:
     return {e["db_id"]: Schema.of(e) for e in json.loads(Path(path).read_text())}
 
 
-def spider(traces: Path, limit: int) -> tuple[list[dict], dict[str, Schema]]:
+def spider(traces: Path, limit: int | None) -> tuple[list[dict], dict[str, Schema]]:
     questions = json.loads((traces / "text2sql/spider/dev.json").read_text())[:limit]
     return questions, schemas(str(traces / "text2sql/spider/tables.json"))
 
@@ -91,13 +93,16 @@ def bird(traces: Path, limit: int) -> tuple[list[dict], dict[str, Schema]]:
 _WORDS = re.compile(r"[a-z]+")
 
 
-def similar(questions: list[dict], n: int, k: int, key: str = "question") -> list[dict]:
-    """k other questions (of other databases) most like question n: per-question few-shot
-    examples, as DAIL-SQL and RSL-SQL choose them."""
-    words = set(_WORDS.findall(questions[n][key].lower()))
-    pool = [q for q in questions if q["db_id"] != questions[n]["db_id"]]
-    pool.sort(key=lambda q: -len(words & set(_WORDS.findall(q[key].lower()))))
-    return pool[:k]
+def words_of(questions: list[dict]) -> list[set[str]]:
+    return [set(_WORDS.findall(q["question"].lower())) for q in questions]
+
+
+def similar(questions: list[dict], words: list[set[str]], n: int, k: int) -> list[dict]:
+    """k other questions (of other databases) most like question n (`words`: `words_of(questions)`):
+    per-question few-shot examples, as DAIL-SQL and RSL-SQL choose them."""
+    pool = [i for i, q in enumerate(questions) if q["db_id"] != questions[n]["db_id"]]
+    pool.sort(key=lambda i: -len(words[n] & words[i]))
+    return [questions[i] for i in pool[:k]]
 
 
 def sql_of(q: dict) -> str:
@@ -151,13 +156,14 @@ def din_sql(traces: Path, limit: int) -> list[LabelledCall]:
 
 # --- DAIL-SQL (Spider; its GPT-4 predictions as outputs) -----------------------------------------
 def dail_sql(traces: Path, limit: int) -> list[LabelledCall]:
-    questions, dbs = spider(traces, limit)
-    everything = json.loads((traces / "text2sql/spider/dev.json").read_text())
+    everything, dbs = spider(traces, None)  # examples come from every question, as from a training set
+    questions = everything[:limit]
     predicted = (traces / "text2sql/dail_sql/results/DAIL-SQL+GPT-4.txt").read_text().splitlines()
+    words = words_of(everything)
     out = []
     for n, q in enumerate(questions):
         examples = "".join(f"/* Answer the following: {e['question']} */\n{sql_of(e)}\n\n"
-                           for e in similar(everything, n, 5))
+                           for e in similar(everything, words, n, 5))
         prompt = ("/* Some SQL examples are provided based on similar problems: */\n" + examples
                   + "/* Given the following database schema: */\n" + dbs[q["db_id"]].ddl() + "\n\n"
                   + f"/* Answer the following: {q['question']} */\nSELECT ")
@@ -167,51 +173,39 @@ def dail_sql(traces: Path, limit: int) -> list[LabelledCall]:
 
 
 # --- RSL-SQL (BIRD mini-dev; the shared run's step outputs) ---------------------------------------
-_RSL_OUTPUTS = [  # (importer's stage, file, kind, template, instruction first?)
-    ("schema-linking", "step1/LLM.json", "json", "rsl_sql.table_aug_instruction"),
-    ("preliminary-sql", "step1/preliminary_sql.txt", "text", "rsl_sql.sql_generation_instruction"),
-    ("augmentation", "step2/augmentation.json", "json", "rsl_sql.key_word_aug_instruction"),
-    ("augmented-sql", "step2/step_2_information_augmentation.txt", "text", "rsl_sql.sql_generation_instruction"),
-    ("binary-selection", "step3/step_3_binary.txt", "text", "rsl_sql.binary_prompt"),
-    ("self-correction", "step4/final_sql.txt", "text", "rsl_sql.self_correction_prompt"),
-]
-
-
-def _rsl_outputs(folder: Path) -> dict[str, list[str]]:
-    out = {}
-    for stage, rel, kind, _ in _RSL_OUTPUTS:
-        path = folder / rel
-        if not path.exists():
-            continue
-        if kind == "json":
-            out[stage] = [json.dumps(x, ensure_ascii=False) for x in json.loads(path.read_text())]
-        else:
-            out[stage] = path.read_text(encoding="utf-8").splitlines()
-    return out
+_RSL_TEMPLATES = {  # the importer's stage -> the template its prompt is made from
+    "rsl-sql:schema-linking": "rsl_sql.table_aug_instruction",
+    "rsl-sql:preliminary-sql": "rsl_sql.sql_generation_instruction",
+    "rsl-sql:augmentation": "rsl_sql.key_word_aug_instruction",
+    "rsl-sql:augmented-sql": "rsl_sql.sql_generation_instruction",
+    "rsl-sql:binary-selection": "rsl_sql.binary_prompt",
+    "rsl-sql:self-correction": "rsl_sql.self_correction_prompt",
+}
 
 
 def rsl_sql(traces: Path, limit: int) -> list[LabelledCall]:
     questions, dbs = bird(traces, limit)
+    words = words_of(questions)
     runs = sorted((traces / "text2sql/rsl_sql/BIRD_DEV").iterdir())
-    outputs = _rsl_outputs(runs[0]) if runs else {}
+    recorded = parse_rsl_folder(runs[0]) if runs else []  # the importer's reading: one session a question
     out = []
     for n, q in enumerate(questions):
         s, qid = dbs[q["db_id"]], int(q["question_id"])
         table_info = ("### Sqlite SQL tables, with their properties:\n" + s.ddl()
                       + "\n### Foreign key information of Sqlite SQL tables, used for table joins:\n"
                       + s.foreign_keys())
-        examples = "".join(f"### {e['question']}\n{sql_of(e)}\n\n" for e in similar(questions, n, 3))
+        examples = "".join(f"### {e['question']}\n{sql_of(e)}\n\n" for e in similar(questions, words, n, 3))
         ask = f"\n\n### definition: {q['evidence']}\n### Question: {q['question']}"
         answer = ("### Answer the question by sqlite SQL query only and with no explanation. You must minimize SQL "
                   "execution time while ensuring correctness.\n")
-        for stage, _, _, name in _RSL_OUTPUTS:
-            got = outputs.get(stage, [])
-            output = got[qid] if qid < len(got) else sql_of(q)
-            if stage == "binary-selection":
+        outputs = {c.stage: c.response for c in recorded[qid].calls} if qid < len(recorded) else {}
+        for stage, name in _RSL_TEMPLATES.items():
+            output = outputs.get(stage, sql_of(q))
+            if stage == "rsl-sql:binary-selection":
                 candidates = f"### sql1: {sql_of(q)} \n### result1: [] \n### sql2: {output} \n### result2: []"
                 prompt = template(name).replace("{table_info}", examples + answer + table_info + ask).replace(
                     "{candidate_sql}", candidates)
-            elif stage in ("schema-linking", "augmentation"):
+            elif stage in ("rsl-sql:schema-linking", "rsl-sql:augmentation"):
                 prompt = template(name) + "\n\n" + table_info + ask
             else:
                 prompt = template(name) + "\n\n" + examples + answer + table_info + ask
