@@ -107,6 +107,10 @@ class StepTiming:
     @property
     def requests(self) -> int: ...
 
+def line_hashes(text: str, max_bytes: int) -> list[int]:
+    """A stable hash of each non-blank line of text[:max_bytes] (digit runs read as one '0')."""
+def masked_lines(text: str, max_bytes: int) -> list[str]:
+    """The same lines as text, digit runs masked as '0'."""
 def allocate_budget(probs: list[list[float]], confidence: list[float], contexts: list[float], decoding: int,
                     context: float, attention: float, cost: StepCost) -> list[int]: ...
 

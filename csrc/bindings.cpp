@@ -2,6 +2,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/string_view.h>
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/unique_ptr.h>
@@ -11,6 +12,7 @@
 #include "engine.h"
 #include "errors.h"
 #include "step_budget.h"
+#include "template_lines.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -153,6 +155,9 @@ NB_MODULE(_core, m) {
       .def_ro("seconds", &agentaccel::StepTiming::seconds)
       .def_ro("proposer_seconds", &agentaccel::StepTiming::proposer_seconds)
       .def_ro("requests", &agentaccel::StepTiming::requests);
+
+  m.def("line_hashes", &agentaccel::line_hashes, "text"_a, "max_bytes"_a);
+  m.def("masked_lines", &agentaccel::masked_lines, "text"_a, "max_bytes"_a);
 
   m.def("allocate_budget", &allocate, "probs"_a, "confidence"_a, "contexts"_a, "decoding"_a, "context"_a,
         "attention"_a, "cost"_a);

@@ -12,4 +12,5 @@ runtime="$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libubsan.so)"
 # Python itself is not instrumented: leak checking would report the interpreter's own arenas.
 LD_PRELOAD="$runtime" ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   AGENTACCEL_CORE="$core" HYPOTHESIS_PROFILE=sanitize \
-  python3 -m pytest -q -p no:cacheprovider tests/test_engine_oracle.py tests/test_engine_api.py tests/test_batch_drafter.py tests/test_step_budget.py tests/test_engine_fuzz.py "$@"
+  python3 -m pytest -q -p no:cacheprovider tests/test_engine_oracle.py tests/test_engine_api.py tests/test_batch_drafter.py tests/test_step_budget.py tests/test_engine_fuzz.py \
+  "tests/test_template_miner.py::test_native_lines_match_the_reference" "$@"

@@ -105,7 +105,7 @@ def test_openai_client_streaming_and_not(upstream, tmp_path):
         recorder.flush()
     calls = stored_calls(tmp_path / "traces.db")
     assert [c.stage for c in calls][:2] == ["sql", "sql"]
-    assert calls[2].stage == system_fingerprint("You are a SQL expert.")
+    assert calls[2].stage == "default"  # untagged, and its template seen once: no stage discovered yet
     assert calls[1].response == "tok " * 6 and calls[1].messages == MESSAGES
     assert calls[0].session_id == calls[1].session_id != calls[2].session_id
     assert [c.position for c in calls[:2]] == [0, 1]

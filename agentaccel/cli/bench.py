@@ -529,6 +529,53 @@ def bench_proxy_cmd(
         json_out.write_text(json.dumps(rows, indent=2))
 
 
+@bench_app.command("stages")
+def bench_stages(
+    traces: Annotated[Path | None, typer.Option(help="The real-trace folder (Spider, BIRD and the pipelines' runs "
+                                                     "under text2sql/; default: $AGENTACCEL_TRACES or "
+                                                     "../shared/traces).")] = None,
+    questions: Annotated[int, typer.Option(help="Questions per pipeline (each makes one call per stage).", min=2)]
+    = 120,
+    sets: Annotated[str | None, typer.Option(help="Comma-separated sets (default: all: din-sql, dail-sql, rsl-sql, "
+                                                  "chess).")] = None,
+    cost: Annotated[str, typer.Option(help="Cost profile of the replayed verifier (gpu, cpu-smollm2, c=<x> or a "
+                                           "bench-backend JSON).")] = "gpu",
+    tokenizer: TokenizerOption = None,
+    json_out: JsonOption = None,
+) -> None:
+    """Stage discovery on real pipelines' prompt templates without tags: agreement with the true stages,
+    stages found, cost per call, and the replayed speedup with true, discovered and fingerprint stages."""
+    from agentaccel.bench.stage_bench import run
+    from agentaccel.bench.stage_sets.pipelines import TEXT2SQL
+    from agentaccel.engine.cost import load_profile
+
+    chosen = [x.strip() for x in sets.split(",")] if sets else list(TEXT2SQL)
+    unknown = [x for x in chosen if x not in TEXT2SQL]
+    if unknown:
+        raise typer.BadParameter(f"unknown set(s) {unknown}; known: {', '.join(TEXT2SQL)}", param_hint="--sets")
+    try:
+        profile = load_profile(cost)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--cost") from e
+    folder = traces_folder(traces, lambda f: None if (f / "text2sql").is_dir() else f"{f}/text2sql: no such folder")
+    tok = open_tokenizer(tokenizer)
+    with console.status("") as status:
+        rows = run(folder, questions, tok, profile, chosen, progress=status.update)
+    table = Table(title=f"stages found without tags ({questions} questions per pipeline, no system message; "
+                        f"replayed with --cost {cost})")
+    for col in ("set", "calls", "stages true", "found", "ARI", "ARI fingerprint", "µs/call p50", "µs p90",
+                "prompt chars p50", "speedup true", "discovered", "fingerprint", "discovered ÷ true"):
+        table.add_column(col, justify="left" if col == "set" else "right")
+    for r in rows:
+        table.add_row(r["set"], f"{r['calls']:,}", str(r["true_stages"]), str(r["found_stages"]), f"{r['ari']:.3f}",
+                      f"{r['ari_fingerprint']:.3f}", f"{r['us_p50']:.0f}", f"{r['us_p90']:.0f}",
+                      f"{r['prompt_chars_p50']:,.0f}", f"{r['speedup_true']:.3f}x", f"{r['speedup_discovered']:.3f}x",
+                      f"{r['speedup_fingerprint']:.3f}x", f"{r['discovered_vs_true']:.1%}")
+    console.print(table)
+    if json_out:
+        json_out.write_text(json.dumps(rows, indent=2))
+
+
 @bench_app.command("agent")
 def bench_agent(
     instances: Annotated[Path | None, typer.Option(help="Task instances, SWE-bench JSONL with local `repo` folders "

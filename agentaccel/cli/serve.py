@@ -102,8 +102,11 @@ def serve(
                                                               "go to stage NAME (repeatable, first match wins; "
                                                               "default: none).")]
     = None,
-    fingerprint: Annotated[bool, typer.Option(help="Untagged requests: stage = fingerprint of the system "
-                                                   "prompt.")] = True,
+    discover_stages: Annotated[bool, typer.Option(help="Untagged requests: stage = the prompt template they "
+                                                       "match (tmpl:..., found as requests arrive and kept "
+                                                       "in the trace store).")] = True,
+    fingerprint: Annotated[bool, typer.Option(help="With --no-discover-stages: stage = fingerprint of the "
+                                                   "system prompt of untagged requests.")] = True,
     spec_config: Annotated[Path | None, typer.Option(help="JSON of per-stage drafting settings, "
                                                           '{"<stage>": {"min_score": 1.0, ...}, "*": {...}}: wins '
                                                           "over the stages' tuned settings (`agentaccel tune`) "
@@ -148,7 +151,8 @@ def serve(
     location = store_location(db)  # a URL it cannot use fails here, before anything starts
     config = ProxyConfig(host=host, port=port, api_keys=tuple(api_key or ()),
                          prefix_scope=prefix_cache_scope.value, max_body_bytes=parse_size(max_body), record=record,
-                         redact=redact, db_path=location, stage_rules=rules, fingerprint_system=fingerprint,
+                         redact=redact, db_path=location, stage_rules=rules, discover_stages=discover_stages,
+                         fingerprint_system=fingerprint,
                          upstream_timeout=upstream_timeout, read_timeout=read_timeout,
                          max_connections=max_connections)
     if backend is BackendKind.replay and record:

@@ -118,6 +118,69 @@ def _policies_table(store) -> None:
     console.print(table)
 
 
+def traces_stages(
+    db: DbOption = None,
+    discover: Annotated[bool, typer.Option("--discover", help="Group the calls of --stage by prompt template "
+                                                              "(what `serve` does online) and show the proposal.")]
+    = False,
+    apply: Annotated[bool, typer.Option("--apply", help="With --discover: move those calls to the discovered "
+                                                        "stages and keep the templates (their names) in the "
+                                                        "store.")] = False,
+    stage: Annotated[str, typer.Option("--stage", help="The stage whose calls --discover regroups.")] = "default",
+    lines: Annotated[int, typer.Option("--lines", help="Lines of each template to show.", min=1)] = 6,
+) -> None:
+    """The stages found without tags: the prompt templates kept in the store, or (--discover) the
+    templates that group the calls of one stage, with their fixed text, slots and call counts."""
+    from agentaccel.traces import discover as disc
+    from agentaccel.traces import templates
+
+    if apply and not discover:
+        raise typer.BadParameter("--apply applies what --discover finds: give both", param_hint="--apply")
+    store = open_store(db, must_exist=True)
+    if not discover:
+        saved = templates.read(store)
+        counts = store.counts_by_stage()
+        table = Table(title=f"discovered stages in {store.name}")
+        for col in ("stage", "calls stored", "calls matched", "fixed lines", "opens with"):
+            table.add_column(col, justify="right" if col.startswith(("calls", "fixed")) else "left")
+        for t in saved:
+            table.add_row(t.stage, f"{counts.get(t.stage, {}).get('calls', 0):,}", f"{t.calls:,}",
+                          f"{len(t.fixed):,}", (t.fixed[0] if t.fixed else "")[:60])
+        console.print(table if saved else "no discovered stages yet (`serve` finds them in untagged requests; "
+                                          "`traces stages --discover` in stored calls)")
+        store.close()
+        return
+    total = counts_of(store, stage)
+    if not total:
+        store.close()
+        raise fail(f"{store.name}: no calls with stage {stage!r} to group")
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    with Progress(TextColumn("[bold]reading prompts"), BarColumn(), MofNCompleteColumn(), console=err,
+                  transient=True) as progress:
+        task = progress.add_task("", total=total)
+        found = disc.discover(store, stage, on_call=lambda n: progress.update(task, completed=n))
+    for f in found.found:
+        body = "\n".join(line[:100] for line in f.example[:lines])
+        more = len(f.example) - lines
+        console.print(f"[bold]{f.stage}[/bold]  {f.calls:,} calls, {len(f.fixed):,} fixed lines, "
+                      f"{f.example.count(disc.SLOT)} slots")
+        console.print(body + (f"\n… {more} more lines" if more > 0 else ""), markup=False, highlight=False)
+        console.print()
+    console.print(f"{found.scanned:,} calls of stage {stage!r}: {len(found.assignment):,} in {len(found.found)} "
+                  f"discovered stages, {found.unassigned:,} left in {stage!r} (a prompt seen once is no template)")
+    if apply:
+        moved = disc.apply(store, found)
+        console.print(f"applied: {moved:,} calls moved; `serve` on this store goes on with these names")
+    else:
+        console.print("nothing written (--apply moves the calls)")
+    store.close()
+
+
+def counts_of(store, stage: str) -> int:
+    return store.counts_by_stage().get(stage, {}).get("calls", 0)
+
+
 def export_traces_cmd(
     out: Annotated[Path, typer.Option("--out", help="JSONL file to write.")],
     stage: Annotated[str | None, typer.Option("--stage", help="Only this stage (default: every stage).")] = None,

@@ -23,7 +23,10 @@ class ProxyConfig:
     redact: bool = False  # record stage, usage, timings and speculation stats, but no message text
     db_path: Path | Location | None = None  # the trace store (default ~/.agentaccel/traces.db)
     stage_rules: list[StageRule] = field(default_factory=list)
-    fingerprint_system: bool = True  # untagged requests: stage = fingerprint of the system prompt
+    # Untagged requests: stage = the prompt template they match (proxy/discovery.py); with discovery
+    # off, the fingerprint of the system prompt (when `fingerprint_system`), else "default".
+    discover_stages: bool = True
+    fingerprint_system: bool = True
     upstream_timeout: float = 600.0
     # A client must send its request headers within this many seconds, and no gap between its body's
     # bytes may be longer (slow but steady clients are fine; one that stalls holds nothing for long).

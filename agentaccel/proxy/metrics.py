@@ -59,6 +59,23 @@ class Metrics:
                      lambda: int(recorder.alive))):
                 r.register(_ValueCollector(family, name, doc, value))
 
+    def watch_discovery(self, read: Callable[[], dict[str, float]]) -> None:
+        """Stage discovery's counts (proxy/discovery.py), read at scrape time."""
+        for family, name, doc, key in (
+                (GaugeMetricFamily, "agentaccel_discovered_stages",
+                 "Prompt templates established as stages (tmpl:...)", "stages"),
+                (GaugeMetricFamily, "agentaccel_template_candidates",
+                 "Prompts seen once, kept while they wait for a second call of their template", "pending"),
+                (CounterMetricFamily, "agentaccel_discovered_requests",
+                 "Untagged requests given a discovered stage", "found"),
+                (CounterMetricFamily, "agentaccel_undiscovered_requests",
+                 "Untagged requests that matched no established template (sent to 'default')", "unmatched"),
+                (CounterMetricFamily, "agentaccel_template_overflow",
+                 "Requests of templates past the cap on discovered stages (sent to 'default')", "overflow"),
+                (CounterMetricFamily, "agentaccel_template_save_errors",
+                 "Times discovered templates could not be saved to the trace store", "save_errors")):
+            self.registry.register(_ValueCollector(family, name, doc, lambda key=key: read()[key]))
+
     def label(self, stage: str) -> str:
         """Stage names come from clients: past MAX_STAGES distinct ones, the rest share the label
         "other" (each label value is a time series in Prometheus; a client must not be able to

@@ -15,6 +15,7 @@ import itertools
 import json
 import logging
 import time
+import urllib.parse
 import uuid
 from collections.abc import AsyncIterator, Callable
 
@@ -30,6 +31,7 @@ from agentaccel.errors import APIError, bad_request
 from agentaccel.proxy import tagging
 from agentaccel.proxy.accumulate import Accumulated, Accumulator, from_body
 from agentaccel.proxy.config import ProxyConfig
+from agentaccel.proxy.discovery import StageDiscovery
 from agentaccel.proxy.event_stream import EventStream
 from agentaccel.proxy.guard import guarded_protocol
 from agentaccel.proxy.metrics import Metrics
@@ -50,6 +52,9 @@ class Proxy:
         self.metrics = Metrics(backend.stage_stats if backend.stage_stats() is not None else None, recorder,
                                policies=backend.policy_state, drafter=backend.drafter_state,
                                counters=backend.counters)
+        self.discovery = StageDiscovery(config.db_path, save=config.record) if config.discover_stages else None
+        if self.discovery is not None:
+            self.metrics.watch_discovery(self.discovery.metrics)
         self._models: list[str] = []
         # (key, tenant name): the name is a digest, so nothing downstream (caches, vLLM) holds a key
         self._tenants = [(k.encode(), "t" + hashlib.sha256(k.encode()).hexdigest()[:16]) for k in config.api_keys]
@@ -59,6 +64,8 @@ class Proxy:
     # ------------------------------------------------------------------ lifecycle
     @contextlib.asynccontextmanager
     async def lifespan(self, _app):
+        if self.discovery is not None:
+            await asyncio.to_thread(self.discovery.load)
         await self.backend.start()
         if self.on_started is not None:
             self.on_started()
@@ -69,6 +76,8 @@ class Proxy:
             yield
         finally:
             await self.backend.close()
+            if self.discovery is not None:
+                await self.discovery.close()
             if self.recorder is not None:
                 await asyncio.to_thread(self.recorder.close)
             # Frozen objects are never collected, not even at exit: the server's cycles (app, backend,
@@ -142,7 +151,8 @@ class Proxy:
             body = await self._read_body(request)
             validate(endpoint, body)
             await self._check_model(body["model"])
-            tags = tagging.resolve(request.headers, body, self.config.stage_rules, self.config.fingerprint_system)
+            tags = tagging.resolve(request.headers, body, self.config.stage_rules, self.config.fingerprint_system,
+                                   self.discovery.stage if self.discovery is not None else None)
         except APIError as e:
             self.metrics.requests.labels("-", endpoint, str(e.status)).inc()
             return _error(e)
@@ -160,7 +170,7 @@ class Proxy:
         summary = from_body(endpoint, reply)
         self._observe(endpoint, ctx, 200, t0, summary)
         self._record(endpoint, body, ctx, summary, t0)
-        return JSONResponse(reply)
+        return JSONResponse(reply, headers=_stage_header(ctx.stage))
 
     async def _stream(self, endpoint: str, body: dict, forward: dict, ctx: CallContext, t0: float) -> Response:
         want_usage = bool((body.get("stream_options") or {}).get("include_usage"))
@@ -208,7 +218,7 @@ class Proxy:
                     self._record(endpoint, body, ctx, summary, t0)
                 await chunks.aclose()
 
-        return EventStream(events(), {"x-agentaccel-stage": ctx.stage}, final=SSE_DONE)
+        return EventStream(events(), _stage_header(ctx.stage), final=SSE_DONE)
 
     def _observe(self, endpoint: str, ctx: CallContext, status: int, t0: float,
                  summary: Accumulated | None = None) -> None:
@@ -275,6 +285,11 @@ class Proxy:
 
 # The body was not read to its end: the connection cannot carry another request after this answer.
 _UNREAD_BODY = frozenset({"body_timeout", "body_too_large"})
+
+
+def _stage_header(stage: str) -> dict[str, str]:
+    """The stage a reply was served as; a name beyond ASCII goes percent-encoded (HTTP headers are bytes)."""
+    return {"x-agentaccel-stage": stage if stage.isascii() else urllib.parse.quote(stage)}
 
 
 def _error(e: APIError) -> JSONResponse:

@@ -4,15 +4,16 @@ the proxy understands.
 Stage, first match wins: header `X-Agentaccel-Stage`; body `metadata.stage` or `metadata.tags`,
 else top-level `tags` (litellm's conventions; OpenHands sends `agent:CodeActAgent` there, the
 same rule the importers apply; the SDK's `litellm_extra_body={"tags": [...]}` gives top-level
-ones); `vllm_xargs.stage`; a configured rule (regex over the system prompt); a stable
-fingerprint of the system prompt; else "default".
+ones); `vllm_xargs.stage`; a configured rule (regex over the system prompt); the prompt template
+the request matches (proxy/discovery.py: `tmpl:...`, from a template's second call on); else, with
+discovery off, a stable fingerprint of the system prompt; else "default".
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from agentaccel.errors import bad_request
@@ -47,7 +48,7 @@ class StageRule:
 @dataclass
 class Tags:
     stage: str
-    stage_source: str  # header, metadata, vllm_xargs, rule, system, default
+    stage_source: str  # header, metadata, vllm_xargs, rule, template, system, default
     session_id: str | None
 
 
@@ -73,7 +74,10 @@ def check_stage(name: str, where: str) -> str:
     return name
 
 
-def resolve(headers: Mapping[str, str], body: Mapping, rules: list[StageRule], fingerprint: bool = True) -> Tags:
+def resolve(headers: Mapping[str, str], body: Mapping, rules: list[StageRule], fingerprint: bool = True,
+            discover: Callable[[Mapping], str | None] | None = None) -> Tags:
+    """`discover`: the stage discovery's lookup (None: off); when on, the fingerprint is not used
+    (a system prompt with a date in it would give every run a stage of its own)."""
     metadata = body.get("metadata") if isinstance(body.get("metadata"), dict) else None
     session = next((headers[h] for h in SESSION_HEADERS if headers.get(h)), None)
     if session is None and metadata:
@@ -95,8 +99,11 @@ def resolve(headers: Mapping[str, str], body: Mapping, rules: list[StageRule], f
         for rule in rules:
             if rule.pattern.search(system):
                 return tags(rule.stage, "rule")
-        if fingerprint:
-            return tags(system_fingerprint(system), "system")
+    if discover is not None:
+        found = discover(body)
+        return tags(found, "template") if found else tags(DEFAULT_STAGE, "default")
+    if system is not None and fingerprint:
+        return tags(system_fingerprint(system), "system")
     return tags(DEFAULT_STAGE, "default")
 
 

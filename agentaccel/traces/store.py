@@ -92,6 +92,12 @@ CREATE TABLE IF NOT EXISTS stage_policies (  -- traces/stage_policies.py
   online_steps {INT},
   online_at TEXT
 );
+CREATE TABLE IF NOT EXISTS templates (  -- traces/templates.py
+  stage TEXT PRIMARY KEY,            -- the stage a discovered prompt template names (tmpl:...)
+  fixed TEXT NOT NULL,               -- JSON: its fixed lines in prompt order, digits masked
+  calls {INT} NOT NULL,              -- calls it matched
+  updated_at TEXT
+);
 CREATE TABLE IF NOT EXISTS step_costs (  -- traces/step_costs.py
   server TEXT PRIMARY KEY,           -- what was timed: the model, the device, the parallelism
   curve TEXT NOT NULL,               -- JSON: the learned step cost (engine/step_cost.py)

@@ -25,20 +25,25 @@ import re
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
+from agentaccel._native import load_core
 from agentaccel.text.messages import message_text
 
+_core = load_core()
+
 PREFIX = "tmpl:"
-_DIGITS = re.compile(r"\d+")
 _WORD = re.compile(r"[a-z0-9]+")
 
 
 @dataclass(frozen=True)
 class MinerConfig:
-    max_chars: int = 16384  # template text read per call: templates open with their fixed text
+    max_chars: int = 8192  # bytes of template text read per call: templates open with their fixed text
     max_lines: int = 512  # fixed lines kept per template
     window_chars: int = 2048  # distinctive fixed text a call must show, read from the template's start
     join: float = 0.5  # share of that text a call must contain
     slot_after: int = 3  # one-call templates of one opening that make its next lines a slot
+    stale_after: int = 48  # calls a one-call template waits before it may be a slot-first template's call
+    stale_scan: int = 16  # one-call templates looked at for that, oldest first (bounds a one-off flood's cost)
+    min_core_chars: int = 64  # fixed text those must share
     max_stages: int = 128  # established templates (stage names)
     max_new: int = 512  # one-call templates kept while they wait for a second call
     max_shared: int = 200_000  # lines remembered as slot content
@@ -62,13 +67,19 @@ def template_text(messages) -> str:
 
 @dataclass
 class Signature:
-    hashes: list[int]
-    lines: list[str]
+    hashes: list[int]  # one per non-blank line, digits masked (csrc/template_lines.h)
+    text: str  # read again, as lines, only when the call makes a template
 
     @classmethod
     def of(cls, text: str, config: MinerConfig) -> Signature:
-        lines = [s for s in _DIGITS.sub("0", text[: config.max_chars]).splitlines() if s and not s.isspace()]
-        return cls(list(map(hash, lines)), lines)
+        try:
+            return cls(_core.line_hashes(text, config.max_chars), text)
+        except UnicodeEncodeError:  # lone surrogates: no UTF-8 of their own
+            text = text.encode("utf-8", "replace").decode("utf-8")
+            return cls(_core.line_hashes(text, config.max_chars), text)
+
+    def lines(self, config: MinerConfig) -> list[str]:
+        return _core.masked_lines(self.text, config.max_chars)
 
 
 @dataclass
@@ -79,7 +90,7 @@ class Template:
     fixed: set[int]
     calls: int = 1
     created: int = 0  # the miner's call counter when it was made
-    window: list[tuple[int, int]] | None = None  # (line, chars) it is matched on, as of the index
+    window: list[tuple[int, int]] | None = None  # (line, chars) it is matched on, as of the anchor index
     window_chars: int = 1  # their sum
 
     def fixed_lines(self) -> list[str]:
@@ -95,19 +106,24 @@ class Match:
 class TemplateMiner:
     """Online template discovery. Not thread-safe: one caller (the proxy's event loop, or a CLI)."""
 
-    def __init__(self, config: MinerConfig | None = None) -> None:
+    def __init__(self, config: MinerConfig | None = None, track_merges: bool = False) -> None:
         self.config = config or MinerConfig()
+        self.track_merges = track_merges  # keep `merged_into` (benchmarks, tests: which call went where)
         self.templates_: list[Template] = []
         self.named: dict[str, Template] = {}
         self.new: OrderedDict[int, Template] = OrderedDict()  # one-call templates, oldest first
         self.holders: Counter[int] = Counter()  # line -> templates whose fixed set holds it
         self.shared: set[int] = set()  # lines two templates ever held at once: slot content (a schema)
         self.version = 0  # bumped when `holders` changes (windows and the index are cached against it)
-        self._index: dict[int, list[tuple[Template, int]]] = {}  # window line -> (template, chars)
+        self._index: dict[int, list[Template]] = {}  # anchor line -> templates anchored there
         self._index_version = -1
+        self._named_cache: set[int] = set()
+        self._named_version = -1
         self.seen = 0
         self.overflow = 0
         self.merged_into: dict[int, Template] = {}  # id of a merged template -> the one it became
+        self.changed: set[str] = set()  # stages whose template changed since `take_changes`
+        self.renamed: list[tuple[str, str]] = []  # (old, new): stages merged into another since then
 
     # --- matching ----------------------------------------------------------------------------
     def observe_messages(self, messages) -> Match:
@@ -125,31 +141,26 @@ class TemplateMiner:
         return self._join(best, present)
 
     def _best(self, present: set[int]) -> Template | None:
-        index = self._window_index()
-        got: dict[int, int] = {}
-        owners: dict[int, Template] = {}
-        for h in present.intersection(index):
-            for t, w in index[h]:
-                got[id(t)] = got.get(id(t), 0) + w
-                owners[id(t)] = t
+        """The template whose window this call shows most of (at least `join`), among those whose
+        anchor (first own fixed line) it holds: usually one or two, so a call costs a set lookup
+        per line and a scan of a window or two, however many templates there are."""
+        anchors = self._anchor_index()
         best, best_score = None, self.config.join
-        for key, weight in got.items():
-            t = owners[key]
-            if self._anchor(t) not in present:  # a template is anchored by its first own fixed line
-                continue
-            score = weight / t.window_chars
-            if score > best_score or (best is not None and score == best_score and t.calls > best.calls):
-                best, best_score = t, score
+        for anchor in present.intersection(anchors):
+            for t in anchors[anchor]:
+                score = sum(w for h, w in t.window if h in present) / t.window_chars
+                if score > best_score or (best is not None and score == best_score and t.calls > best.calls):
+                    best, best_score = t, score
         return best
 
-    def _window_index(self) -> dict[int, list[tuple[Template, int]]]:
+    def _anchor_index(self) -> dict[int, list[Template]]:
         if self._index_version != self.version:
-            index: dict[int, list[tuple[Template, int]]] = {}
+            index: dict[int, list[Template]] = {}
             for t in self.templates_:
                 t.window = self._window(t)
                 t.window_chars = sum(w for _, w in t.window) or 1
-                for h, w in t.window:
-                    index.setdefault(h, []).append((t, w))
+                if t.window:
+                    index.setdefault(t.window[0][0], []).append(t)
             self._index, self._index_version = index, self.version
         return self._index
 
@@ -185,9 +196,11 @@ class TemplateMiner:
         return Match(t.name, t)
 
     def _slot_content(self, lines: set[int]) -> None:
-        if lines - self.shared:
-            self.shared |= lines
-            self.version += 1
+        new = lines - self.shared
+        if new:
+            self.shared |= new
+            if any(h in self.holders for h in new):  # else no template's window changes
+                self.version += 1
             if len(self.shared) > self.config.max_shared:
                 self.shared.clear()  # rare (a flood of one-off prompts); templates re-learn it
 
@@ -201,6 +214,8 @@ class TemplateMiner:
             t.texts.pop(h, None)
         t.order = [h for h in t.order if h in t.fixed]
         self.version += 1
+        if t.name:
+            self.changed.add(t.name)
 
     def _establish(self, t: Template) -> bool:
         self.new.pop(id(t), None)
@@ -210,11 +225,13 @@ class TemplateMiner:
             return False
         t.name = self._name(t)
         self.named[t.name] = t
+        self.changed.add(t.name)
+        self.version += 1
         return True
 
     def _create(self, sig: Signature) -> Match:
         order, texts = [], {}
-        for h, line in zip(sig.hashes, sig.lines, strict=True):
+        for h, line in zip(sig.hashes, sig.lines(self.config), strict=True):
             if h not in texts and len(order) < self.config.max_lines:
                 order.append(h)
                 texts[h] = line
@@ -241,15 +258,19 @@ class TemplateMiner:
         self.version += 1
 
     def _merge_slot(self, present: set[int], hashes: list[int]) -> Template | None:
-        """Templates that open with this call's first line, none of which this call matches: with
-        `slot_after` of them, what follows the opening is a slot (examples chosen per question,
-        as DAIL-SQL's), not each its own template: they merge into the oldest, whose fixed text
-        becomes what they all share."""
+        """A call no template matches may show that some one-call templates are one template
+        whose slot comes early; with `slot_after` of them they merge into the oldest, whose fixed
+        text becomes what they all share:
+        - templates that open with this call's first line (examples chosen per question right
+          after the opening, as DAIL-SQL's);
+        - templates that opened with a slot (RSL-SQL's answer selection starts with the examples)
+          and share with this call fixed text no established template holds. Only those that
+          waited `stale_after` calls for a second one: a pipeline's stages all recur within that,
+          and before they do, its first run's prompts share the schema and question just as well."""
         first = hashes[0]
         siblings = [t for t in self.templates_ if t.order and t.order[0] == first]
-        if len(siblings) < self.config.slot_after:  # a slot first, then the same own text
-            anchor = next((h for h in hashes if h not in self.shared), first)
-            siblings = [t for t in self.templates_ if self._anchor(t) == anchor]
+        if len(siblings) < self.config.slot_after:
+            siblings = self._stale_siblings(present)
         if len(siblings) < self.config.slot_after:
             return None
         home = min(siblings, key=lambda t: (t.name is None, t.created))
@@ -261,13 +282,59 @@ class TemplateMiner:
                 continue
             self._remove(t)
             self.new.pop(id(t), None)
-            self.merged_into[id(t)] = home
+            if self.track_merges:
+                self.merged_into[id(t)] = home
             home.calls += t.calls
             if t.name:
                 del self.named[t.name]
+                self.changed.discard(t.name)
+                if home.name:
+                    self.renamed.append((t.name, home.name))
         if home.fixed - core:
             self._drop(home, home.fixed - core)
         return home
+
+    # --- what the trace store keeps ----------------------------------------------------------
+    def restore(self, saved: list[tuple[str, list[str], int]]) -> None:
+        """Established templates as a store kept them: (stage, fixed lines in order, calls)."""
+        for name, lines, calls in saved:
+            if name in self.named or len(self.named) >= self.config.max_stages:
+                continue
+            hashes = _core.line_hashes("\n".join(lines), 1 << 62)
+            if len(hashes) != len(lines):  # not lines this miner wrote (blank, or with line breaks)
+                continue
+            texts = dict(zip(hashes, lines, strict=True))
+            t = Template(name, list(texts), texts, set(texts), calls=max(int(calls), 2), created=self.seen)
+            self._add(t)
+            self.named[name] = t
+
+    def take_changes(self) -> tuple[list[Template], list[tuple[str, str]]]:
+        """Established templates that changed (new, narrowed, merged into) and the stages merged
+        away since the last call; the caller saves them."""
+        changed = [self.named[n] for n in sorted(self.changed) if n in self.named]
+        renamed, self.changed, self.renamed = self.renamed, set(), []
+        return changed, renamed
+
+    def _stale_siblings(self, present: set[int]) -> list[Template]:
+        unheld = present - self._named_lines()
+        if not unheld:
+            return []
+        siblings, core = [], unheld
+        for scanned, t in enumerate(self.new.values()):  # oldest first
+            if scanned >= self.config.stale_scan or self.seen - t.created < self.config.stale_after:
+                break
+            common = core & t.fixed
+            if sum(len(t.texts[h]) for h in common) >= self.config.min_core_chars:
+                siblings.append(t)
+                core = common
+        return siblings
+
+    def _named_lines(self) -> set[int]:
+        """Lines the fixed text of an established template holds (cached against `version`)."""
+        if self._named_version != self.version:
+            self._named_cache = set().union(*(t.fixed for t in self.named.values()))
+            self._named_version = self.version
+        return self._named_cache
 
     def resolve(self, t: Template | None) -> Template | None:
         """The template a call's template became after merges."""

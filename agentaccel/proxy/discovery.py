@@ -1,0 +1,89 @@
+"""Stage discovery in the proxy: an untagged request's stage is the prompt template it matches
+(traces/template_miner.py). Templates the miner establishes are saved to the trace store (in a
+thread, off the event loop) and read back at start, so a stage keeps its name across restarts."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+
+from agentaccel.traces import templates
+from agentaccel.traces.database import Location
+from agentaccel.traces.store import TraceStore
+from agentaccel.traces.template_miner import MinerConfig, Template, TemplateMiner, template_text
+
+log = logging.getLogger("agentaccel.proxy")
+
+
+class StageDiscovery:
+    """Used from the event loop only (the miner is not thread-safe); the store is written in a thread."""
+
+    def __init__(self, location: Location | None, save: bool, config: MinerConfig | None = None) -> None:
+        self.miner = TemplateMiner(config)
+        self.location = location  # read at start (names kept from earlier runs)...
+        self.save_to_store = save and location is not None  # ...and written while serving (when recording)
+        self.found = 0  # requests given a discovered stage
+        self.unmatched = 0  # requests with a prompt but no established template (first calls, one-offs)
+        self.save_errors = 0
+        self._saving: asyncio.Task | None = None
+
+    def load(self) -> None:
+        """The templates the store kept (blocking: called before serving starts)."""
+        if self.location is None:
+            return
+        with TraceStore(self.location) as store:
+            saved = templates.read(store)
+        self.miner.restore([(t.stage, t.fixed, t.calls) for t in saved])
+
+    def stage(self, body: Mapping) -> str | None:
+        """The discovered stage of a request, or None (not a template yet, or over the cap)."""
+        messages = body.get("messages")
+        if isinstance(messages, list):
+            text = template_text(messages)
+        elif isinstance(body.get("prompt"), str):
+            text = body["prompt"]
+        else:
+            return None
+        match = self.miner.observe(text)
+        if match.stage is None:
+            self.unmatched += match.template is not None
+            return None
+        self.found += 1
+        if self.miner.changed and self.save_to_store and (self._saving is None or self._saving.done()):
+            self._saving = asyncio.get_running_loop().create_task(self.save())
+        return match.stage
+
+    async def save(self) -> None:
+        changed, renamed = self.miner.take_changes()
+        if not changed and not renamed:
+            return
+        rows = [_saved(t) for t in changed]
+        try:
+            await asyncio.to_thread(self._write, rows, renamed)
+        except Exception as e:  # noqa: BLE001 - a store that cannot be written costs names, never a request
+            self.save_errors += 1
+            log.warning("stage discovery: templates not saved to the trace store: %r", e)
+            self.miner.changed.update(t.stage for t in rows)  # tried again with the next change
+            self.miner.renamed[:0] = renamed
+
+    def _write(self, rows: list[templates.SavedTemplate], renamed: list[tuple[str, str]]) -> None:
+        with TraceStore(self.location) as store:
+            templates.write(store, rows, renamed)
+
+    async def close(self) -> None:
+        """Saves what changed, with every template's latest call count."""
+        if not self.save_to_store:
+            return
+        if self._saving is not None:
+            await self._saving
+        self.miner.changed.update(self.miner.named)
+        await self.save()
+
+    def metrics(self) -> dict[str, float]:
+        return {"stages": len(self.miner.named), "pending": len(self.miner.new), "found": self.found,
+                "unmatched": self.unmatched, "overflow": self.miner.overflow, "save_errors": self.save_errors}
+
+
+def _saved(t: Template) -> templates.SavedTemplate:
+    return templates.SavedTemplate(t.name or "", t.fixed_lines(), t.calls)
