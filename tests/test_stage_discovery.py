@@ -127,5 +127,24 @@ def test_traces_stages_discover_and_apply(upstream, db):
     with server:
         names = send(server.url, chess_calls(10)[54:60])
     assert set(names) == saved
+    # agentaccel tune works on the discovered stages
+    out = agentaccel("tune", "--db", url, "--calls", "12", "--warm", "0", "--min-calls", "5", "--dry-run")
+    assert out.returncode == 0, out.stderr
+    assert sum(name[:20] in out.stdout for name in saved) == STAGES
+    stats = agentaccel("traces", "stats", "--db", url)
+    assert stats.returncode == 0 and "found without tags" in stats.stdout
     bad = agentaccel("traces", "stages", "--apply", "--db", url)
     assert bad.returncode != 0 and "--discover" in bad.stderr + bad.stdout
+
+
+def test_openhands_sdk_runs_across_workspaces_and_days_share_one_discovered_stage(tmp_path, openhands_python):
+    """The SDK's system message changes with the workspace's AGENTS.md and the minute
+    (<CURRENT_DATETIME>), and it sends no tag: a fingerprint gives every run a stage of its own."""
+    from agentaccel.bench.stage_sets.openhands_sdk import run_agents
+    from agentaccel.traces.stages import system_fingerprint, system_prompt
+
+    calls = run_agents(openhands_python, 3, tmp_path, discover=True)
+    assert len(calls) == 3
+    assert len({system_fingerprint(system_prompt({"messages": c.messages})) for c in calls}) == 3
+    first, *later = [c.stage for c in calls]
+    assert first == "default" and len(set(later)) == 1 and later[0].startswith("tmpl:")

@@ -97,7 +97,7 @@ def test_odd_input_is_no_template():
 
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="needs ../shared/traces beside the checkout")
-@pytest.mark.parametrize("pipeline", ["din-sql", "dail-sql", "chess"])
+@pytest.mark.parametrize("pipeline", ["din-sql", "dail-sql", "rsl-sql", "chess"])
 def test_public_pipelines_filled_with_spider_and_bird(pipeline):
     calls = pp.TEXT2SQL[pipeline](SHARED, 120)
     miner = TemplateMiner(track_merges=True)

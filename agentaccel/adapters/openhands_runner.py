@@ -3,6 +3,7 @@ user's script would. It runs under OpenHands' own Python (>= 3.12; openhands_env
 and imports nothing of agentaccel:
 
     python openhands_runner.py --base-url URL --workspace DIR --state DIR --task TEXT [--no-speculation] [--stream]
+                               [--no-tag] [--context-date TEXT]
 
 Prints one JSON line: the conversation's id, its final status, how many events it holds, how
 many of them were errors, and how many chunks were streamed.
@@ -32,20 +33,26 @@ def main() -> None:
     parser.add_argument("--max-iterations", type=int, default=100)
     parser.add_argument("--no-speculation", action="store_true", help="ask the backend for plain decoding")
     parser.add_argument("--stream", action="store_true", help="stream the model's replies (tool calls included)")
+    parser.add_argument("--no-tag", action="store_true", help="send no agent tag (as the SDK does by default)")
+    parser.add_argument("--context-date", help="give the agent an AgentContext (the workspace's AGENTS.md loaded) "
+                                               "whose <CURRENT_DATETIME> is this text")
     args = parser.parse_args()
 
-    from openhands.sdk import LLM, Agent, Conversation, Tool
+    from openhands.sdk import LLM, Agent, AgentContext, Conversation, Tool
     from openhands.tools.file_editor import FileEditorTool
     from openhands.tools.terminal import TerminalTool
     from pydantic import SecretStr
 
-    extra = {"tags": [f"agent:{args.stage}"]}
+    extra = {} if args.no_tag else {"tags": [f"agent:{args.stage}"]}
     if args.no_speculation:
         extra["vllm_xargs"] = {"speculate": False}  # what the vllm and replay backends read
     base_url = args.base_url.rstrip("/") + ("/v1" if args.provider == "openai" else "")
     llm = LLM(model=f"{args.provider}/{args.model}", base_url=base_url, api_key=SecretStr("none"),
               usage_id="agent", litellm_extra_body=extra, num_retries=0, temperature=0.0, stream=args.stream)
-    agent = Agent(llm=llm, tools=[Tool(name=TerminalTool.name), Tool(name=FileEditorTool.name)])
+    context = None if args.context_date is None else AgentContext(load_project_skills=True,
+                                                                   current_datetime=args.context_date)
+    agent = Agent(llm=llm, tools=[Tool(name=TerminalTool.name), Tool(name=FileEditorTool.name)],
+                  agent_context=context)
     chunks = []
     conversation = Conversation(agent=agent, workspace=args.workspace, persistence_dir=args.state,
                                 max_iteration_per_run=args.max_iterations, visualizer=None,

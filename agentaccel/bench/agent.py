@@ -153,14 +153,15 @@ class Harness:
             max_iterations
         self.confine = confine and sandbox.available()
 
-    def run(self, instance: Instance, mode: str) -> Run:
+    def run(self, instance: Instance, mode: str, runner_args: tuple[str, ...] = ()) -> Run:
+        """`runner_args`: more options for adapters/openhands_runner.py (--no-tag, --context-date)."""
         root = Path(tempfile.mkdtemp(prefix="aa-agent-"))  # short: tmux's socket path lives under it
         try:
-            return self._run(instance, mode, root)
+            return self._run(instance, mode, root, runner_args)
         finally:
             shutil.rmtree(root, ignore_errors=True)
 
-    def _run(self, instance: Instance, mode: str, root: Path) -> Run:
+    def _run(self, instance: Instance, mode: str, root: Path, runner_args: tuple[str, ...]) -> Run:
         workspace, home, tmp, state = root / "workspace", root / "home", root / "tmp", root / "state"
         if instance.repo is not None:
             shutil.copytree(instance.repo, workspace)
@@ -171,7 +172,8 @@ class Harness:
         runner = shutil.copy(openhands_runner.__file__, root / "openhands_runner.py")
         command = [str(self.python), str(runner), "--base-url", self.url, "--model", self.model,
                    "--workspace", str(workspace), "--state", str(state), "--task", instance.problem_statement,
-                   "--max-iterations", str(self.max_iterations)] + (["--no-speculation"] if mode == "off" else [])
+                   "--max-iterations", str(self.max_iterations), *runner_args] + (["--no-speculation"] if mode == "off"
+                                                                                   else [])
         before = scrape(self.url)
         port = loopback_port(self.url) if self.confine else None
         socket = root / "proxy.sock"  # the agent's only way out of its network namespace: to the proxy

@@ -87,12 +87,13 @@ class _Connection:
             self.writer.close()
 
 
-async def run_load(url: str, streams: int, requests_per_stream: int, tokens: int, spread: float = 0.0) -> LoadResult:
+async def run_load(url: str, streams: int, requests_per_stream: int, tokens: int, spread: float = 0.0,
+                   prompt: str = "hello") -> LoadResult:
     """`spread`: each stream starts after a random delay up to this many seconds, so that streams
     are not phase-locked (agents do not start their calls in the same millisecond; locked
     streams hit the proxy in bursts of N events at once)."""
     host, port = url.removeprefix("http://").split(":")
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": tokens,
+    body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": tokens,
             "stream": True}
     result = LoadResult()
 
@@ -119,7 +120,9 @@ async def run_load(url: str, streams: int, requests_per_stream: int, tokens: int
 
 
 @contextlib.contextmanager
-def _process(argv: list[str], url: str, health_path: str):
+def serving_process(argv: list[str], url: str, health_path: str):
+    """A server process (upstream, proxy) that is up once `health_path` answers; its whole group is
+    stopped on exit."""
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     try:
         try:
@@ -133,9 +136,12 @@ def _process(argv: list[str], url: str, health_path: str):
 
 
 def bench_proxy(concurrency: list[int], requests_per_stream: int, tokens: int, rounds: int, record: bool,
-                token_delay: float = 0.02, pin: bool = False, progress=None) -> list[dict]:
+                token_delay: float = 0.02, pin: bool = False, progress=None, discover: bool = True,
+                prompt_chars: int = 0) -> list[dict]:
     """`token_delay`: seconds between the upstream's tokens (0.02: 50 tokens/s per stream, a fast
-    GPU decode); 0 turns the run into a saturation test (the proxy's throughput ceiling)."""
+    GPU decode); 0 turns the run into a saturation test (the proxy's throughput ceiling).
+    `prompt_chars`: the untagged prompt's length (0: "hello"), what stage discovery reads."""
+    prompt = long_prompt(prompt_chars) if prompt_chars else "hello"
     up_port, proxy_port = free_port(), free_port()
     upstream = f"http://127.0.0.1:{up_port}"
     proxy = f"http://127.0.0.1:{proxy_port}"
@@ -144,23 +150,40 @@ def bench_proxy(concurrency: list[int], requests_per_stream: int, tokens: int, r
                  "--port", str(proxy_port), "--db", str(Path(tmp) / "bench.db"), "--no-seed"]
         if not record:
             serve.append("--no-record")
-        with _process([sys.executable, "-m", "agentaccel.bench.upstream", "--port", str(up_port), "--tokens",
+        if not discover:
+            serve.append("--no-discover-stages")
+        with serving_process([sys.executable, "-m", "agentaccel.bench.upstream", "--port", str(up_port), "--tokens",
                        str(tokens), "--delay", str(token_delay)], upstream, "/v1/models") as upstream_proc, \
-                _process(serve, proxy, "/health") as proxy_proc:
+                serving_process(serve, proxy, "/health") as proxy_proc:
             cores = sorted(os.sched_getaffinity(0))
             if pin and len(cores) > 1:  # the proxy alone on the last core; upstream and load generator share the others
                 os.sched_setaffinity(proxy_proc.pid, {cores[-1]})
                 os.sched_setaffinity(0, set(cores[:-1]))
                 os.sched_setaffinity(upstream_proc.pid, set(cores[:-1]))
             try:
-                return _rounds(concurrency, requests_per_stream, tokens, token_delay, rounds, upstream, proxy, progress)
+                return _rounds(concurrency, requests_per_stream, tokens, token_delay, rounds, upstream, proxy, progress,
+                               prompt)
             finally:
                 os.sched_setaffinity(0, set(cores))
 
 
-def _rounds(concurrency, requests_per_stream, tokens, token_delay, rounds, upstream, proxy, progress) -> list[dict]:
-    aio.run(run_load(proxy, 8, 5, tokens))  # warm both (connections, code paths)
-    aio.run(run_load(upstream, 8, 5, tokens))
+def schema_slot(chars: int, tag: str = "") -> str:
+    """`chars` of schema-like lines (what fills a text-to-SQL prompt's slot), distinct per `tag`."""
+    rows = "".join(f"CREATE TABLE t{tag}_{i} (id integer primary key, c{tag}_{i} text, v{tag}_{i} real);\n"
+                   for i in range(chars // 40 + 1))
+    return rows[:chars]
+
+
+def long_prompt(chars: int) -> str:
+    """An instruction block, then a schema-like slot, `chars` long (about chars / 4 tokens)."""
+    head = "".join(f"Step {i}: read the question and the schema, then write one SQL query.\n" for i in range(20))
+    return (head + schema_slot(max(0, chars - len(head))))[:chars]
+
+
+def _rounds(concurrency, requests_per_stream, tokens, token_delay, rounds, upstream, proxy, progress,
+            prompt: str) -> list[dict]:
+    aio.run(run_load(proxy, 8, 5, tokens, prompt=prompt))  # warm both (connections, code paths)
+    aio.run(run_load(upstream, 8, 5, tokens, prompt=prompt))
     # Streams start at random offsets within one response time, as independent agents do.
     spread = tokens * token_delay
     rows = []
@@ -168,7 +191,7 @@ def _rounds(concurrency, requests_per_stream, tokens, token_delay, rounds, upstr
         direct, proxied = LoadResult(), LoadResult()
         for r in range(rounds):
             for target, into in ((upstream, direct), (proxy, proxied)):
-                got = aio.run(run_load(target, n, requests_per_stream, tokens, spread))
+                got = aio.run(run_load(target, n, requests_per_stream, tokens, spread, prompt))
                 into.latencies += got.latencies
                 into.first_chunk += got.first_chunk
                 into.errors += got.errors

@@ -16,15 +16,52 @@ from pathlib import Path
 
 import numpy as np
 
+from agentaccel.bench.proxy_bench import schema_slot
 from agentaccel.bench.replay import ReplayCall, replay
 from agentaccel.bench.speculators import build
+from agentaccel.bench.stage_sets.agents import AGENTS
+from agentaccel.bench.stage_sets.openhands_sdk import openhands_sdk
 from agentaccel.bench.stage_sets.pipelines import TEXT2SQL, LabelledCall
 from agentaccel.engine.cost import CostProfile
-from agentaccel.proxy.tagging import system_fingerprint, system_prompt
-from agentaccel.traces.stages import DEFAULT_STAGE
+from agentaccel.text.messages import message_text
+from agentaccel.traces.stages import DEFAULT_STAGE, system_fingerprint, system_prompt
 from agentaccel.traces.template_miner import TemplateMiner, template_text
 
-LABELLINGS = ("true", "discovered", "fingerprint")
+BUILDERS = {**TEXT2SQL, **AGENTS, "openhands-sdk": openhands_sdk}
+SETS = [*BUILDERS, "mix"]
+
+
+class LabelledSets:
+    """Each set built once (the OpenHands SDK set runs agents: minutes), the mix from them."""
+
+    def __init__(self, traces: Path, questions: int, sessions: int) -> None:
+        self.traces, self.questions, self.sessions = traces, questions, sessions
+        self.built: dict[str, list[LabelledCall]] = {}
+
+    def __getitem__(self, name: str) -> list[LabelledCall]:
+        if name == "mix":
+            return mix({n: self[n] for n in BUILDERS})
+        if name not in self.built:
+            self.built[name] = BUILDERS[name](self.traces, self.questions if name in TEXT2SQL else self.sessions)
+        return self.built[name]
+
+
+def mix(sets: dict[str, list[LabelledCall]]) -> list[LabelledCall]:
+    """Every set through one server at once, no tags: their runs interleaved (one run of each set in
+    turn, each run's calls in order); a call's true stage is its set's and stage's."""
+    runs: dict[str, list[list[LabelledCall]]] = {}
+    for name, calls in sets.items():
+        by_session: dict[str, list[LabelledCall]] = {}
+        for c in calls:
+            by_session.setdefault(c.session, []).append(
+                LabelledCall(c.messages, c.output, f"{name}/{c.truth}", f"{name}/{c.session}"))
+        runs[name] = list(by_session.values())
+    out = []
+    for i in range(max(len(r) for r in runs.values())):
+        for r in runs.values():
+            if i < len(r):
+                out.extend(r[i])
+    return out
 
 
 def adjusted_rand(a: list, b: list) -> float:
@@ -52,11 +89,35 @@ def mine(calls: list[LabelledCall]) -> Mined:
     online, found, times = [], [], []
     for c in calls:
         t0 = time.perf_counter()
-        match = miner.observe(template_text(c.messages))
+        match = miner.observe_messages(c.messages)  # what the proxy times: the template text read, then matched
         times.append((time.perf_counter() - t0) * 1e6)
         online.append(match.stage or DEFAULT_STAGE)
         found.append(match.template)
     return Mined([id(miner.resolve(t)) for t in found], online, len(miner.named), times)
+
+
+PAD_CHARS = 32_768  # about 8k tokens of template text
+
+
+def padded(call: LabelledCall, n: int) -> list[dict]:
+    """The call's messages with its template text grown to PAD_CHARS by a slot of its own at the
+    end of its first user message (a large schema or history): what an 8k-token prompt costs."""
+    messages = [dict(m) if isinstance(m, dict) else m for m in call.messages]
+    grow = max(0, PAD_CHARS - len(template_text(messages)))
+    first = next((m for m in messages if isinstance(m, dict) and m.get("role") not in ("system", "developer")),
+                 messages[-1])
+    first["content"] = message_text(first) + "\n" + schema_slot(grow, str(n))
+    return messages
+
+
+def cost_at_8k(calls: list[LabelledCall]) -> list[float]:
+    miner, times = TemplateMiner(), []
+    for n, c in enumerate(calls):
+        messages = padded(c, n)
+        t0 = time.perf_counter()
+        miner.observe_messages(messages)
+        times.append((time.perf_counter() - t0) * 1e6)
+    return times
 
 
 def fingerprint(call: LabelledCall) -> str:
@@ -66,9 +127,17 @@ def fingerprint(call: LabelledCall) -> str:
 
 def replay_speedups(calls: list[LabelledCall], labels: dict[str, list[str]], tokenizer, profile: CostProfile
                     ) -> dict[str, float]:
-    """The estimated speedup over the whole set with each labelling's stages."""
+    """The estimated speedup over the whole set with each labelling's stages. A prompt is its
+    messages' text, each message tokenized once (an agent's history repeats in every later call)."""
     generation = np.asarray(tokenizer.encode("<|im_start|>assistant\n"), dtype=np.uint32)
-    prompts = [np.concatenate([np.asarray(tokenizer.encode(template_text(c.messages)), dtype=np.uint32), generation])
+    cache: dict[str, np.ndarray] = {}
+
+    def tokens(text: str) -> np.ndarray:
+        if text not in cache:
+            cache[text] = np.asarray(tokenizer.encode(text + "\n"), dtype=np.uint32)
+        return cache[text]
+
+    prompts = [np.concatenate([*(tokens(message_text(m)) for m in c.messages if isinstance(m, dict)), generation])
                for c in calls]
     outputs = [np.asarray(tokenizer.encode(c.output), dtype=np.uint32) for c in calls]
     sessions = {s: n for n, s in enumerate(dict.fromkeys(c.session for c in calls))}
@@ -81,13 +150,15 @@ def replay_speedups(calls: list[LabelledCall], labels: dict[str, list[str]], tok
     return out
 
 
-def run(traces: Path, questions: int, tokenizer, profile: CostProfile, sets: list[str] | None = None,
+def run(traces: Path, questions: int, sessions: int, tokenizer, profile: CostProfile, sets: list[str] | None = None,
         progress: Callable[[str], None] | None = None) -> list[dict]:
     rows = []
-    for name in sets or list(TEXT2SQL):
+    labelled = LabelledSets(traces, questions, sessions)
+    for name in sets or SETS:
         if progress:
-            progress(f"{name}: building")
-        calls = TEXT2SQL[name](traces, questions)
+            progress(f"{name}: building" + (" (OpenHands agents run: minutes)" if name in ("openhands-sdk", "mix")
+                                            and "openhands-sdk" not in labelled.built else ""))
+        calls = labelled[name]
         truth = [c.truth for c in calls]
         if progress:
             progress(f"{name}: mining {len(calls)} calls")
@@ -102,6 +173,7 @@ def run(traces: Path, questions: int, tokenizer, profile: CostProfile, sets: lis
             "set": name, "calls": len(calls), "true_stages": len(set(truth)), "found_stages": mined.stages,
             "ari": adjusted_rand(truth, mined.final), "ari_fingerprint": adjusted_rand(truth, prints),
             "us_p50": statistics.median(mined.us_per_call), "us_p90": float(np.percentile(mined.us_per_call, 90)),
+            "us_p50_8k_tokens": statistics.median(cost_at_8k(calls)),
             "prompt_chars_p50": statistics.median(chars),
             **{f"speedup_{k}": v for k, v in speedups.items()},
             "discovered_vs_true": speedups["discovered"] / speedups["true"] if speedups["true"] else 0.0,

@@ -500,6 +500,10 @@ def bench_proxy_cmd(
     = 0.02,
     pin: Annotated[bool, typer.Option(help="Give the proxy a core of its own (the upstream and the load generator "
                                            "share the rest): its own cost, without their contention.")] = False,
+    discover_stages: Annotated[bool, typer.Option(help="The proxy discovers the stage of the untagged requests "
+                                                       "(as `serve` does by default).")] = True,
+    prompt_chars: Annotated[int, typer.Option(help="Length of the requests' prompt in characters (0: 'hello'; "
+                                                   "32000 is about 8k tokens).", min=0)] = 0,
     json_out: JsonOption = None,
 ) -> None:
     """Added latency of the proxy at N concurrent streams against a fast local upstream."""
@@ -511,8 +515,10 @@ def bench_proxy_cmd(
     with Progress(console=err, transient=True) as progress:
         task = progress.add_task("load rounds", total=len(levels) * rounds * 2)
         rows = bench_proxy(levels, requests, tokens, rounds, record, token_delay, pin,
-                           progress=lambda *_: progress.advance(task, 2))
-    table = Table(title=f"proxy overhead ({tokens} tokens per stream, {token_delay * 1000:g} ms apart; recording "
+                           progress=lambda *_: progress.advance(task, 2), discover=discover_stages,
+                           prompt_chars=prompt_chars)
+    table = Table(title=f"proxy overhead ({tokens} tokens per stream, {token_delay * 1000:g} ms apart; prompt "
+                        f"{prompt_chars or 5:,} chars; stage discovery {'on' if discover_stages else 'off'}; recording "
                         f"{'on' if record else 'off'}{'; proxy on its own core' if pin else ''})")
     for col in ("streams", "requests", "errors", "added 1st chunk p50 ms", "added 1st chunk p99 ms",
                 "direct p50 ms", "proxy p50 ms", "added p50 ms", "direct p99 ms", "proxy p99 ms", "added p99 ms",
@@ -534,10 +540,12 @@ def bench_stages(
     traces: Annotated[Path | None, typer.Option(help="The real-trace folder (Spider, BIRD and the pipelines' runs "
                                                      "under text2sql/; default: $AGENTACCEL_TRACES or "
                                                      "../shared/traces).")] = None,
-    questions: Annotated[int, typer.Option(help="Questions per pipeline (each makes one call per stage).", min=2)]
-    = 120,
+    questions: Annotated[int, typer.Option(help="Questions per text-to-SQL pipeline (each makes one call per "
+                                                "stage).", min=2)] = 120,
+    sessions: Annotated[int, typer.Option(help="Agent runs per agent set (their first 20 calls each).", min=2)] = 60,
     sets: Annotated[str | None, typer.Option(help="Comma-separated sets (default: all: din-sql, dail-sql, rsl-sql, "
-                                                  "chess).")] = None,
+                                                  "chess, openhands, swe-agent, openhands-sdk, mix; "
+                                                  "openhands-sdk runs OpenHands agents: minutes).")] = None,
     cost: Annotated[str, typer.Option(help="Cost profile of the replayed verifier (gpu, cpu-smollm2, c=<x> or a "
                                            "bench-backend JSON).")] = "gpu",
     tokenizer: TokenizerOption = None,
@@ -545,33 +553,40 @@ def bench_stages(
 ) -> None:
     """Stage discovery on real pipelines' prompt templates without tags: agreement with the true stages,
     stages found, cost per call, and the replayed speedup with true, discovered and fingerprint stages."""
-    from agentaccel.bench.stage_bench import run
-    from agentaccel.bench.stage_sets.pipelines import TEXT2SQL
+    from agentaccel.bench.stage_bench import SETS, run
     from agentaccel.engine.cost import load_profile
 
-    chosen = [x.strip() for x in sets.split(",")] if sets else list(TEXT2SQL)
-    unknown = [x for x in chosen if x not in TEXT2SQL]
+    chosen = [x.strip() for x in sets.split(",")] if sets else SETS
+    unknown = [x for x in chosen if x not in SETS]
     if unknown:
-        raise typer.BadParameter(f"unknown set(s) {unknown}; known: {', '.join(TEXT2SQL)}", param_hint="--sets")
+        raise typer.BadParameter(f"unknown set(s) {unknown}; known: {', '.join(SETS)}", param_hint="--sets")
     try:
         profile = load_profile(cost)
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--cost") from e
-    folder = traces_folder(traces, lambda f: None if (f / "text2sql").is_dir() else f"{f}/text2sql: no such folder")
+    folder = traces_folder(traces, lambda f: next((f"{f}/{sub}: no such folder" for sub in ("text2sql", "openhands",
+                                                                                          "swe-agent")
+                                                   if not (f / sub).is_dir()), None))
     tok = open_tokenizer(tokenizer)
     with console.status("") as status:
-        rows = run(folder, questions, tok, profile, chosen, progress=status.update)
-    table = Table(title=f"stages found without tags ({questions} questions per pipeline, no system message; "
+        rows = run(folder, questions, sessions, tok, profile, chosen, progress=status.update)
+    table = Table(title=f"stages found without tags ({questions} questions per pipeline, {sessions} runs per agent; "
                         f"replayed with --cost {cost})")
     for col in ("set", "calls", "stages true", "found", "ARI", "ARI fingerprint", "µs/call p50", "µs p90",
-                "prompt chars p50", "speedup true", "discovered", "fingerprint", "discovered ÷ true"):
+                "prompt chars p50", "µs p50 at 8k tokens", "speedup true", "discovered", "fingerprint",
+                "discovered ÷ true"):
         table.add_column(col, justify="left" if col == "set" else "right")
     for r in rows:
         table.add_row(r["set"], f"{r['calls']:,}", str(r["true_stages"]), str(r["found_stages"]), f"{r['ari']:.3f}",
                       f"{r['ari_fingerprint']:.3f}", f"{r['us_p50']:.0f}", f"{r['us_p90']:.0f}",
-                      f"{r['prompt_chars_p50']:,.0f}", f"{r['speedup_true']:.3f}x", f"{r['speedup_discovered']:.3f}x",
+                      f"{r['prompt_chars_p50']:,.0f}", f"{r['us_p50_8k_tokens']:.0f}", f"{r['speedup_true']:.3f}x",
+                      f"{r['speedup_discovered']:.3f}x",
                       f"{r['speedup_fingerprint']:.3f}x", f"{r['discovered_vs_true']:.1%}")
     console.print(table)
+    console.print("ARI: adjusted Rand index of the stages found against the true ones (1: the same grouping); "
+                  "µs: the miner's time per call (at 8k tokens: each prompt grown to 32 KiB by a slot at its end); "
+                  "speedup: the set replayed with agentaccel's drafter and the simulated verifier, each call in the "
+                  "stage the labelling gives it (discovered: as served online, a template's first call in 'default')")
     if json_out:
         json_out.write_text(json.dumps(rows, indent=2))
 

@@ -94,7 +94,17 @@ def traces_stats(
                   "entropy of the next-token distribution there (lower predicts longer accepted drafts); top-1: "
                   "tokens that were the most frequent continuation.")
     _policies_table(store)
+    _discovered_note(store)
     store.close()
+
+
+def _discovered_note(store) -> None:
+    from agentaccel.traces import templates
+
+    saved = templates.read(store)
+    if saved:
+        console.print(f"{len(saved)} of these stages were found without tags (tmpl:…, from their prompt templates): "
+                      "`agentaccel traces stages` shows their fixed text")
 
 
 def _policies_table(store) -> None:

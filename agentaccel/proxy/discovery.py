@@ -40,7 +40,7 @@ class StageDiscovery:
         """The discovered stage of a request, or None (not a template yet, or over the cap)."""
         messages = body.get("messages")
         if isinstance(messages, list):
-            text = template_text(messages)
+            text = template_text(messages, self.miner.config.max_chars)
         elif isinstance(body.get("prompt"), str):
             text = body["prompt"]
         else:

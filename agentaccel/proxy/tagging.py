@@ -11,14 +11,12 @@ discovery off, a stable fingerprint of the system prompt; else "default".
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from agentaccel.errors import bad_request
-from agentaccel.text.messages import message_text
-from agentaccel.traces.stages import DEFAULT_STAGE, explicit_stage
+from agentaccel.traces.stages import DEFAULT_STAGE, explicit_stage, system_fingerprint, system_prompt
 
 STAGE_HEADER = "x-agentaccel-stage"
 MAX_STAGE_LENGTH = 128  # a stage is a Prometheus label value and a tree in the engine: names stay short
@@ -50,19 +48,6 @@ class Tags:
     stage: str
     stage_source: str  # header, metadata, vllm_xargs, rule, template, system, default
     session_id: str | None
-
-
-def system_prompt(body: Mapping) -> str | None:
-    messages = body.get("messages")
-    if isinstance(messages, list):
-        for m in messages:
-            if isinstance(m, dict) and m.get("role") in ("system", "developer"):
-                return message_text(m)
-    return None
-
-
-def system_fingerprint(text: str) -> str:
-    return "sys-" + hashlib.sha256(text.encode()).hexdigest()[:10]
 
 
 def check_stage(name: str, where: str) -> str:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Mapping
+
+from agentaccel.text.messages import message_text
 from agentaccel.traces.records import Call, Session
 
 DEFAULT_STAGE = "default"
@@ -36,3 +40,18 @@ def resolve_stage(session: Session, call: Call) -> str:
     if session.framework == "openhands":
         return f"openhands:{agent}" if agent else "openhands"
     return DEFAULT_STAGE
+
+
+def system_prompt(body: Mapping) -> str | None:
+    """The text of a request's first system (or developer) message."""
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        for m in messages:
+            if isinstance(m, dict) and m.get("role") in ("system", "developer"):
+                return message_text(m)
+    return None
+
+
+def system_fingerprint(text: str) -> str:
+    """The stage of an untagged request with stage discovery off: its system prompt, hashed."""
+    return "sys-" + hashlib.sha256(text.encode()).hexdigest()[:10]

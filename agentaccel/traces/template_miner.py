@@ -6,17 +6,19 @@ system message and the first user message, digits masked) and goes to the templa
 lines it contains.
 
 Calls of a pipeline form a grid: every stage meets every database and every question, so the text
-two calls share says as readily "same database" as "same stage". Two facts break the symmetry:
-- templates open with their instructions (no pipeline we know starts its prompt with a slot), so
-  calls are first split by their opening line;
+two calls share says as readily "same database" as "same stage". What breaks the symmetry:
 - a line that the fixed text of several templates holds (a schema every stage shows) tells no
-  template from another: a template is recognised by its *distinctive* fixed lines (held by no
-  other template), the first `window_chars` of them in prompt order.
-A slot right after a shared opening (examples chosen per question, as DAIL-SQL's) shows up as
-templates in one opening group that never see a second call: past `slot_after` of them, they
-merge into one. The first call of a template goes to `default`; the template is a stage from its
-second call on, so a flood of one-off prompts leaves at most `max_new` provisional templates behind
-and no stage names; established templates beyond `max_stages` go to `default` too (counted).
+  template from another: a template is recognised by its *own* fixed lines, the first
+  `window_chars` of them in prompt order, anchored by the first;
+- templates mostly open with their instructions: a slot right after a shared opening (examples
+  chosen per question, as DAIL-SQL's) shows up as templates of one opening that never see a
+  second call, and past `slot_after` of them they merge into one;
+- a call that opens with known slot content (RSL-SQL's answer selection starts with its examples)
+  joins the established template whose fixed text it shows, or merges with one-call templates
+  that waited `stale_after` calls and share fixed text with it.
+The first call of a template goes to `default`; the template is a stage from its second call on,
+so a flood of one-off prompts leaves at most `max_new` provisional templates behind and no stage
+names; established templates beyond `max_stages` go to `default` too (counted).
 """
 
 from __future__ import annotations
@@ -44,25 +46,28 @@ class MinerConfig:
     stale_after: int = 48  # calls a one-call template waits before it may be a slot-first template's call
     stale_scan: int = 16  # one-call templates looked at for that, oldest first (bounds a one-off flood's cost)
     min_core_chars: int = 64  # fixed text those must share
+    cover: float = 0.9  # share of an established template's fixed text that makes a slot-first call its call
     max_stages: int = 128  # established templates (stage names)
     max_new: int = 512  # one-call templates kept while they wait for a second call
     max_shared: int = 200_000  # lines remembered as slot content
-    refine_every: int = 16  # past 64 calls a template's fixed set is narrowed on every n-th call only
+    refine_every: int = 16  # past 64 calls a template learns (slot content, fixed lines) from every n-th call only
 
 
-def template_text(messages) -> str:
+def template_text(messages, limit: int | None = None) -> str:
     """The system message(s) and the first user message: where a pipeline puts a stage's
-    instructions (later messages are the conversation, not the template)."""
-    parts = []
+    instructions (later messages are the conversation, not the template); the first `limit`
+    characters of it when given."""
+    parts, size = [], 0
     if isinstance(messages, list):
         for m in messages:
             if not isinstance(m, dict):
                 continue
-            role = m.get("role")
             parts.append(message_text(m))
-            if role not in ("system", "developer"):
+            size += len(parts[-1]) + 1
+            if m.get("role") not in ("system", "developer") or (limit is not None and size >= limit):
                 break
-    return "\n".join(parts)
+    text = "\n".join(parts)
+    return text if limit is None else text[:limit]
 
 
 @dataclass
@@ -72,6 +77,9 @@ class Signature:
 
     @classmethod
     def of(cls, text: str, config: MinerConfig) -> Signature:
+        # No more characters than bytes read: the native side reads the text as UTF-8, and a long
+        # prompt beyond ASCII would be encoded whole.
+        text = text[: config.max_chars]
         try:
             return cls(_core.line_hashes(text, config.max_chars), text)
         except UnicodeEncodeError:  # lone surrogates: no UTF-8 of their own
@@ -114,6 +122,7 @@ class TemplateMiner:
         self.new: OrderedDict[int, Template] = OrderedDict()  # one-call templates, oldest first
         self.holders: Counter[int] = Counter()  # line -> templates whose fixed set holds it
         self.shared: set[int] = set()  # lines two templates ever held at once: slot content (a schema)
+        self.variable: set[int] = set()  # of those, lines a call of a template showed outside its fixed text
         self.version = 0  # bumped when `holders` changes (windows and the index are cached against it)
         self._index: dict[int, list[Template]] = {}  # anchor line -> templates anchored there
         self._index_version = -1
@@ -127,7 +136,7 @@ class TemplateMiner:
 
     # --- matching ----------------------------------------------------------------------------
     def observe_messages(self, messages) -> Match:
-        return self.observe(template_text(messages))
+        return self.observe(template_text(messages, self.config.max_chars))
 
     def observe(self, text: str) -> Match:
         sig = Signature.of(text, self.config)
@@ -186,8 +195,10 @@ class TemplateMiner:
     # --- learning ----------------------------------------------------------------------------
     def _join(self, t: Template, present: set[int]) -> Match:
         t.calls += 1
-        self._slot_content(present - t.fixed)
+        # A mature template learns from a sample of its calls: what they tell (slot content, a
+        # fixed line that turned out to vary) repeats, and the bookkeeping is most of a call's cost.
         if t.calls <= 64 or t.calls % self.config.refine_every == 0:
+            self._slot_content(present - t.fixed, variable=True)
             gone = t.fixed - present
             if gone:
                 self._drop(t, gone)
@@ -195,7 +206,7 @@ class TemplateMiner:
             return Match(None, t)
         return Match(t.name, t)
 
-    def _slot_content(self, lines: set[int]) -> None:
+    def _slot_content(self, lines: set[int], variable: bool = False) -> None:
         new = lines - self.shared
         if new:
             self.shared |= new
@@ -203,9 +214,12 @@ class TemplateMiner:
                 self.version += 1
             if len(self.shared) > self.config.max_shared:
                 self.shared.clear()  # rare (a flood of one-off prompts); templates re-learn it
+                self.variable.clear()
+        if variable:
+            self.variable |= lines
 
     def _drop(self, t: Template, lines: set[int]) -> None:
-        self._slot_content(lines)
+        self._slot_content(lines, variable=True)
         t.fixed -= lines
         self.holders.subtract(lines)
         for h in lines:
@@ -268,8 +282,12 @@ class TemplateMiner:
           waited `stale_after` calls for a second one: a pipeline's stages all recur within that,
           and before they do, its first run's prompts share the schema and question just as well."""
         first = hashes[0]
-        siblings = [t for t in self.templates_ if t.order and t.order[0] == first]
-        if len(siblings) < self.config.slot_after:
+        if first not in self.variable:
+            siblings = [t for t in self.templates_ if t.order and t.order[0] == first]
+        else:  # the call opens with what other calls showed as slot content
+            covering = self._covering(present)
+            if covering is not None:
+                return covering
             siblings = self._stale_siblings(present)
         if len(siblings) < self.config.slot_after:
             return None
@@ -314,6 +332,27 @@ class TemplateMiner:
         changed = [self.named[n] for n in sorted(self.changed) if n in self.named]
         renamed, self.changed, self.renamed = self.renamed, set(), []
         return changed, renamed
+
+    def _covering(self, present: set[int]) -> Template | None:
+        """The established template whose whole fixed text (but what is slot content elsewhere)
+        this call shows, all but `1 - cover` of it: a slot-first call of it whose anchor fell
+        into the slot."""
+        best, best_score = None, self.config.cover
+        for t in self.named.values():
+            score = self._shows(t, present)
+            if score > best_score:
+                best, best_score = t, score
+        return best
+
+    def _shows(self, t: Template, present: set[int]) -> float:
+        """The share of the template's fixed text the call holds, not counting lines that other
+        calls showed as slot content (a schema tells no template from another); 0 for a template
+        with under `min_core_chars` of it."""
+        own = t.fixed - self.variable
+        total = sum(len(t.texts[h]) for h in own)
+        if total < self.config.min_core_chars:
+            return 0.0
+        return sum(len(t.texts[h]) for h in own & present) / total
 
     def _stale_siblings(self, present: set[int]) -> list[Template]:
         unheld = present - self._named_lines()
