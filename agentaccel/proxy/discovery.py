@@ -32,8 +32,12 @@ class StageDiscovery:
         """The templates the store kept (blocking: called before serving starts)."""
         if self.location is None:
             return
-        with TraceStore(self.location) as store:
-            saved = templates.read(store)
+        try:
+            with TraceStore(self.location) as store:
+                saved = templates.read(store)
+        except Exception as e:  # noqa: BLE001 - a store that cannot be read costs the kept names, not the server
+            log.warning("stage discovery: no templates read from the trace store (%r); stages are found anew", e)
+            return
         self.miner.restore([(t.stage, t.fixed, t.calls) for t in saved])
 
     def stage(self, body: Mapping) -> str | None:

@@ -29,6 +29,7 @@ class Discovery:
     assignment: dict[int, str] = field(default_factory=dict)  # call id -> discovered stage
     found: list[Found] = field(default_factory=list)  # most calls first
     kept: list[Template] = field(default_factory=list)  # what --apply saves
+    renamed: list[tuple[str, str]] = field(default_factory=list)  # kept stages merged into another
 
     @property
     def unassigned(self) -> int:
@@ -45,7 +46,7 @@ def discover(store: TraceStore, stage: str, config: MinerConfig | None = None,
     seen: list[tuple[int, Template | None]] = []
     examples: dict[int, tuple[Template, str]] = {}  # a template's first call's text, to show its slots
     for call in store.iter_calls(stage=stage):
-        text = template_text(call.messages)
+        text = template_text(call.messages, miner.config.max_chars)
         match = miner.observe(text)
         seen.append((call.id, match.template))
         if match.template is not None:
@@ -59,6 +60,7 @@ def discover(store: TraceStore, stage: str, config: MinerConfig | None = None,
         if t is not None and t.name:
             out.assignment[call_id] = t.name
             members.setdefault(id(t), []).append(call_id)
+    out.renamed = miner.take_changes()[1]
     by_id = {id(t): t for t in miner.named.values()}
     example_of: dict[int, str] = {}
     for t, text in examples.values():
@@ -91,5 +93,6 @@ def apply(store: TraceStore, found: Discovery) -> int:
     except BaseException:
         store.conn.rollback()
         raise
-    templates.write(store, [templates.SavedTemplate(t.name, t.fixed_lines(), t.calls) for t in found.kept])
+    templates.write(store, [templates.SavedTemplate(t.name, t.fixed_lines(), t.calls) for t in found.kept],
+                    found.renamed)
     return len(rows)
