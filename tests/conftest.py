@@ -51,6 +51,18 @@ def openhands_python(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def classic_python(tmp_path_factory):
+    """The classic OpenHands core's environment (openhands-ai 0.62), as openhands_python."""
+    from agentaccel.adapters import openhands_env
+
+    python, why = openhands_env.build(tmp_path_factory.mktemp("openhands-classic"), openhands_env.CLASSIC,
+                                      openhands_env.CLASSIC_MODULES)
+    if python is None:
+        pytest.skip(f"no environment for the classic OpenHands core: {why}")
+    return python
+
+
+@pytest.fixture(scope="session")
 def postgres(tmp_path_factory):
     """A real PostgreSQL server for the run (tests/postgres_server.py); the tests that need it fail,
     saying how to install PostgreSQL, when none can be started."""

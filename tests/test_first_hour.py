@@ -40,6 +40,8 @@ README_URL = "http://127.0.0.1:8000"
 #   fleet   the several-servers recipe (PostgreSQL, servers, vllm-router, a front proxy): needs
 #           a GPU model and a PostgreSQL of the user's; tests/test_shared_store.py runs the same
 #           topology for real (its own PostgreSQL, two servers with the real model, vllm-router)
+#   traces  reads the real-trace folder a fresh clone lacks: must say so (docs/TRACES.md) and exit 2;
+#           tests/test_template_miner.py and tests/test_stage_discovery.py run its parts on real data
 PLAN = {
     "./install.sh": "ci",
     "agentaccel serve": "serve",
@@ -50,12 +52,15 @@ PLAN = {
     "agentaccel serve --backend vllm --model Qwen/Qwen2.5-7B-Instruct": "options",
     "agentaccel bench vllm": "bench",
     "agentaccel traces stats": "run",
+    "agentaccel traces stages": "run",
+    "agentaccel traces stages --discover --apply": "run",
     "agentaccel tune": "run",
     "agentaccel export-traces --out calls.jsonl": "run",
     "agentaccel import-traces calls.jsonl --db copy.db": "run",
     "agentaccel bench replay": "run",
     "agentaccel bench replay --concurrency 1,4,16,64": "run",
     "agentaccel bench replay --replicas 1,2,4,8": "run",
+    "agentaccel bench stages": "traces",
     'initdb -D ~/agentaccel-pg -U agentaccel --auth=trust && pg_ctl -D ~/agentaccel-pg -l ~/agentaccel-pg.log '
     '-o "-p 5433 -k /tmp" start': "fleet",
     "createdb -h 127.0.0.1 -p 5433 -U agentaccel traces": "fleet",
@@ -142,6 +147,11 @@ def assert_clean(out: subprocess.CompletedProcess, command: str) -> None:
     assert out.returncode == 0, f"{command} exited {out.returncode}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
 
 
+def assert_needs_traces(out: subprocess.CompletedProcess, command: str) -> None:
+    assert "Traceback" not in out.stdout + out.stderr, out.stderr
+    assert out.returncode == 2 and "docs/TRACES.md" in out.stderr, (command, out.returncode, out.stderr)
+
+
 @contextlib.contextmanager
 def serving(machine: FreshMachine, command: str, url: str):
     """`command` (an `agentaccel serve`) in the background until the block ends; yields its log."""
@@ -203,15 +213,15 @@ def test_a_new_users_first_hour(machine):
                     assert 'agentaccel_mean_accepted_length{stage="sql"}' in out.stdout, out.stdout
                 if command.startswith("agentaccel bench agent"):  # the agent fixed its task, both times
                     assert "resolved 1/1 off, 1/1 on" in out.stdout, out.stdout
+            elif how == "traces":
+                assert_needs_traces(machine.run(command), command)
             elif how in ("options", "bench"):
                 assert_clean(machine.run(f"{command} --help"), command)
             elif how == "fleet" and command.startswith(("agentaccel", "vllm-router")):  # installed, options known
                 program = command.split(" --", 1)[0].split(" -- ", 1)[0]
                 assert_clean(machine.run(f"{program} --help"), command)
     for command in NEEDS_TRACES:
-        out = machine.run(command)
-        assert "Traceback" not in out.stdout + out.stderr, out.stderr
-        assert out.returncode == 2 and "docs/TRACES.md" in out.stderr, (command, out.returncode, out.stderr)
+        assert_needs_traces(machine.run(command), command)
     # what the user did is in their own store and folder
     assert (machine.home / ".agentaccel" / "traces.db").is_file()
     assert (machine.clone / "copy.db").is_file() and (machine.clone / "calls.jsonl").is_file()

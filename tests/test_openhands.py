@@ -27,7 +27,7 @@ import psutil
 import pytest
 from traces_fixtures import write_sdk_conversation
 
-from agentaccel.adapters import openhands_env, openhands_runner, relay, sandbox
+from agentaccel.adapters import openhands_classic_runner, openhands_runner, relay, sandbox
 from agentaccel.adapters.openhands import config_toml
 from agentaccel.bench.replay_server import replay_server
 from agentaccel.processes import free_port, run_group, stop_group, wait_healthy
@@ -168,15 +168,6 @@ def test_an_openhands_sdk_agent_runs_real_tools_through_the_proxy(tmp_path, open
         assert a == b, f"call {k}: " + json.dumps([a, b], indent=1)[:4000]
 
 
-@pytest.fixture(scope="module")
-def classic_python(tmp_path_factory):
-    python, why = openhands_env.build(tmp_path_factory.mktemp("openhands-classic"), openhands_env.CLASSIC,
-                                      openhands_env.CLASSIC_MODULES)
-    if python is None:
-        pytest.skip(f"no environment for the classic OpenHands core: {why}")
-    return python
-
-
 def classic_recording(path: Path, richer: bool = False) -> Path:
     """What the classic CodeActAgent calls as chat JSONL: execute_bash, then finish; `richer` adds a
     response calling two commands at once, a command that fails, and a thought before the finish."""
@@ -208,7 +199,7 @@ def test_the_classic_openhands_core_runs_through_the_proxy(tmp_path, classic_pyt
     """config.toml's [llm] is what `agentaccel openhands-config` prints; the local runtime's usual
     traps are set off: SU_TO_USER=false, USER = who runs it (else it adds a user to the host). Its
     servers listen on 0.0.0.0, unchangeable: contained in a network namespace (run_confined), and
-    with the Jupyter tool off no Jupyter is started (tests/openhands_classic.py)."""
+    with the Jupyter tool off no Jupyter is started (adapters/openhands_classic_runner.py)."""
     db = recorded_store(tmp_path, classic_recording(tmp_path / "classic.jsonl"))
     workspace = tmp_path / "workspace"
     workspace.mkdir()
@@ -220,7 +211,7 @@ def test_the_classic_openhands_core_runs_through_the_proxy(tmp_path, classic_pyt
         env = {"RUNTIME": "local", "SU_TO_USER": "false", "USER": pwd.getpwuid(os.getuid()).pw_name,
                "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
         # the runner is copied next to the run: a checkout under /tmp is hidden in the sandbox
-        runner = shutil.copy(Path(__file__).with_name("openhands_classic.py"), tmp_path / "openhands_classic.py")
+        runner = shutil.copy(openhands_classic_runner.__file__, tmp_path / "openhands_classic.py")
         started: set[str] = set()
         run = run_confined([str(classic_python), str(runner), "-t", TASK, "-c", "CodeActAgent",
                             "--config-file", str(config)], tmp_path, classic_python, env, url, started)
@@ -257,7 +248,7 @@ def test_an_imported_classic_history_is_what_openhands_sent(tmp_path, classic_py
                           "enable_jupyter = false\nenable_prompt_extensions = false\n")
         env = {"RUNTIME": "local", "SU_TO_USER": "false", "USER": pwd.getpwuid(os.getuid()).pw_name,
                "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
-        runner = shutil.copy(Path(__file__).with_name("openhands_classic.py"), tmp_path / "openhands_classic.py")
+        runner = shutil.copy(openhands_classic_runner.__file__, tmp_path / "openhands_classic.py")
         run = run_confined([str(classic_python), str(runner), "-t", TASK, "-c", "CodeActAgent",
                             "--config-file", str(config)], tmp_path, classic_python, env, url)
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]

@@ -101,7 +101,7 @@ def agentaccel(*args: str) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
-def test_traces_stages_discover_and_apply(upstream, db):
+def test_traces_stages_discover_and_apply(upstream, db, tmp_path):
     calls = chess_calls(9)
     server, recorder = serve(upstream.url, db, discover_stages=False, fingerprint_system=False)
     with server:
@@ -135,6 +135,12 @@ def test_traces_stages_discover_and_apply(upstream, db):
     assert stats.returncode == 0 and "found without tags" in stats.stdout
     bad = agentaccel("traces", "stages", "--apply", "--db", url)
     assert bad.returncode != 0 and "--discover" in bad.stderr + bad.stdout
+    typo = agentaccel("traces", "stages", "--discover", "--stage", "tmpl:no-such", "--db", url)
+    assert typo.returncode == 2 and "'tmpl:no-such'" in typo.stderr and "Traceback" not in typo.stderr
+    # a store with nothing in 'default' (here: no calls yet): nothing to group is no error
+    TraceStore(tmp_path / "fresh.db").close()
+    empty = agentaccel("traces", "stages", "--discover", "--apply", "--db", str(tmp_path / "fresh.db"))
+    assert empty.returncode == 0 and "nothing to group" in empty.stdout, empty.stderr
 
 
 def test_openhands_sdk_runs_across_workspaces_and_days_share_one_discovered_stage(tmp_path, openhands_python):
@@ -148,3 +154,14 @@ def test_openhands_sdk_runs_across_workspaces_and_days_share_one_discovered_stag
     assert len({system_fingerprint(system_prompt({"messages": c.messages})) for c in calls}) == 3
     first, *later = [c.stage for c in calls]
     assert first == "default" and len(set(later)) == 1 and later[0].startswith("tmpl:")
+
+
+def test_classic_openhands_runs_in_different_workspaces_share_one_discovered_stage(tmp_path, classic_python):
+    """The classic core (openhands-ai 0.62) sends no tag either: its runs on different tasks in
+    different workspaces, through `serve`, get one discovered stage from the second call on."""
+    from agentaccel.bench.stage_sets.openhands_classic import run_agents, run_of
+
+    calls = run_agents(classic_python, 2, tmp_path, discover=True)
+    assert len({run_of(c.messages) for c in calls}) == 2 and len(calls) >= 3, [c.messages[:2] for c in calls]
+    first, *later = [c.stage for c in calls]
+    assert first == "default" and len(set(later)) == 1 and later[0].startswith("tmpl:you-are-openhands"), later

@@ -22,6 +22,7 @@ import contextlib
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -175,12 +176,8 @@ class Harness:
                    "--max-iterations", str(self.max_iterations), *runner_args] + (["--no-speculation"] if mode == "off"
                                                                                    else [])
         before = scrape(self.url)
-        port = loopback_port(self.url) if self.confine else None
-        socket = root / "proxy.sock"  # the agent's only way out of its network namespace: to the proxy
         t0 = time.perf_counter()
-        with relay.unix_to_tcp(socket, port) if port else contextlib.nullcontext():
-            out = run_group(self._confined(command, root, (port, socket) if port else None), env=env, cwd=workspace,
-                            timeout=RUN_TIMEOUT)
+        out = self.run_process(command, root, env, workspace)
         wall = time.perf_counter() - t0
         by_stage = _delta(before, scrape(self.url))
         try:
@@ -189,6 +186,14 @@ class Harness:
             outcome = {"status": "crashed", "error": (out.stderr or out.stdout).strip()[-500:]}
         return Run(instance.instance_id, mode, outcome["status"], wall, self._resolved(instance, workspace, env, root),
                    by_stage, outcome.get("error"))
+
+    def run_process(self, command: list[str], root: Path, env: dict, cwd: Path) -> subprocess.CompletedProcess:
+        """An agent process, confined where the machine allows, its only way out the proxy's port."""
+        port = loopback_port(self.url) if self.confine else None
+        socket = root / "proxy.sock"  # the agent's only way out of its network namespace: to the proxy
+        with relay.unix_to_tcp(socket, port) if port else contextlib.nullcontext():
+            return run_group(self._confined(command, root, (port, socket) if port else None), env=env, cwd=cwd,
+                             timeout=RUN_TIMEOUT)
 
     def _confined(self, command: list[str], root: Path, reach: tuple[int, Path] | None = None) -> list[str]:
         # OpenHands' environment stays visible (read-only) wherever it lives

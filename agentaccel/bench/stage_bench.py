@@ -7,6 +7,8 @@ system prompt."""
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import statistics
 import time
 from collections import Counter
@@ -20,6 +22,7 @@ from agentaccel.bench.proxy_bench import schema_slot
 from agentaccel.bench.replay import ReplayCall, replay
 from agentaccel.bench.speculators import build
 from agentaccel.bench.stage_sets.agents import AGENTS
+from agentaccel.bench.stage_sets.openhands_classic import openhands_classic_live
 from agentaccel.bench.stage_sets.openhands_sdk import openhands_sdk
 from agentaccel.bench.stage_sets.pipelines import TEXT2SQL, LabelledCall
 from agentaccel.engine.cost import CostProfile
@@ -27,7 +30,8 @@ from agentaccel.text.messages import message_text
 from agentaccel.traces.stages import DEFAULT_STAGE, system_fingerprint, system_prompt
 from agentaccel.traces.template_miner import TemplateMiner, template_text
 
-BUILDERS = {**TEXT2SQL, **AGENTS, "openhands-sdk": openhands_sdk}
+LIVE = {"openhands-classic": openhands_classic_live, "openhands-sdk": openhands_sdk}  # agents run here: minutes
+BUILDERS = {**TEXT2SQL, **AGENTS, **LIVE}
 SETS = [*BUILDERS, "mix"]
 
 
@@ -87,12 +91,13 @@ class Mined:
 def mine(calls: list[LabelledCall]) -> Mined:
     miner = TemplateMiner(track_merges=True)
     online, found, times = [], [], []
-    for c in calls:
-        t0 = time.perf_counter()
-        match = miner.observe_messages(c.messages)  # what the proxy times: the template text read, then matched
-        times.append((time.perf_counter() - t0) * 1e6)
-        online.append(match.stage or DEFAULT_STAGE)
-        found.append(match.template)
+    with frozen():
+        for c in calls:
+            t0 = time.perf_counter()
+            match = miner.observe_messages(c.messages)  # as the proxy does: the template text read, then matched
+            times.append((time.perf_counter() - t0) * 1e6)
+            online.append(match.stage or DEFAULT_STAGE)
+            found.append(match.template)
     return Mined([id(miner.resolve(t)) for t in found], online, len(miner.named), times)
 
 
@@ -114,13 +119,26 @@ def cost_at_8k(calls: list[LabelledCall], repeats: int = 3) -> list[float]:
     """µs per call, the set mined `repeats` times by fresh miners (this machine's noise spread out)."""
     grown = [padded(c, n) for n, c in enumerate(calls)]
     times = []
-    for _ in range(repeats):
-        miner = TemplateMiner()
-        for messages in grown:
-            t0 = time.perf_counter()
-            miner.observe_messages(messages)
-            times.append((time.perf_counter() - t0) * 1e6)
+    with frozen():
+        for _ in range(repeats):
+            miner = TemplateMiner()
+            for messages in grown:
+                t0 = time.perf_counter()
+                miner.observe_messages(messages)
+                times.append((time.perf_counter() - t0) * 1e6)
     return times
+
+
+@contextlib.contextmanager
+def frozen():
+    """The set's objects out of the collector's sight while timing, as `serve` freezes what it
+    loaded at start (else full collections rescan thousands of prompts mid-measurement)."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def fingerprint(call: LabelledCall) -> str:
@@ -159,8 +177,8 @@ def run(traces: Path, questions: int, sessions: int, tokenizer, profile: CostPro
     labelled = LabelledSets(traces, questions, sessions)
     for name in sets or SETS:
         if progress:
-            progress(f"{name}: building" + (" (OpenHands agents run: minutes)" if name in ("openhands-sdk", "mix")
-                                            and "openhands-sdk" not in labelled.built else ""))
+            running = {name} & set(LIVE) if name != "mix" else set(LIVE) - set(labelled.built)
+            progress(f"{name}: building" + (" (OpenHands agents run: minutes)" if running else ""))
         calls = labelled[name]
         truth = [c.truth for c in calls]
         if progress:

@@ -544,8 +544,9 @@ def bench_stages(
                                                 "stage).", min=2)] = 120,
     sessions: Annotated[int, typer.Option(help="Agent runs per agent set (their first 20 calls each).", min=2)] = 60,
     sets: Annotated[str | None, typer.Option(help="Comma-separated sets (default: all: din-sql, dail-sql, rsl-sql, "
-                                                  "chess, openhands, swe-agent, openhands-sdk, mix; "
-                                                  "openhands-sdk runs OpenHands agents: minutes).")] = None,
+                                                  "chess, openhands-recorded, swe-agent, openhands-classic, "
+                                                  "openhands-sdk, mix; openhands-classic and openhands-sdk run "
+                                                  "OpenHands agents here: minutes).")] = None,
     cost: Annotated[str, typer.Option(help="Cost profile of the replayed verifier (gpu, cpu-smollm2, c=<x> or a "
                                            "bench-backend JSON).")] = "gpu",
     tokenizer: TokenizerOption = None,

@@ -9,6 +9,7 @@ import typer
 from rich.table import Table
 
 from agentaccel.cli.common import DbOption, TokenizerOption, console, err, fail, open_store, open_tokenizer
+from agentaccel.traces.stages import DEFAULT_STAGE
 
 traces_app = typer.Typer(help="Inspect the trace store.", no_args_is_help=True)
 
@@ -163,7 +164,11 @@ def traces_stages(
     total = counts_of(store, stage)
     if not total:
         store.close()
-        raise fail(f"{store.name}: no calls with stage {stage!r} to group")
+        if stage != DEFAULT_STAGE:  # a name given by hand that the store does not have: a typo, most likely
+            raise fail(f"{store.name}: no calls with stage {stage!r} to group (`agentaccel traces stats` lists the "
+                       "stages)")
+        console.print(f"nothing to group: no calls in {stage!r} (every stored call has a stage of its own)")
+        return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     with Progress(TextColumn("[bold]reading prompts"), BarColumn(), MofNCompleteColumn(), console=err,

@@ -34,12 +34,12 @@ def imported(paths: list[Path], sessions: int, prefix: str) -> list[LabelledCall
     return out
 
 
-def openhands_classic(traces: Path, sessions: int) -> list[LabelledCall]:
+def openhands_recorded(traces: Path, sessions: int) -> list[LabelledCall]:
     """OpenHands' recorded integration runs (CodeAct, CodeActSWE, Browsing, Planner, Manager,
     Delegator agents: one flattened prompt each) and SWE-Gym CodeAct trajectories (chat messages)."""
     root = traces / "openhands"
     return imported([root / "mock_logs", root / "swe-gym_openhands_sampled_trajectories.json"], sessions,
-                    "openhands")
+                    "openhands-recorded")
 
 
 def swe_agent(traces: Path, sessions: int) -> list[LabelledCall]:
@@ -48,4 +48,4 @@ def swe_agent(traces: Path, sessions: int) -> list[LabelledCall]:
     return imported(runs, sessions, "swe-agent")
 
 
-AGENTS = {"openhands": openhands_classic, "swe-agent": swe_agent}
+AGENTS = {"openhands-recorded": openhands_recorded, "swe-agent": swe_agent}

@@ -7,18 +7,16 @@ prompt). The agent runs confined where the machine allows (bench/agent.py's harn
 
 from __future__ import annotations
 
-import sys
 import tempfile
 from pathlib import Path
 
 from agentaccel.adapters import openhands_env
 from agentaccel.assets import cache_dir
 from agentaccel.bench.agent import Harness, Instance
-from agentaccel.bench.proxy_bench import serving_process
 from agentaccel.bench.stage_sets.pipelines import LabelledCall
+from agentaccel.bench.stage_sets.untagged_proxy import recorded, untagged_proxy
 from agentaccel.bench.upstream import MODEL
-from agentaccel.processes import free_port
-from agentaccel.traces.store import StoredCall, TraceStore
+from agentaccel.traces.store import StoredCall
 
 MAX_RUNS = 12  # agent runs (each starts OpenHands: seconds)
 STAGE = "openhands-sdk:agent"
@@ -34,15 +32,7 @@ def agents_md(n: int) -> str:
 def run_agents(python: Path, runs: int, folder: Path, discover: bool) -> list[StoredCall]:
     """`runs` SDK agents through `agentaccel serve` (recording into `folder`), each in its own
     workspace and on its own day; the calls as recorded, with the stage the proxy gave them."""
-    up_port, proxy_port = free_port(), free_port()
-    upstream, proxy = f"http://127.0.0.1:{up_port}", f"http://127.0.0.1:{proxy_port}"
-    db = folder / "recorded.db"
-    serve = [sys.executable, "-m", "agentaccel.cli.main", "serve", "--backend", "openai", "--upstream", upstream,
-             "--port", str(proxy_port), "--db", str(db), "--no-seed", "--no-fingerprint"]
-    if not discover:
-        serve.append("--no-discover-stages")
-    with serving_process([sys.executable, "-m", "agentaccel.bench.upstream", "--port", str(up_port), "--tokens", "8",
-                          "--delay", "0"], upstream, "/v1/models"), serving_process(serve, proxy, "/health"):
+    with untagged_proxy(folder, discover) as proxy:
         harness = Harness(proxy, python, model=MODEL, max_iterations=2)
         for n in range(runs):
             repo = folder / f"repo{n}"
@@ -52,8 +42,7 @@ def run_agents(python: Path, runs: int, folder: Path, discover: bool) -> list[St
             task = f"In {_REPOS[n % len(_REPOS)]}, fix issue #{100 + n}: the report of step {n} is empty."
             harness.run(Instance(f"sdk-{n}", task, repo), "on",
                         ("--no-tag", "--context-date", f"2026-11-{day:02d} {9 + n % 8:02d}:{minute:02d}:00"))
-    with TraceStore(db) as store:
-        return list(store.iter_calls())
+    return recorded(folder)
 
 
 def openhands_sdk(traces: Path, sessions: int) -> list[LabelledCall]:

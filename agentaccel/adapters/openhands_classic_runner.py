@@ -1,15 +1,13 @@
 """Runs the classic OpenHands core (`openhands.core.main`, the arguments as given) under its own
-Python, by path, with the Jupyter plugin left out of the CodeAct agent's sandbox when the config
-turns the agent's Jupyter tool off: `enable_jupyter = false` only removes the tool, and the
-runtime would still start a Jupyter kernel gateway on 0.0.0.0 for nothing."""
+Python (>= 3.12), by path, importing nothing of agentaccel, with the Jupyter plugin left out of
+the CodeAct agent's sandbox when the config turns the agent's Jupyter tool off: `enable_jupyter =
+false` only removes the tool, and the runtime would still start a Jupyter kernel gateway on
+0.0.0.0 for nothing."""
 
 import os
 import runpy
 import sys
 import tomllib
-
-# run by path, this folder would come first on sys.path and shadow packages of the same names
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
 
 
 def jupyter_wanted(argv: list[str]) -> bool:
@@ -20,6 +18,8 @@ def jupyter_wanted(argv: list[str]) -> bool:
 
 
 if __name__ == "__main__":
+    # run by path, this folder would come first on sys.path and shadow packages of the same names
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
     if not jupyter_wanted(sys.argv[1:]):
         from openhands.agenthub.codeact_agent.codeact_agent import CodeActAgent
         from openhands.runtime.plugins import JupyterRequirement
