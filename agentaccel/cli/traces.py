@@ -142,35 +142,45 @@ def traces_stages(
 ) -> None:
     """The stages found without tags: the prompt templates kept in the store, or (--discover) the
     templates that group the calls of one stage, with their fixed text, slots and call counts."""
-    from agentaccel.traces import discover as disc
-    from agentaccel.traces import templates
-
     if apply and not discover:
         raise typer.BadParameter("--apply applies what --discover finds: give both", param_hint="--apply")
-    store = open_store(db, must_exist=True)
-    if not discover:
-        saved = templates.read(store)
-        counts = store.counts_by_stage()
-        table = Table(title=f"discovered stages in {store.name}")
-        for col in ("stage", "calls stored", "calls matched", "fixed lines", "opens with"):
-            table.add_column(col, justify="right" if col.startswith(("calls", "fixed")) else "left")
-        for t in saved:
-            table.add_row(t.stage, f"{counts.get(t.stage, {}).get('calls', 0):,}", f"{t.calls:,}",
-                          f"{len(t.fixed):,}", (t.fixed[0] if t.fixed else "")[:60])
-        console.print(table if saved else "no discovered stages yet (`serve` finds them in untagged requests; "
-                                          "`traces stages --discover` in stored calls)")
-        store.close()
+    with open_store(db, must_exist=True) as store:
+        if discover:
+            _discover(store, stage, apply, lines)
+        else:
+            _saved_templates(store)
+
+
+def _saved_templates(store) -> None:
+    from agentaccel.traces import templates
+
+    saved = templates.read(store)
+    if not saved:
+        console.print("no discovered stages yet (`serve` finds them in untagged requests; "
+                      "`traces stages --discover` in stored calls)")
         return
-    total = counts_of(store, stage)
+    counts = store.counts_by_stage()
+    table = Table(title=f"discovered stages in {store.name}")
+    for col in ("stage", "calls stored", "calls matched", "fixed lines", "opens with"):
+        table.add_column(col, justify="right" if col.startswith(("calls", "fixed")) else "left")
+    for t in saved:
+        table.add_row(t.stage, f"{counts.get(t.stage, {}).get('calls', 0):,}", f"{t.calls:,}",
+                      f"{len(t.fixed):,}", (t.fixed[0] if t.fixed else "")[:60])
+    console.print(table)
+
+
+def _discover(store, stage: str, apply: bool, lines: int) -> None:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from agentaccel.traces import discover as disc
+
+    total = store.counts_by_stage().get(stage, {}).get("calls", 0)
     if not total:
-        store.close()
         if stage != DEFAULT_STAGE:  # a name given by hand that the store does not have: a typo, most likely
             raise fail(f"{store.name}: no calls with stage {stage!r} to group (`agentaccel traces stats` lists the "
                        "stages)")
         console.print(f"nothing to group: no calls in {stage!r} (every stored call has a stage of its own)")
         return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
     with Progress(TextColumn("[bold]reading prompts"), BarColumn(), MofNCompleteColumn(), console=err,
                   transient=True) as progress:
         task = progress.add_task("", total=total)
@@ -189,11 +199,6 @@ def traces_stages(
         console.print(f"applied: {moved:,} calls moved; `serve` on this store goes on with these names")
     else:
         console.print("nothing written (--apply moves the calls)")
-    store.close()
-
-
-def counts_of(store, stage: str) -> int:
-    return store.counts_by_stage().get(stage, {}).get("calls", 0)
 
 
 def export_traces_cmd(

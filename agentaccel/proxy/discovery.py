@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from agentaccel.traces import templates
 from agentaccel.traces.database import Location
 from agentaccel.traces.store import TraceStore
-from agentaccel.traces.template_miner import MinerConfig, Template, TemplateMiner, template_text
+from agentaccel.traces.template_miner import MinerConfig, TemplateMiner, template_text
 
 log = logging.getLogger("agentaccel.proxy")
 
@@ -27,6 +27,7 @@ class StageDiscovery:
         self.unmatched = 0  # requests with a prompt but no established template (first calls, one-offs)
         self.save_errors = 0
         self._saving: asyncio.Task | None = None
+        self._store: TraceStore | None = None  # opened at the first save, kept (saves run one at a time)
 
     def load(self) -> None:
         """The templates the store kept (blocking: called before serving starts)."""
@@ -62,7 +63,7 @@ class StageDiscovery:
         changed, renamed = self.miner.take_changes()
         if not changed and not renamed:
             return
-        rows = [_saved(t) for t in changed]
+        rows = [templates.SavedTemplate.of(t) for t in changed]
         try:
             await asyncio.to_thread(self._write, rows, renamed)
         except Exception as e:  # noqa: BLE001 - a store that cannot be written costs names, never a request
@@ -72,8 +73,18 @@ class StageDiscovery:
             self.miner.renamed[:0] = renamed
 
     def _write(self, rows: list[templates.SavedTemplate], renamed: list[tuple[str, str]]) -> None:
-        with TraceStore(self.location) as store:
-            templates.write(store, rows, renamed)
+        if self._store is None:
+            self._store = TraceStore(self.location)
+        try:
+            templates.write(self._store, rows, renamed)
+        except Exception:
+            self._close_store()  # a connection that failed is opened anew for the next save
+            raise
+
+    def _close_store(self) -> None:
+        if self._store is not None:
+            self._store.close()
+            self._store = None
 
     async def close(self) -> None:
         """Saves what changed, with every template's latest call count."""
@@ -83,11 +94,8 @@ class StageDiscovery:
             await self._saving
         self.miner.changed.update(self.miner.named)
         await self.save()
+        await asyncio.to_thread(self._close_store)
 
     def metrics(self) -> dict[str, float]:
         return {"stages": len(self.miner.named), "pending": len(self.miner.new), "found": self.found,
                 "unmatched": self.unmatched, "overflow": self.miner.overflow, "save_errors": self.save_errors}
-
-
-def _saved(t: Template) -> templates.SavedTemplate:
-    return templates.SavedTemplate(t.name or "", t.fixed_lines(), t.calls)

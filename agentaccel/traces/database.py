@@ -9,9 +9,11 @@ write transaction starts, and the errors. Why not SQLAlchemy: see docs/ARCHITECT
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sqlite3
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -150,6 +152,17 @@ class Connection:
             self.raw.execute("ROLLBACK")
         except errors():
             pass  # the connection went away with the transaction
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Connection]:
+        """`begin()` ... `commit()`, rolled back when the block raises."""
+        self.begin()
+        try:
+            yield self
+            self.commit()
+        except BaseException:
+            self.rollback()
+            raise
 
     def notify(self, channel: str) -> None:
         """Wakes listeners on PostgreSQL (at commit, when inside a transaction); nothing on SQLite."""

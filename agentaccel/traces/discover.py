@@ -86,13 +86,7 @@ def _with_slots(t: Template, text: str, miner: TemplateMiner) -> list[str]:
 def apply(store: TraceStore, found: Discovery) -> int:
     """Moves the calls to their discovered stages and saves the templates, in one transaction."""
     rows = [(stage, call_id) for call_id, stage in found.assignment.items()]
-    store.conn.begin()
-    try:
+    with store.conn.transaction():
         store.conn.executemany("UPDATE calls SET stage=? WHERE id=?", rows)
-        store.conn.commit()
-    except BaseException:
-        store.conn.rollback()
-        raise
-    templates.write(store, [templates.SavedTemplate(t.name, t.fixed_lines(), t.calls) for t in found.kept],
-                    found.renamed)
+        templates.write_rows(store, [templates.SavedTemplate.of(t) for t in found.kept], found.renamed)
     return len(rows)

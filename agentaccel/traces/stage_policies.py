@@ -59,15 +59,10 @@ def clear_tuned(store: TraceStore, stage: str) -> None:
 def write_online(store: TraceStore, state: Mapping[str, Mapping]) -> None:
     """Saves each stage's online factor (`OnlineCalibration.state()`), in one transaction."""
     stamp = now()
-    store.conn.begin()
-    try:
+    with store.conn.transaction():
         for stage, s in state.items():
             store.conn.execute(
                 """INSERT INTO stage_policies (stage, online_trust, online_steps, online_at) VALUES (?, ?, ?, ?)
                    ON CONFLICT(stage) DO UPDATE SET online_trust=excluded.online_trust,
                      online_steps=excluded.online_steps, online_at=excluded.online_at""",
                 (stage, float(s["trust"]), int(s["steps"]), stamp))
-        store.conn.commit()
-    except BaseException:
-        store.conn.rollback()
-        raise

@@ -365,13 +365,8 @@ class TraceStore:
         items = [("r", i, text) for i, text in missing_r] + [("b", i, render_message(json.loads(j)))
                                                             for i, j in missing_b]
         for start in range(0, len(items), batch):
-            self.conn.begin()
-            try:
+            with self.conn.transaction():
                 self._store_tokens(items[start : start + batch], (fp, tokenizer.encode_batch))
-                self.conn.commit()
-            except BaseException:
-                self.conn.rollback()
-                raise
 
     # ------------------------------------------------------------------ reading
     def session_metadata(self, session_id: int) -> dict:

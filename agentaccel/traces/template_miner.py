@@ -173,10 +173,6 @@ class TemplateMiner:
             self._index, self._index_version = index, self.version
         return self._index
 
-    def _anchor(self, t: Template) -> int | None:
-        """Its first own fixed line (the window as the index last saw it: current within a call)."""
-        return t.window[0][0] if t.window else None
-
     def _window(self, t: Template) -> list[tuple[int, int]]:
         """The first `window_chars` of the template's own fixed text, in prompt order: lines never
         seen as slot content, else lines no other template holds, else all its fixed lines."""
