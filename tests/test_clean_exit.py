@@ -10,7 +10,9 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
+import pytest
 from servers import free_port, wait_healthy
 from traces_fixtures import chat_store
 
@@ -99,3 +101,34 @@ def test_serve_stopped_with_sigterm_exits_clean(tmp_path):
         proc.wait(60)
     said = log.read_text()
     assert proc.returncode == 0 and "leaked" not in said, said[-3000:]
+
+
+def test_serve_stopped_while_its_vllm_still_starts_ends_at_once(tmp_path):
+    """uvicorn looks at SIGTERM only once started, and a managed vLLM takes a minute or more to be
+    healthy (a large model on a GPU: many): a SIGTERM then stops the start, vLLM's processes with
+    it, and `serve` exits 0 without waiting for a server nobody wants any more."""
+    pytest.importorskip("vllm")
+    from agentaccel.backends.local.model import default_model_folder
+
+    port = free_port()
+    log = tmp_path / "serve.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "agentaccel.cli.main", "serve", "--backend", "vllm", "--model",
+                                 str(default_model_folder()), "--port", str(port), "--db", str(tmp_path / "t.db"),
+                                 "--", "--dtype", "float32", "--enforce-eager", "--max-model-len", "1024"],
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while "[vllm]" not in log.read_text() and time.monotonic() < deadline:  # vLLM is loading
+            assert proc.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.2)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    said = log.read_text()
+    assert proc.returncode == 0 and "stopped while starting" in said and "ready on" not in said, said[-3000:]
+    assert took < 30, took  # the managed vLLM was still minutes from ready; the leftovers check sees it gone

@@ -211,33 +211,55 @@ def test_drafts_cut_by_a_cost_curve_stay_lossless(model_tok):
     assert 0 < got.drafted <= 2 * got.steps and got.accepted > 0
 
 
-def test_the_cost_curve_is_measured_once_then_read_from_the_cache(tmp_path, monkeypatch):
-    from transformers import LlamaConfig, LlamaForCausalLM
+def test_the_step_cost_is_learned_from_served_steps_and_kept_in_the_store(tmp_path):
+    """`--cost-profile auto`: nothing is timed at start; the curve follows the steps the backend
+    takes, stays non-decreasing however noisy they are, is saved to the trace store only once it
+    rests on enough steps, and the next start begins from it."""
+    import random
 
-    from agentaccel.backends.local import cost_curve
+    from agentaccel.backends.local import learned_cost
+    from agentaccel.backends.local.learned_cost import MIN_STEPS, LearnedStepCost, curve_of
+    from agentaccel.engine.cost import CostCurve
+    from agentaccel.traces import step_costs
+    from agentaccel.traces.store import TraceStore
 
-    monkeypatch.setenv("AGENTACCEL_CACHE", str(tmp_path))
-    torch.manual_seed(0)
-    tiny = LlamaForCausalLM(LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                        num_attention_heads=4, num_key_value_heads=2)).eval()
+    db = tmp_path / "t.db"
+    TraceStore(db).close()
+    engine = SuffixEngine(config=replace(EAGER, cost_curve=CostCurve((0,), ((1.0, 1.5, 2.0),))))
     said = []
-    first = cost_curve.cost_profile(tiny, "tiny", say=said.append).curve()
-    path = tmp_path / "profiles" / "tiny-cpu.json"
-    assert path.is_file() and "first start" in said[0] and len(said) == 3  # and one line per context timed
-    # timed over a short and a long context, within the model's 2,048 positions
-    assert first.contexts == (512, 2048 - 33) and [len(c) for c in first.costs] == [33, 33]
-    assert all(c[0] == 1.0 for c in first.costs)
-    stamp = path.stat().st_mtime_ns
-    again = cost_curve.cost_profile(tiny, "tiny", say=said.append).curve()
-    assert again == first and len(said) == 3 and path.stat().st_mtime_ns == stamp
-    path.write_text("{half a profile")  # a damaged cache is measured again, with a word about it
-    cost_curve.cost_profile(tiny, "tiny", say=said.append)
-    assert "unreadable" in said[3] and json.loads(path.read_text())["draft_tokens"][0] == 0
-    older = json.loads(path.read_text())
-    del older["curves"]  # a profile of an earlier version, over one context: measured again too
-    path.write_text(json.dumps(older))
-    assert len(cost_curve.cost_profile(tiny, "tiny", say=said.append).curve().contexts) == 2
-    assert "one context" in said[7] and "curves" in json.loads(path.read_text())
+    learned = LearnedStepCost.starting(engine, "tiny", "cpu", "cpu", db=db, say=said.append)
+    assert "seed" in said[0] and engine.policy().cost_curve.contexts == (0,)  # untouched until steps come
+    rng = random.Random(0)
+
+    def served(n: int, per_draft: float) -> None:
+        """Steps of a CPU where a draft token costs `per_draft` of a 20 ms step, with noise and stalls."""
+        for _ in range(n):
+            d, ctx = rng.choice((0, 1, 2, 4, 8, 16)), rng.choice((300, 900, 2000))
+            seconds = 0.020 * (1 + per_draft * d) * (1 + ctx / 20000) * rng.uniform(0.9, 1.1)
+            if rng.random() < 0.03:
+                seconds *= 8  # a stall of the machine
+            learned.record(d, ctx, seconds)
+
+    served(MIN_STEPS // 2, 0.25)
+    assert learned.refresh() and engine.policy().cost_curve == curve_of(learned.model)
+    learned.keeper.save()
+    with TraceStore(db) as store:
+        assert step_costs.read(store, learned.server) is None  # too few steps to keep as this server's
+    served(MIN_STEPS, 0.25)
+    learned.refresh()
+    curve = engine.policy().cost_curve
+    for row in curve.costs:
+        assert list(row) == sorted(row) and row[0] == 1.0  # non-decreasing, relative to a plain step
+        assert 2.5 < row[8] < 4.5  # 8 draft tokens at 0.25 each: about 3 plain steps, the seed said 1.5
+    learned.close()
+    with TraceStore(db) as store:
+        kept = step_costs.read(store, learned.server)
+    assert kept is not None and kept.steps >= MIN_STEPS
+    said.clear()
+    again = LearnedStepCost.starting(None, "tiny", "cpu", "cpu", db=db, say=said.append)
+    assert "learned" in said[0] and 2.5 < again.profile().curve().costs[0][8] < 4.5
+    again.close()
+    assert learned_cost  # (the module the backend reads it through)
 
 
 def test_bench_backend_times_each_context_and_writes_a_profile_over_them(tmp_path):

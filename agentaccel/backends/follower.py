@@ -63,11 +63,14 @@ class StoreFollower:
         return self
 
     @contextlib.contextmanager
-    def paused(self) -> Iterator[int]:
+    def paused(self) -> Iterator[tuple[int, TraceStore | None]]:
         """Holds polls off and gives the cursor the trees are complete up to (below the oldest
-        call still expected to commit late)."""
+        call still expected to commit late) and the tail's store (None before `open`)."""
         with self._lock:
-            yield self._tail.safe_cursor if self._tail is not None else (self._after or 0)
+            if self._tail is None:
+                yield self._after or 0, None
+            else:
+                yield self._tail.safe_cursor, self._tail.store
 
     def step(self) -> int:
         """One poll: adds what arrived; returns how many calls were read."""
@@ -134,13 +137,14 @@ def seed_then_follow(engine: SuffixEngine, db: str | Location, tokenizer, *, fol
     call after it: nothing is missed between the two and nothing read twice. With `snapshot`: the
     trees come from that snapshot when it fits (backends/snapshots.py) and only the calls after
     it are read; while following, the snapshot is saved now and then (`save_snapshot`)."""
-    info = snapshots.load(engine, Path(snapshot), str(locate(db)), tokenizer) if snapshot else None
-    if info is not None:
-        cursor, report = info.cursor, SeedReport(snapshot=info)
-    else:
-        with TraceStore(db) as store:
+    with TraceStore(db) as store:
+        info, refused = snapshots.load(engine, Path(snapshot), store, tokenizer) if snapshot else (None, "")
+        if info is not None:
+            cursor, report = info.cursor, SeedReport(snapshot=info)
+        else:
             cursor = store.newest_call_id()
             report = seed_from_store(engine, store, tokenizer, progress=progress, up_to=cursor)
+            report.snapshot_refused = refused
     if not follow:
         return report, None
     follower = StoreFollower(engine, db, tokenizer, after=cursor).start()

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import hashlib
 
+from agentaccel.text.headers import header_value
+
 SESSION_HEADER = "x-session-id"
 DP_RANK_HEADER = "x-data-parallel-rank"
 STAGE_HEADER = "x-agentaccel-stage"  # (proxy/tagging.py reads the same names)
@@ -48,13 +50,14 @@ def data_parallel_size(vllm_args: list[str]) -> int:
 def upstream_headers(headers: dict[str, str], stage: str, session_id: str | None, session_header: str | None,
                      ranks: int = 1) -> dict[str, str]:
     """`headers` plus the call's stage and its session's routing headers (a client's own routing
-    values are kept)."""
-    out = {**headers, STAGE_HEADER: stage}
+    values are kept), each in a form a header can carry (text/headers.py)."""
+    out = {**headers, STAGE_HEADER: header_value(stage)}
     if not session_id:
         return out
-    out[AGENTACCEL_SESSION_HEADER] = session_id
+    session = header_value(session_id)  # a client's session id may hold anything a JSON string can
+    out[AGENTACCEL_SESSION_HEADER] = session
     if session_header and session_header not in out:
-        out[session_header] = session_id
+        out[session_header] = session
     if ranks > 1 and DP_RANK_HEADER not in out:
         out[DP_RANK_HEADER] = str(session_rank(session_id, ranks))
     return out

@@ -21,6 +21,7 @@ class SeedReport:
     stages: int = 0
     skipped_for_budget: int = 0
     snapshot: object | None = None  # the snapshot the trees came from instead (backends/snapshots.py)
+    snapshot_refused: str = ""  # why a snapshot asked for was not used
 
 
 def seed_from_store(engine: SuffixEngine, store: TraceStore, tokenizer, budget_bytes: int | None = None,

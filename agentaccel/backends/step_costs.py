@@ -32,16 +32,19 @@ def starting_cost(server: str, db: str | Path | None, seed: StepCostModel) -> tu
 
 
 class StepCostKeeper(StoreKeeper):
-    """Saves a learner's curve to the trace store now and then, and at `close`."""
+    """Saves a learner's curve to the trace store now and then, and at `close`; not before it
+    rests on `min_steps` timed steps (a few steps on a busy machine are no curve to start from)."""
 
     what = "step cost"
 
-    def __init__(self, learner: StepCostLearner, db: str | Path | None, server: str, every: float = SAVE_EVERY) -> None:
-        self.learner, self.server, self._saved_steps = learner, server, learner.steps
+    def __init__(self, learner: StepCostLearner, db: str | Path | None, server: str, every: float = SAVE_EVERY,
+                 min_steps: int = 0) -> None:
+        self.learner, self.server, self._saved_steps, self.min_steps = learner, server, learner.steps, min_steps
         super().__init__(db, every)
 
     def changes(self) -> object | None:
-        return self.learner.fit() if self.learner.steps != self._saved_steps else None
+        steps = self.learner.steps
+        return self.learner.fit() if steps != self._saved_steps and steps >= self.min_steps else None
 
     def write(self, store: TraceStore, fit) -> None:
         step_costs.write(store, self.server, fit.model.as_dict(), fit.steps)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TextIO
 
 from agentaccel.backends.local import LocalGenerator, SamplingParams
+from agentaccel.backends.local.learned_cost import LearnedStepCost
 from agentaccel.backends.local.prefix_cache import DEFAULT_BUDGET_BYTES
 from agentaccel.engine import SpecConfig, SuffixEngine
 from agentaccel.text.render import render_prompt
@@ -29,7 +30,7 @@ Generate = Callable[[list[dict], str], str]  # (messages, stage) -> reply text
 # A call to keep, as (workload, call number, messages, stage, the model's reply)
 Record = Callable[[str, int, list[dict], str, str], None]
 
-METHODS = ("vanilla", "pld", "suffix")
+METHODS = ("vanilla", "pld", "suffix")  # and any further suffix variants asked for
 
 
 @dataclass
@@ -153,33 +154,49 @@ def jsonl_recorder(file: TextIO) -> Record:
     return record
 
 
-def _generator(method: str, model, tok, policy: SpecConfig | None, static_slots: int | None,
+@dataclass
+class SuffixVariant:
+    """How a suffix method drafts: its policy, and the step cost it learns as it runs (None: the
+    policy's curve as it is)."""
+
+    policy: SpecConfig | None = None
+    step_cost: LearnedStepCost | None = None
+
+
+def _generator(method: str, model, tok, variant: SuffixVariant | None, static_slots: int | None,
                prefix_cache_bytes: int) -> LocalGenerator:
-    engine = None if method == "vanilla" else SuffixEngine(config=policy if method == "suffix" else None)
-    return LocalGenerator(model, tok, engine, drafter="pld" if method == "pld" else "suffix",
-                          static_slots=static_slots, prefix_cache_bytes=prefix_cache_bytes)
+    engine = None if method == "vanilla" else SuffixEngine(config=variant.policy if variant else None)
+    gen = LocalGenerator(model, tok, engine, drafter="pld" if method == "pld" else "suffix",
+                         static_slots=static_slots, prefix_cache_bytes=prefix_cache_bytes)
+    if variant is not None and variant.step_cost is not None:  # as `agentaccel serve` learns its curve
+        variant.step_cost.engine = engine
+        gen.step_cost = variant.step_cost
+    return gen
 
 
 def run_workload(model, tok, workload: str, traces: Path, n: int, max_tokens: int, keep_prompt: int,
-                 progress: Callable[[str], None] | None = None, policy: SpecConfig | None = None,
+                 progress: Callable[[str], None] | None = None, suffix: dict[str, SuffixVariant] | None = None,
                  static_slots: int | None = None, prefix_cache_bytes: int = DEFAULT_BUDGET_BYTES,
                  record: Record | None = None) -> dict[str, MethodResult]:
     """Every call is decoded by each method in turn (the order rotating from call to call), so a
     slow phase of the machine hits all methods alike and the ratios compare like with like; the
     next prompts (a pipeline's next stage) are built from vanilla's reply, so every method gets
-    exactly the same prompts. `policy`: the suffix method's drafting policy (`agentaccel serve`'s
-    default for its cost curve). `static_slots` (None: CUDA graphs on a GPU) and `prefix_cache_bytes`: as
-    LocalGenerator's; each method has its own prefix cache of the same size, which holds prompts
-    only, so each method reuses the same entries. `record`: given every call with vanilla's reply."""
-    gens = {m: _generator(m, model, tok, policy, static_slots, prefix_cache_bytes) for m in METHODS}
-    results = {m: MethodResult() for m in METHODS}
+    exactly the same prompts. `suffix`: the suffix methods by name ("suffix": `agentaccel serve`'s
+    default), each with its policy and step cost. `static_slots` (None: CUDA graphs on a GPU) and
+    `prefix_cache_bytes`: as LocalGenerator's; each method has its own prefix cache of the same
+    size, which holds prompts only, so each method reuses the same entries. `record`: given every
+    call with vanilla's reply."""
+    variants = suffix or {"suffix": SuffixVariant()}
+    methods = ("vanilla", "pld", *variants)
+    gens = {m: _generator(m, model, tok, variants.get(m), static_slots, prefix_cache_bytes) for m in methods}
+    results = {m: MethodResult() for m in methods}
     calls = 0
 
     def generate(messages: list[dict], stage: str) -> str:
         nonlocal calls
         prompt = tok.encode(render_prompt(messages))[-keep_prompt:]
         texts = {}
-        for m in METHODS[calls % len(METHODS):] + METHODS[: calls % len(METHODS)]:
+        for m in methods[calls % len(methods):] + methods[: calls % len(methods)]:
             t0 = time.perf_counter()
             r = gens[m].generate(prompt, SamplingParams(max_tokens=max_tokens), stage=stage)
             results[m].add(r, time.perf_counter() - t0)
@@ -200,11 +217,11 @@ def run_workload(model, tok, workload: str, traces: Path, n: int, max_tokens: in
 
 
 def run(model, tok, traces: Path, workloads: list[str], n: int, max_tokens: int, keep_prompt: int,
-        progress=None, policy: SpecConfig | None = None, static_slots: int | None = None,
+        progress=None, suffix: dict[str, SuffixVariant] | None = None, static_slots: int | None = None,
         prefix_cache_bytes: int = DEFAULT_BUDGET_BYTES, record: Record | None = None) -> dict:
     out = {}
     for workload in workloads:
-        results = run_workload(model, tok, workload, traces, n, max_tokens, keep_prompt, progress, policy,
+        results = run_workload(model, tok, workload, traces, n, max_tokens, keep_prompt, progress, suffix,
                                static_slots, prefix_cache_bytes, record)
         base = results["vanilla"]
         out[workload] = {

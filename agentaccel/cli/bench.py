@@ -225,7 +225,7 @@ def bench_backend(
 
     with console.status("loading the model") as status:
         m, _ = load_model(model, device, dtype.value)
-        # by default written where the embedded backend reads its draft sizes from
+        # by default into the cache folder; `serve --cost-profile FILE` drafts on it as it is
         prof, path = cost_curve.measure_profile(m, cost_curve.model_key(model), out, context or cost_curve.CONTEXTS,
                                                 progress=status.update)
     dev = next(m.parameters()).device.type
@@ -238,7 +238,8 @@ def bench_backend(
         cells = [(f"{c['step_ms'][i]:.1f}", f"{c['step_ms'][i] / c['step_ms'][0]:.2f}") for c in prof["curves"]]
         table.add_row(str(d), *(cell for pair in cells for cell in pair))
     console.print(table)
-    console.print(f"cost profile written to {path} (use: agentaccel bench replay --cost {path})")
+    console.print(f"cost profile written to {path} (use: agentaccel serve --cost-profile {path}, "
+                  f"agentaccel bench replay --cost {path})")
 
 
 @bench_app.command("e2e")
@@ -252,8 +253,11 @@ def bench_e2e(
     traces: TracesOption = None,
     json_out: JsonOption = None,
     cost_profile: Annotated[str, typer.Option(help="How the suffix method sizes drafts, as `serve --cost-profile`: "
-                                                   "auto (the cached or a freshly measured cost curve), a "
+                                                   "auto (a step cost learned from its own steps as it runs), a "
                                                    "profile file, or off.")] = "auto",
+    also_cost_profile: Annotated[list[str] | None, typer.Option(
+        "--also-cost-profile", help="Also run the suffix method drafting on this profile (a file, off, auto), "
+                                    "side by side, as method suffix@NAME (repeatable; default: none).")] = None,
     dtype: DtypeOption = Dtype.float32,
     static_slots: Annotated[int | None, typer.Option(help="Requests decoded on static-cache slots, whose steps "
                                                           "replay as CUDA graphs (default: 4 on a GPU, 0 on a CPU; "
@@ -267,7 +271,7 @@ def bench_e2e(
 ) -> None:
     """Wall-clock decoding on the embedded model: plain vs prompt lookup vs suffix, on prompts from real recorded
     traces (--traces)."""
-    from agentaccel.backends.local import cost_curve, load_model
+    from agentaccel.backends.local import load_model
     from agentaccel.bench import e2e
 
     chosen = workload or ["swe", "sql", "chat"]
@@ -276,7 +280,8 @@ def bench_e2e(
         raise typer.BadParameter(f"unknown workload(s): {', '.join(sorted(unknown))}", param_hint="--workload")
     folder = traces_folder(traces, lambda f: next((f"workload {w}: {problem}" for w in chosen
                                                   if (problem := e2e.missing_input(f, w))), None))
-    check_cost_profile(cost_profile)
+    for profile in (cost_profile, *(also_cost_profile or ())):
+        check_cost_profile(profile)
     prefix_cache_bytes = parse_size(prefix_cache)
     try:
         record_file = record.open("w") if record else None
@@ -285,19 +290,22 @@ def bench_e2e(
     with console.status("loading the model") as status, record_file or contextlib.nullcontext():
         model, tok = load_model(dtype=dtype.value)
         # the suffix method drafts as `agentaccel serve` does: the defaults for this model's cost curve
-        from agentaccel.engine.policy import default_config
-
-        policy = default_config(cost_curve.cost_profile(model, cost_curve.model_key(None), cost_profile, status.update))
-        result = e2e.run(model, tok, folder, chosen, n, max_tokens, keep_prompt, progress=status.update, policy=policy,
-                         static_slots=static_slots, prefix_cache_bytes=prefix_cache_bytes,
+        variants = {"suffix": _suffix_variant(model, cost_profile)}
+        for profile in also_cost_profile or ():
+            variants[f"suffix@{Path(profile).stem}"] = _suffix_variant(model, profile)
+        result = e2e.run(model, tok, folder, chosen, n, max_tokens, keep_prompt, progress=status.update,
+                         suffix=variants, static_slots=static_slots, prefix_cache_bytes=prefix_cache_bytes,
                          record=e2e.jsonl_recorder(record_file) if record_file else None)
+        for variant in variants.values():
+            if variant.step_cost is not None:
+                variant.step_cost.close()
     table = Table(title=f"end-to-end decoding, {next(model.parameters()).device.type} {dtype.value}, "
                         f"{max_tokens} tokens/call")
     for col in ("workload", "method", "calls", "tokens", "tok/s", "speedup", "decode tok/s", "decode speedup",
                 "MAT", "accept", "prefill s", "cached", "identical"):
         table.add_column(col, justify="left" if col in ("workload", "method") else "right")
     for w, r in result.items():
-        for m in e2e.METHODS:
+        for m in (k for k, v in r.items() if isinstance(v, dict)):
             x = r[m]
             table.add_row(w, m, str(x["calls"]), f"{x['tokens']:,}", f"{x['tokens_per_s']:.1f}",
                           f"{x['speedup']:.2f}x", f"{x['decode_tokens_per_s']:.1f}", f"{x['decode_speedup']:.2f}x",
@@ -306,6 +314,18 @@ def bench_e2e(
     console.print(table)
     if json_out:
         json_out.write_text(json.dumps(result, indent=2))
+
+
+def _suffix_variant(model, profile: str):
+    """The embedded backend's suffix method drafting on `profile` as `serve --cost-profile` does."""
+    from agentaccel.backends.local import cost_curve
+    from agentaccel.bench.e2e import SuffixVariant
+    from agentaccel.engine.policy import default_config
+
+    if profile == "auto":  # learned from its own steps (nothing saved: a benchmark is not a server)
+        step_cost = cost_curve.learned_cost(model, cost_curve.model_key(None), None, db=None, save=False)
+        return SuffixVariant(default_config(step_cost.profile()), step_cost)
+    return SuffixVariant(default_config(cost_curve.cost_profile(model, profile)))
 
 
 @bench_app.command("vllm", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

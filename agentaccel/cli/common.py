@@ -38,7 +38,7 @@ def store_location(db: str | Path | None):
     from agentaccel.traces.store import default_db_path
 
     try:
-        return locate(db) if db else default_db_path()
+        return locate(db) if db is not None else default_db_path()
     except ValueError as e:
         raise fail(str(e)) from e
 
@@ -46,14 +46,14 @@ def store_location(db: str | Path | None):
 def open_store(db: str | Path | None, must_exist: bool = False):
     """The trace store. `must_exist`: commands that only read it say so when there is none yet,
     instead of creating an empty one."""
-    from agentaccel.traces.store import TraceStore
+    from agentaccel.traces.store import StoreMissing, TraceStore
 
     location = store_location(db)
-    if must_exist and not location.exists():
-        raise fail(f"no trace store at {location} yet: `agentaccel serve` records every call there, and "
-                   "`agentaccel import-traces` reads agent logs into it")
     try:
-        return TraceStore(location)
+        return TraceStore(location, create=not must_exist)
+    except StoreMissing as e:
+        raise fail(f"{e}: `agentaccel serve` records every call there, and `agentaccel import-traces` reads "
+                   "agent logs into it") from e
     except ValueError as e:
         raise fail(str(e)) from e
 

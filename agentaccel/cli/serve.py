@@ -125,9 +125,10 @@ def serve(
                                                 min=0.1)] = 30.0,
     max_connections: Annotated[int, typer.Option(help="Open client connections at most; more are answered 503.",
                                                   min=1)] = 4096,
-    cost_profile: Annotated[str, typer.Option(help="local: how drafts are sized. auto: by this model's measured "
-                                                   "verification cost curve (measured at the first start, about a "
-                                                   "minute, then cached); a file from `agentaccel bench backend`; "
+    cost_profile: Annotated[str, typer.Option(help="local: how drafts are sized. auto: by this model's step cost, "
+                                                   "learned from the steps it serves (starting from the curve the "
+                                                   "trace store kept, else a seed; nothing is timed before it "
+                                                   "answers); a file from `agentaccel bench backend`, used as it is; "
                                                    "or off (a fixed cost per draft token). replay: the simulated "
                                                    "step's cost (gpu, cpu-smollm2, c=<x> or a file; auto: gpu).")]
     = "auto",
@@ -149,6 +150,7 @@ def serve(
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--stage-rule") from e
     location = store_location(db)  # a URL it cannot use fails here, before anything starts
+    _check_snapshot(snapshot, backend, seed, follow)
     config = ProxyConfig(host=host, port=port, api_keys=tuple(api_key or ()),
                          prefix_scope=prefix_cache_scope.value, max_body_bytes=parse_size(max_body), record=record,
                          redact=redact, db_path=location, stage_rules=rules, discover_stages=discover_stages,
@@ -205,6 +207,26 @@ def serve(
     uvicorn.run(app, host=host, port=port, log_level=os.environ.get("AGENTACCEL_LOG_LEVEL", "warning"),
                 # nothing reads the client address: skip its middleware
                 access_log=False, proxy_headers=False, http=app.http_protocol)
+
+
+def _check_snapshot(snapshot: Path | None, backend: BackendKind, seed: bool, follow: bool) -> None:
+    """`--snapshot` does something only where stage trees are seeded and followed: refused, saying
+    why, where it would be ignored."""
+    if snapshot is None:
+        return
+    why = None
+    if backend in (BackendKind.openai, BackendKind.replay):
+        why = (f"the {backend.value} backend keeps no stage trees from the trace store (openai: the upstream drafts, "
+               "if at all; replay: its trees start empty on purpose)")
+    elif not seed:
+        why = "a snapshot stands in for seeding the trees from the trace store: drop --no-seed"
+    elif not follow:
+        why = ("a snapshot covers the store up to where its server followed it; with --no-follow its own answers "
+               "would be added again at the next start: drop --no-follow")
+    elif snapshot.is_dir():
+        why = f"{snapshot} is a folder; name a file in it (e.g. {snapshot / 'trees.idx'})"
+    if why:
+        raise typer.BadParameter(why, param_hint="--snapshot")
 
 
 def check_cost_profile(value: str) -> None:
@@ -310,6 +332,8 @@ def seed_engine(engine, db, tokenizer, seed: bool, follow: bool, snapshot: Path 
             err.print(f"agentaccel: stage trees from the snapshot {snapshot} (calls up to {report.snapshot.cursor}), "
                       f"then the calls recorded after it in {db}")
         else:
+            if snapshot is not None:
+                err.print(f"agentaccel: snapshot not used: {report.snapshot_refused}", markup=False, highlight=False)
             err.print(f"agentaccel: seeded {report.calls} outputs ({report.tokens} tokens, {report.stages} stages) "
                       f"from {db}")
     elif follow:

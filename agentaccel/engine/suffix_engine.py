@@ -17,6 +17,7 @@ The engine owns the drafting policy: a default `SpecConfig` and per-stage overri
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Literal
@@ -154,6 +155,8 @@ class SuffixEngine:
         self._eng.recency_half_life = self.config.recency_half_life if uses_recency else 0.0
         self._policies: dict[str, SpecConfig] = {}  # per-stage overrides of self.config
         self._trust: dict[str, float] = {}  # per stage: the online calibration's factor on confidence
+        # policies change from other threads than the drafting ones (online calibration, the learned cost)
+        self._policy_lock = threading.RLock()
         self._eng.set_policy("", self.config.to_native())
         self._native_params: dict[tuple[SpecConfig, int], _core.SpecParams] = {}
 
@@ -162,15 +165,26 @@ class SuffixEngine:
         """Sets the default policy (`stage` None) or one stage's. A new default reaches every
         stage without its own; the request trees' recency half-life stays the engine's."""
         config.to_native()
-        if stage is None:
-            self.config = config
-            self._eng.set_policy("", config.to_native())
-            for other in self._trust:
-                if other not in self._policies:
-                    self._push(other)
-            return
-        self._policies[_stage(stage)] = config
-        self._push(stage)
+        with self._policy_lock:
+            if stage is None:
+                self.config = config
+                self._eng.set_policy("", config.to_native())
+                for other in list(self._trust):
+                    if other not in self._policies:
+                        self._push(other)
+                return
+            self._policies[_stage(stage)] = config
+            self._push(stage)
+
+    def set_cost_curve(self, curve: CostCurve) -> None:
+        """Prices drafts on `curve` in every policy that prices them on a measured curve (the
+        embedded backend's step cost, refitted as it serves); thread-safe against drafting."""
+        with self._policy_lock:
+            if self.config.cost_curve is not None:
+                self.set_policy(replace(self.config, cost_curve=curve))
+            for stage, config in list(self._policies.items()):
+                if config.cost_curve is not None:
+                    self.set_policy(replace(config, cost_curve=curve), stage)
 
     def clear_policy(self, stage: str) -> None:
         """The stage drafts with the default policy again."""
@@ -194,11 +208,12 @@ class SuffixEngine:
         """The online calibration's factor on the stage's confidence (1: none)."""
         if not factor > 0:
             raise ValueError(f"trust factor must be > 0, got {factor!r}")
-        if factor == 1.0:
-            self._trust.pop(_stage(stage), None)
-        else:
-            self._trust[_stage(stage)] = factor
-        self._push(stage)
+        with self._policy_lock:
+            if factor == 1.0:
+                self._trust.pop(_stage(stage), None)
+            else:
+                self._trust[_stage(stage)] = factor
+            self._push(stage)
 
     def _push(self, stage: str) -> None:
         if stage in self._policies or stage in self._trust:

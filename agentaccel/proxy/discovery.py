@@ -40,6 +40,7 @@ class StageDiscovery:
             log.warning("stage discovery: no templates read from the trace store (%r); stages are found anew", e)
             return
         self.miner.restore([(t.stage, t.fixed, t.calls) for t in saved])
+        self.miner.reserve({t.stage: t.fixed for t in saved})  # those past the cap keep their names too
 
     def stage(self, body: Mapping) -> str | None:
         """The discovered stage of a request, or None (not a template yet, or over the cap)."""
@@ -61,22 +62,33 @@ class StageDiscovery:
 
     async def save(self) -> None:
         changed, renamed = self.miner.take_changes()
-        if not changed and not renamed:
+        retired = self.miner.take_retired()
+        if not changed and not renamed and not retired:
             return
         rows = [templates.SavedTemplate.of(t) for t in changed]
         try:
-            await asyncio.to_thread(self._write, rows, renamed)
+            stored = await asyncio.to_thread(self._write, rows, renamed, retired)
         except Exception as e:  # noqa: BLE001 - a store that cannot be written costs names, never a request
             self.save_errors += 1
             log.warning("stage discovery: templates not saved to the trace store: %r", e)
             self.miner.changed.update(t.stage for t in rows)  # tried again with the next change
             self.miner.renamed[:0] = renamed
+            self.miner.retired[:0] = retired
+            return
+        # Names other servers' templates hold (in the store first): ours gives way and is named anew.
+        lost = self.miner.reserve(stored)
+        if lost:
+            log.warning("stage discovery: another server's template holds %s in the trace store; this server's "
+                        "template of that name is renamed", ", ".join(lost))
 
-    def _write(self, rows: list[templates.SavedTemplate], renamed: list[tuple[str, str]]) -> None:
+    def _write(self, rows: list[templates.SavedTemplate], renamed: list[tuple[str, str]],
+               retired: list[str]) -> dict[str, list[str]]:
+        """Writes, then reads back every kept template (the fleet's names: stage -> fixed lines)."""
         if self._store is None:
             self._store = TraceStore(self.location)
         try:
-            templates.write(self._store, rows, renamed)
+            templates.write(self._store, rows, renamed, retired)
+            return {t.stage: t.fixed for t in templates.read(self._store)}
         except Exception:
             self._close_store()  # a connection that failed is opened anew for the next save
             raise

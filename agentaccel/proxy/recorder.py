@@ -64,6 +64,7 @@ class RecordedCall:
     latency: float | None = None
     created_at: float = field(default_factory=time.time)
     metadata: dict = field(default_factory=dict)
+    call_id: str | None = None  # the proxy's id for this answer: what the store knows it by (store.call_identity)
 
 
 class Recorder:
@@ -341,7 +342,8 @@ class _Writer:
                     tools=None if self.redact else call.tools, stage=call.stage, model=call.model,
                     created_at=call.created_at, finish_reason=call.finish_reason, prompt_tokens=call.prompt_tokens,
                     completion_tokens=call.completion_tokens, latency=call.latency,
-                    metadata={**call.metadata, "position": position, "redacted": self.redact})
+                    metadata={**call.metadata, "position": position, "redacted": self.redact,
+                              **({"call_id": call.call_id} if call.call_id else {})})
 
 
 def _worth_retrying(error: Exception) -> str | None:

@@ -14,6 +14,8 @@ import hmac
 import itertools
 import json
 import logging
+import signal
+import threading
 import time
 import urllib.parse
 import uuid
@@ -58,16 +60,17 @@ class Proxy:
         self._models: list[str] = []
         # (key, tenant name): the name is a digest, so nothing downstream (caches, vLLM) holds a key
         self._tenants = [(k.encode(), "t" + hashlib.sha256(k.encode()).hexdigest()[:16]) for k in config.api_keys]
-        # unique within this server (what the engine's request trees need) without a syscall per call
-        self._request_ids = (f"{uuid.uuid4().hex[:12]}-{n}" for n in itertools.count())
+        # Unique without a syscall per call: 128 random bits drawn at start, then a counter. The engine's
+        # request trees need it unique within this server; the trace store knows a recorded call by it,
+        # so it must not repeat on another server of the fleet either (store.call_identity).
+        self._request_ids = (f"{uuid.uuid4().hex}-{n}" for n in itertools.count())
+        self.stopped_while_starting = False  # SIGTERM / SIGINT came before the backend was up
 
     # ------------------------------------------------------------------ lifecycle
     @contextlib.asynccontextmanager
     async def lifespan(self, _app):
-        if self.discovery is not None:
-            await asyncio.to_thread(self.discovery.load)
-        await self.backend.start()
-        if self.on_started is not None:
+        started = await self._start()  # False: stopped while starting (uvicorn then shuts down at once)
+        if started and self.on_started is not None:
             self.on_started()
         # Everything loaded so far (modules, the model, seeded trees' Python side) lives as long as the
         # server: moved out of the collector's sight, full collections stop rescanning it mid-request.
@@ -83,6 +86,44 @@ class Proxy:
             # Frozen objects are never collected, not even at exit: the server's cycles (app, backend,
             # engine) would outlive the interpreter's teardown, and native ones would leak.
             gc.unfreeze()
+
+    async def _start(self) -> bool:
+        """Loads the kept templates and starts the backend. Starting can take minutes (a model to
+        load, a store to seed, vLLM to become healthy), and uvicorn only looks at SIGTERM / SIGINT
+        once started: here they cancel the start at once and False is returned; uvicorn, told by
+        its own handler, shuts down, and the lifespan's shutdown closes the backend (a managed
+        vLLM's processes stopped). (Signals are the main thread's: a server run in another
+        thread, as in tests, starts without this.)"""
+        task = asyncio.ensure_future(self._start_parts())
+        loop = asyncio.get_running_loop()
+        previous: dict[int, object] = {}
+
+        def stop(sig, frame) -> None:
+            self.stopped_while_starting = True
+            loop.call_soon_threadsafe(task.cancel)
+            handler = previous.get(sig)
+            if callable(handler):
+                handler(sig, frame)  # uvicorn's: it marks the server as exiting
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                previous[sig] = signal.signal(sig, stop)
+        try:
+            await task
+            return True
+        except asyncio.CancelledError:
+            if not self.stopped_while_starting:
+                raise
+            log.warning("stopped while starting")
+            return False
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    async def _start_parts(self) -> None:
+        if self.discovery is not None:
+            await asyncio.to_thread(self.discovery.load)
+        await self.backend.start()
 
     # ------------------------------------------------------------------ plumbing
     def _authorize(self, request: Request) -> str | None:
@@ -239,7 +280,8 @@ class Proxy:
             response=summary.text, tool_calls=summary.tool_calls or None, tools=body.get("tools"),
             finish_reason=summary.finish_reason, prompt_tokens=summary.prompt_tokens or None,
             completion_tokens=summary.output_tokens or None, latency=time.perf_counter() - t0,
-            metadata={"endpoint": endpoint, "spec": ctx.spec.as_dict() if ctx.spec else None}))
+            metadata={"endpoint": endpoint, "spec": ctx.spec.as_dict() if ctx.spec else None},
+            call_id=ctx.request_id))
 
     async def _served(self, request: Request, render) -> Response:
         try:

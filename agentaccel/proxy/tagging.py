@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from agentaccel.errors import bad_request
+from agentaccel.text.headers import header_text
 from agentaccel.traces.stages import DEFAULT_STAGE, explicit_stage, system_fingerprint, system_prompt
 
 STAGE_HEADER = "x-agentaccel-stage"
@@ -64,7 +65,7 @@ def resolve(headers: Mapping[str, str], body: Mapping, rules: list[StageRule], f
     """`discover`: the stage discovery's lookup (None: off); when on, the fingerprint is not used
     (a system prompt with a date in it would give every run a stage of its own)."""
     metadata = body.get("metadata") if isinstance(body.get("metadata"), dict) else None
-    session = next((headers[h] for h in SESSION_HEADERS if headers.get(h)), None)
+    session = next((header_text(headers[h]) for h in SESSION_HEADERS if headers.get(h)), None)
     if session is None and metadata:
         session = next((str(metadata[k]) for k in _SESSION_METADATA if metadata.get(k)), None)
 
@@ -72,7 +73,7 @@ def resolve(headers: Mapping[str, str], body: Mapping, rules: list[StageRule], f
         return Tags(stage, source, session)
 
     if headers.get(STAGE_HEADER):
-        return tags(check_stage(headers[STAGE_HEADER], "X-Agentaccel-Stage"), "header")
+        return tags(check_stage(header_text(headers[STAGE_HEADER]), "X-Agentaccel-Stage"), "header")
     tagged = explicit_stage(metadata) or explicit_stage({"tags": body.get("tags")})
     if tagged:
         return tags(check_stage(tagged, "metadata"), "metadata")
@@ -108,7 +109,7 @@ def forward_headers(headers: Mapping[str, str], keep_authorization: bool) -> dic
         if name in _NOT_FORWARDED or name.startswith("x-agentaccel-") or (name == "authorization"
                                                                           and not keep_authorization):
             continue
-        out[name] = value
+        out[name] = header_text(value)  # goes out as UTF-8: the bytes the client sent, when they were UTF-8
     return out
 
 

@@ -49,6 +49,8 @@ def locate(db: str | os.PathLike | Location) -> Location:
     if isinstance(db, Location):
         return db
     text = os.fspath(db)
+    if isinstance(text, str) and not text.strip():
+        raise ValueError("an empty trace store name: give a file path or a postgresql:// URL")
     if not isinstance(text, str) or not _URL.match(text):
         return Location("sqlite", path=Path(text))
     scheme = text.split("://", 1)[0].lower()
@@ -65,9 +67,14 @@ def locate(db: str | os.PathLike | Location) -> Location:
 
 
 def _without_password(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password:
-        return url.replace(f":{parts.password}@", ":***@", 1)
+    """The URL for messages: its password, if any, masked (also in a URL too malformed to parse,
+    whose error must still name it)."""
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        return re.sub(r"(://[^:/@]*):[^@/]*@", r"\1:***@", url, count=1)
+    if password:
+        return url.replace(f":{password}@", ":***@", 1)
     return url
 
 
@@ -112,7 +119,9 @@ class Connection:
             try:
                 self.raw = psycopg.connect(location.url, autocommit=True, connect_timeout=10)
             except psycopg.Error as e:
-                raise ValueError(f"{location}: cannot connect to the PostgreSQL trace store ({e})") from e
+                # libpq quotes a URL it cannot parse whole, password and all
+                why = str(e).strip().replace(location.url or "", str(location))
+                raise ValueError(f"{location}: cannot connect to the PostgreSQL trace store ({why})") from None
 
     def execute(self, sql: str, params=()):
         """Runs one statement; the cursor iterates rows as tuples."""

@@ -30,6 +30,7 @@ class Discovery:
     found: list[Found] = field(default_factory=list)  # most calls first
     kept: list[Template] = field(default_factory=list)  # what --apply saves
     renamed: list[tuple[str, str]] = field(default_factory=list)  # kept stages merged into another
+    retired: list[str] = field(default_factory=list)  # kept stages that gave their name to one standing higher
 
     @property
     def unassigned(self) -> int:
@@ -41,7 +42,9 @@ def discover(store: TraceStore, stage: str, config: MinerConfig | None = None,
     """Groups the calls of `stage` (in time order) by prompt template. Templates the store already
     keeps (a server's, an earlier --apply) are matched first and keep their names."""
     miner = TemplateMiner(config, track_merges=True)
-    miner.restore([(t.stage, t.fixed, t.calls) for t in templates.read(store)])
+    saved = templates.read(store)
+    miner.restore([(t.stage, t.fixed, t.calls) for t in saved])
+    miner.reserve({t.stage: t.fixed for t in saved})  # names past the cap stay their templates' too
     out = Discovery()
     seen: list[tuple[int, Template | None]] = []
     examples: dict[int, tuple[Template, str]] = {}  # a template's first call's text, to show its slots
@@ -61,6 +64,7 @@ def discover(store: TraceStore, stage: str, config: MinerConfig | None = None,
             out.assignment[call_id] = t.name
             members.setdefault(id(t), []).append(call_id)
     out.renamed = miner.take_changes()[1]
+    out.retired = miner.take_retired()
     by_id = {id(t): t for t in miner.named.values()}
     example_of: dict[int, str] = {}
     for t, text in examples.values():
@@ -88,5 +92,5 @@ def apply(store: TraceStore, found: Discovery) -> int:
     rows = [(stage, call_id) for call_id, stage in found.assignment.items()]
     with store.conn.transaction():
         store.conn.executemany("UPDATE calls SET stage=? WHERE id=?", rows)
-        templates.write_rows(store, [templates.SavedTemplate.of(t) for t in found.kept], found.renamed)
+        templates.write_rows(store, [templates.SavedTemplate.of(t) for t in found.kept], found.renamed, found.retired)
     return len(rows)

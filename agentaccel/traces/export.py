@@ -1,5 +1,5 @@
 """`agentaccel export-traces`: calls as OpenAI-style chat JSONL that `import-traces` reads back
-(same session keys and positions, so re-importing into the same store adds nothing)."""
+(same session keys, positions and live calls' ids, so re-importing into the same store adds nothing)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,14 @@ def export_calls(store: TraceStore, out: Path, stage: str | None = None) -> int:
                 reply["tool_calls"] = call.tool_calls
             f.write(chat_jsonl_line(call.messages, reply, stage=call.stage, model=call.model,
                                     metadata={"session": keys[call.session_id], "position": call.position,
-                                              "created_at": call.created_at, "source": call.source_file}))
+                                              "created_at": call.created_at, "source": call.source_file,
+                                              **_identity(call)}))
             n += 1
     tmp.replace(out)
     return n
+
+
+def _identity(call) -> dict:
+    """A call recorded live is known by the proxy's id for it (store.call_identity): it travels along."""
+    call_id = (call.metadata or {}).get("call_id")
+    return {"call_id": call_id} if call_id else {}

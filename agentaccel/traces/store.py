@@ -17,6 +17,7 @@ import json
 import os
 import re
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -110,6 +111,10 @@ CREATE TABLE IF NOT EXISTS step_costs (  -- traces/step_costs.py
 TABLES = set(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", SCHEMA))
 
 
+class StoreMissing(ValueError):
+    """There is no trace store where one was to be read (nothing was created there)."""
+
+
 def default_db_path() -> Location:
     """$AGENTACCEL_DB (a path or a URL), else ~/.agentaccel/traces.db."""
     return locate(os.environ.get("AGENTACCEL_DB") or Path.home() / ".agentaccel" / "traces.db")
@@ -167,11 +172,18 @@ class TraceStore:
     """A store at `db`: a file path or `sqlite:///` URL (created when missing), a `postgresql://`
     URL (its tables created when missing), or None for the default file."""
 
-    def __init__(self, db: str | os.PathLike | Location | None = None) -> None:
+    def __init__(self, db: str | os.PathLike | Location | None = None, *, create: bool = True) -> None:
+        """`create=False`: the store must be there already (commands that only read say so, instead
+        of making an empty one): StoreMissing otherwise."""
         self.location = locate(db if db is not None else default_db_path())
         self.path = self.location.path  # the SQLite file; None on PostgreSQL
         self.name = str(self.location)  # what messages call it (a URL without its password)
         if self.path is not None:
+            if self.path.is_dir():
+                raise ValueError(f"{self.path}: a folder, not a trace store file (name a file in it, e.g. "
+                                 f"{self.path / 'traces.db'})")
+            if not create and not self.path.exists():
+                raise StoreMissing(f"no trace store at {self.path} yet")
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
             except OSError as e:
@@ -181,31 +193,68 @@ class TraceStore:
         except errors() as e:
             raise ValueError(f"{self.name}: not a usable trace store ({e})") from e
         try:
-            if self._missing_tables():  # (a store made before a table was added gains it)
-                self.conn.script(SCHEMA)
-            version = self._schema_version()
-            if version is None:  # a new store (a store that may only be read is never written here)
-                self.conn.execute("INSERT INTO meta VALUES ('schema_version', ?) ON CONFLICT (key) DO NOTHING",
-                                  (str(SCHEMA_VERSION),))
-                version = self._schema_version()
+            self.store_id = self._open(create)
         except errors() as e:
             self.conn.close()
             raise ValueError(f"{self.name}: not a usable trace store ({e})") from e
-        if int(version) != SCHEMA_VERSION:
+        except ValueError:
             self.conn.close()
+            raise
+
+    def _open(self, create: bool) -> str | None:
+        """Checks the schema (making it for a new store, adding tables a newer agentaccel has) and
+        returns the store's identity: a random id written when the store was made (or first opened
+        by a version that knew it), so a snapshot can tell this store from another one later made
+        at the same path. None when the store cannot be written to give it one."""
+        present = self._tables()
+        if not present and not create:
+            raise StoreMissing(f"no trace store in {self.name} yet")
+        if not TABLES <= present or (create and self.conn.kind == "sqlite"):
+            if not create and not {"meta", "calls"} <= present:
+                raise ValueError(f"{self.name}: not a trace store (it has tables, but not the store's)")
+            # A new store, or one made before a table or index was added. On PostgreSQL the script
+            # runs only when a table is missing: its CREATE INDEX, even IF NOT EXISTS, waits for
+            # every open write transaction on the table (on SQLite it is a no-op when all is there).
+            self.conn.script(SCHEMA)
+        version = self._meta("schema_version")
+        if version is None:
+            # Only an empty store may be given a version: one that holds calls lost its `meta` row,
+            # and writing one would hide the damage.
+            if self.conn.execute("SELECT 1 FROM calls LIMIT 1").fetchone() is not None:
+                raise ValueError(f"{self.name}: damaged trace store: its meta table has no schema_version row "
+                                 "(the calls are still there: restore the row, or export and import them)")
+            if not create:
+                raise StoreMissing(f"no trace store in {self.name} yet (its tables are empty)")
+            self.conn.execute("INSERT INTO meta VALUES ('schema_version', ?) ON CONFLICT (key) DO NOTHING",
+                              (str(SCHEMA_VERSION),))
+            version = self._meta("schema_version")
+        try:
+            number = int(version)
+        except (TypeError, ValueError):
+            raise ValueError(f"{self.name}: damaged trace store: schema version {version!r} in its meta table "
+                             "is not a number") from None
+        if number != SCHEMA_VERSION:
             raise ValueError(f"{self.name}: trace store schema {version}, this agentaccel reads {SCHEMA_VERSION}")
+        store_id = self._meta("store_id")
+        if not store_id:
+            try:  # (a store that may only be read keeps none: its snapshots are not trusted)
+                self.conn.execute("INSERT INTO meta VALUES ('store_id', ?) ON CONFLICT (key) DO NOTHING",
+                                  (uuid.uuid4().hex,))
+                store_id = self._meta("store_id")
+            except errors():
+                store_id = None
+        return store_id
 
-    def _missing_tables(self) -> bool:
-        """Whether the schema script must run. On PostgreSQL it runs only then: its CREATE INDEX,
-        even IF NOT EXISTS, waits for every open write transaction on the table."""
+    def _tables(self) -> set[str]:
         if self.conn.kind == "sqlite":
-            return True  # a no-op when all is there, and SQLite's DDL takes no lock then
-        present = {r[0] for r in self.conn.execute(
-            "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()")}
-        return not TABLES <= present
+            rows = self.conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+        else:
+            rows = self.conn.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()")
+        return {r[0] for r in rows}
 
-    def _schema_version(self) -> str | None:
-        row = self.conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+    def _meta(self, key: str) -> str | None:
+        row = self.conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return None if row is None else row[0]
 
     def check_writable(self) -> None:
@@ -276,10 +325,7 @@ class TraceStore:
                         counted.add(stage)
                     position = call.metadata.get("position", position) if call.metadata else position
                     refs = [self._blob(m, new_texts, memo) for m in call.messages]
-                    # The prompt enters the hash through its messages' content hashes: same content,
-                    # same hash, without re-serializing the whole history for every call.
-                    content_hash = digest(session.key, position, [h for _, h in refs], call.response,
-                                          call.tool_calls)
+                    content_hash = call_identity(session.key, position, [h for _, h in refs], call)
                     if conn.execute("SELECT 1 FROM calls WHERE content_hash=?", (content_hash,)).fetchone():
                         counts.duplicates += 1
                         continue
@@ -436,6 +482,12 @@ class TraceStore:
                ORDER BY COALESCE(c.created_at, 0) DESC, c.id DESC""",
             (tokenizer_fingerprint, *(() if up_to is None else (int(up_to),))))]
 
+    def call_key(self, call_id: int) -> str | None:
+        """What the store knows the call `call_id` by (its `content_hash`: call_identity), or None
+        when it has no such call: with the store's id, proof of which contents a cursor covers."""
+        row = self.conn.execute("SELECT content_hash FROM calls WHERE id = ?", (int(call_id),)).fetchone()
+        return None if row is None else row[0]
+
     def newest_call_id(self) -> int:
         """The highest call id (0 for an empty store): where a tail started now begins."""
         return int(self.conn.execute("SELECT COALESCE(MAX(id), 0) FROM calls").fetchone()[0])
@@ -504,6 +556,20 @@ class TraceStore:
                                       ids).fetchone()[0]
                 if n != len(set(ids)):
                     raise ValueError(f"{self.name}: a call refers to missing messages")
+
+
+def call_identity(session_key: str, position: int, message_hashes: list[str], call) -> str:
+    """What makes a stored call itself (the `content_hash` column). A call recorded live carries
+    the id the proxy gave it when it answered (`metadata.call_id`): that id alone names it, so two
+    calls with the same prompt and reply are two rows whichever servers answered them, and a batch
+    written again after a commit whose reply was lost stores nothing twice. An imported call is
+    named by its content (session, position, messages, reply): importing a file again adds nothing.
+    The prompt enters through its messages' content hashes, so the history is not serialized again
+    for every call."""
+    call_id = (call.metadata or {}).get("call_id")
+    if call_id:
+        return digest("live-call", session_key, str(call_id))
+    return digest(session_key, position, message_hashes, call.response, call.tool_calls)
 
 
 def _json_or_none(value) -> str | None:

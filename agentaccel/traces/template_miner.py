@@ -18,7 +18,15 @@ two calls share says as readily "same database" as "same stage". What breaks the
   that waited `stale_after` calls and share fixed text with it.
 The first call of a template goes to `default`; the template is a stage from its second call on,
 so a flood of one-off prompts leaves at most `max_new` provisional templates behind and no stage
-names; established templates beyond `max_stages` go to `default` too (counted).
+names. Names are bounded (`max_stages`) and held by standing, not by arrival: a template's
+standing is its calls, each weighed down by half every `half_life` calls since. When all names are
+taken, a template that earned one takes the place of the weakest name if it stands higher, and the
+weaker one is retired (its row leaves the trace store); else it goes to `default` (counted). So
+prompts that each come twice cannot hold the names for good: a stage that keeps recurring stands
+far above them, and one that stopped recurring gives its place back. A template restored from the
+store stands at one call until it recurs. Names are unique in a fleet: `reserve` tells the miner
+the names other servers' templates hold in the shared store, and a template takes one of those
+only if it is the same template (half of the smaller one's fixed lines in common).
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ class MinerConfig:
     min_core_chars: int = 64  # fixed text those must share
     cover: float = 0.9  # share of an established template's fixed text that makes a slot-first call its call
     max_stages: int = 128  # established templates (stage names)
+    half_life: int = 10_000  # calls over which a template's standing (its recent calls) halves
     max_new: int = 512  # one-call templates kept while they wait for a second call
     max_shared: int = 200_000  # lines remembered as slot content
     refine_every: int = 16  # past 64 calls a template learns (slot content, fixed lines) from every n-th call only
@@ -100,6 +109,8 @@ class Template:
     created: int = 0  # the miner's call counter when it was made
     window: list[tuple[int, int]] | None = None  # (line, chars) it is matched on, as of the anchor index
     window_chars: int = 1  # their sum
+    standing: float = 1.0  # its calls, each halved per `half_life` calls since (as of `touched`)
+    touched: int = 0  # the miner's call counter at its last call
 
     def fixed_lines(self) -> list[str]:
         return [self.texts[h] for h in self.order if h in self.fixed]
@@ -133,6 +144,8 @@ class TemplateMiner:
         self.merged_into: dict[int, Template] = {}  # id of a merged template -> the one it became
         self.changed: set[str] = set()  # stages whose template changed since `take_changes`
         self.renamed: list[tuple[str, str]] = []  # (old, new): stages merged into another since then
+        self.retired: list[str] = []  # names given up to a template that stands higher, since then
+        self.reserved: dict[str, frozenset[int]] = {}  # names other servers' templates hold (their lines)
 
     # --- matching ----------------------------------------------------------------------------
     def observe_messages(self, messages) -> Match:
@@ -191,6 +204,7 @@ class TemplateMiner:
     # --- learning ----------------------------------------------------------------------------
     def _join(self, t: Template, present: set[int]) -> Match:
         t.calls += 1
+        t.standing, t.touched = self.standing(t) + 1.0, self.seen
         # A mature template learns from a sample of its calls: what they tell (slot content, a
         # fixed line that turned out to vary) repeats, and the bookkeeping is most of a call's cost.
         if t.calls <= 64 or t.calls % self.config.refine_every == 0:
@@ -227,17 +241,33 @@ class TemplateMiner:
         if t.name:
             self.changed.add(t.name)
 
+    def standing(self, t: Template) -> float:
+        """The template's calls, each weighed down by half per `half_life` calls since it came."""
+        return t.standing * 0.5 ** ((self.seen - t.touched) / self.config.half_life)
+
     def _establish(self, t: Template) -> bool:
         self.new.pop(id(t), None)
         if len(self.named) >= self.config.max_stages:
-            self.overflow += 1
-            self.new[id(t)] = t  # stays a candidate; evicted like any other one-call template
-            return False
+            weakest = min(self.named.values(), key=self.standing)
+            if self.standing(weakest) >= self.standing(t):
+                self.overflow += 1
+                self.new[id(t)] = t  # stays a candidate; evicted like any other one-call template
+                return False
+            self._retire(weakest)
         t.name = self._name(t)
         self.named[t.name] = t
         self.changed.add(t.name)
         self.version += 1
         return True
+
+    def _retire(self, t: Template) -> None:
+        """Takes a name from a template that stopped recurring: the template is forgotten (if it
+        comes back, it is found again and earns a name again)."""
+        del self.named[t.name]
+        self.changed.discard(t.name)
+        self.retired.append(t.name)
+        t.name = None
+        self._remove(t)
 
     def _create(self, sig: Signature) -> Match:
         order, texts = [], {}
@@ -245,7 +275,7 @@ class TemplateMiner:
             if h not in texts and len(order) < self.config.max_lines:
                 order.append(h)
                 texts[h] = line
-        t = Template(None, order, texts, set(order), created=self.seen)
+        t = Template(None, order, texts, set(order), created=self.seen, touched=self.seen)
         self._add(t)
         self.new[id(t)] = t
         while len(self.new) > self.config.max_new:
@@ -299,6 +329,8 @@ class TemplateMiner:
             if self.track_merges:
                 self.merged_into[id(t)] = home
             home.calls += t.calls
+            home.standing = self.standing(home) + self.standing(t)
+            home.touched = self.seen
             if t.name:
                 del self.named[t.name]
                 self.changed.discard(t.name)
@@ -318,16 +350,50 @@ class TemplateMiner:
             if len(hashes) != len(lines):  # not lines this miner wrote (blank, or with line breaks)
                 continue
             texts = dict(zip(hashes, lines, strict=True))
-            t = Template(name, list(texts), texts, set(texts), calls=max(int(calls), 2), created=self.seen)
+            # it stands at one call until it recurs: names kept from a flood give their place back
+            t = Template(name, list(texts), texts, set(texts), calls=max(int(calls), 2), created=self.seen,
+                         touched=self.seen)
             self._add(t)
             self.named[name] = t
+            self.reserved.pop(name, None)
 
     def take_changes(self) -> tuple[list[Template], list[tuple[str, str]]]:
         """Established templates that changed (new, narrowed, merged into) and the stages merged
-        away since the last call; the caller saves them."""
+        away since the last call; the caller saves them (and `take_retired`)."""
         changed = [self.named[n] for n in sorted(self.changed) if n in self.named]
         renamed, self.changed, self.renamed = self.renamed, set(), []
         return changed, renamed
+
+    def take_retired(self) -> list[str]:
+        """Names given up since the last call that no template holds again: the caller removes them
+        from the store."""
+        retired, self.retired = [n for n in dict.fromkeys(self.retired) if n not in self.named], []
+        return retired
+
+    # --- a fleet's names ---------------------------------------------------------------------
+    def reserve(self, stored: dict[str, list[str]]) -> list[str]:
+        """The templates a shared store holds (stage -> fixed lines), as read after a save: names
+        this miner does not hold are reserved for those templates; a name this miner holds for
+        another template than the store's is given up (the store's row was there first) and the
+        template named anew. Returns the names given up."""
+        self.reserved = {}
+        lost = []
+        for name, lines in stored.items():
+            hashes = line_set(lines)
+            mine = self.named.get(name)
+            if mine is None:
+                self.reserved[name] = hashes
+            elif not same_template(mine.fixed, hashes):
+                self.reserved[name] = hashes
+                del self.named[name]
+                self.changed.discard(name)
+                mine.name = self._name(mine)
+                self.named[mine.name] = mine
+                self.changed.add(mine.name)
+                lost.append(name)
+        if lost:
+            self.version += 1
+        return lost
 
     def _covering(self, present: set[int]) -> Template | None:
         """The established template whose whole fixed text (but what is slot content elsewhere)
@@ -383,13 +449,32 @@ class TemplateMiner:
         own = [t.texts[h] for h in t.order if h in t.fixed and h not in self.shared]
         for source in (lines[:1], own[:1], own[:3]):
             base = slug(" ".join(source))
-            if base and PREFIX + base not in self.named:
+            if base and self._free(PREFIX + base, t):
                 return PREFIX + base
         base = slug(" ".join(lines[:1])) or "template"
         n = 2
-        while f"{PREFIX}{base}-{n}" in self.named:
+        while not self._free(f"{PREFIX}{base}-{n}", t):
             n += 1
         return f"{PREFIX}{base}-{n}"
+
+    def _free(self, name: str, t: Template) -> bool:
+        """Whether `t` may be called `name`: no template here holds it, and in the fleet only the
+        same template does."""
+        if name in self.named:
+            return False
+        other = self.reserved.get(name)
+        return other is None or same_template(t.fixed, other)
+
+
+def line_set(lines: list[str]) -> frozenset[int]:
+    """The hashes of fixed lines as a store keeps them (what `same_template` compares)."""
+    return frozenset(_core.line_hashes("\n".join(lines), 1 << 62))
+
+
+def same_template(a: set[int] | frozenset[int], b: set[int] | frozenset[int]) -> bool:
+    """Two servers' templates are one when half of the smaller one's fixed lines are the other's
+    too (what a call needs to join a template)."""
+    return bool(a) and bool(b) and len(a & b) >= 0.5 * min(len(a), len(b))
 
 
 def slug(text: str, words: int = 6, limit: int = 48) -> str:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from agentaccel.traces.stage_policies import now
 from agentaccel.traces.store import TraceStore
-from agentaccel.traces.template_miner import Template
+from agentaccel.traces.template_miner import PREFIX, Template, line_set, same_template
 
 
 @dataclass(frozen=True)
@@ -26,34 +26,60 @@ class SavedTemplate:
 
 
 def read(store: TraceStore) -> list[SavedTemplate]:
-    rows = store.conn.execute("SELECT stage, fixed, calls, updated_at FROM templates ORDER BY stage").fetchall()
+    """The kept templates; a row no agentaccel wrote (a stage that is not a `tmpl:` name, fixed
+    text that is not a JSON list of lines, a call count that is not a count) is left out, the same
+    for every reader (the proxy, `traces stages`): its stage is found again as calls arrive."""
+    rows = store.conn.execute("SELECT stage, fixed, calls, updated_at FROM templates").fetchall()
     out = []
     for stage, fixed, calls, updated in rows:
-        try:
-            lines = json.loads(fixed)
-        except ValueError:
-            continue  # a row no agentaccel wrote: the stage is found again as calls arrive
-        if isinstance(lines, list) and all(isinstance(x, str) for x in lines):
-            out.append(SavedTemplate(stage, lines, int(calls or 0), updated))
-    return out
+        lines = _lines(fixed)
+        if (isinstance(stage, str) and stage.startswith(PREFIX) and lines is not None
+                and isinstance(calls, int) and calls >= 0):
+            out.append(SavedTemplate(stage, lines, calls, updated if isinstance(updated, str) else None))
+    return sorted(out, key=lambda t: t.stage)
 
 
-def write(store: TraceStore, templates: list[SavedTemplate], renamed: list[tuple[str, str]] = ()) -> None:
-    """Saves templates (replacing a stage's earlier row) and, in the same transaction, moves the
-    calls of stages merged into another to that stage's name."""
+def write(store: TraceStore, templates: list[SavedTemplate], renamed: list[tuple[str, str]] = (),
+          retired: list[str] = ()) -> None:
+    """Saves templates and, in the same transaction, moves the calls of stages merged into another
+    to that stage's name and drops the rows of names given up (see write_rows)."""
     with store.conn.transaction():
-        write_rows(store, templates, renamed)
+        write_rows(store, templates, renamed, retired)
 
 
-def write_rows(store: TraceStore, templates: list[SavedTemplate], renamed: list[tuple[str, str]] = ()) -> None:
-    """`write` inside a transaction the caller holds."""
+def write_rows(store: TraceStore, templates: list[SavedTemplate], renamed: list[tuple[str, str]] = (),
+               retired: list[str] = ()) -> list[str]:
+    """`write` inside a transaction the caller holds. A name is one template's across a fleet: a
+    row is inserted if the name is free, updated if the stored row is the same template (an
+    earlier save of it, or another server's copy), and left alone if another template holds the
+    name; those stages are returned (the caller names its template anew: TemplateMiner.reserve)."""
     stamp = now()
     for old, new in renamed:
         store.conn.execute("DELETE FROM templates WHERE stage=?", (old,))
         store.conn.execute("UPDATE calls SET stage=? WHERE stage=?", (new, old))
+    for name in retired:
+        store.conn.execute("DELETE FROM templates WHERE stage=?", (name,))
+    held = []
     for t in templates:
-        store.conn.execute(
-            """INSERT INTO templates (stage, fixed, calls, updated_at) VALUES (?, ?, ?, ?)
-               ON CONFLICT(stage) DO UPDATE SET fixed=excluded.fixed, calls=excluded.calls,
-                 updated_at=excluded.updated_at""",
-            (t.stage, json.dumps(t.fixed), t.calls, stamp))
+        fixed = json.dumps(t.fixed)
+        if store.conn.execute("INSERT INTO templates (stage, fixed, calls, updated_at) VALUES (?, ?, ?, ?) "
+                              "ON CONFLICT(stage) DO NOTHING RETURNING stage",
+                              (t.stage, fixed, t.calls, stamp)).fetchone() is not None:
+            continue
+        (stored,) = store.conn.execute("SELECT fixed FROM templates WHERE stage=?", (t.stage,)).fetchone()
+        lines = _lines(stored)
+        if lines is not None and not same_template(line_set(t.fixed), line_set(lines)):
+            held.append(t.stage)
+            continue
+        store.conn.execute("UPDATE templates SET fixed=?, calls=?, updated_at=? WHERE stage=?",
+                           (fixed, t.calls, stamp, t.stage))
+    return held
+
+
+def _lines(fixed) -> list[str] | None:
+    """A row's fixed lines, or None when they are not what agentaccel writes."""
+    try:
+        lines = json.loads(fixed)
+    except (TypeError, ValueError):
+        return None
+    return lines if isinstance(lines, list) and all(isinstance(x, str) for x in lines) else None

@@ -1,9 +1,10 @@
 """The verification cost curve of the embedded backend: the time of one decoding step that
 verifies d draft tokens (as a chain) over a context, for several d, timed over a short and a
 long context (draft rows attend over the whole context, so on CPU drafts cost relatively more
-over a long one). Saved as a cost profile (`agentaccel bench backend`; `bench replay --cost
-FILE`), and what cuts the backend's drafts to their best size for each request's context
-length: measured once per model and device, then read from the cache folder."""
+over a long one). Measured on purpose by `agentaccel bench backend` and saved as a cost profile
+(`serve --cost-profile FILE`, `bench replay --cost FILE`). By default the backend does not
+measure one at start: it learns its curve from the steps it serves (`learned_cost`,
+backends/local/learned_cost.py)."""
 
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ from pathlib import Path
 
 import torch
 
+from agentaccel.backends.local.learned_cost import CONTEXTS as LEARNED_CONTEXTS
+from agentaccel.backends.local.learned_cost import LearnedStepCost
 from agentaccel.backends.local.static_slots import GraphSlot, SlotSequence, context_len, default_slots
 from agentaccel.backends.local.verifier import GrowingSequence
-from agentaccel.engine.cost import CostProfile, load_profile, measured_profile
+from agentaccel.engine.cost import CostProfile, load_profile
 
 DRAFT_SIZES = (0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32)  # fine below 8: the CPU curve climbs by steps
 CONTEXTS = (512, 2048)  # a short prompt, and a SWE-agent call's (1,536 + its output); between them: interpolated
@@ -109,28 +112,22 @@ def measure_profile(model, model_name: str, path: Path | None = None, contexts=C
     return prof, path
 
 
-def cost_profile(model, model_name: str, setting: str | Path = "auto", say: Callable[[str], None] = lambda _: None,
-                 ) -> CostProfile:
-    """What `--cost-profile` asks for: "off" (a fixed cost per draft token, a CPU's or a GPU's),
-    a profile file from `bench backend`, or "auto": this model and device's cached curves, else
-    curves measured now (about a minute on CPU) and cached for the next start."""
+def cost_profile(model, setting: str | Path) -> CostProfile:
+    """A fixed `--cost-profile`: "off" (a fixed cost per draft token, a CPU's or a GPU's) or a
+    profile file from `bench backend`. ("auto", the default, learns the curve while serving:
+    `learned_cost`.)"""
     if setting == "off":
         cpu = next(model.parameters()).device.type == "cpu"
         return CostProfile("per-token", 0.04 if cpu else 0.02)
-    if setting != "auto":
-        return load_profile(str(setting))
-    device = device_tag(model)
-    path = cached_profile_path(model_name, device)
-    if path.is_file():
-        try:
-            cached = load_profile(str(path))
-        except ValueError:
-            say(f"{path}: unreadable cost profile, measuring again")
-        else:
-            if cached.by_context:  # measured by this version, over its contexts
-                return cached
-            say(f"{path}: an older profile, timed over one context length only; measuring again")
-    say(f"first start of {model_name} on {device}: timing how long a step that verifies 0, 1, 2, ... draft tokens "
-        f"takes here, to size drafts by it (about a minute on a CPU, less on a GPU; once, then read from {path})")
-    prof, _ = measure_profile(model, model_name, path, progress=say)
-    return measured_profile(prof, model_name)
+    return load_profile(str(setting))
+
+
+def learned_cost(model, model_name: str, engine, *, db: str | Path | None, save: bool = True,
+                 say: Callable[[str], None] = lambda _: None) -> LearnedStepCost:
+    """`--cost-profile auto`: the step cost learned from the backend's own steps, starting from the
+    curve `db` kept for this model and device (saved back there when `save`), else a seed."""
+    param = next(model.parameters())
+    limit = getattr(model.config, "max_position_embeddings", None) or max(LEARNED_CONTEXTS)
+    contexts = tuple(sorted({min(c, limit) for c in LEARNED_CONTEXTS}))
+    return LearnedStepCost.starting(engine, model_name, device_tag(model), param.device.type, db=db,
+                                    save=save, contexts=contexts, say=say)

@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from agentaccel.backends.local.learned_cost import LearnedStepCost
 from agentaccel.backends.local.prefix_cache import DEFAULT_BUDGET_BYTES, PrefixCache
 from agentaccel.backends.local.sampling import SamplingParams, chooser
 from agentaccel.backends.local.static_slots import SlotPool, SlotSequence, context_len, default_slots
@@ -70,6 +71,7 @@ class LocalGenerator:
         slots = default_slots(model) if static_slots is None else static_slots
         self.slots = SlotPool(model, slots, static_len or self.max_context, self._forward) if slots else None
         self.prefix_cache = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes else None
+        self.step_cost: LearnedStepCost | None = None  # told every verification step's time, when set
 
     def generate(self, prompt_ids: list[int], params: SamplingParams | None = None, *, stage: str = "default",
                  speculate: bool = True, on_tokens: OnTokens | None = None,
@@ -127,13 +129,18 @@ class LocalGenerator:
                 break
             budget = min(self.max_draft, params.max_tokens - len(out) - 1)
             tokens, parents, predicted = [], [], 0.0
+            t_draft = time.perf_counter()
             if engine is not None and budget > 0:
                 # the engine's draft is final: its stage's policy, cut to its best size on the cost curve
                 draft = (engine.prompt_lookup(rid, 2, 5, min(8, budget)) if self.drafter == "pld"
                          else engine.speculate(rid, budget))
                 tokens, parents, predicted = draft.token_ids, draft.parents, draft.score
             with self._forward:
+                t_step = time.perf_counter()
                 path, pending = seq.step(tokens, parents, choose)
+                took = time.perf_counter() - t_step
+            if self.step_cost is not None:  # the backend's cost curve is learned from its own steps
+                self.step_cost.record(len(tokens), len(prompt) + len(out), took, t_step - t_draft)
             steps += 1
             drafted += len(tokens)
             accepted += len(path)

@@ -45,8 +45,9 @@ class LocalBackend(Backend):
                  prefix_cache_bytes: int = DEFAULT_BUDGET_BYTES, say=lambda _: None) -> None:
         """`on_ready(engine, tokenizer)` runs once the model is loaded (the serve command seeds the
         engine's trees from the trace store there). `cost_profile`: "auto" cuts drafts to their
-        best size under this model's measured verification cost curve (measured at the first
-        start, then cached), a path uses that profile, "off" keeps the per-token cost model.
+        best size on this model's step cost, learned from the backend's own steps while it serves
+        (starting from the curve the trace store kept, else a seed: backends/local/learned_cost.py);
+        a path uses that profile as it is; "off" keeps the per-token cost model.
         Drafting policies: the defaults for that cost, the stages' tuned settings in `policy_db`,
         then `spec_config` (see backends/policies.py); `online` calibrates each stage to what its
         drafts get accepted, saved to `policy_db` unless `save_calibration` is off."""
@@ -64,15 +65,21 @@ class LocalBackend(Backend):
         self.prefix_cache_bytes = prefix_cache_bytes
         self.say = say
         self.generator: LocalGenerator | None = None
+        self.step_cost = None  # the step cost learned while serving (cost_profile "auto")
 
     async def start(self) -> None:
         from agentaccel.backends.local.model import load_model
 
         model, tok = await asyncio.to_thread(load_model, self.model_path, self.device, self.dtype)
         self.tokenizer = tok
-        from agentaccel.backends.local.cost_curve import cost_profile, model_key
+        from agentaccel.backends.local.cost_curve import cost_profile, learned_cost, model_key
 
-        profile = await asyncio.to_thread(cost_profile, model, model_key(self.model_path), self.cost_profile, self.say)
+        if self.cost_profile == "auto":  # answers at once; the curve is learned from the steps it takes
+            self.step_cost = learned_cost(model, model_key(self.model_path), self.engine, db=self.policy_db,
+                                          save=self.save_calibration, say=self.say)
+            profile = self.step_cost.profile()
+        else:
+            profile = cost_profile(model, self.cost_profile)
         policies, online = serving_policies(default_config(profile), db=self.policy_db,
                                             spec_config=self.spec_config, say=self.say)
         policies.install(self.engine)
@@ -81,13 +88,15 @@ class LocalBackend(Backend):
                                                          self.policy_db if self.save_calibration else None)
         self.generator = LocalGenerator(model, tok, self.engine, online=self.calibration,
                                         prefix_cache_bytes=self.prefix_cache_bytes)
+        self.generator.step_cost = self.step_cost
         if self.on_ready is not None:
             await asyncio.to_thread(self.on_ready, self.engine, tok)
 
     async def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
-        if self.keeper is not None:
-            await asyncio.to_thread(self.keeper.close)
+        for keeper in (self.keeper, self.step_cost):  # what was learned since the last save
+            if keeper is not None:
+                await asyncio.to_thread(keeper.close)
 
     def policy_state(self) -> dict[str, dict]:
         """Per stage: the policy in force and the online calibration (the proxy's /metrics)."""
