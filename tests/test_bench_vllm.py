@@ -58,13 +58,37 @@ def test_bench_vllm_says_what_is_missing(tmp_path):
     assert r.returncode == 2 and "--calls" in r.stderr
 
 
-def test_a_level_the_source_cannot_fill_reuses_earlier_calls_and_says_so():
-    from agentaccel.bench.vllm_bench import Assignment, Sizes
+def _jobs(sessions: list[int]):
+    from agentaccel.bench.vllm.sources import Job
 
-    plenty = Assignment.of(100, Sizes(1, {1: 4, 8: 16}))
-    assert plenty.warm == [0] and plenty.levels == {1: [1, 2, 3, 4], 8: list(range(5, 21))} and not plenty.reused
-    short = Assignment.of(12, Sizes(1, {1: 4, 4: 8, 16: 32}))  # the bundled SQL questions: 12
-    assert short.levels[1] == [1, 2, 3, 4] and len(short.levels[4]) == 8 and len(short.levels[16]) == 32
+    return [Job(f"s{n}", lambda generate: None) for n in sessions]
+
+
+def test_the_measured_calls_never_appear_in_the_history():
+    """History: the first jobs; measured: from the first session the history does not touch, so no
+    measured call's session (a trajectory, a question) is in the history, and the history came first."""
+    from agentaccel.bench.vllm.plan import Layout, Sizes
+
+    sessions = [0, 0, 0, 1, 1, 1, 2, 2, 3, 3, 3, 4, 5, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17]
+    jobs = _jobs(sessions)
+    layout = Layout.of(jobs, Sizes(history=4, warm=1, per_level={1: 2, 4: 4}, reps=2))
+    history = {jobs[i].session for i in layout.history}
+    measured = [i for block in layout.blocks.values() for i in block]
+    assert layout.history == [0, 1, 2, 3] and history == {"s0", "s1"}
+    assert min(layout.warm + measured) > max(layout.history)  # after the history, in order
+    assert not history & {jobs[i].session for i in layout.warm + measured}  # the history's sessions left out
+    assert sorted(layout.blocks) == [(1, 0), (1, 1), (4, 0), (4, 1)] and len(measured) == len(set(measured)) == 12
+    assert not layout.reused
+
+
+def test_a_level_the_source_cannot_fill_reuses_earlier_calls_and_says_so():
+    from agentaccel.bench.vllm.plan import Layout, Sizes
+
+    sizes = Sizes(history=0, warm=1, per_level={1: 4, 4: 8, 16: 32}, reps=1)
+    short = Layout.of(_jobs(list(range(12))), sizes)  # the bundled SQL questions: 12
+    assert short.blocks[(1, 0)] == [1, 2, 3, 4] and len(short.blocks[(4, 0)]) == 8 and len(short.blocks[(16, 0)]) == 32
     assert short.reused == {4: 1, 16: 32}  # every level runs all its jobs; none is reported empty
-    notes = short.notes("sql", 12)
+    notes = short.notes("sql", 12, sizes)
     assert len(notes) == 2 and "16 in flight: 32 of its 32 jobs ran before" in notes[1]
+    few = Layout.of(_jobs(list(range(3))), Sizes(history=8)).notes("sql", 3, Sizes(history=8))
+    assert any("history of 2 jobs, not 8" in n for n in few), few

@@ -83,3 +83,14 @@ class Backend(ABC):
         under (`step_seconds` by tokens computed, `timed_steps` it was learned from); empty for a
         backend without one."""
         return {}
+
+
+def seeded_counters(seeded: dict[str, dict]) -> list[tuple[str, str, str, dict[str, float]]]:
+    """`Backend.counters` of what a backend's stage trees held at start, by stage (`documents`,
+    `tokens`): whether seeding reached the stages the requests use shows in /metrics."""
+    if not seeded:
+        return []
+    return [("agentaccel_seeded_outputs", "Outputs the stage's trees held at start (seeded from the trace store, or "
+             "adopted from a snapshot)", "stage", {stage: float(s.get("documents", 0)) for stage, s in seeded.items()}),
+            ("agentaccel_seeded_tokens", "Tokens of those outputs", "stage",
+             {stage: float(s.get("tokens", 0)) for stage, s in seeded.items()})]

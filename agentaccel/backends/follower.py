@@ -6,13 +6,18 @@ time, and a store that cannot be read is logged and tried again, never raised.""
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from agentaccel.backends import snapshots
 from agentaccel.backends.seeding import SeedReport, seed_from_store
@@ -24,6 +29,7 @@ from agentaccel.traces.tail import CallTail
 log = logging.getLogger("agentaccel.follower")
 
 WAIT_SECONDS = 0.5  # longest sleep between polls (PostgreSQL wakes the tail sooner, at each commit)
+LAG_WINDOW = 2048  # outputs the lag percentiles are taken over
 RETRY_SECONDS = 5.0  # after a failed read
 
 
@@ -35,6 +41,10 @@ class FollowStats:
     errors: int = 0  # polls that failed
     cursor: int = 0  # the newest call id read
     lag_seconds: float = 0.0  # from the newest call's recording to its arrival in the trees
+    # the same over the last LAG_WINDOW outputs of other servers, per output: from the end of its
+    # answer (the proxy stamps the call then) to this server's trees
+    lag_p50: float = 0.0
+    lag_p99: float = 0.0
 
 
 class StoreFollower:
@@ -43,6 +53,10 @@ class StoreFollower:
         self.engine, self.db, self.tokenizer, self.wait_seconds = engine, db, tokenizer, wait_seconds
         self.store_name = str(locate(db))
         self.stats = FollowStats()
+        self._lags: collections.deque[float] = collections.deque(maxlen=LAG_WINDOW)
+        # AGENTACCEL_FOLLOW_LOG: every other server's output as it joins the trees, with its times
+        log = os.environ.get("AGENTACCEL_FOLLOW_LOG")
+        self._log = open(log, "a", buffering=1) if log else None  # noqa: SIM115 - open while following
         self.keeper: snapshots.SnapshotKeeper | None = None  # saves the trees now and then, when set
         self._after = after
         self._tail: CallTail | None = None
@@ -78,7 +92,9 @@ class StoreFollower:
             return self._step()
 
     def _step(self) -> int:
+        read_at = time.time()
         calls = self._tail.poll()
+        learned = False
         for call in calls:
             if not len(call.tokens):
                 self.stats.empty += 1
@@ -86,11 +102,21 @@ class StoreFollower:
                 self.stats.own += 1
             else:
                 self.stats.learned += 1
+                if call.created_at:
+                    added_at = time.time()
+                    self._lags.append(max(0.0, added_at - call.created_at))
+                    learned = True
+                    if self._log is not None:  # where the time went, per output (scripts/bench_fleet_lag.py)
+                        self._log.write(json.dumps({"id": call.id, "answered": call.created_at,
+                                                    "stored": call.stored_at, "read": read_at,
+                                                    "added": added_at}) + "\n")
         if calls:
             self.stats.cursor = self._tail.cursor
             newest = max((c.created_at for c in calls if c.created_at), default=None)
             if newest is not None:
                 self.stats.lag_seconds = max(0.0, time.time() - newest)
+        if learned:
+            self.stats.lag_p50, self.stats.lag_p99 = (float(q) for q in np.percentile(self._lags, (50, 99)))
         return len(calls)
 
     def _run(self) -> None:
@@ -128,6 +154,8 @@ class StoreFollower:
             self._thread.join(10)
         if self._tail is not None:
             self._tail.close()
+        if self._log is not None:
+            self._log.close()
 
 
 def seed_then_follow(engine: SuffixEngine, db: str | Location, tokenizer, *, follow: bool = True,

@@ -32,8 +32,9 @@ Methods:
 
 from __future__ import annotations
 
+import itertools
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -263,23 +264,85 @@ class _Request:
     rid: str
     call: ReplayCall
     prompt: np.ndarray
-    prefill: int  # prompt tokens its first step computes
+    prefill: int  # prompt tokens its prefill computes (what the prefix cache does not hold)
     pos: int = 0  # output tokens produced
-    started: bool = False
+    prefilled: int = 0  # of `prefill`, computed so far (chunked prefill)
+
+    @property
+    def started(self) -> bool:
+        """Its prefill is done: it decodes (verifies a draft) in every step from now on."""
+        return self.prefilled >= self.prefill
 
 
 @dataclass
 class _Stream:
     calls: deque = field(default_factory=deque)
-    previous: np.ndarray | None = None  # the previous call's prompt + output (the prefix cache)
     request: _Request | None = None
+    ready_at: float = 0.0  # when it sends its next call (the client's time between its calls)
+
+
+class PrefixCache:
+    """vLLM's automatic prefix caching: full blocks of `block` tokens, each known by a hash of its
+    tokens and of every block before it, kept while the KV cache has room (least recently used
+    first out). A prompt's cached part is its leading blocks the cache holds, from any earlier
+    request of any stream."""
+
+    def __init__(self, block: int, capacity_blocks: int) -> None:
+        self.block, self.capacity = max(block, 1), max(capacity_blocks, 1)
+        self._blocks: OrderedDict[int, None] = OrderedDict()
+
+    def _hashes(self, tokens: np.ndarray) -> list[int]:
+        out, h = [], 0
+        for start in range(0, len(tokens) - self.block + 1, self.block):
+            h = hash((h, tokens[start:start + self.block].tobytes()))
+            out.append(h)
+        return out
+
+    def cached(self, tokens: np.ndarray) -> int:
+        n = 0
+        for h in self._hashes(tokens):
+            if h not in self._blocks:
+                break
+            self._blocks.move_to_end(h)
+            n += self.block
+        return n
+
+    def add(self, tokens: np.ndarray) -> None:
+        for h in self._hashes(tokens):
+            self._blocks[h] = None
+            self._blocks.move_to_end(h)
+        while len(self._blocks) > self.capacity:
+            self._blocks.popitem(last=False)
+
+
+_SERIAL = itertools.count(1)  # request ids, unique across runs (a caller may replay several on one method)
+
+
+def server_cache(server) -> PrefixCache:
+    """An empty prefix cache of the server's block size, as large as its KV cache."""
+    block = int(getattr(server, "block_size", 16))
+    return PrefixCache(block, server.kv_capacity // block)
 
 
 def simulate(sessions: Sequence[Sequence[ReplayCall]], method: Method, server: Roofline, streams: int, *,
              max_context: int = 16384, noise: float = 0.03, seed: int = 0, proposer_time: bool = False,
-             progress: Callable[[int], None] | None = None) -> Result:
-    """Replays `sessions` as `streams` concurrent streams through the simulated server."""
+             cache: PrefixCache | None = None, progress: Callable[[int], None] | None = None) -> Result:
+    """Replays `sessions` as `streams` concurrent streams through the simulated server.
+
+    As vLLM's scheduler runs a step: the decoding requests first (each its token and its draft),
+    then prefills in the order they came, chunked to what is left of the step's token budget
+    (`server.max_batched_tokens`); a request whose last chunk is in the step gives its first token.
+    A prompt's cached blocks (`cache`: the server's prefix cache, kept across calls by the caller
+    when several runs share a server) are not computed. A stream sends its next call
+    `server.gap` seconds after its last one ended (the client's own time); the server idles when
+    nothing is in flight. `Result.seconds` is the wall time: steps, idle time and, with
+    `proposer_time`, the drafting measured here."""
     rng = np.random.default_rng(seed)
+    budget = int(getattr(server, "max_batched_tokens", 0) or 1 << 62)
+    gap = float(getattr(server, "gap", 0.0))
+    prefill_attention = bool(getattr(server, "prefill_attention", True))  # a profile fitted without it prices it in
+    if cache is None:
+        cache = server_cache(server)
     queue = deque(sessions)
     longest = max((len(c.output) for s in sessions for c in s), default=1)
     stride = max_context + longest + 2
@@ -289,14 +352,14 @@ def simulate(sessions: Sequence[Sequence[ReplayCall]], method: Method, server: R
     lanes = [_Stream() for _ in range(streams)]
     drafts: list[list[int]] = [[] for _ in range(streams)]
     result = Result(method.name, streams)
-    serial = 0
     held = 0  # KV tokens the calls in flight will hold at their end
+    arrival: list[int] = []  # lanes in the order their requests came (prefills are scheduled in it)
     while True:
         for i, lane in enumerate(lanes):  # idle streams take their next call, or a new session
-            if lane.request is not None:
+            if lane.request is not None or lane.ready_at > result.seconds:
                 continue
             if not lane.calls and queue:
-                lane.calls, lane.previous = deque(queue.popleft()), None
+                lane.calls = deque(queue.popleft())
             if not lane.calls:
                 rids[i] = None
                 continue
@@ -306,50 +369,63 @@ def simulate(sessions: Sequence[Sequence[ReplayCall]], method: Method, server: R
             held += need
             call = lane.calls.popleft()
             prompt = call.prompt[-max_context:]
-            cached = _common_prefix(prompt, lane.previous) if lane.previous is not None else 0
-            serial += 1
-            lane.request = _Request(f"r{serial}", call, prompt, max(len(prompt) - cached, 1))
+            cached = min(cache.cached(prompt), len(prompt) - 1)  # the last prompt token is always computed
+            lane.request = _Request(f"r{next(_SERIAL)}", call, prompt, len(prompt) - cached)
             rows[i, : len(prompt)] = prompt
             num_tokens[i] = len(prompt)
             rids[i] = lane.request.rid
             drafts[i] = []
+            arrival.append(i)
             method.admit(lane.request.rid, call.stage, len(prompt) + len(call.output))
         active = [i for i in range(streams) if lanes[i].request is not None]
         if not active:
-            break
-        # one step of the server: prefills give their first token, the others verify their drafts
+            waiting = [lane.ready_at for lane in lanes if lane.calls or queue]
+            if not waiting:
+                # as a server's next step would: the drafter sees the last requests gone (their
+                # outputs join the trees before whatever the caller replays next on this method)
+                method.propose([None] * streams, rows, num_tokens, [[] for _ in range(streams)], stride)
+                break
+            result.seconds = max(result.seconds, min(waiting))  # the server idles until a client sends
+            continue
+        # one step of the server: decoding requests verify their drafts, then prefill chunks
         tokens = decode_tokens = context = attention = 0.0
         sampled: list[list[int]] = [[] for _ in range(streams)]
-        accepted_now = [0] * streams
         if method.oracle:
             drafts = _oracle_cut(drafts, lanes, num_tokens, server)
-        for i in active:
+        decoding = [i for i in active if lanes[i].request.started]
+        for i in decoding:
             r = lanes[i].request
             out = r.call.output
             ctx = float(num_tokens[i])
+            d = drafts[i]
+            acc = accepted_length(d, range(-1, len(d) - 1), out[r.pos:]) if d else 0
+            take = out[r.pos : r.pos + acc + 1]
             context += ctx
-            if not r.started:
-                r.started = True
-                tokens += r.prefill
-                attention += r.prefill * (ctx - r.prefill / 2)
-                take = out[:1]
-            else:
-                d = drafts[i]
-                acc = accepted_length(d, range(-1, len(d) - 1), out[r.pos:]) if d else 0
-                take = out[r.pos : r.pos + acc + 1]
-                tokens += 1 + len(d)
-                decode_tokens += 1 + len(d)
-                attention += (1 + len(d)) * ctx
-                result.request_steps += 1
-                result.drafted += len(d)
-                result.accepted += min(acc, len(take) - 1)
-                accepted_now[i] = acc
-            n = int(num_tokens[i])
-            rows[i, n : n + len(take)] = take
-            num_tokens[i] = n + len(take)
-            r.pos += len(take)
-            sampled[i] = [int(t) for t in take]
+            tokens += 1 + len(d)
+            decode_tokens += 1 + len(d)
+            attention += (1 + len(d)) * ctx
+            result.request_steps += 1
+            result.drafted += len(d)
+            result.accepted += min(acc, len(take) - 1)
+            _advance(rows, num_tokens, sampled, i, r, take)
             result.tokens += len(take)
+        left = budget - tokens
+        for i in [i for i in arrival if not lanes[i].request.started]:
+            if left <= 0:
+                break
+            r = lanes[i].request
+            chunk = int(min(r.prefill - r.prefilled, left))
+            done_before = len(r.prompt) - r.prefill + r.prefilled  # tokens it attends over besides the chunk
+            r.prefilled += chunk
+            left -= chunk
+            tokens += chunk
+            context += done_before
+            if prefill_attention:
+                attention += chunk * (done_before + chunk / 2)
+            if r.started:  # its last chunk: it gives its first token
+                cache.add(r.prompt)
+                _advance(rows, num_tokens, sampled, i, r, r.call.output[:1])
+                result.tokens += 1
         seconds = float(server.seconds(tokens, context, attention)) * float(rng.lognormal(0.0, noise))
         if method.overlapped:
             seconds = max(seconds - server.overhead, server.overhead)
@@ -361,19 +437,30 @@ def simulate(sessions: Sequence[Sequence[ReplayCall]], method: Method, server: R
         result.seconds += seconds + (spent if proposer_time else 0.0)
         result.steps += 1
         result.in_flight += len(active)
-        for i in active:  # finished calls leave; the next step of their stream starts the next call
+        for i in active:  # finished calls leave; their stream sends its next call `gap` later
             lane = lanes[i]
             r = lane.request
-            if r.pos >= len(r.call.output):
+            if r.started and r.pos >= len(r.call.output):
                 held -= len(r.prompt) + len(r.call.output)
-                lane.previous = np.concatenate([r.prompt, r.call.output])
+                cache.add(np.concatenate([r.prompt, r.call.output]))
                 lane.request = None
+                lane.ready_at = result.seconds + gap
+                arrival.remove(i)
                 rids[i] = None
                 drafts[i] = []
                 result.calls += 1
                 if progress:
                     progress(1)
     return result
+
+
+def _advance(rows, num_tokens, sampled, i: int, r: _Request, take) -> None:
+    """The request's new tokens: into its row, and what the drafter is told it sampled."""
+    n = int(num_tokens[i])
+    rows[i, n : n + len(take)] = take
+    num_tokens[i] = n + len(take)
+    r.pos += len(take)
+    sampled[i] = [int(t) for t in take]
 
 
 def _oracle_cut(drafts, lanes, num_tokens, server: Roofline) -> list[list[int]]:
@@ -389,10 +476,11 @@ def _oracle_cut(drafts, lanes, num_tokens, server: Roofline) -> list[list[int]]:
             accepted.append(0)
             continue
         context += ctx
-        if not r.started:  # its prefill is in this step, whatever the drafts
+        if not r.started:  # its prefill (the next chunk of it) is in this step, whatever the drafts
             accepted.append(0)
-            prefill += r.prefill
-            prefill_attention += r.prefill * (ctx - r.prefill / 2)
+            chunk = r.prefill - r.prefilled
+            prefill += chunk
+            prefill_attention += chunk * (ctx - chunk / 2)
             continue
         decoding += 1
         decode_attention += ctx

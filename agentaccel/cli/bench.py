@@ -94,9 +94,17 @@ def bench_replay(
     = 32,
     step_ms: Annotated[float, typer.Option(help="--replicas: simulated time of one verification step, ms.",
                                            min=0.01)] = 20.0,
+    vllm_run: Annotated[Path | None, typer.Option(help="Instead: the calls a `bench vllm --logs DIR` run sent, "
+                                                       "replayed through the simulated server on a profile "
+                                                       "learned from that server's own steps: predicted beside "
+                                                       "measured (default: off).")] = None,
 ) -> None:
     """Replay calls from the trace store with a simulated verifier and compare speculators."""
     from agentaccel.bench.replay_cli import run_concurrency, run_policies, run_replay, run_replicas
+
+    if vllm_run is not None:
+        _replay_vllm_run(vllm_run, tokenizer, json_out)
+        return
 
     store, tok = open_store(db, must_exist=True), open_tokenizer(tokenizer)
     if replicas is not None:
@@ -118,6 +126,22 @@ def bench_replay(
     run_replay(console, err, store, tok, stages=stage, model=model, source=source, sessions=sessions, limit=limit,
                warm=warm, speculators=speculators, costs=cost or ["gpu", "cpu-smollm2"],
                sweep=sweep or [], sweep_base=sweep_base, scaling=scaling, json_out=json_out, plot=plot)
+
+
+def _replay_vllm_run(folder: Path, tokenizer: str | None, json_out: Path | None) -> None:
+    from agentaccel.bench.vllm import simulate as sim
+    from agentaccel.bench.vllm.runner import MEASUREMENT, Measurement
+
+    if not (folder / MEASUREMENT).is_file():
+        raise fail(f"{folder}: no {MEASUREMENT} (a `agentaccel bench vllm --logs {folder}` run writes one)")
+    methods = list(dict.fromkeys(b.method for b in Measurement.load(folder).blocks))
+    if "agentaccel" not in methods:
+        raise fail(f"{folder}: the run has no agentaccel server, whose steps the profile is learned from")
+    with console.status("simulating") as status:
+        checked = sim.check(folder, methods, open_tokenizer(tokenizer), status.update)
+    _simulator_report(checked)
+    if json_out:
+        json_out.write_text(json.dumps(checked, indent=2))
 
 
 @bench_app.command("engine")
@@ -334,16 +358,29 @@ def bench_vllm(
     methods: Annotated[str, typer.Option(help="Comma-separated, from none, ngram, ngram-tuned, suffix (vLLM's own, "
                                               "ArcticInference), agentaccel, agentaccel-request (each request "
                                               "sizing its own draft, as before the step budget).")]
-    = "none,ngram,ngram-tuned,suffix,agentaccel",
+    = "none,suffix,agentaccel",
     workloads: Annotated[str, typer.Option(help="Comma-separated, from sql, agent, chat.")] = "sql,agent,chat",
     concurrency: Annotated[str, typer.Option(help="Requests in flight, comma-separated; each level runs its own "
-                                                  "fresh calls.")] = "1,4,8,16",
-    calls: Annotated[str, typer.Option(help="Jobs per concurrency level, comma-separated like --concurrency "
-                                            "(sql: questions of 5 calls), or auto: max(4, 2 x level).")] = "auto",
+                                                  "fresh calls.")] = "1,8,16",
+    calls: Annotated[str, typer.Option(help="Jobs per block at each level, comma-separated like --concurrency "
+                                            "(sql: questions of 5 calls), or auto: max(2, level).")] = "auto",
+    reps: Annotated[int, typer.Option(help="Blocks per level; every method runs every block, in turns, and each "
+                                           "ratio is the median of its blocks'.", min=1)] = 3,
     warm: Annotated[int, typer.Option(help="Warm-up jobs per workload (not measured, the same for every method; "
-                                           "the suffix methods learn from them).")] = 1,
+                                           "the suffix methods learn from them).", min=0)] = 1,
+    history: Annotated[int, typer.Option(help="Jobs of earlier sessions per workload in the trace store "
+                                              "agentaccel's servers start from (answered once by plain decoding, "
+                                              "kept for later runs); 0: no history, every method starts empty.",
+                                         min=0)] = 48,
+    restart: Annotated[bool, typer.Option(help="Restart every server half way through each level, as a rolling "
+                                               "deploy does (agentaccel comes back from its snapshot and store, "
+                                               "vLLM's methods from nothing); the blocks after it are reported "
+                                               "apart.")] = False,
+    quick: Annotated[bool, typer.Option(help="A quick look: the agent workload at 1 and 8 in flight, two blocks "
+                                             "each, 16 jobs of history, outputs up to 96 tokens (options given "
+                                             "explicitly still win).")] = False,
     max_tokens: Annotated[int, typer.Option(help="Most output tokens per call (agent calls: the recorded "
-                                                 "reply's length, up to this).")] = 32,
+                                                 "reply's length, up to this).", min=1)] = 256,
     keep_prompt: Annotated[int, typer.Option(help="Prompts are truncated from the left to this many tokens.")]
     = 768,
     model: Annotated[str | None, typer.Option(help="Model vLLM serves (default: the bundled SmolLM2-135M "
@@ -359,25 +396,39 @@ def bench_vllm(
                                                              "log (AGENTACCEL_STEP_LOG) in this folder (default: a "
                                                              "temporary one, kept only if something failed).")]
     = None,
+    simulate: Annotated[bool, typer.Option(help="Afterwards, replay the same calls through the simulated server "
+                                                "of `bench replay --concurrency`, on a profile learned from "
+                                                "agentaccel's server's own steps, and show predicted beside "
+                                                "measured.")] = True,
 ) -> None:
-    """The same calls through vLLM once per speculation method (plain, ngram, vLLM's suffix, agentaccel), side by
-    side. Arguments after `--` go to every `vllm serve` (default on CPU: --dtype float32 --enforce-eager
+    """The same calls through vLLM per speculation method (plain, ngram, vLLM's suffix, agentaccel), the servers
+    alive together and the methods taking turns, agentaccel starting from a trace store of earlier sessions.
+    Arguments after `--` go to every `vllm serve` (default on CPU: --dtype float32 --enforce-eager
     --max-model-len 4096)."""
-    from agentaccel.bench import vllm_bench
+    from agentaccel.bench.vllm import plan as vplan
+    from agentaccel.bench.vllm.servers import METHODS
+    from agentaccel.bench.vllm.sources import WORKLOADS, workload_jobs
 
+    given = {p.name for p in ctx.command.params if ctx.get_parameter_source(p.name).name != "DEFAULT"}
+    if quick:  # a preset: what was not given explicitly
+        workloads = workloads if "workloads" in given else "agent"
+        concurrency = concurrency if "concurrency" in given else "1,8"
+        reps = reps if "reps" in given else 2
+        history = history if "history" in given else 16
+        max_tokens = max_tokens if "max_tokens" in given else 96
     chosen_methods = [m.strip() for m in methods.split(",") if m.strip()]
     chosen_workloads = [w.strip() for w in workloads.split(",") if w.strip()]
-    for given, known, option in ((chosen_methods, vllm_bench.METHODS, "--methods"),
-                                 (chosen_workloads, vllm_bench.WORKLOADS, "--workloads")):
-        unknown = [x for x in given if x not in known]
-        if unknown or not given:
+    for chosen, known, option in ((chosen_methods, METHODS, "--methods"), (chosen_workloads, WORKLOADS, "--workloads")):
+        unknown = [x for x in chosen if x not in known]
+        if unknown or not chosen:
             raise fail(f"{option}: unknown or none given ({', '.join(unknown) or '-'}); "
                        f"choose from {', '.join(known)}")
     levels = _int_list(concurrency, "--concurrency")
-    per_level = ([vllm_bench.auto_calls(n) for n in levels] if calls.strip() == "auto"
-                 else _int_list(calls, "--calls"))
+    per_level = ([vplan.auto_jobs(n) for n in levels] if calls.strip() == "auto" else _int_list(calls, "--calls"))
     if len(per_level) != len(levels):
         raise fail(f"--calls needs one count per --concurrency level ({len(levels)}), got {calls!r}")
+    if restart and reps < 2:
+        raise fail("--restart restarts the servers half way through each level's blocks: it needs --reps 2 or more")
     try:
         import vllm  # noqa: F401
     except ImportError:
@@ -387,6 +438,7 @@ def bench_vllm(
     for w in chosen_workloads:
         if problem := sources.missing(w):
             raise fail(f"workload {w}: {problem}; choose others with --workloads")
+    from agentaccel.assets import cache_dir
     from agentaccel.backends.local.model import default_model_folder
 
     model_path = model or str(default_model_folder())
@@ -397,17 +449,20 @@ def bench_vllm(
         logs.mkdir(parents=True, exist_ok=True)
     else:
         logs = Path(tempfile.mkdtemp(prefix="agentaccel-bench-vllm-"))
-    plan = vllm_bench.Plan(model_path, sources, chosen_methods, chosen_workloads, levels,
-                           vllm_bench.Sizes(warm, dict(zip(levels, per_level, strict=True))), max_tokens,
-                           keep_prompt, vllm_args, logs)
+    sizes = vplan.Sizes(history, warm, dict(zip(levels, per_level, strict=True)), reps)
+    plan = vplan.Plan(model_path, sources, chosen_methods, chosen_workloads, levels, sizes, max_tokens, keep_prompt,
+                      vllm_args, logs, restart=restart, cache=cache_dir() / "bench-vllm")
+    if simulate and "agentaccel" not in chosen_methods:
+        err.print("[yellow]note: no simulator check: it learns the server's profile from agentaccel's steps[/]")
+        simulate = False
     notes = [f"agent calls: {sources.describe('agent')} (no trace store with calls, and no published traces)"] \
         if "agent" in chosen_workloads and sources.bundled_agent else []
-    for w in chosen_workloads:  # where a source has too few calls for every level, say so before the run
-        available = len(vllm_bench.workload_jobs(w, sources, plan.sizes.warm + sum(per_level), tok, max_tokens))
-        notes += vllm_bench.Assignment.of(available, plan.sizes).notes(w, available)
+    for w in chosen_workloads:  # where a source has too few jobs for the plan, say so before the run
+        jobs = workload_jobs(w, sources, sizes.history + sizes.warm + sizes.measured + 64, tok, max_tokens)
+        notes += vplan.Layout.of(jobs, sizes).notes(w, len(jobs), sizes)
     for note in notes:
         err.print(f"[yellow]note: {note}[/]")
-    result = _run_vllm_bench(plan, tok)
+    result = _run_vllm_bench(plan, tok, simulate)
     troubled = bool(result["notes"])  # a method failed or was skipped: its server's log says why
     result["notes"] = notes + result["notes"]
     if troubled or keep_logs:
@@ -420,8 +475,9 @@ def bench_vllm(
 def _vllm_sources(traces: Path | None, db: Path | None):
     """The published traces when there are some (--traces, or the default folder), else the bundled
     prompts; agent calls from --db, else the traces' SWE-agent runs, else the user's trace store."""
-    from agentaccel.bench import vllm_bench
     from agentaccel.bench.corpus import TracesMissing, default_traces_dir
+    from agentaccel.bench.e2e import SWE_TRAJECTORIES
+    from agentaccel.bench.vllm.sources import Sources
 
     if traces is not None and not traces.is_dir():
         raise fail(f"--traces {traces}: no such folder")
@@ -429,8 +485,8 @@ def _vllm_sources(traces: Path | None, db: Path | None):
         folder = traces or default_traces_dir()
     except TracesMissing:
         folder = None
-    sources = vllm_bench.Sources(folder, store_location(db) if db else None)
-    if db is None and not sources.has(vllm_bench.SWE_TRAJECTORIES):
+    sources = Sources(folder, store_location(db) if db else None)
+    if db is None and not sources.has(SWE_TRAJECTORIES):
         from agentaccel.traces.store import default_db_path
 
         sources.db = default_db_path()
@@ -439,64 +495,73 @@ def _vllm_sources(traces: Path | None, db: Path | None):
     return sources
 
 
-def _run_vllm_bench(plan, tok) -> dict:
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+def _run_vllm_bench(plan, tok, simulate: bool) -> dict:
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from agentaccel.bench import vllm_bench
+    from agentaccel.bench.vllm import report, runner
+    from agentaccel.bench.vllm.servers import METHODS, arctic_inference_path
 
     notes = []
     arctic = None
     if "suffix" in plan.methods:
-        arctic, why = vllm_bench.arctic_inference_path(Path.home() / ".cache" / "agentaccel", err.print)
+        arctic, why = arctic_inference_path(Path.home() / ".cache" / "agentaccel", err.print)
         if arctic is None:
             notes.append(f"vLLM's suffix method skipped: {why}")
             err.print(f"[yellow]{notes[-1]}[/]")
-    methods = [m for m in plan.methods if m != "suffix" or arctic is not None]
-    results = {}
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} methods"),
-                  TimeElapsedColumn(), console=err) as progress:
-        task = progress.add_task("vLLM", total=len(methods))
-        for method in methods:
-            try:
-                results[method] = vllm_bench.run_method(plan, method, tok, arctic,
-                                                        lambda msg: progress.update(task, description=msg))
-            except RuntimeError as e:
-                log = plan.log_dir / f"vllm-{method}.log"
-                tail = log.read_text(errors="replace").splitlines()[-15:] if log.exists() else []
-                notes.append(f"{method} failed: {e}")
-                err.print(f"[red]{method} failed: {e}[/]\n" + "\n".join(tail))
-            progress.advance(task)
-    summary = vllm_bench.summarize(results, plan)
+            plan.methods = [m for m in plan.methods if m != "suffix"]
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err) as progress:
+        task = progress.add_task("vLLM", total=None)
+        measured = runner.run(plan, tok, arctic, lambda msg: progress.update(task, description=msg))
+        checked = None
+        if simulate:
+            from agentaccel.bench.vllm import simulate as sim
+
+            checked = sim.check(plan.log_dir, plan.methods, tok, lambda msg: progress.update(task, description=msg))
+    summary = report.summarize(measured, plan.methods, plan.log_dir)
+    summary["simulator"] = checked
     summary["notes"] = notes
     summary["setup"] = {"sources": {w: plan.sources.describe(w) for w in plan.workloads},
                         "model": plan.model, "vllm_args": plan.vllm_args, "max_tokens": plan.max_tokens,
-                        "keep_prompt": plan.keep_prompt, "warm": plan.sizes.warm,
-                        "jobs_per_level": plan.sizes.per_level, "methods": {m: vllm_bench.METHODS[m] for m in methods}}
+                        "keep_prompt": plan.keep_prompt, "warm": plan.sizes.warm, "reps": plan.sizes.reps,
+                        "history_jobs": plan.sizes.history, "restart": plan.restart,
+                        "jobs_per_block": plan.sizes.per_level, "methods": {m: METHODS[m] for m in plan.methods}}
     return summary
 
 
 def _vllm_report(result: dict, json_out: Path | None, plot: Path | None) -> None:
-    table = Table(title="vLLM, one server per method (tok/s: whole calls; decode: after the first token)")
-    for col in ("workload", "conc", "stage", "method", "calls", "tokens", "tok/s", "decode tok/s", "accept", "MAL",
-                "draft/step", "differing"):
-        table.add_column(col, justify="left" if col in ("workload", "stage", "method") else "right")
-    for r in sorted(result["rows"], key=lambda r: (r["workload"], r["concurrency"], r["stage"] != "(all)", r["stage"])):
-        table.add_row(r["workload"], str(r["concurrency"]), r["stage"], r["method"], str(r["calls"]),
-                      f"{r['tokens']:,}", f"{r['tokens_per_s']:.1f}", f"{r['decode_tokens_per_s']:.1f}",
+    table = Table(title="vLLM, the methods taking turns (tok/s: whole calls over the blocks' wall time; median and "
+                        "range over blocks; decode: after the first token)")
+    for col in ("workload", "conc", "phase", "stage", "method", "calls", "tokens", "tok/s", "blocks (median, range)",
+                "decode tok/s", "accept", "MAL", "draft/step", "differing"):
+        table.add_column(col, justify="left" if col in ("workload", "stage", "method", "phase") else "right")
+    for r in sorted(result["rows"], key=lambda r: (r["workload"], r["concurrency"], r["phase"], r["stage"] != "(all)",
+                                                   r["stage"], r["method"])):
+        blocks = r["tokens_per_s_blocks"]
+        spread = (f"{r['tokens_per_s_median']:.1f} ({min(blocks):.1f}-{max(blocks):.1f})" if blocks else "")
+        table.add_row(r["workload"], str(r["concurrency"]), r["phase"] or "", r["stage"], r["method"], str(r["calls"]),
+                      f"{r['tokens']:,}", f"{r['tokens_per_s']:.1f}", spread, f"{r['decode_tokens_per_s']:.1f}",
                       f"{r['acceptance']:.1%}", f"{r['mean_accepted_length']:.2f}", f"{r['draft_tokens_per_step']:.1f}",
                       "-" if r["differing_outputs"] is None else str(r["differing_outputs"]))
     console.print(table)
-    for key, ratio in result["agentaccel_speedups"].items():
-        console.print(f"agentaccel tokens/s, {key}: {ratio:.2f}x")
+    for key, s in result["ratios"].items():
+        console.print(f"tokens/s, {key}: {s['median']:.3f}x (blocks {s['min']:.3f}-{s['max']:.3f}, {s['blocks']})")
+    for method, had in result["history"].items():
+        console.print(f"history of {method}: " + (
+            f"{sum(had['calls_by_stage'].values()):,} calls of earlier sessions in its trace store "
+            f"({', '.join(f'{s} {n}' for s, n in sorted(had['calls_by_stage'].items())) or 'none'}), kept across "
+            "restarts" if had is not None else "none (starts empty at every start)"))
     for method, by_size in result.get("profile", {}).items():
         stages = by_size.get("stages") or {}
         console.print(f"{method}, timed steps by requests in the step: " + "; ".join(
             f"{size}: {p['steps']:,} steps, {p['step_ms']:.1f} ms + proposer {p['proposer_ms'] * 1000:.0f} µs, "
             f"{p['tokens']:.1f} tokens" for size, p in by_size.items() if size != "stages"))
         if stages:
-            console.print(f"{method}, accepted / expected draft tokens by stage (online factor): " + "; ".join(
-                f"{stage} {s['accepted_per_predicted']:.2f} (x{s['online_factor']:.2f})" for stage, s in stages.items()
-                if s["accepted_per_predicted"] is not None))
+            console.print(f"{method}, by stage: accepted / expected draft tokens (online factor), outputs seeded: "
+                          + "; ".join(f"{stage} {s['accepted_per_predicted']:.2f} (x{s['online_factor']:.2f}), "
+                                      f"{s['seeded_outputs']}" for stage, s in stages.items()
+                                      if s["accepted_per_predicted"] is not None))
+    if result.get("simulator"):
+        _simulator_report(result["simulator"])
     for note in result["notes"]:
         console.print(f"note: {note}")
     if json_out:
@@ -504,9 +569,28 @@ def _vllm_report(result: dict, json_out: Path | None, plot: Path | None) -> None
     if plot:
         from agentaccel.bench.plots import tokens_vs_concurrency
 
-        tokens_vs_concurrency([r for r in result["rows"] if r["stage"] == "(all)"], plot,
-                              "vLLM, one server per method: output tokens/s")
+        tokens_vs_concurrency([{**r, "workload": r["workload"] + (f" ({r['phase']})" if r["phase"] else "")}
+                               for r in result["rows"] if r["stage"] == "(all)"], plot,
+                              "vLLM, the methods taking turns: output tokens/s")
         console.print(f"plot: {plot}")
+
+
+def _simulator_report(checked: dict) -> None:
+    """The simulated server beside the real one: tokens/s per cell, and agentaccel's ratios."""
+    server = checked["server"]
+    table = Table(title=f"simulated vs measured ({server['name']}; KV {server['kv_capacity']:,} tokens, "
+                        f"{server['max_batched_tokens']:,} tokens a step, blocks of {server['block_size']}, "
+                        f"{server['client_gap_seconds'] * 1000:.0f} ms between a stream's calls)")
+    for col in ("workload", "conc", "phase", "method", "predicted tok/s", "measured tok/s", "error"):
+        table.add_column(col, justify="left" if col in ("workload", "phase", "method") else "right")
+    for r in checked["rows"]:
+        table.add_row(r["workload"], str(r["concurrency"]), r["phase"] or "", r["method"],
+                      f"{r['predicted_tokens_per_s']:.1f}", f"{r['measured_tokens_per_s']:.1f}",
+                      f"{r['error']:+.1%}" if r["error"] is not None else "")
+    console.print(table)
+    for r in checked["ratios"]:
+        console.print(f"{r['ratio']}, {r['workload']} at {r['concurrency']}{', ' + r['phase'] if r['phase'] else ''}: "
+                      f"predicted {r['predicted']:.3f}x, measured {r['measured']:.3f}x ({r['error']:+.1%})")
 
 
 @bench_app.command("proxy")

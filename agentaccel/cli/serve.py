@@ -302,11 +302,10 @@ def _local_backend(model, served_name, device, dtype, spec_config, budget, db, s
 
     engine = SuffixEngine(memory_budget_bytes=budget)
 
-    def on_ready(engine, tokenizer) -> None:
+    def on_ready(engine, tokenizer):
         if recorder is not None:
             recorder.set_tokenizer((tokenizer.fingerprint, tokenizer.encode_batch))
-        if seed or follow:
-            seed_engine(engine, db, tokenizer, seed, follow, snapshot)
+        return seed_engine(engine, db, tokenizer, seed, follow, snapshot) if seed or follow else None
 
     return LocalBackend(engine, model_path=model, device=device, dtype=dtype, served_name=served_name,
                         spec_config=spec_config, policy_db=db, online=online,
@@ -314,9 +313,9 @@ def _local_backend(model, served_name, device, dtype, spec_config, budget, db, s
                         cost_profile=cost_profile, prefix_cache_bytes=prefix_cache_bytes, say=_say)
 
 
-def seed_engine(engine, db, tokenizer, seed: bool, follow: bool, snapshot: Path | None = None) -> None:
+def seed_engine(engine, db, tokenizer, seed: bool, follow: bool, snapshot: Path | None = None):
     """Seeds the engine from the trace store, with a progress bar, then (`follow`) keeps adding the
-    calls any server records there while this one serves."""
+    calls any server records there while this one serves; returns the follower (None: not following)."""
     from rich.progress import Progress
 
     from agentaccel.backends.follower import StoreFollower, seed_then_follow
@@ -341,3 +340,4 @@ def seed_engine(engine, db, tokenizer, seed: bool, follow: bool, snapshot: Path 
     if follower is not None:
         atexit.register(follower.close)
         err.print(f"agentaccel: learning from every call recorded into {db} from now on")
+    return follower

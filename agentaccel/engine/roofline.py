@@ -74,6 +74,14 @@ class Roofline:
         return self.overhead + linear + attn
 
     @property
+    def max_batched_tokens(self) -> int:
+        """Tokens vLLM's scheduler puts in one step at most (its default for an API server: 8192 on
+        H100/H200-class memory, 2048 on smaller GPUs); prefills beyond it are chunked."""
+        return 8192 if self.gpu.memory / self.gpu.gpus >= 70e9 and self.gpu.name != "a100" else 2048
+
+    block_size = 16  # tokens per KV block: what vLLM's prefix cache matches in
+
+    @property
     def kv_capacity(self) -> int:
         """Tokens of KV cache the server holds: 90 % of its memory less the weights (vLLM's
         --gpu-memory-utilization default), over the bytes one token's keys and values take."""

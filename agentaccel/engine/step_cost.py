@@ -162,13 +162,16 @@ class StepCostLearner:
     the server has run. Thread-safe: `observe` from one thread, `fit` from any."""
 
     def __init__(self, seed: StepCostModel, *, max_tokens: int = MAX_TOKENS, prior_steps: float = 2.0,
-                 half_life: float = 4096.0, smoothness: float = 1.0) -> None:
+                 half_life: float = 4096.0, smoothness: float = 1.0, outlier: float = OUTLIER) -> None:
+        """`outlier`: a step this many times off the recent ones (against the model) weighs
+        1/`outlier` as much, and so on (inf: every step counts fully, as an offline fit of a whole
+        log wants: its prefills are far off its decoding steps, and real)."""
         if prior_steps <= 0 or half_life <= 0:
             raise ValueError("need prior_steps > 0 and half_life > 0")
         self.seed = seed
         self.max_tokens = max_tokens
         self.knots = _knots(max_tokens)
-        self.prior_steps, self.smoothness = prior_steps, smoothness
+        self.prior_steps, self.smoothness, self.outlier = prior_steps, smoothness, outlier
         # How much the fit's departure from the seed bends at each inner knot, in T (the change of
         # its slope, times the knots' spacing): penalised, so that beyond the measured steps the
         # departure goes on along the last measured slope (a measured cost per token, extended).
@@ -225,7 +228,7 @@ class StepCostLearner:
             trust = np.ones(n)
             for i, off in enumerate(np.log(seconds / expected)):
                 if self._weight > 0 or i > 0:
-                    trust[i] = min(1.0, OUTLIER / math.exp(abs(off - self._drift)))
+                    trust[i] = min(1.0, self.outlier / math.exp(abs(off - self._drift)))
                 self._drift += (off - self._drift) * DRIFT_RATE
             age = self.keep ** np.arange(n - 1, -1, -1)  # the newest weighs 1
             w = age * trust

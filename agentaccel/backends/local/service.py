@@ -14,9 +14,10 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
 from pathlib import Path
 
-from agentaccel.backends.base import CHAT, Backend, CallContext, SpecStats
+from agentaccel.backends.base import CHAT, Backend, CallContext, SpecStats, seeded_counters
 from agentaccel.backends.local.detokenize import TextDeltas
 from agentaccel.backends.local.generator import GenerationResult, LocalGenerator
 from agentaccel.backends.local.prefix_cache import DEFAULT_BUDGET_BYTES
@@ -66,6 +67,8 @@ class LocalBackend(Backend):
         self.say = say
         self.generator: LocalGenerator | None = None
         self.step_cost = None  # the step cost learned while serving (cost_profile "auto")
+        self.seeded: dict[str, dict] = {}  # per stage: documents and tokens the trees started with
+        self.follower = None  # the trace store follower on_ready started, if any
 
     async def start(self) -> None:
         from agentaccel.backends.local.model import load_model
@@ -89,8 +92,10 @@ class LocalBackend(Backend):
         self.generator = LocalGenerator(model, tok, self.engine, online=self.calibration,
                                         prefix_cache_bytes=self.prefix_cache_bytes)
         self.generator.step_cost = self.step_cost
-        if self.on_ready is not None:
-            await asyncio.to_thread(self.on_ready, self.engine, tok)
+        if self.on_ready is not None:  # it may return the store follower it started (shown in /health)
+            self.follower = await asyncio.to_thread(self.on_ready, self.engine, tok)
+        # what the trees hold before the first request, by stage (/metrics: agentaccel_seeded_*)
+        self.seeded = {stage: s for stage, s in self.engine.stats()["stages"].items() if s["documents"]}
 
     async def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
@@ -102,12 +107,18 @@ class LocalBackend(Backend):
         """Per stage: the policy in force and the online calibration (the proxy's /metrics)."""
         return policy_state(self.engine, self.calibration)
 
+    def counters(self) -> list[tuple[str, str, str, dict[str, float]]]:
+        return seeded_counters(self.seeded)
+
     async def models(self) -> list[str]:
         return [self.served_name]
 
     def health(self) -> dict:
-        return {"backend": self.name, "model": self.served_name, "loaded": self.generator is not None,
-                "engine": _engine_summary(self.engine) if self.generator else None}
+        out = {"backend": self.name, "model": self.served_name, "loaded": self.generator is not None,
+               "engine": _engine_summary(self.engine) if self.generator else None}
+        if self.follower is not None and hasattr(self.follower, "stats"):
+            out["follower"] = asdict(self.follower.stats)
+        return out
 
     # ------------------------------------------------------------------ requests
     def _prompt(self, endpoint: str, body: dict) -> list[int]:

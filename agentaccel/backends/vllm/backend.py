@@ -14,7 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from agentaccel.backends.base import CallContext
+from agentaccel.backends.base import CallContext, seeded_counters
 from agentaccel.backends.openai_compat import OpenAIBackend
 from agentaccel.backends.routing import SESSION_HEADER, data_parallel_size
 from agentaccel.backends.vllm import stats_files
@@ -136,7 +136,8 @@ class VLLMBackend(OpenAIBackend):
         return {"backend": self.name, "model": self.served_name, "state": self.supervisor.state,
                 "pid": p.pid if p else None, "restarts": self.supervisor.restarts,
                 # requests the plugin holds a tree for, and outputs waiting to join their stage trees
-                "draft_requests": drafter.get("requests"), "pending_outputs": drafter.get("pending_outputs")}
+                "draft_requests": drafter.get("requests"), "pending_outputs": drafter.get("pending_outputs"),
+                "follower": drafter.get("follower")}
 
     def _drafter_stats(self) -> dict:
         """What the plugin last wrote (every STATS_INTERVAL seconds), every data-parallel rank's
@@ -154,6 +155,7 @@ class VLLMBackend(OpenAIBackend):
 
         out = [("agentaccel_rank_accepted_tokens", "Draft tokens accepted, per data-parallel rank of the vLLM server",
                 "rank", per_rank(lambda d: sum((s.get("accepted") or 0) for s in (d.get("stages") or {}).values())))]
+        out += seeded_counters(stats_files.merged(ranks).get("seeded") or {})
         if any(d.get("follower") for d in ranks.values()):
             out.append(("agentaccel_followed_outputs", "Outputs other servers recorded into the shared trace store "
                         "that this rank's trees learned (its own coming back are not counted)", "rank",

@@ -19,6 +19,7 @@ log = logging.getLogger("agentaccel.vllm")
 def register() -> None:
     if os.environ.get("AGENTACCEL_VLLM_PLUGIN", "1") == "0":
         return
+    _show_our_log()
     import vllm
 
     from agentaccel.backends.vllm import SUPPORTED_VLLM
@@ -35,3 +36,16 @@ def register() -> None:
     runner = sys.modules.get("vllm.v1.worker.gpu_model_runner")
     if runner is not None:  # imported before the plugins ran: patch its own reference too
         runner.SuffixDecodingProposer = AgentaccelProposer
+
+
+def _show_our_log() -> None:
+    """vLLM configures its own loggers only: ours would print warnings alone (Python's last resort),
+    so what the proposer says at start (what it seeded, the step cost it starts from, a snapshot
+    adopted or refused) would not show in the server's log."""
+    ours = logging.getLogger("agentaccel")
+    if not ours.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s %(message)s", "%m-%d %H:%M:%S"))
+        ours.addHandler(handler)
+        ours.setLevel(logging.INFO)
+        ours.propagate = False

@@ -53,6 +53,7 @@ from agentaccel.engine.cost import load_profile
 from agentaccel.engine.online import OnlineCalibration
 from agentaccel.engine.policy import default_config
 from agentaccel.engine.step_cost import StepCostLearner, StepCostModel, linear
+from agentaccel.traces.database import locate
 
 log = logging.getLogger("agentaccel.vllm")
 
@@ -205,6 +206,7 @@ class AgentaccelProposer:
         policies.install(self.engine)
         # before the drafter is built on the engine: a snapshot replaces the engine's trees
         self.follower = None
+        self.seeded: dict[str, dict[str, int]] = {}  # per stage: documents and tokens the trees started with
         seed, follow = os.environ.get("AGENTACCEL_SEED") == "1", os.environ.get("AGENTACCEL_FOLLOW") == "1"
         if (seed or follow) and os.environ.get("AGENTACCEL_DB"):
             self._seed(vllm_config, seed, follow)
@@ -230,7 +232,7 @@ class AgentaccelProposer:
         if os.environ.get("AGENTACCEL_VLLM_STATS") or os.environ.get("AGENTACCEL_STEP_LOG") or self.learner is not None:
             path = os.environ.get("AGENTACCEL_VLLM_STATS")  # each data-parallel rank writes a file of its own
             path = stats_files.rank_path(Path(path), data_parallel_rank(vllm_config)) if path else None
-            StatsWriter(self.drafter, path, self.calibration, self.learner, self.follower).start()
+            StatsWriter(self.drafter, path, self.calibration, self.learner, self.follower, self.seeded).start()
 
     def _seed(self, vllm_config, seed: bool, follow: bool) -> None:
         from agentaccel.backends.follower import StoreFollower, seed_then_follow
@@ -244,11 +246,18 @@ class AgentaccelProposer:
         db = os.environ["AGENTACCEL_DB"]
         if seed:
             # every data-parallel rank learns the same calls: rank 0 alone keeps the snapshot
-            report, self.follower = seed_then_follow(self.engine, db, tokenizer, follow=follow,
-                                                     snapshot=os.environ.get("AGENTACCEL_SNAPSHOT") or None,
+            snapshot = os.environ.get("AGENTACCEL_SNAPSHOT") or None
+            report, self.follower = seed_then_follow(self.engine, db, tokenizer, follow=follow, snapshot=snapshot,
                                                      save_snapshot=data_parallel_rank(vllm_config) == 0)
-            log.info("agentaccel: seeded %d outputs (%d tokens, %d stages)", report.calls, report.tokens,
-                     report.stages)
+            # what the trees hold before the first request, by stage: shown in /metrics (agentaccel_seeded_*)
+            self.seeded = {stage: {"documents": s["documents"], "tokens": s["tokens"]}
+                           for stage, s in self.engine.stats()["stages"].items() if s["documents"]}
+            where = (f"the snapshot {snapshot} (calls up to {report.snapshot.cursor}), then the store"
+                     if report.snapshot is not None else "the trace store")
+            log.info("agentaccel: seeded %d outputs (%d tokens) in %d stages from %s %s: %s", sum(
+                s["documents"] for s in self.seeded.values()), sum(s["tokens"] for s in self.seeded.values()),
+                len(self.seeded), where, locate(db), ", ".join(
+                    f"{stage} {s['documents']}" for stage, s in sorted(self.seeded.items())[:12]) or "nothing")
         else:
             self.follower = StoreFollower(self.engine, db, tokenizer).start()
         if self.follower is not None:
@@ -271,10 +280,11 @@ class StatsWriter(threading.Thread):
     /health read it; no file write per step)."""
 
     def __init__(self, drafter: BatchDrafter, path: Path | None, calibration: OnlineCalibration | None = None,
-                 learner: StepCostLearner | None = None, follower=None, interval: float = STATS_INTERVAL) -> None:
+                 learner: StepCostLearner | None = None, follower=None, seeded: dict | None = None,
+                 interval: float = STATS_INTERVAL) -> None:
         super().__init__(name="agentaccel-stats", daemon=True)
         self.drafter, self.path, self.calibration, self.interval = drafter, path, calibration, interval
-        self.learner, self.follower = learner, follower
+        self.learner, self.follower, self.seeded = learner, follower, seeded or {}
         # AGENTACCEL_STEP_LOG: every timed step as a JSON line (a profile of the proposer in the server)
         self.step_log = Path(os.environ["AGENTACCEL_STEP_LOG"]) if os.environ.get("AGENTACCEL_STEP_LOG") else None
 
@@ -299,6 +309,8 @@ class StatsWriter(threading.Thread):
                      "drafter": self._drafter_state()}
             if self.follower is not None:
                 stats["follower"] = asdict(self.follower.stats)
+            if self.seeded:
+                stats["seeded"] = self.seeded
             if stats != last:
                 tmp = self.path.with_suffix(".tmp")
                 tmp.write_text(json.dumps(stats))

@@ -49,7 +49,8 @@ def merged(ranks: dict[int, dict]) -> dict:
             follower[key] = max((d.get("follower") or {}).get(key, 0) for d in every)
     return {"stages": stages, "requests": sum(d.get("requests") or 0 for d in every),
             "pending_outputs": sum(d.get("pending_outputs") or 0 for d in every),
-            "policies": first.get("policies", {}), "drafter": drafter, "follower": follower}
+            "policies": first.get("policies", {}), "drafter": drafter, "follower": follower,
+            "seeded": first.get("seeded", {})}  # every rank seeds alike
 
 
 def _summed(dicts: list[dict]) -> dict:

@@ -1,0 +1,184 @@
+"""The measurement: every method's server alive at once, the methods taking turns block by block.
+
+For each workload: the warm-up on every server (not measured), then for each level of requests
+in flight, `reps` blocks of fresh jobs; each block is run by every method in turn, the order
+rotating from block to block, so a slow phase of the machine hits every method alike and a ratio
+compares like with like. In restart mode every server restarts half way through each level (a
+rolling deploy): agentaccel's from its snapshot and its trace store, vLLM's from nothing; the
+blocks after it are reported apart."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from agentaccel.bench.vllm.client import SERVER_COUNTERS, CallRecord, Client, spec_counters
+from agentaccel.bench.vllm.history import history_store, store_for
+from agentaccel.bench.vllm.plan import Layout, Plan
+from agentaccel.bench.vllm.servers import MethodServer, ours, start_all
+from agentaccel.bench.vllm.sources import Job, workload_jobs
+
+BEFORE, AFTER = "", "after restart"
+
+
+@dataclass
+class Block:
+    """One method's run of one block of jobs."""
+
+    method: str
+    workload: str
+    level: int
+    rep: int
+    phase: str  # BEFORE, or AFTER a restart
+    wall: float  # seconds
+    spec: dict[str, float]  # vLLM's counters over the block (speculation, prefills, prefix cache)
+    order: int  # when it ran among every block of the run
+
+    @property
+    def tag(self) -> str:
+        return f"{self.workload}/c{self.level}/r{self.rep}"
+
+
+@dataclass
+class Measurement:
+    blocks: list[Block] = field(default_factory=list)
+    records: dict[str, dict[tuple, object]] = field(default_factory=dict)  # method -> call key -> CallRecord
+    layouts: dict[str, Layout] = field(default_factory=dict)
+    history: Path | None = None  # the store agentaccel's servers started from
+    history_calls: dict[str, int] = field(default_factory=dict)  # per workload
+    stores: dict[str, Path] = field(default_factory=dict)  # agentaccel method -> its trace store
+    restarts: int = 0
+
+    def save(self, folder: Path) -> Path:
+        """Everything the simulated server needs to replay the run (`bench replay --vllm-run`):
+        blocks, the calls' timings, and each call's prompt and output token ids (the same for every
+        method: they are checked equal)."""
+        calls = {}
+        for records in self.records.values():
+            for key, r in records.items():
+                calls.setdefault("|".join(map(str, key)), {"stage": r.stage, "prompt": r.prompt_ids,
+                                                            "output": r.output_ids})
+        data = {"blocks": [asdict(b) for b in self.blocks], "history": str(self.history) if self.history else None,
+                "history_calls": self.history_calls, "stores": {m: str(p) for m, p in self.stores.items()},
+                "restarts": self.restarts, "calls": calls,
+                "records": {m: {"|".join(map(str, k)): {f: v for f, v in asdict(r).items()
+                                                        if f not in ("prompt_ids", "output_ids", "text")}
+                                for k, r in recs.items()} for m, recs in self.records.items()}}
+        path = folder / MEASUREMENT
+        path.write_text(json.dumps(data))
+        return path
+
+    @classmethod
+    def load(cls, folder: Path) -> Measurement:
+        data = json.loads((folder / MEASUREMENT).read_text())
+        calls = data["calls"]
+        records = {m: {_key(k): CallRecord(**r, text="", prompt_ids=calls[k]["prompt"], output_ids=calls[k]["output"])
+                       for k, r in recs.items()} for m, recs in data["records"].items()}
+        return cls([Block(**b) for b in data["blocks"]], records, {},
+                   Path(data["history"]) if data["history"] else None, data["history_calls"],
+                   {m: Path(p) for m, p in data["stores"].items()}, data["restarts"])
+
+
+MEASUREMENT = "measurement.json"
+
+
+def _key(text: str) -> tuple:
+    tag, job, call = text.split("|")
+    return tag, int(job), int(call)
+
+
+def rotated(methods: list[str], by: int) -> list[str]:
+    k = by % len(methods)
+    return methods[k:] + methods[:k]
+
+
+def run(plan: Plan, tok, arctic: Path | None, progress: Callable[[str], None]) -> Measurement:
+    from agentaccel.proxy.recorder import Recorder
+
+    jobs = {w: workload_jobs(w, plan.sources, plan.sizes.history + plan.sizes.warm + plan.sizes.measured + 64, tok,
+                             plan.max_tokens) for w in plan.workloads}
+    out = Measurement(layouts={w: Layout.of(jobs[w], plan.sizes) for w in plan.workloads})
+    out.history = history_store(plan, jobs, out.layouts, tok, progress)
+    out.history_calls = _calls_in(out.history)
+    servers = {}
+    for m in plan.methods:
+        store = store_for(m, out.history, plan.log_dir) if ours(m) else None
+        if store is not None:
+            out.stores[m] = store
+        servers[m] = MethodServer(m, plan.model, plan.vllm_args, plan.log_dir, arctic if m == "suffix" else None,
+                                  store)
+    recorders = {m: Recorder(out.stores[m], flush_seconds=0.1) for m in out.stores}
+    clients: dict[str, Client] = {}
+    try:
+        progress(f"starting {len(servers)} vLLM servers ({', '.join(servers)})")
+        start_all(list(servers.values()))
+        clients.update({m: Client(s.url, s.served_name, tok, plan.keep_prompt, recorders.get(m))
+                        for m, s in servers.items()})
+        order = 0
+        for wi, workload in enumerate(plan.workloads):
+            layout = out.layouts[workload]
+            warm = [jobs[workload][i] for i in layout.warm]
+            for m in rotated(plan.methods, wi):
+                progress(f"{workload}: warm-up on {m}")
+                clients[m].run_jobs(f"{workload}/warm", warm, 1)
+            for li, level in enumerate(plan.levels):
+                phase = BEFORE
+                for rep in range(plan.sizes.reps):
+                    if plan.restart and rep == plan.restart_before:
+                        _restart(servers, clients, recorders, progress, f"{workload} at {level} in flight")
+                        out.restarts += 1
+                        phase = AFTER
+                    block = [jobs[workload][i] for i in layout.blocks[(level, rep)]]
+                    if not block:
+                        continue
+                    for m in rotated(plan.methods, rep + li):
+                        progress(f"{workload}: {len(block)} jobs at {level} in flight, block {rep + 1}/"
+                                 f"{plan.sizes.reps}{' (' + phase + ')' if phase else ''}: {m}")
+                        out.blocks.append(_block(clients[m], m, workload, level, rep, phase, block, order))
+                        order += 1
+        out.records = {m: c.records for m, c in clients.items()}
+        out.save(plan.log_dir)
+        return out
+    finally:
+        for c in clients.values():
+            c.close()
+        for s in servers.values():
+            s.stop()
+        for r in recorders.values():
+            r.flush(60)
+            r.close()
+
+
+def _block(client: Client, method: str, workload: str, level: int, rep: int, phase: str, jobs: list[Job],
+           order: int) -> Block:
+    client.wake()
+    before = spec_counters(client.http, client.url, SERVER_COUNTERS)
+    wall = client.run_jobs(f"{workload}/c{level}/r{rep}", jobs, level)
+    after = spec_counters(client.http, client.url, SERVER_COUNTERS)
+    return Block(method, workload, level, rep, phase, wall, {k: after[k] - before[k] for k in after}, order)
+
+
+def _restart(servers: dict[str, MethodServer], clients: dict[str, Client], recorders: dict, progress,
+             where: str) -> None:
+    """Every server stopped and started again: agentaccel's calls so far are in its store first (its
+    recorder flushed), as a proxy in front of it would have them."""
+    progress(f"restarting every server half way through {where}")
+    for r in recorders.values():
+        r.flush(60)
+    for s in servers.values():
+        s.stop()
+    start_all(list(servers.values()))
+    for m, s in servers.items():
+        clients[m].url = s.url
+
+
+def _calls_in(store: Path | None) -> dict[str, int]:
+    """The history's calls by stage."""
+    if store is None:
+        return {}
+    from agentaccel.traces.store import TraceStore
+
+    with TraceStore(store, create=False) as s:
+        return {stage: c["calls"] for stage, c in s.counts_by_stage().items()}

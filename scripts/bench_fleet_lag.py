@@ -1,0 +1,108 @@
+"""How long an answer takes to reach another server's trees, end to end, on real servers: server A
+(`agentaccel serve --backend openai` in front of a fast scripted upstream) answers N concurrent
+streams and records every call into the trace store; server B (`agentaccel serve`, the embedded
+model, following the same store) adds each call to its stage trees. B logs every output it adds
+(AGENTACCEL_FOLLOW_LOG) with when it was answered, when A's writer began storing it, when B's
+tail read it and when it joined B's trees: p50/p99 of the whole path and of each part, per level.
+
+    python scripts/bench_fleet_lag.py --db postgresql://user@127.0.0.1:5432/db   # or a SQLite file
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from agentaccel.bench.upstream import MODEL, Upstream
+from agentaccel.processes import free_port, stop_group, wait_healthy
+
+
+def serve(args: list[str], log: Path, env: dict | None = None) -> tuple[str, subprocess.Popen]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "agentaccel.cli.main", "serve", "--port", str(port), *args],
+                            stdout=subprocess.DEVNULL, stderr=log.open("w"), start_new_session=True,
+                            env={**os.environ, **(env or {})})
+    return f"http://127.0.0.1:{port}", proc
+
+
+async def load(url: str, streams: int, seconds: float, level: int) -> int:
+    """`streams` clients sending calls back to back for `seconds`; each call unique."""
+    deadline = time.monotonic() + seconds
+    sent = 0
+
+    async def stream(n: int, client: httpx.AsyncClient) -> None:
+        nonlocal sent
+        k = 0
+        while time.monotonic() < deadline:
+            body = {"model": MODEL, "metadata": {"session_id": f"l{level}-s{n}", "stage": "lag"},
+                    "messages": [{"role": "user", "content": f"level {level} stream {n} call {k}"}]}
+            (await client.post(url + "/v1/chat/completions", json=body)).raise_for_status()
+            k += 1
+            sent += 1
+
+    async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=streams + 4)) as client:
+        await asyncio.gather(*(stream(n, client) for n in range(streams)))
+    return sent
+
+
+def percentiles(values: list[float]) -> str:
+    if not values:
+        return "-"
+    p50, p99 = np.percentile(np.asarray(values) * 1000, (50, 99))
+    return f"{p50:7.1f} / {p99:7.1f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--db", required=True, help="the shared trace store (a PostgreSQL URL or a SQLite file)")
+    parser.add_argument("--streams", default="1,16,64", help="concurrent streams per level")
+    parser.add_argument("--seconds", type=float, default=20.0, help="load per level")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args()
+    folder = Path(tempfile.mkdtemp(prefix="agentaccel-fleet-lag-"))
+    follow_log = folder / "follow.jsonl"
+    rows = []
+    with Upstream(tokens=16, token_delay=0.02) as upstream:
+        a_url, a = serve(["--backend", "openai", "--upstream", upstream.url, "--db", args.db], folder / "a.log")
+        b_url, b = serve(["--backend", "local", "--db", args.db, "--cost-profile", "off"], folder / "b.log",
+                         {"AGENTACCEL_FOLLOW_LOG": str(follow_log)})
+        try:
+            wait_healthy(a_url, a, 120)
+            wait_healthy(b_url, b, 300)
+            for streams in (int(x) for x in args.streams.split(",")):
+                t0 = time.time()
+                sent = asyncio.run(load(a_url, streams, args.seconds, streams))
+                t1 = time.time()
+                time.sleep(3.0)  # what is still on its way arrives
+                seen = [json.loads(line) for line in follow_log.read_text().splitlines() if line.strip()]
+                mine = [s for s in seen if t0 <= s["answered"] <= t1]
+                row = {"streams": streams, "calls": sent, "calls_per_s": sent / (t1 - t0), "arrived": len(mine),
+                       "total": [s["added"] - s["answered"] for s in mine],
+                       "to_writer": [s["stored"] - s["answered"] for s in mine if s["stored"]],
+                       "to_tail": [s["read"] - s["stored"] for s in mine if s["stored"]],
+                       "into_trees": [s["added"] - s["read"] for s in mine]}
+                rows.append(row)
+                print(f"{streams:3d} streams: {sent:6,} calls ({row['calls_per_s']:6.1f}/s), {len(mine):6,} at B | "
+                      f"answer -> B's trees p50/p99 ms {percentiles(row['total'])} | answer -> A's writer "
+                      f"{percentiles(row['to_writer'])} | writer -> B's tail {percentiles(row['to_tail'])} | "
+                      f"tail -> trees {percentiles(row['into_trees'])}", flush=True)
+        finally:
+            stop_group(a, 30)
+            stop_group(b, 30)
+    if args.json:
+        args.json.write_text(json.dumps([{k: (np.percentile(v, (50, 99)).tolist() if isinstance(v, list) and v else v)
+                                          for k, v in r.items()} for r in rows], indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""The simulated batching server of `bench replay --concurrency` (bench/batch_replay.py) schedules
+as vLLM does: prefills chunked to the step's token budget, a prefix cache shared by every request
+(blocks of the server's size), clients that take their time between calls."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from agentaccel.bench import batch_replay as br
+from agentaccel.bench.replay import ReplayCall
+
+
+@dataclass
+class Flat:
+    """A step costs 1 s plus 1 ms per token computed."""
+
+    kv_capacity: int = 1 << 20
+    max_batched_tokens: int = 2048
+    block_size: int = 16
+    gap: float = 0.0
+    overhead: float = 0.0
+
+    def seconds(self, tokens, context, attention):
+        return 1.0 + 0.001 * np.asarray(tokens, dtype=float)
+
+
+def call(n: int, prompt: np.ndarray, output_len: int = 4) -> ReplayCall:
+    return ReplayCall(n, n, "s", prompt.astype(np.int32), np.arange(1000, 1000 + output_len, dtype=np.int32))
+
+
+def plain() -> br.Method:
+    return br._named(br.Method(), "none")
+
+
+def test_a_long_prefill_is_chunked_to_the_steps_budget():
+    rng = np.random.default_rng(0)
+    result = br.simulate([[call(0, rng.integers(0, 900, 5000))]], plain(), Flat(), 1, noise=0.0)
+    # 5,000 prompt tokens at 2,048 a step: three steps, the third giving the first token; three more decode
+    assert result.steps == 3 + 3 and result.tokens == 4
+    assert abs(result.seconds - (6 + 0.001 * (5000 + 3))) < 1e-9
+
+
+def test_the_prefix_cache_is_the_servers_not_a_streams():
+    rng = np.random.default_rng(1)
+    shared = rng.integers(0, 900, 256)
+    first = call(0, np.concatenate([shared, rng.integers(0, 900, 40)]))
+    second = call(1, np.concatenate([shared, rng.integers(0, 900, 40)]))  # another session, another stream
+    cache = br.server_cache(Flat())
+    br.simulate([[first]], plain(), Flat(), 1, noise=0.0, cache=cache)
+    assert cache.cached(second.prompt) == 256  # 16 full blocks of 16 tokens in common
+    later = br.simulate([[second]], plain(), Flat(), 1, noise=0.0, cache=cache)
+    cold = br.simulate([[second]], plain(), Flat(), 1, noise=0.0)
+    assert abs((cold.seconds - later.seconds) - 0.256) < 1e-9  # the shared blocks were not computed again
+
+
+def test_a_stream_waits_its_clients_time_between_calls():
+    rng = np.random.default_rng(2)
+    calls = [call(n, rng.integers(0, 900, 20), output_len=1) for n in range(3)]
+    quick = br.simulate([calls], plain(), Flat(), 1, noise=0.0)
+    slow = br.simulate([calls], plain(), Flat(gap=0.5), 1, noise=0.0)
+    assert quick.steps == slow.steps == 3
+    assert abs(slow.seconds - quick.seconds - 2 * 0.5) < 1e-9  # idle before the second and the third call
