@@ -45,3 +45,10 @@ def test_sharing_at_once_is_one_server_and_silos_lose():
 def test_sessions_spread_over_every_replica():
     counts = np.bincount([replica_of(s, 8) for s in range(800)], minlength=8)
     assert counts.min() > 60 and counts.max() < 140
+
+
+def test_answers_seen_as_they_start_are_the_ceiling_of_sharing_partial_answers():
+    """The `partial` ceiling: every answer visible from the moment its call starts. Concurrent
+    calls here repeat each other's answers, so seeing them early drafts more than one server can."""
+    one, partial = run("one", 1), run("partial", 1)
+    assert partial["calls"] == one["calls"] and partial["est_speedup"] > one["est_speedup"]

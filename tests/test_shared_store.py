@@ -275,15 +275,16 @@ def ask(url: str, question: str, session: str | None = None) -> dict:
     return r.json()
 
 
-def test_a_call_answered_by_one_server_drafts_on_another_within_two_seconds(two_servers):
+def test_a_call_answered_by_one_server_drafts_on_another_within_a_second(two_servers):
     """After server A answers a question, server B drafts A's answer when the question comes to it
-    2 s later: B learned it from the shared store."""
+    a fraction of a second later: B learned it from the shared store (A's writer stores a call as
+    soon as it is answered, B's tail wakes on the commit)."""
     a, b = two_servers
     question = "Write a SQL query that counts users per country."
     first = ask(a, question)
     answered = time.monotonic()
-    time.sleep(2.0)
-    assert time.monotonic() - answered < 2.5
+    time.sleep(0.2)
+    assert time.monotonic() - answered < 1.0
     second = ask(b, question)
     assert second["choices"][0]["message"]["content"] == first["choices"][0]["message"]["content"]
     accepted = metric(b, "agentaccel_accepted_tokens_total", "qa")

@@ -11,8 +11,8 @@ server's KV cache holds it whole (prompt and recorded output) beside the calls i
 vLLM's scheduler admits requests: streams beyond what the memory holds wait. Drafts come from the same
 native code the vLLM plugin runs (`BatchDrafter`, one call per step), or from a baseline. A step
 takes what the step cost profile says for what it computed (engine/roofline.py: tokens, KV read,
-attention work), with a little noise; the drafting's own time is measured and shown, not added
-(it is this machine's, not a GPU host's).
+attention work; a drafter that learns the step cost sees each step stray from it by `noise`); the
+drafting's own time is measured and shown, not added (it is this machine's, not a GPU host's).
 
 Methods:
 * `none`: plain decoding, as vLLM runs it with speculation configured (no async scheduling);
@@ -245,6 +245,7 @@ class Result:
     steps: int = 0
     request_steps: int = 0  # decoding steps of single requests
     drafted: int = 0
+    drafted_steps: int = 0  # decoding steps of single requests that verified a draft (vLLM's "drafts")
     accepted: int = 0
     in_flight: float = 0.0  # mean requests per step
 
@@ -256,7 +257,9 @@ class Result:
                 "mat": (self.request_steps + self.accepted) / self.request_steps if self.request_steps else 1.0,
                 "acceptance": self.accepted / self.drafted if self.drafted else 0.0,
                 "draft_tokens_per_step": self.drafted / self.request_steps if self.request_steps else 0.0,
-                "proposer_us_per_step": 1e6 * self.proposer_seconds / self.steps if self.steps else 0.0}
+                "proposer_us_per_step": 1e6 * self.proposer_seconds / self.steps if self.steps else 0.0,
+                "request_steps": self.request_steps, "drafted_steps": self.drafted_steps, "drafted": self.drafted,
+                "accepted": self.accepted}
 
 
 @dataclass
@@ -376,7 +379,8 @@ def simulate(sessions: Sequence[Sequence[ReplayCall]], method: Method, server: R
             rids[i] = lane.request.rid
             drafts[i] = []
             arrival.append(i)
-            method.admit(lane.request.rid, call.stage, len(prompt) + len(call.output))
+            # a drafter knows how far a request may go (its max_tokens), not where its output will end
+            method.admit(lane.request.rid, call.stage, len(prompt) + (call.max_new or len(call.output)))
         active = [i for i in range(streams) if lanes[i].request is not None]
         if not active:
             waiting = [lane.ready_at for lane in lanes if lane.calls or queue]
@@ -406,6 +410,7 @@ def simulate(sessions: Sequence[Sequence[ReplayCall]], method: Method, server: R
             attention += (1 + len(d)) * ctx
             result.request_steps += 1
             result.drafted += len(d)
+            result.drafted_steps += bool(d)
             result.accepted += min(acc, len(take) - 1)
             _advance(rows, num_tokens, sampled, i, r, take)
             result.tokens += len(take)
@@ -426,10 +431,12 @@ def simulate(sessions: Sequence[Sequence[ReplayCall]], method: Method, server: R
                 cache.add(r.prompt)
                 _advance(rows, num_tokens, sampled, i, r, r.call.output[:1])
                 result.tokens += 1
-        seconds = float(server.seconds(tokens, context, attention)) * float(rng.lognormal(0.0, noise))
+        seconds = float(server.seconds(tokens, context, attention))
         if method.overlapped:
             seconds = max(seconds - server.overhead, server.overhead)
-        method.observe(tokens, decode_tokens, context, attention, seconds)
+        # a drafter that learns the step cost sees steps stray from the profile as real ones do
+        # (`noise`); the wall time counts the profile's expected time (the noise averages out)
+        method.observe(tokens, decode_tokens, context, attention, seconds * float(rng.lognormal(0.0, noise)))
         t0 = time.perf_counter()
         drafts = method.propose(rids, rows, num_tokens, sampled, stride)
         spent = time.perf_counter() - t0

@@ -128,7 +128,8 @@ def speedup_vs_replicas(rows: list[dict], out: Path, title: str) -> Path:
     for mode in dict.fromkeys(r["mode"] for r in rows):
         points = sorted((r["replicas"], r["est_speedup"], r["acceptance_rate"]) for r in rows if r["mode"] == mode)
         n, speedup, acceptance = zip(*points, strict=True)
-        style = {"linestyle": "--", "color": "black"} if mode == "one" else {"marker": "o"}
+        style = ({"linestyle": "--", "color": "black"} if mode == "one" else
+                 {"linestyle": ":", "color": "grey"} if mode == "partial" else {"marker": "o"})
         axes[0].plot(n, speedup, label=mode, **style)
         axes[1].plot(n, acceptance, label=mode, **style)
     for ax, label in ((axes[0], "est. speedup"), (axes[1], "draft acceptance")):

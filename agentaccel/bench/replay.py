@@ -26,6 +26,7 @@ class ReplayCall:
     stage: str
     prompt: np.ndarray
     output: np.ndarray
+    max_new: int | None = None  # the most tokens the client asked for (None: the output's length)
 
 
 @dataclass

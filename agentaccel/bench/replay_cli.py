@@ -298,7 +298,7 @@ def run_replicas(console, err, store, tokenizer, *, stages, model, source, sessi
             spec.warm(call.output, call.stage)
         return spec
 
-    runs = [("one", 1)] + [(mode, n) for n in replicas for mode in ("siloed", "shared") if n > 1]
+    runs = [("one", 1), ("partial", 1)] + [(mode, n) for n in replicas for mode in ("siloed", "shared") if n > 1]
     rows = []
     progress = _progress(err)
     t0 = time.perf_counter()
@@ -309,7 +309,8 @@ def run_replicas(console, err, store, tokenizer, *, stages, model, source, sessi
             tally = rc.simulate(sessions_list, make, mode=mode, replicas=n, streams=streams,
                                 step_seconds=step_ms / 1000, delay=delay, progress=lambda _: progress.advance(task))
             rows.append({"mode": mode, "replicas": n, **tally.summary([profile])})
-    rows += [{**rows[0], "replicas": n} for n in replicas if n > 1]  # one replica seeing all: the same at every R
+    # one replica seeing all (and its ceiling with answers seen as they start): the same at every R
+    rows += [{**row, "replicas": n} for n in replicas if n > 1 for row in rows[:2]]
     elapsed = time.perf_counter() - t0
     label = ", ".join(stages) if stages and len(stages) <= 2 else f"{len(stages)} stages" if stages else "all stages"
     table = Table(title=f"{len(measured):,} calls ({len(sessions_list):,} sessions, {streams} at a time) on R "

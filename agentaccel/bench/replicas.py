@@ -8,7 +8,11 @@ session routers do), and each replica drafts from its own trees. Three ways of l
 * `siloed`: each replica learns only the outputs it produced (every server today without a
   shared store);
 * `shared`: each replica also learns every other replica's outputs, `delay` seconds after they
-  finished (recorded by a proxy, then read from the shared store by the replica's follower).
+  finished (recorded by a proxy, then read from the shared store by the replica's follower);
+* `partial`: not a way servers learn today but a ceiling: one replica that sees every answer
+  whole from the moment its call starts, before it is generated. Sharing answers while they are
+  generated (partial outputs) could at most give this: what it is worth over `one` says whether
+  building it would pay.
 
 Time is simulated: a call takes one `step_seconds` per verification step it needs, so calls
 overlap as they would on servers, and an output becomes visible to the replica that produced it
@@ -26,7 +30,7 @@ from agentaccel.backends.routing import session_rank
 from agentaccel.bench.replay import ReplayCall, Tally, run_call
 from agentaccel.bench.speculators import Speculator
 
-MODES = ("one", "siloed", "shared")
+MODES = ("one", "siloed", "shared", "partial")
 
 
 def replica_of(session: int, replicas: int) -> int:
@@ -53,7 +57,8 @@ def simulate(sessions: Sequence[Sequence[ReplayCall]], make: Callable[[], Specul
     of every call on whichever replica served it."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
-    fleet = [make() for _ in range(1 if mode == "one" else replicas)]
+    single = mode in ("one", "partial")
+    fleet = [make() for _ in range(1 if single else replicas)]
     for spec in fleet:
         spec.keep_outputs = False  # outputs join the trees when they become visible (below)
     tally, pending, order = Tally(), [], 0
@@ -73,13 +78,14 @@ def simulate(sessions: Sequence[Sequence[ReplayCall]], make: Callable[[], Specul
                 continue  # this stream is done
             session, index, previous = queue.pop(), 0, None
         call = session[index]
-        home = 0 if mode == "one" else replica_of(call.session, replicas)
+        home = 0 if single else replica_of(call.session, replicas)
         key = f"c{call.call_id}"
         steps = run_call(fleet[home], key, call, tally, previous)
         end = now + steps * step_seconds
         for replica in range(len(fleet)):
-            if replica == home:
-                heapq.heappush(pending, _Pending(end, order, replica, call.output, call.stage))
+            if replica == home:  # (partial: seen by the calls that start while it is generated)
+                heapq.heappush(pending, _Pending(now if mode == "partial" else end, order, replica, call.output,
+                                                 call.stage))
             elif mode == "shared":
                 heapq.heappush(pending, _Pending(end + delay, order, replica, call.output, call.stage))
             order += 1

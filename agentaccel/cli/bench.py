@@ -371,16 +371,19 @@ def bench_vllm(
     history: Annotated[int, typer.Option(help="Jobs of earlier sessions per workload in the trace store "
                                               "agentaccel's servers start from (answered once by plain decoding, "
                                               "kept for later runs); 0: no history, every method starts empty.",
-                                         min=0)] = 48,
+                                         min=0)] = 24,
     restart: Annotated[bool, typer.Option(help="Restart every server half way through each level, as a rolling "
                                                "deploy does (agentaccel comes back from its snapshot and store, "
                                                "vLLM's methods from nothing); the blocks after it are reported "
                                                "apart.")] = False,
     quick: Annotated[bool, typer.Option(help="A quick look: the agent workload at 1 and 8 in flight, two blocks "
                                              "each, 16 jobs of history, outputs up to 96 tokens (options given "
-                                             "explicitly still win).")] = False,
-    max_tokens: Annotated[int, typer.Option(help="Most output tokens per call (agent calls: the recorded "
-                                                 "reply's length, up to this).", min=1)] = 256,
+                                             "explicitly still win; about 8 minutes here).")] = False,
+    max_tokens: Annotated[int, typer.Option(help="Most output tokens of an agent call (it generates up to its "
+                                                 "recorded reply's length, up to this).", min=1)] = 256,
+    open_tokens: Annotated[int, typer.Option(help="Most output tokens of a call with no recorded reply (the SQL "
+                                                  "pipeline's stages, chat: the small default model seldom stops "
+                                                  "on its own there).", min=1)] = 96,
     keep_prompt: Annotated[int, typer.Option(help="Prompts are truncated from the left to this many tokens.")]
     = 768,
     model: Annotated[str | None, typer.Option(help="Model vLLM serves (default: the bundled SmolLM2-135M "
@@ -451,14 +454,14 @@ def bench_vllm(
         logs = Path(tempfile.mkdtemp(prefix="agentaccel-bench-vllm-"))
     sizes = vplan.Sizes(history, warm, dict(zip(levels, per_level, strict=True)), reps)
     plan = vplan.Plan(model_path, sources, chosen_methods, chosen_workloads, levels, sizes, max_tokens, keep_prompt,
-                      vllm_args, logs, restart=restart, cache=cache_dir() / "bench-vllm")
+                      vllm_args, logs, open_tokens=open_tokens, restart=restart, cache=cache_dir() / "bench-vllm")
     if simulate and "agentaccel" not in chosen_methods:
         err.print("[yellow]note: no simulator check: it learns the server's profile from agentaccel's steps[/]")
         simulate = False
     notes = [f"agent calls: {sources.describe('agent')} (no trace store with calls, and no published traces)"] \
         if "agent" in chosen_workloads and sources.bundled_agent else []
     for w in chosen_workloads:  # where a source has too few jobs for the plan, say so before the run
-        jobs = workload_jobs(w, sources, sizes.history + sizes.warm + sizes.measured + 64, tok, max_tokens)
+        jobs = workload_jobs(w, sources, sizes.history + sizes.warm + sizes.measured + 64, tok, max_tokens, open_tokens)
         notes += vplan.Layout.of(jobs, sizes).notes(w, len(jobs), sizes)
     for note in notes:
         err.print(f"[yellow]note: {note}[/]")
@@ -522,6 +525,7 @@ def _run_vllm_bench(plan, tok, simulate: bool) -> dict:
     summary["notes"] = notes
     summary["setup"] = {"sources": {w: plan.sources.describe(w) for w in plan.workloads},
                         "model": plan.model, "vllm_args": plan.vllm_args, "max_tokens": plan.max_tokens,
+                        "open_tokens": plan.open_tokens,
                         "keep_prompt": plan.keep_prompt, "warm": plan.sizes.warm, "reps": plan.sizes.reps,
                         "history_jobs": plan.sizes.history, "restart": plan.restart,
                         "jobs_per_block": plan.sizes.per_level, "methods": {m: METHODS[m] for m in plan.methods}}
@@ -581,12 +585,15 @@ def _simulator_report(checked: dict) -> None:
     table = Table(title=f"simulated vs measured ({server['name']}; KV {server['kv_capacity']:,} tokens, "
                         f"{server['max_batched_tokens']:,} tokens a step, blocks of {server['block_size']}, "
                         f"{server['client_gap_seconds'] * 1000:.0f} ms between a stream's calls)")
-    for col in ("workload", "conc", "phase", "method", "predicted tok/s", "measured tok/s", "error"):
+    for col in ("workload", "conc", "phase", "method", "predicted tok/s", "measured tok/s", "error",
+                "MAL predicted / measured", "accept predicted / measured"):
         table.add_column(col, justify="left" if col in ("workload", "phase", "method") else "right")
     for r in checked["rows"]:
         table.add_row(r["workload"], str(r["concurrency"]), r["phase"] or "", r["method"],
                       f"{r['predicted_tokens_per_s']:.1f}", f"{r['measured_tokens_per_s']:.1f}",
-                      f"{r['error']:+.1%}" if r["error"] is not None else "")
+                      f"{r['error']:+.1%}" if r["error"] is not None else "",
+                      f"{r['predicted_mal']:.2f} / {r['measured_mal']:.2f}",
+                      f"{r['predicted_acceptance']:.0%} / {r['measured_acceptance']:.0%}")
     console.print(table)
     for r in checked["ratios"]:
         console.print(f"{r['ratio']}, {r['workload']} at {r['concurrency']}{', ' + r['phase'] if r['phase'] else ''}: "

@@ -71,7 +71,9 @@ class Recorder:
     """The server side: `submit` never blocks on storage."""
 
     def __init__(self, path: str | Path | Location | None, *, redact: bool = False, tokenize: Tokenize | None = None,
-                 batch_size: int = 256, flush_seconds: float = 0.25) -> None:
+                 batch_size: int = 256, flush_seconds: float = 0.0) -> None:
+        """`flush_seconds`: how long the writer waits for more calls to join a transaction once one
+        arrived (0: none; it writes what is waiting at once, and batches grow with the load)."""
         with TraceStore(path) as store:  # opened here so that a bad path fails at start, not later
             store.check_writable()
             self.location = store.location
@@ -213,30 +215,42 @@ class Recorder:
 
 def _writer_main(location: Location, redact: bool, batch_size: int, flush_seconds: float, pipe, written, failed,
                  reopened) -> None:
-    """The writer process: batches what arrives into transactions until the pipe closes."""
+    """The writer process: group commit. It waits for calls; when some arrive, everything already
+    waiting goes into the same transaction (up to `batch_size`, and waiting up to `flush_seconds`
+    for more when that is set), and is written at once. So an idle server stores a call as soon
+    as it is answered (other servers learn it within milliseconds), and a busy one writes in
+    batches as large as its rate makes them (what arrives during a write is the next batch)."""
     # Background work: when cores are short, serving goes first (batches absorb the delay).
     with contextlib.suppress(OSError):
         os.nice(10)
     writer = _Writer(TraceStore(location), redact, written, failed, reopened)
     batch: list[RecordedCall] = []
-    deadline = None
-    while True:
-        wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-        try:
-            ready = pipe.poll(wait)
-            items = pickle.loads(pipe.recv_bytes()) if ready else []
-        except (EOFError, OSError):
-            break
+
+    def take(items: list) -> None:
         for item in items:
             if isinstance(item, _SetTokenizer):
                 writer.tokenize = item.tokenize
             else:
                 batch.append(item)
-        if batch and deadline is None:
-            deadline = time.monotonic() + flush_seconds
-        if batch and (len(batch) >= batch_size or time.monotonic() >= deadline):
+
+    open_ = True
+    while open_:
+        try:
+            take(pickle.loads(pipe.recv_bytes()))  # blocks until something comes (or the server is gone)
+        except (EOFError, OSError):
+            break
+        deadline = time.monotonic() + flush_seconds
+        while len(batch) < batch_size:  # what is already waiting joins this transaction
+            try:
+                if not pipe.poll(max(0.0, deadline - time.monotonic())):
+                    break
+                take(pickle.loads(pipe.recv_bytes()))
+            except (EOFError, OSError):
+                open_ = False
+                break
+        if batch:
             writer.write(batch)
-            batch, deadline = [], None
+            batch = []
     if batch:
         writer.write(batch)
     if writer.store is not None:

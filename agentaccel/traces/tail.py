@@ -9,7 +9,7 @@ transaction rolled back: the id never comes). A row is delivered once: either ab
 as a filled gap, never both.
 
 On PostgreSQL `wait` sleeps until a writer's NOTIFY (traces/store.py sends one per committed
-batch) or the timeout; on SQLite it sleeps the timeout (polling).
+batch) or the timeout; on SQLite it checks every few milliseconds whether the file changed.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from agentaccel.traces.store import CALLS_CHANNEL, TraceStore, unpack_ids
 
 GAP_SECONDS = 60.0  # an id missing this long belonged to a transaction that rolled back
 MAX_GAPS = 10_000  # ids remembered as missing at most (a bigger jump: the rest are taken as never coming)
+SQLITE_CHECK_SECONDS = 0.005  # SQLite: how often a waiting tail asks whether another connection committed
 
 
 @dataclass(frozen=True)
@@ -101,16 +102,26 @@ class CallTail:
         return out
 
     def wait(self, timeout: float) -> None:
-        """Until a writer commits calls (PostgreSQL) or `timeout` seconds pass."""
+        """Until a writer commits calls or `timeout` seconds pass. PostgreSQL wakes the tail with
+        the NOTIFY every committed batch sends; on SQLite the tail asks every few milliseconds
+        whether another connection committed (`PRAGMA data_version`: no page is read for it)."""
         conn = self.store.conn
         if conn.kind != "postgresql":
-            time.sleep(timeout)
+            deadline = time.monotonic() + timeout
+            seen = self._data_version()
+            while time.monotonic() < deadline:
+                time.sleep(min(SQLITE_CHECK_SECONDS, max(deadline - time.monotonic(), 0.0)))
+                if self._data_version() != seen:
+                    return
             return
         if not self._listening:
             conn.execute(f"LISTEN {CALLS_CHANNEL}")
             self._listening = True
         for _ in conn.raw.notifies(timeout=timeout, stop_after=1):
             pass
+
+    def _data_version(self) -> int:
+        return int(self.store.conn.execute("PRAGMA data_version").fetchone()[0])
 
     def close(self) -> None:
         self.store.close()

@@ -44,6 +44,7 @@ class CallRecord:
     chunks: int = 0  # streamed chunks carrying tokens (about one per step the request took)
     started: float = 0.0  # when it was sent, from the start of its block
     spec: dict[str, float] | None = None  # vLLM's speculation counters during this call (one in flight)
+    max_tokens: int = 0  # what it asked for
 
 
 def spec_counters(client: httpx.Client, url: str, names: dict[str, str] = SPEC_COUNTERS) -> dict[str, float]:
@@ -97,7 +98,7 @@ class Client:
         reply = "".join(text)
         with self.lock:
             self.records[key] = CallRecord(stage, tokens, end - t0, end - (first or end), reply, prompt, ids, chunks,
-                                           t0 - self._block_start, spec)
+                                           t0 - self._block_start, spec, max_tokens)
         if self.recorder is not None:  # as `agentaccel serve` records the call
             from agentaccel.proxy.recorder import RecordedCall
 

@@ -24,7 +24,7 @@ CONCURRENCY = 8  # history calls in flight while it is made (how fast it is made
 def history_key(plan: Plan, layouts: dict[str, Layout]) -> str:
     """What the history depends on: the model, the server's settings, the prompts' truncation, the
     output cap and each workload's source and history jobs."""
-    parts = [Path(plan.model).name, plan.vllm_args, plan.keep_prompt, plan.max_tokens,
+    parts = [Path(plan.model).name, plan.vllm_args, plan.keep_prompt, plan.max_tokens, plan.open_tokens,
              [(w, plan.sources.describe(w), layouts[w].history) for w in sorted(layouts)]]
     return digest(*parts)[:16]
 

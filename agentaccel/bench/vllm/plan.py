@@ -90,10 +90,11 @@ class Plan:
     workloads: list[str]
     levels: list[int]
     sizes: Sizes
-    max_tokens: int  # the longest output of a call (agent calls: their recorded length, up to this)
+    max_tokens: int  # the longest output of an agent call (its recorded length, up to this)
     keep_prompt: int  # prompts keep their last this many tokens
     vllm_args: list[str]
     log_dir: Path
+    open_tokens: int = 96  # the longest output of a call with no recorded reply (SQL pipeline stages, chat)
     restart: bool = False  # every server restarts half way through each level
     cache: Path | None = None  # where a history made once is kept for the next runs (None: not kept)
 

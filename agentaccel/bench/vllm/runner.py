@@ -98,7 +98,7 @@ def run(plan: Plan, tok, arctic: Path | None, progress: Callable[[str], None]) -
     from agentaccel.proxy.recorder import Recorder
 
     jobs = {w: workload_jobs(w, plan.sources, plan.sizes.history + plan.sizes.warm + plan.sizes.measured + 64, tok,
-                             plan.max_tokens) for w in plan.workloads}
+                             plan.max_tokens, plan.open_tokens) for w in plan.workloads}
     out = Measurement(layouts={w: Layout.of(jobs[w], plan.sizes) for w in plan.workloads})
     out.history = history_store(plan, jobs, out.layouts, tok, progress)
     out.history_calls = _calls_in(out.history)

@@ -54,6 +54,10 @@ class LearnedServer:
     # the plugin times a prefill chunk's attention as part of its tokens' cost, not as attention work:
     # the simulated steps are priced with the features it was fitted on
     prefill_attention: bool = False
+    # how far a real step strays from the fit (standard deviation of log(seconds / fitted)): the
+    # simulated steps stray as much, so that a drafter learning the step cost from them (agentaccel's
+    # budget) sees what it sees on the real server
+    noise: float = 0.0
 
     def seconds(self, tokens, context, attention):
         return self.model.seconds(tokens, context, attention)
@@ -72,7 +76,7 @@ def prefill_points(m: Measurement) -> list[tuple[float, float, float]]:
     return out
 
 
-def fit_steps(path: Path, extra: list[tuple[float, float, float]] = ()) -> tuple[StepCostModel, int]:
+def fit_steps(path: Path, extra: list[tuple[float, float, float]] = ()) -> tuple[StepCostModel, int, float]:
     """The step cost that best explains every step in a proposer's step log: each step's seconds as
     a piecewise-linear function of the tokens it computed (knots as the online learner's), plus,
     when it predicts held-out steps better, a term in attention work (queries x context: on a CPU
@@ -105,7 +109,10 @@ def fit_steps(path: Path, extra: list[tuple[float, float, float]] = ()) -> tuple
     top = int(knots[-1])
     curve = np.interp(np.arange(top + 1), knots, base)
     curve[0] = curve[1]
-    return StepCostModel(tuple(np.maximum.accumulate(np.maximum(curve, 1e-6)).tolist()), 0.0, per_attention), len(rows)
+    model = StepCostModel(tuple(np.maximum.accumulate(np.maximum(curve, 1e-6)).tolist()), 0.0, per_attention)
+    logged = weights == 1.0  # the proposer's own steps (not the prefill means added)
+    spread = float(np.std(np.log(seconds[logged] / model.seconds(tokens[logged], 0.0, attention[logged]))))
+    return model, len(rows), spread
 
 
 def _least_squares(tokens, attention, seconds, weights, knots, use_attention: bool) -> tuple[np.ndarray, float]:
@@ -167,12 +174,12 @@ def client_gap(m: Measurement) -> float:
 
 
 def learned_server(log_dir: Path, m: Measurement, method: str = "agentaccel") -> LearnedServer:
-    model, steps = fit_steps(log_dir / f"steps-{method}.jsonl", prefill_points(m))
+    model, steps, noise = fit_steps(log_dir / f"steps-{method}.jsonl", prefill_points(m))
     log = log_dir / f"vllm-{method}.log"
     kv = _from_log(log, r"KV cache size: ([\d,]+) tokens", 46_592)
     budget = _from_log(log, r"max_num_batched_tokens[=:]\s*(\d+)", CPU_BUDGET)
     return LearnedServer(f"learned from {method}'s {steps:,} timed steps", model, kv, budget, CPU_BLOCK,
-                         client_gap(m), steps=steps)
+                         client_gap(m), steps=steps, noise=noise)
 
 
 class _OneTree(br.Drafter):
@@ -218,7 +225,8 @@ def _jobs(m: Measurement, tag: str) -> list[list[ReplayCall]]:
     for (t, job, n), r in next(iter(m.records.values())).items():
         if t == tag and r.output_ids:
             by_job.setdefault(job, []).append((n, ReplayCall(n, job, r.stage, np.asarray(r.prompt_ids, np.int32),
-                                                             np.asarray(r.output_ids, np.int32))))
+                                                             np.asarray(r.output_ids, np.int32),
+                                                             r.max_tokens or None)))
     return [[c for _, c in sorted(calls, key=lambda x: x[0])] for _, calls in sorted(by_job.items())]
 
 
@@ -227,13 +235,15 @@ def _run(jobs: list[list[ReplayCall]], method: br.Method, server: LearnedServer,
     """The jobs through the simulated server (prompts as sent: the bench truncated them already;
     the drafting's own time, measured here on the same kind of machine, included)."""
     longest = max((len(c.prompt) for job in jobs for c in job), default=1)
-    return br.simulate(jobs, method, server, level, max_context=longest, noise=0.0, proposer_time=True, cache=cache)
+    return br.simulate(jobs, method, server, level, max_context=longest, noise=server.noise, proposer_time=True,
+                       cache=cache, seed=len(jobs))
 
 
 def predict(m: Measurement, server: LearnedServer, methods: list[str], tok,
-            progress: Callable[[str], None] = lambda _: None) -> dict[tuple[str, str, int, int], float]:
+            progress: Callable[[str], None] = lambda _: None) -> dict[tuple[str, str, int, int], dict]:
     """Each method's blocks through the simulated server, in the order the real run took them:
-    predicted tokens/s by (method, workload, level, rep)."""
+    by (method, workload, level, rep), what the simulated server did (batch_replay.Result.row:
+    tokens/s, mean accepted length, acceptance, draft tokens per step)."""
     history = _history(m, tok)
     out = {}
     for name in methods:
@@ -257,31 +267,45 @@ def predict(m: Measurement, server: LearnedServer, methods: list[str], tok,
             progress(f"simulating {name}: {b.tag}")
             result = _run(jobs, method, server, b.level, cache)
             learned += [(c.stage, c.output) for job in jobs for c in job]
-            out[(name, b.workload, b.level, b.rep)] = result.tokens / result.seconds if result.seconds else 0.0
+            out[(name, b.workload, b.level, b.rep)] = result.row()
     return out
 
 
-def compare(m: Measurement, predicted: dict, methods: list[str]) -> dict:
-    """Predicted beside measured, per method, workload, level and phase (medians over blocks), and
-    agentaccel's ratio to each other method, predicted beside measured."""
+def compare(m: Measurement, simulated: dict, methods: list[str]) -> dict:
+    """Predicted beside measured, per method, workload, level and phase (medians over blocks:
+    tokens/s, and the mean accepted length and acceptance over the blocks), and agentaccel's ratio
+    to each other method, predicted beside measured."""
+    predicted = {k: row["tokens_per_s"] for k, row in simulated.items()}
     measured: dict[tuple[str, str, int, int], float] = {}
     phases: dict[tuple[str, int, int], str] = {}
+    spec: dict[tuple[str, str, int, int], dict] = {}
     for b in m.blocks:
         tokens = sum(r.tokens for k, r in m.records[b.method].items() if k[0] == b.tag)
         measured[(b.method, b.workload, b.level, b.rep)] = tokens / b.wall if b.wall else 0.0
         phases[(b.workload, b.level, b.rep)] = b.phase
-    cells: dict[tuple[str, str, int, str], list[tuple[float, float]]] = {}
-    for key, real in measured.items():
+        spec[(b.method, b.workload, b.level, b.rep)] = b.spec
+    cells: dict[tuple[str, str, int, str], list[tuple]] = {}
+    for key in measured:
         if key in predicted:
             method, workload, level, rep = key
-            cells.setdefault((method, workload, level, phases[(workload, level, rep)]), []).append(
-                (predicted[key], real))
+            cells.setdefault((method, workload, level, phases[(workload, level, rep)]), []).append(key)
     rows = []
-    for (method, workload, level, phase), pairs in sorted(cells.items()):
-        pred, real = statistics.median(p for p, _ in pairs), statistics.median(r for _, r in pairs)
+    for (method, workload, level, phase), keys in sorted(cells.items()):
+        pred = statistics.median(predicted[k] for k in keys)
+        real = statistics.median(measured[k] for k in keys)
+        drafts = sum(spec[k].get("drafts", 0.0) for k in keys)
+        draft_tokens = sum(spec[k].get("draft_tokens", 0.0) for k in keys)
+        accepted = sum(spec[k].get("accepted", 0.0) for k in keys)
+        sim_steps = sum(simulated[k]["drafted_steps"] for k in keys)  # as vLLM counts drafts: non-empty ones
+        sim_drafted = sum(simulated[k]["drafted"] for k in keys)
+        sim_accepted = sum(simulated[k]["accepted"] for k in keys)
         rows.append({"method": method, "workload": workload, "concurrency": level, "phase": phase,
                      "predicted_tokens_per_s": pred, "measured_tokens_per_s": real,
-                     "error": pred / real - 1 if real else None})
+                     "error": pred / real - 1 if real else None,
+                     "predicted_mal": 1 + sim_accepted / sim_steps if sim_steps else 1.0,
+                     "measured_mal": 1 + accepted / drafts if drafts else 1.0,
+                     "predicted_acceptance": sim_accepted / sim_drafted if sim_drafted else 0.0,
+                     "measured_acceptance": accepted / draft_tokens if draft_tokens else 0.0})
     ratios = []
     for ours in (x for x in methods if x.startswith("agentaccel")):
         for other in (x for x in methods if x != ours):

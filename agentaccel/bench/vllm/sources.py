@@ -104,14 +104,15 @@ class Sources:
                     yield path.stem, messages, "swe-agent", m["content"]
 
 
-def workload_jobs(workload: str, sources: Sources, count: int, tok, max_tokens: int) -> list[Job]:
+def workload_jobs(workload: str, sources: Sources, count: int, tok, max_tokens: int, open_tokens: int) -> list[Job]:
     """`count` jobs of a workload (fewer if the source has fewer), in order. Agent calls generate up
-    to their recorded reply's length (at most `max_tokens`); the others up to `max_tokens`."""
+    to their recorded reply's length (at most `max_tokens`); calls with no recorded reply (the SQL
+    pipeline's stages, chat) up to `open_tokens`."""
     if workload == "sql":
-        return [Job(f"sql:{n}", lambda generate, q=q: sql_question(*q, lambda m, s: generate(m, s, max_tokens)))
+        return [Job(f"sql:{n}", lambda generate, q=q: sql_question(*q, lambda m, s: generate(m, s, open_tokens)))
                 for n, q in enumerate(sources.sql_questions(count))]
     if workload == "chat":
-        return [Job(f"chat:{n}", lambda generate, p=p: generate([{"role": "user", "content": p}], "chat", max_tokens))
+        return [Job(f"chat:{n}", lambda generate, p=p: generate([{"role": "user", "content": p}], "chat", open_tokens))
                 for n, p in enumerate(sources.chat_prompts(count))]
     jobs = []
     for session, messages, stage, reply in sources.agent_calls():
