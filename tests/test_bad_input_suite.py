@@ -15,7 +15,7 @@ from servers import ServerThread
 from agentaccel.backends.openai_compat import OpenAIBackend
 from agentaccel.bench.upstream import MODEL, Upstream
 from agentaccel.proxy import ProxyConfig, create_app
-from agentaccel.proxy.recorder import Recorder
+from agentaccel.traces.recorder import Recorder
 from agentaccel.traces.store import TraceStore
 
 CHAT_FIELDS = ["model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed",

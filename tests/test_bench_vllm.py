@@ -4,6 +4,7 @@ method (arctic-inference built into the bench's cache) and agentaccel, outputs c
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -23,30 +24,77 @@ def bench(tmp_path, *args, timeout=1200):
 
 def test_bench_vllm_compares_methods_on_bundled_workloads(tmp_path):
     """A fresh machine: the bundled SQL questions, and for the agent workload, with no trace store
-    yet, the bundled OpenHands recordings (said in a note); the proposer's step log profiled."""
-    out = tmp_path / "result.json"
+    yet, the bundled OpenHands recordings (said in a note). agentaccel starts from a history of
+    earlier jobs (made by plain decoding), the others from nothing; the methods take turns block by
+    block at every level; the proposer's step log is profiled; the simulated server replays the
+    same calls, predicted beside measured."""
+    out, logs = tmp_path / "result.json", tmp_path / "logs"
     r = bench(tmp_path, "--methods", "none,suffix,agentaccel", "--workloads", "sql,agent", "--concurrency", "1,2",
-              "--calls", "1,2", "--warm", "1", "--max-tokens", "24", "--json", str(out), "--plot",
-              str(tmp_path / "bench.png"))
+              "--calls", "1,2", "--reps", "2", "--warm", "1", "--history", "1", "--max-tokens", "24",
+              "--open-tokens", "24", "--json", str(out), "--plot", str(tmp_path / "bench.png"), "--logs", str(logs))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     result = json.loads(out.read_text())
-    assert [n for n in result["notes"] if "bundled" not in n] == []
+    notes = [n for n in result["notes"] if "bundled" not in n and "vLLM logs kept" not in n]
+    # the bundled recordings are a few long sessions: the last level reuses some jobs, and says so
+    assert all(n.startswith("agent at 2 in flight") and "ran before" in n for n in notes), notes
     assert result["setup"]["sources"] == {"sql": "bundled text-to-SQL questions",
                                           "agent": "bundled OpenHands agent recordings"}
     rows = {(x["method"], x["workload"], x["concurrency"], x["stage"]): x for x in result["rows"]}
     for method in ("suffix", "agentaccel"):
         for workload, level in (("sql", 1), ("sql", 2), ("agent", 1), ("agent", 2)):
             row = rows[(method, workload, level, "(all)")]
-            assert row["differing_outputs"] == 0 and row["tokens"] > 0, row
+            assert row["differing_outputs"] == 0 and row["tokens"] > 0 and len(row["tokens_per_s_blocks"]) == 2, row
         # the pipeline's prompts carry its schema and earlier answers: both suffix methods draft and land
         assert rows[(method, "sql", 1, "(all)")]["acceptance"] > 0
-    profile = result["profile"]["agentaccel"]["all"]
-    assert profile["steps"] > 20 and 0 < profile["proposer_ms"] < profile["step_ms"]
+    # the interleaved runner: every block of every level run by every method, the order rotating
+    blocks = result["blocks"]
+    for key in {(b["workload"], b["level"], b["rep"]) for b in blocks}:
+        assert sorted(b["method"] for b in blocks if (b["workload"], b["level"], b["rep"]) == key) == \
+            ["agentaccel", "none", "suffix"]
+    firsts = {min((b for b in blocks if (b["workload"], b["level"], b["rep"]) == key), key=lambda b: b["order"])[
+        "method"] for key in {(b["workload"], b["level"], b["rep"]) for b in blocks}}
+    assert len(firsts) > 1  # not always the same method first
+    assert {(b["workload"], b["level"]) for b in blocks} == {("sql", 1), ("sql", 2), ("agent", 1), ("agent", 2)}
+    # the history: agentaccel's alone, and what it seeded shows in the proposer's statistics
+    assert result["history"]["none"] is None and result["history"]["suffix"] is None
+    assert sum(result["history"]["agentaccel"]["calls_by_stage"].values()) == 5 + 1  # a question, an agent call
+    profile = result["profile"]["agentaccel"]
+    assert profile["all"]["steps"] > 20 and 0 < profile["all"]["proposer_ms"] < profile["all"]["step_ms"]
+    assert sum(s["seeded_outputs"] for s in profile["stages"].values()) == 6
+    assert "seeded 6 outputs" in (logs / "vllm-agentaccel.log").read_text()
     assert rows[("none", "sql", 1, "(all)")]["draft_tokens_per_step"] == 0
     stages = {k[3] for k in rows if k[:3] == ("agentaccel", "sql", 1)}
     assert {"classify", "schema-link", "sql", "refine", "final"} <= stages
-    assert "sql/c1 vs suffix" in result["agentaccel_speedups"]
+    assert "agentaccel / suffix, sql at 1" in result["ratios"]
+    # the simulator replayed every method's blocks: a prediction beside every measured cell
+    checked = result["simulator"]
+    assert {(x["method"], x["workload"], x["concurrency"]) for x in checked["rows"]} == \
+        {(m, w, c) for m in ("none", "suffix", "agentaccel") for w in ("sql", "agent") for c in (1, 2)}
+    assert all(x["predicted_tokens_per_s"] > 0 for x in checked["rows"])
     assert (tmp_path / "bench.png").stat().st_size > 0
+    # and again from the kept run: `bench replay --vllm-run`
+    again = subprocess.run([sys.executable, "-m", "agentaccel.cli.main", "bench", "replay", "--vllm-run", str(logs)],
+                           capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and "simulated vs measured" in again.stdout, again.stderr[-2000:]
+
+
+def test_a_restarted_agentaccel_server_drafts_from_what_it_learned_before(tmp_path):
+    """--restart: every server restarts half way through each level; agentaccel's comes back with
+    its history and every call it answered before (its snapshot, then its store), vLLM's with
+    nothing; the blocks after the restart are reported apart."""
+    out, logs = tmp_path / "result.json", tmp_path / "logs"
+    r = bench(tmp_path, "--methods", "suffix,agentaccel", "--workloads", "agent", "--concurrency", "1",
+              "--calls", "2", "--reps", "2", "--warm", "1", "--history", "2", "--max-tokens", "24", "--restart",
+              "--no-simulate", "--json", str(out), "--logs", str(logs))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["restarts"] == 1
+    phases = {(x["method"], x["phase"]) for x in result["rows"] if x["stage"] == "(all)"}
+    assert phases == {(m, p) for m in ("suffix", "agentaccel") for p in ("", "after restart")}
+    seeded = [int(n) for n in re.findall(r"seeded (\d+) outputs", (logs / "vllm-agentaccel.log").read_text())]
+    # first start: the history (2 calls); after the restart: those, the warm-up call and the first block's 2
+    assert seeded == [2, 5], seeded
+    assert "from the snapshot" in (logs / "vllm-agentaccel.log").read_text()
 
 
 def test_bench_vllm_says_what_is_missing(tmp_path):

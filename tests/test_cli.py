@@ -97,6 +97,11 @@ def test_openhands_config_names_the_served_model(tmp_path):
     assert llm == {"model": f"litellm_proxy/{MODEL}", "base_url": proxy.url, "api_key": "none",
                    "native_tool_calling": True}  # a model litellm does not know would get tools as text
     assert f'model="litellm_proxy/{MODEL}"' in out
+    # the 1.x app: what its Settings API takes, and the address a Docker-runtime container reaches
+    body = json.loads(re.search(r"-d '(.*)'$", out, flags=re.M).group(1))
+    assert body == {"agent_settings_diff": {"llm": {"model": f"litellm_proxy/{MODEL}", "base_url": proxy.url,
+                                                    "api_key": "none"}}}
+    assert f"http://host.docker.internal:{proxy.port}" in out and "--host 0.0.0.0" in out
     down = subprocess.run([sys.executable, "-m", "agentaccel.cli.main", "openhands-config", "--url",
                            f"http://127.0.0.1:{free_port()}"], capture_output=True, text=True)
     assert down.returncode == 2 and "no proxy answering" in down.stderr

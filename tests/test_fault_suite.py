@@ -20,7 +20,7 @@ from servers import ServerThread, free_port, wait_healthy
 from agentaccel.backends.openai_compat import OpenAIBackend
 from agentaccel.bench.upstream import MODEL, Upstream
 from agentaccel.proxy import ProxyConfig, create_app
-from agentaccel.proxy.recorder import Recorder
+from agentaccel.traces.recorder import Recorder
 from agentaccel.traces.store import TraceStore
 
 

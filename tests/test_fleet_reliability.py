@@ -14,7 +14,7 @@ from servers import ServerThread
 from agentaccel.backends.openai_compat import OpenAIBackend
 from agentaccel.bench.upstream import MODEL, Upstream
 from agentaccel.proxy import ProxyConfig, create_app
-from agentaccel.proxy.recorder import Recorder
+from agentaccel.traces.recorder import Recorder
 from agentaccel.traces.store import TraceStore
 
 
@@ -58,7 +58,7 @@ def test_identical_calls_of_one_session_through_two_proxies_are_each_stored(db):
 
 def test_a_batch_written_again_stores_nothing_twice(tmp_path):
     """The writer retries a batch whose commit it could not confirm: the call ids make it idempotent."""
-    from agentaccel.proxy.recorder import RecordedCall, _Writer
+    from agentaccel.traces.recorder import RecordedCall, _Writer
 
     class Counter:
         value = 0

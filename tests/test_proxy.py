@@ -17,8 +17,8 @@ from servers import ServerThread, free_port, wait_healthy
 from agentaccel.backends.openai_compat import OpenAIBackend
 from agentaccel.bench.upstream import MODEL, Upstream
 from agentaccel.proxy import ProxyConfig, create_app
-from agentaccel.proxy.recorder import Recorder
 from agentaccel.proxy.tagging import StageRule, resolve, strip_proxy_fields, system_fingerprint
+from agentaccel.traces.recorder import Recorder
 from agentaccel.traces.store import TraceStore
 
 MESSAGES = [{"role": "system", "content": "You are a SQL expert."}, {"role": "user", "content": "count users"}]
@@ -266,7 +266,7 @@ def test_a_killed_proxy_loses_no_committed_call(upstream, tmp_path):
 
 def test_a_call_that_cannot_be_stored_is_counted_and_the_writer_lives_on(tmp_path):
     from agentaccel.proxy.metrics import Metrics
-    from agentaccel.proxy.recorder import RecordedCall
+    from agentaccel.traces.recorder import RecordedCall
 
     recorder = Recorder(tmp_path / "traces.db", flush_seconds=0.01)
     try:

@@ -19,7 +19,7 @@ from agentaccel.backends.openai_compat import OpenAIBackend  # noqa: E402
 from agentaccel.backends.seeding import seed_from_store  # noqa: E402
 from agentaccel.engine import SuffixEngine  # noqa: E402
 from agentaccel.proxy import ProxyConfig, create_app  # noqa: E402
-from agentaccel.proxy.recorder import Recorder  # noqa: E402
+from agentaccel.traces.recorder import Recorder  # noqa: E402
 from agentaccel.traces.store import TraceStore  # noqa: E402
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -168,7 +168,7 @@ def test_client_disconnect_stops_local_generation(local):
 def test_the_writer_process_tokenizes_outputs_with_the_models_tokenizer(local, tmp_path):
     """The tokenizer travels to the recorder's writer process (as `agentaccel serve` sends it once
     the model is loaded): stored outputs get their token cache in the same transaction."""
-    from agentaccel.proxy.recorder import RecordedCall
+    from agentaccel.traces.recorder import RecordedCall
 
     _server, backend, _recorder, _db = local
     tok = backend.tokenizer

@@ -9,7 +9,7 @@ from servers import ServerThread
 from agentaccel.backends.openai_compat import OpenAIBackend
 from agentaccel.bench.upstream import MODEL, Upstream
 from agentaccel.proxy import ProxyConfig, create_app
-from agentaccel.proxy.recorder import RecordedCall, Recorder
+from agentaccel.traces.recorder import RecordedCall, Recorder
 from agentaccel.traces.store import TraceStore
 
 LONE_SURROGATE = "s\\ud800"  # as JSON text: valid JSON, not storable as UTF-8

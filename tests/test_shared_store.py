@@ -22,9 +22,9 @@ from agentaccel.bench.upstream import MODEL, Upstream
 from agentaccel.engine import SuffixEngine
 from agentaccel.processes import stop_group
 from agentaccel.proxy import ProxyConfig, create_app
-from agentaccel.proxy.recorder import RecordedCall, Recorder
 from agentaccel.text.tokenization import load_tokenizer
 from agentaccel.traces import stage_policies, step_costs
+from agentaccel.traces.recorder import RecordedCall, Recorder
 from agentaccel.traces.records import Call, Session
 from agentaccel.traces.store import TraceStore
 from agentaccel.traces.tail import CallTail
@@ -227,10 +227,17 @@ def test_a_server_starts_warm_from_a_snapshot_and_reads_only_later_calls(db, tok
     report, follower = seed_then_follow(second, db, tok, snapshot=snapshot)
     try:
         assert report.snapshot is not None and report.calls == 0  # the trees came from the snapshot
-        assert wait_for(lambda: follower.stats.learned == 2)  # and only the two later calls from the store
+        # and only the two later calls from the store, read before the first request could come
+        assert report.after_snapshot == follower.stats.learned == 2
         assert len(second.document_ids("s")) == 5  # each output once
     finally:
         follower.close()
+    # not following: the calls after the snapshot (the second server saved it at 5) are read all the same
+    write(db, *(session(f"k{i}", f"SELECT {i};") for i in range(5, 7)), tokenize=(tok.fingerprint, tok.encode_batch))
+    third = SuffixEngine()
+    report, follower = seed_then_follow(third, db, tok, follow=False, snapshot=snapshot)
+    assert follower is None and report.snapshot.cursor == 5 and report.after_snapshot == 2
+    assert len(third.document_ids("s")) == 7
 
     # a snapshot that does not fit is not used: another store, or a damaged file
     other = tmp_path / "other.db"
@@ -239,7 +246,7 @@ def test_a_server_starts_warm_from_a_snapshot_and_reads_only_later_calls(db, tok
     assert report.snapshot is None and report.calls == 1
     snapshot.write_bytes(snapshot.read_bytes()[:100])
     report, _ = seed_then_follow(SuffixEngine(), db, tok, follow=False, snapshot=snapshot)
-    assert report.snapshot is None and report.calls == 5
+    assert report.snapshot is None and report.calls == 7
 
 
 # ---------------------------------------------------------------------------- two real servers

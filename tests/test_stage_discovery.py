@@ -14,9 +14,9 @@ from test_template_miner import chess_calls
 from agentaccel.backends.openai_compat import OpenAIBackend
 from agentaccel.bench.upstream import MODEL, Upstream
 from agentaccel.proxy import ProxyConfig, create_app
-from agentaccel.proxy.recorder import Recorder
 from agentaccel.traces import templates
 from agentaccel.traces.database import locate
+from agentaccel.traces.recorder import Recorder
 from agentaccel.traces.store import TraceStore
 
 STAGES = 6  # CHESS's templates in chess_calls

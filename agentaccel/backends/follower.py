@@ -71,8 +71,9 @@ class StoreFollower:
         return self
 
     def start(self) -> StoreFollower:
-        """Opens the tail and follows on a background thread."""
-        self.open()
+        """Opens the tail (unless `open` did) and follows on a background thread."""
+        if self._tail is None:
+            self.open()
         self._thread.start()
         return self
 
@@ -164,7 +165,8 @@ def seed_then_follow(engine: SuffixEngine, db: str | Location, tokenizer, *, fol
     """Fills the trees with the store's calls up to its newest one now, then (`follow`) tails every
     call after it: nothing is missed between the two and nothing read twice. With `snapshot`: the
     trees come from that snapshot when it fits (backends/snapshots.py) and only the calls after
-    it are read; while following, the snapshot is saved now and then (`save_snapshot`)."""
+    it are read, before this returns; while following, the snapshot is saved now and then
+    (`save_snapshot`)."""
     with TraceStore(db) as store:
         info, refused = snapshots.load(engine, Path(snapshot), store, tokenizer) if snapshot else (None, "")
         if info is not None:
@@ -173,9 +175,17 @@ def seed_then_follow(engine: SuffixEngine, db: str | Location, tokenizer, *, fol
             cursor = store.newest_call_id()
             report = seed_from_store(engine, store, tokenizer, progress=progress, up_to=cursor)
             report.snapshot_refused = refused
-    if not follow:
+    if info is None and not follow:
         return report, None
-    follower = StoreFollower(engine, db, tokenizer, after=cursor).start()
+    follower = StoreFollower(engine, db, tokenizer, after=cursor).open()
+    if info is not None:  # the calls recorded after the snapshot join the trees before the first request
+        while follower.step():
+            pass
+        report.after_snapshot = follower.stats.learned
+    if not follow:
+        follower.close()
+        return report, None
+    follower.start()
     if snapshot and save_snapshot:
         follower.keeper = snapshots.SnapshotKeeper(follower, Path(snapshot))
     return report, follower

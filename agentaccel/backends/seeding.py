@@ -21,6 +21,7 @@ class SeedReport:
     stages: int = 0
     skipped_for_budget: int = 0
     snapshot: object | None = None  # the snapshot the trees came from instead (backends/snapshots.py)
+    after_snapshot: int = 0  # outputs recorded after the snapshot, read from the store at the start
     snapshot_refused: str = ""  # why a snapshot asked for was not used
 
 

@@ -15,10 +15,11 @@ def openhands_config(
                                                 help="The proxy's --api-key (default: none).")] = None,
     model: Annotated[str | None, typer.Option(help="Model name (default: the first the proxy serves).")] = None,
 ) -> None:
-    """Print OpenHands' config.toml \\[llm] section and the SDK equivalent for a running proxy."""
+    """Print OpenHands' settings for a running proxy: the classic core's config.toml \\[llm] section, the
+    SDK's LLM(...), and what the 1.x app takes in Settings (local and Docker runtime)."""
     import httpx
 
-    from agentaccel.adapters.openhands import config_toml, sdk_snippet
+    from agentaccel.adapters.openhands import app_settings, config_toml, sdk_snippet
 
     base = url.rstrip("/").removesuffix("/v1")
     headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
@@ -34,3 +35,4 @@ def openhands_config(
     name = model or served[0]
     print(config_toml(base, name, api_key))
     print(sdk_snippet(base, name, api_key))
+    print(app_settings(base, name, api_key))

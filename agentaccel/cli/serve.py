@@ -244,7 +244,7 @@ def check_cost_profile(value: str) -> None:
 def _recorder(config):
     if not config.record:
         return None
-    from agentaccel.proxy.recorder import Recorder
+    from agentaccel.traces.recorder import Recorder
 
     try:
         return Recorder(config.db_path, redact=config.redact)
@@ -329,7 +329,7 @@ def seed_engine(engine, db, tokenizer, seed: bool, follow: bool, snapshot: Path 
                 progress=lambda done, total: progress.update(task, completed=done, total=total))
         if report.snapshot is not None:
             err.print(f"agentaccel: stage trees from the snapshot {snapshot} (calls up to {report.snapshot.cursor}), "
-                      f"then the calls recorded after it in {db}")
+                      f"then the {report.after_snapshot} outputs recorded after it in {db}")
         else:
             if snapshot is not None:
                 err.print(f"agentaccel: snapshot not used: {report.snapshot_refused}", markup=False, highlight=False)

@@ -67,6 +67,8 @@ def import_traces_cmd(
                 console.print(f"  {s.path}")
     if report.skipped_files:
         console.print(f"[yellow]{len(report.skipped_files)} source(s) skipped[/yellow] (reasons above)")
+    for template, stage in sorted(report.mapped.items()):
+        console.print(f"untagged calls of this template are served as {stage}: {template}")
     if store is not None:
         store.close()
 
@@ -159,13 +161,17 @@ def _saved_templates(store) -> None:
         console.print("no discovered stages yet (`serve` finds them in untagged requests; "
                       "`traces stages --discover` in stored calls)")
         return
+    from agentaccel.traces import template_stages
+
     counts = store.counts_by_stage()
+    served_as = template_stages.read(store)
     table = Table(title=f"discovered stages in {store.name}")
-    for col in ("stage", "calls stored", "calls matched", "fixed lines", "opens with"):
+    for col in ("template", "served as", "calls stored", "calls matched", "fixed lines", "opens with"):
         table.add_column(col, justify="right" if col.startswith(("calls", "fixed")) else "left")
     for t in saved:
-        table.add_row(t.stage, f"{counts.get(t.stage, {}).get('calls', 0):,}", f"{t.calls:,}",
-                      f"{len(t.fixed):,}", (t.fixed[0] if t.fixed else "")[:60])
+        stage = served_as.get(t.stage, t.stage)  # a template of imported calls: the stage they carry
+        table.add_row(t.stage, stage if stage != t.stage else "", f"{counts.get(stage, {}).get('calls', 0):,}",
+                      f"{t.calls:,}", f"{len(t.fixed):,}", (t.fixed[0] if t.fixed else "")[:60])
     console.print(table)
 
 

@@ -8,7 +8,7 @@ import asyncio
 import logging
 from collections.abc import Mapping
 
-from agentaccel.traces import templates
+from agentaccel.traces import template_stages, templates
 from agentaccel.traces.database import Location
 from agentaccel.traces.store import TraceStore
 from agentaccel.traces.template_miner import MinerConfig, TemplateMiner, template_text
@@ -28,6 +28,7 @@ class StageDiscovery:
         self.save_errors = 0
         self._saving: asyncio.Task | None = None
         self._store: TraceStore | None = None  # opened at the first save, kept (saves run one at a time)
+        self.stages: dict[str, str] = {}  # template -> the stage its imported calls carry (traces/template_stages.py)
 
     def load(self) -> None:
         """The templates the store kept (blocking: called before serving starts)."""
@@ -36,6 +37,8 @@ class StageDiscovery:
         try:
             with TraceStore(self.location) as store:
                 saved = templates.read(store)
+                # templates whose calls were imported under a stage of their own: served as that stage
+                self.stages = template_stages.read(store)
         except Exception as e:  # noqa: BLE001 - a store that cannot be read costs the kept names, not the server
             log.warning("stage discovery: no templates read from the trace store (%r); stages are found anew", e)
             return
@@ -58,7 +61,7 @@ class StageDiscovery:
         self.found += 1
         if self.miner.changed and self.save_to_store and (self._saving is None or self._saving.done()):
             self._saving = asyncio.get_running_loop().create_task(self.save())
-        return match.stage
+        return self.stages.get(match.stage, match.stage)
 
     async def save(self) -> None:
         changed, renamed = self.miner.take_changes()

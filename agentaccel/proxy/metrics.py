@@ -11,7 +11,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from agentaccel.backends.base import SpecStats
 
 if TYPE_CHECKING:
-    from agentaccel.proxy.recorder import Recorder
+    from agentaccel.traces.recorder import Recorder
 
 disable_created_metrics()  # the *_created series double the output and nothing here reads them
 

@@ -37,8 +37,8 @@ from agentaccel.proxy.discovery import StageDiscovery
 from agentaccel.proxy.event_stream import EventStream
 from agentaccel.proxy.guard import guarded_protocol
 from agentaccel.proxy.metrics import Metrics
-from agentaccel.proxy.recorder import RecordedCall, Recorder
 from agentaccel.proxy.validation import parse_json, validate
+from agentaccel.traces.recorder import RecordedCall, Recorder
 
 SSE_DONE = b"data: [DONE]\n\n"
 log = logging.getLogger("agentaccel.proxy")

@@ -7,10 +7,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agentaccel.traces import template_stages
 from agentaccel.traces.formats.registry import FOLDER_FORMATS, PARSERS, Source, discover
 from agentaccel.traces.records import FormatError
 from agentaccel.traces.stages import resolve_stage
 from agentaccel.traces.store import TraceStore, WriteResult
+from agentaccel.traces.template_miner import MinerConfig, template_text
+
+MINER_CHARS = MinerConfig().max_chars
 
 DEFAULT_MAX_FILE_BYTES = 1 << 30
 TRACE_SUFFIXES = {".traj", ".jsonl"}  # files of these kinds that cannot be read are reported
@@ -30,6 +34,8 @@ class ImportReport:
     rows: dict[tuple[str, str], Row] = field(default_factory=dict)  # (format, stage) -> counts
     skipped_files: list[tuple[Path, str]] = field(default_factory=list)  # recognized but unreadable
     unrecognized: list[Source] = field(default_factory=list)
+    # prompt templates the imported calls established -> the stage live calls of them are served as
+    mapped: dict[str, str] = field(default_factory=dict)
 
     @property
     def calls(self) -> int:
@@ -94,6 +100,7 @@ def import_traces(
     report = ImportReport()
     sources = discover(paths, forced_format)
     tokenize = (tokenizer.fingerprint, tokenizer.encode_batch) if tokenizer is not None else None
+    texts: list[tuple[str, str]] = []  # (template text, stage) of every call read: live calls are served alike
     for n, source in enumerate(sources):
         if on_source:
             on_source(source, n, len(sources))
@@ -128,5 +135,8 @@ def import_traces(
         else:
             result = store.write_sessions(sessions, stage_of=resolve_stage, source_file=str(source.path),
                                           fmt=source.format, tokenize=tokenize)
+            texts += [(template_text(c.messages, MINER_CHARS), resolve_stage(s, c)) for s in sessions for c in s.calls]
         report.add(source.format, result)
+    if store is not None and texts:
+        report.mapped = template_stages.learn(store, texts)
     return report

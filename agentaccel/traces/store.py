@@ -99,6 +99,11 @@ CREATE TABLE IF NOT EXISTS templates (  -- traces/templates.py
   calls {INT} NOT NULL,              -- calls it matched
   updated_at TEXT
 );
+CREATE TABLE IF NOT EXISTS template_stages (  -- traces/template_stages.py
+  template TEXT PRIMARY KEY,         -- a discovered template (tmpl:...)...
+  stage TEXT NOT NULL,               -- ...whose calls, imported, carry this stage: live ones get it too
+  updated_at TEXT
+);
 CREATE TABLE IF NOT EXISTS step_costs (  -- traces/step_costs.py
   server TEXT PRIMARY KEY,           -- what was timed: the model, the device, the parallelism
   curve TEXT NOT NULL,               -- JSON: the learned step cost (engine/step_cost.py)

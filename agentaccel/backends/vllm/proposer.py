@@ -252,7 +252,8 @@ class AgentaccelProposer:
             # what the trees hold before the first request, by stage: shown in /metrics (agentaccel_seeded_*)
             self.seeded = {stage: {"documents": s["documents"], "tokens": s["tokens"]}
                            for stage, s in self.engine.stats()["stages"].items() if s["documents"]}
-            where = (f"the snapshot {snapshot} (calls up to {report.snapshot.cursor}), then the store"
+            where = (f"the snapshot {snapshot} (calls up to {report.snapshot.cursor}), then {report.after_snapshot} "
+                     "recorded after it in the store"
                      if report.snapshot is not None else "the trace store")
             log.info("agentaccel: seeded %d outputs (%d tokens) in %d stages from %s %s: %s", sum(
                 s["documents"] for s in self.seeded.values()), sum(s["tokens"] for s in self.seeded.values()),

@@ -100,7 +100,7 @@ class Client:
             self.records[key] = CallRecord(stage, tokens, end - t0, end - (first or end), reply, prompt, ids, chunks,
                                            t0 - self._block_start, spec, max_tokens)
         if self.recorder is not None:  # as `agentaccel serve` records the call
-            from agentaccel.proxy.recorder import RecordedCall
+            from agentaccel.traces.recorder import RecordedCall
 
             self.recorder.submit(RecordedCall(stage=stage, session_id=session, model=self.model, messages=messages,
                                               response=reply, completion_tokens=tokens, latency=end - t0,
@@ -126,7 +126,7 @@ class Client:
         for its first step after the pause (here ~0.8 s, whichever the method), which belongs to
         no method's speed."""
         body = {"model": self.model, "prompt": [1, 2, 3], "max_tokens": 1, "temperature": 0,
-                "vllm_xargs": {"stage": "wake-up"}}
+                "vllm_xargs": {"stage": "wake-up", "speculate": False}}  # agentaccel's plugin learns nothing from it
         self.http.post(self.url + "/v1/completions", json=body).raise_for_status()
 
     def close(self) -> None:

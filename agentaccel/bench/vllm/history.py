@@ -52,7 +52,7 @@ def history_store(plan: Plan, jobs: dict[str, list[Job]], layouts: dict[str, Lay
 
 def _make(plan: Plan, jobs: dict[str, list[Job]], layouts: dict[str, Layout], tok, path: Path,
           progress: Callable[[str], None]) -> None:
-    from agentaccel.proxy.recorder import Recorder
+    from agentaccel.traces.recorder import Recorder
 
     server = MethodServer("none", plan.model, plan.vllm_args, plan.log_dir, None)
     progress("history: starting plain vLLM to answer the earlier sessions")

@@ -60,6 +60,8 @@ def summarize(m: Measurement, methods: list[str], log_dir: Path) -> dict:
     for meth, p in profile.items():
         p["stages"] = stage_profile(log_dir / f"stats-{meth}.json")
     return {"rows": rows, "ratios": {k: _ratio_stats(v) for k, v in ratios.items()}, "profile": profile,
+            "blocks": [{"method": b.method, "workload": b.workload, "level": b.level, "rep": b.rep, "phase": b.phase,
+                        "order": b.order, "seconds": b.wall} for b in m.blocks],
             "history": {meth: ({"calls_by_stage": m.history_calls, "store": str(m.history)} if meth in m.stores
                                else None) for meth in methods},
             "restarts": m.restarts}

@@ -95,7 +95,7 @@ def rotated(methods: list[str], by: int) -> list[str]:
 
 
 def run(plan: Plan, tok, arctic: Path | None, progress: Callable[[str], None]) -> Measurement:
-    from agentaccel.proxy.recorder import Recorder
+    from agentaccel.traces.recorder import Recorder
 
     jobs = {w: workload_jobs(w, plan.sources, plan.sizes.history + plan.sizes.warm + plan.sizes.measured + 64, tok,
                              plan.max_tokens, plan.open_tokens) for w in plan.workloads}

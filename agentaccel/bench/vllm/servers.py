@@ -125,7 +125,7 @@ class MethodServer:
         raise RuntimeError(f"{self.method}: vLLM not ready after {timeout:g} s; see {self.log_path}")
 
     def stop(self) -> None:
-        """SIGTERM to its group (the plugin saves its snapshot on the way out), SIGKILL after a minute."""
+        """SIGTERM to its group, SIGKILL after a minute."""
         if self.proc is not None:
             stop_group(self.proc, 60)
             self.proc = None

@@ -1,5 +1,6 @@
-"""Background recording: calls are handed to a writer process that stores them in the trace store
-in batches, one transaction each.
+"""Background recording into the trace store: the proxy records every answer through it (so do the
+benchmarks that record as `agentaccel serve` does). Calls are handed to a writer process that
+stores them in batches, one transaction each.
 
 Why a process and not a thread: storing a call (canonical JSON and a hash per message, a few
 SQLite statements, tokenizing the output) took a large share of the proxy's CPU at saturation

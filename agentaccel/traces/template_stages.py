@@ -1,0 +1,66 @@
+"""One stage for a call whether it arrives live or from an import.
+
+An importer names an untagged call's stage after its framework (`openhands:Agent` for an OpenHands
+conversation, `swe-agent`, a pipeline's step); a client that sends no tags gets its stage from the
+prompt template its request matches (`tmpl:...`, proxy/discovery.py). Left alone, the two never
+meet: yesterday's imported runs would fill trees today's untagged calls never draft from. So an
+import runs its calls through the same template miner the proxy runs (traces/template_miner.py,
+starting from the templates the store keeps), and every template its calls establish is kept with
+the stage they were imported as (the most common one among them). A server then serves a live
+call that matches such a template as that stage, drafting from the imported calls' trees; the
+calls it recorded under the template's own name before are moved to the stage with it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+
+from agentaccel.traces import templates
+from agentaccel.traces.stage_policies import now
+from agentaccel.traces.stages import DEFAULT_STAGE
+from agentaccel.traces.store import TraceStore
+from agentaccel.traces.template_miner import PREFIX, TemplateMiner
+
+
+def read(store: TraceStore) -> dict[str, str]:
+    """template -> the stage its calls are served as."""
+    return {t: s for t, s in store.conn.execute("SELECT template, stage FROM template_stages").fetchall()
+            if isinstance(t, str) and isinstance(s, str) and s}
+
+
+def learn(store: TraceStore, calls: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """Runs imported calls, (template text, stage they were imported as), through the template
+    miner and keeps, in one transaction, the templates they establish and the stage each is served
+    as from now on. Returns the new mapping (template -> stage)."""
+    miner = TemplateMiner(track_merges=True)
+    saved = templates.read(store)
+    miner.restore([(t.stage, t.fixed, t.calls) for t in saved])
+    miner.reserve({t.stage: t.fixed for t in saved})
+    seen = [(miner.observe(text).template, stage) for text, stage in calls]
+    votes: dict[int, Counter] = {}
+    by_id = {}
+    for template, stage in seen:
+        template = miner.resolve(template)
+        if template is not None and template.name and not stage.startswith(PREFIX) and stage != DEFAULT_STAGE:
+            votes.setdefault(id(template), Counter())[stage] += 1
+            by_id[id(template)] = template
+    known = read(store)
+    mapping = {}
+    for key, count in votes.items():
+        name = by_id[key].name
+        stage = count.most_common(1)[0][0]
+        if known.get(name) != stage:
+            mapping[name] = stage
+    changed, renamed = miner.take_changes()
+    retired = miner.take_retired()
+    stamp = now()
+    with store.conn.transaction():
+        templates.write_rows(store, [templates.SavedTemplate.of(t) for t in changed], renamed, retired)
+        for template, stage in mapping.items():
+            store.conn.execute("INSERT INTO template_stages (template, stage, updated_at) VALUES (?, ?, ?) "
+                               "ON CONFLICT (template) DO UPDATE SET stage=excluded.stage, "
+                               "updated_at=excluded.updated_at", (template, stage, stamp))
+            # live calls a server filed under the template's own name belong to the stage now
+            store.conn.execute("UPDATE calls SET stage=? WHERE stage=?", (stage, template))
+    return mapping
