@@ -100,7 +100,7 @@ def import_traces(
     report = ImportReport()
     sources = discover(paths, forced_format)
     tokenize = (tokenizer.fingerprint, tokenizer.encode_batch) if tokenizer is not None else None
-    texts: list[tuple[str, str]] = []  # (template text, stage) of every call read: live calls are served alike
+    seen = template_stages.ImportedTemplates(store) if store is not None else None  # live calls served alike
     for n, source in enumerate(sources):
         if on_source:
             on_source(source, n, len(sources))
@@ -135,8 +135,10 @@ def import_traces(
         else:
             result = store.write_sessions(sessions, stage_of=resolve_stage, source_file=str(source.path),
                                           fmt=source.format, tokenize=tokenize)
-            texts += [(template_text(c.messages, MINER_CHARS), resolve_stage(s, c)) for s in sessions for c in s.calls]
+            for s in sessions:
+                for c in s.calls:
+                    seen.observe(template_text(c.messages, MINER_CHARS), resolve_stage(s, c))
         report.add(source.format, result)
-    if store is not None and texts:
-        report.mapped = template_stages.learn(store, texts)
+    if seen is not None and seen.votes:
+        report.mapped = seen.save(store)
     return report

@@ -14,7 +14,6 @@ calls it recorded under the template's own name before are moved to the stage wi
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
 
 from agentaccel.traces import templates
 from agentaccel.traces.stage_policies import now
@@ -29,38 +28,45 @@ def read(store: TraceStore) -> dict[str, str]:
             if isinstance(t, str) and isinstance(s, str) and s}
 
 
-def learn(store: TraceStore, calls: Iterable[tuple[str, str]]) -> dict[str, str]:
-    """Runs imported calls, (template text, stage they were imported as), through the template
-    miner and keeps, in one transaction, the templates they establish and the stage each is served
-    as from now on. Returns the new mapping (template -> stage)."""
-    miner = TemplateMiner(track_merges=True)
-    saved = templates.read(store)
-    miner.restore([(t.stage, t.fixed, t.calls) for t in saved])
-    miner.reserve({t.stage: t.fixed for t in saved})
-    seen = [(miner.observe(text).template, stage) for text, stage in calls]
-    votes: dict[int, Counter] = {}
-    by_id = {}
-    for template, stage in seen:
-        template = miner.resolve(template)
-        if template is not None and template.name and not stage.startswith(PREFIX) and stage != DEFAULT_STAGE:
-            votes.setdefault(id(template), Counter())[stage] += 1
-            by_id[id(template)] = template
-    known = read(store)
-    mapping = {}
-    for key, count in votes.items():
-        name = by_id[key].name
-        stage = count.most_common(1)[0][0]
-        if known.get(name) != stage:
-            mapping[name] = stage
-    changed, renamed = miner.take_changes()
-    retired = miner.take_retired()
-    stamp = now()
-    with store.conn.transaction():
-        templates.write_rows(store, [templates.SavedTemplate.of(t) for t in changed], renamed, retired)
-        for template, stage in mapping.items():
-            store.conn.execute("INSERT INTO template_stages (template, stage, updated_at) VALUES (?, ?, ?) "
-                               "ON CONFLICT (template) DO UPDATE SET stage=excluded.stage, "
-                               "updated_at=excluded.updated_at", (template, stage, stamp))
-            # live calls a server filed under the template's own name belong to the stage now
-            store.conn.execute("UPDATE calls SET stage=? WHERE stage=?", (stage, template))
-    return mapping
+class ImportedTemplates:
+    """The templates an import's calls establish, with the stage they were imported as. Calls are
+    observed one by one as they are read (an import of any size holds one miner, not its texts);
+    `save` keeps the result."""
+
+    def __init__(self, store: TraceStore) -> None:
+        self.miner = TemplateMiner(track_merges=True)
+        saved = templates.read(store)
+        self.miner.restore([(t.stage, t.fixed, t.calls) for t in saved])
+        self.miner.reserve({t.stage: t.fixed for t in saved})
+        self.votes: dict[int, Counter] = {}  # id(template) -> the stages its calls were imported as
+        self.templates: dict[int, object] = {}
+
+    def observe(self, text: str, stage: str) -> None:
+        template = self.miner.observe(text).template
+        if not stage.startswith(PREFIX) and stage != DEFAULT_STAGE:
+            self.votes.setdefault(id(template), Counter())[stage] += 1
+            self.templates[id(template)] = template
+
+    def save(self, store: TraceStore) -> dict[str, str]:
+        """Keeps, in one transaction, the templates and the stage each is served as from now on
+        (the most common among its calls). Returns the new mapping (template -> stage)."""
+        chosen: dict[str, Counter] = {}
+        for key, count in self.votes.items():
+            template = self.miner.resolve(self.templates[key])  # merged since: its survivor
+            if template is not None and template.name:
+                chosen.setdefault(template.name, Counter()).update(count)
+        known = read(store)
+        mapping = {name: count.most_common(1)[0][0] for name, count in chosen.items()}
+        mapping = {name: stage for name, stage in mapping.items() if known.get(name) != stage}
+        changed, renamed = self.miner.take_changes()
+        retired = self.miner.take_retired()
+        stamp = now()
+        with store.conn.transaction():
+            templates.write_rows(store, [templates.SavedTemplate.of(t) for t in changed], renamed, retired)
+            for template, stage in mapping.items():
+                store.conn.execute("INSERT INTO template_stages (template, stage, updated_at) VALUES (?, ?, ?) "
+                                   "ON CONFLICT (template) DO UPDATE SET stage=excluded.stage, "
+                                   "updated_at=excluded.updated_at", (template, stage, stamp))
+                # live calls a server filed under the template's own name belong to the stage now
+                store.conn.execute("UPDATE calls SET stage=? WHERE stage=?", (stage, template))
+        return mapping
