@@ -111,3 +111,21 @@ def send(url: str, messages: list[dict]) -> tuple[str, str, int]:
     assert r.status_code == 200, r.text
     body = r.json()
     return r.headers["x-agentaccel-stage"], body["choices"][0]["message"]["content"], body["usage"]["completion_tokens"]
+
+
+def test_import_traces_and_traces_stages_say_what_live_calls_will_be_served_as(tmp_path):
+    import subprocess
+    import sys
+
+    def agentaccel(*args: str) -> str:
+        out = subprocess.run([sys.executable, "-m", "agentaccel.cli.main", *args], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    db = str(tmp_path / "t.db")
+    said = agentaccel("import-traces", str(classic(tmp_path / "runs")), "--db", db)
+    assert "untagged calls of 1 prompt template will be served as openhands:CodeActAgent" in said, said
+    table = agentaccel("traces", "stages", "--db", db)
+    assert "served as" in table and "openhands:CodeActAgent" in table and "tmpl:" in table
+    again = agentaccel("import-traces", str(tmp_path / "runs"), "--db", db)  # known already: nothing new to say
+    assert "will be served as" not in again

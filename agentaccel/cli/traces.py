@@ -67,8 +67,13 @@ def import_traces_cmd(
                 console.print(f"  {s.path}")
     if report.skipped_files:
         console.print(f"[yellow]{len(report.skipped_files)} source(s) skipped[/yellow] (reasons above)")
+    by_stage: dict[str, list[str]] = {}
     for template, stage in sorted(report.mapped.items()):
-        console.print(f"untagged calls of this template are served as {stage}: {template}")
+        by_stage.setdefault(stage, []).append(template)
+    for stage, names in sorted(by_stage.items(), key=lambda kv: -len(kv[1])):
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        console.print(f"untagged calls of {len(names)} prompt template{'s' * (len(names) > 1)} will be served as "
+                      f"{stage} ({shown})", markup=False, highlight=False)
     if store is not None:
         store.close()
 
