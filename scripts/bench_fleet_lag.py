@@ -35,8 +35,9 @@ def serve(args: list[str], log: Path, env: dict | None = None) -> tuple[str, sub
     return f"http://127.0.0.1:{port}", proc
 
 
-async def load(url: str, streams: int, seconds: float, level: int) -> int:
-    """`streams` clients sending calls back to back for `seconds`; each call unique."""
+async def load(url: str, streams: int, seconds: float, level: int, think: float = 0.0) -> int:
+    """`streams` clients sending calls for `seconds`, each `think` seconds after its last answer (0:
+    back to back, which saturates this machine); each call unique."""
     deadline = time.monotonic() + seconds
     sent = 0
 
@@ -49,6 +50,8 @@ async def load(url: str, streams: int, seconds: float, level: int) -> int:
             (await client.post(url + "/v1/chat/completions", json=body)).raise_for_status()
             k += 1
             sent += 1
+            if think:
+                await asyncio.sleep(think)
 
     async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=streams + 4)) as client:
         await asyncio.gather(*(stream(n, client) for n in range(streams)))
@@ -67,6 +70,8 @@ def main() -> None:
     parser.add_argument("--db", required=True, help="the shared trace store (a PostgreSQL URL or a SQLite file)")
     parser.add_argument("--streams", default="1,16,64", help="concurrent streams per level")
     parser.add_argument("--seconds", type=float, default=20.0, help="load per level")
+    parser.add_argument("--think", type=float, default=0.0,
+                        help="seconds each stream waits after an answer, as an agent runs its tools (0: back to back)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="agentaccel-fleet-lag-"))
@@ -81,7 +86,7 @@ def main() -> None:
             wait_healthy(b_url, b, 300)
             for streams in (int(x) for x in args.streams.split(",")):
                 t0 = time.time()
-                sent = asyncio.run(load(a_url, streams, args.seconds, streams))
+                sent = asyncio.run(load(a_url, streams, args.seconds, streams, args.think))
                 t1 = time.time()
                 time.sleep(3.0)  # what is still on its way arrives
                 seen = [json.loads(line) for line in follow_log.read_text().splitlines() if line.strip()]

@@ -313,8 +313,11 @@ def run_replicas(console, err, store, tokenizer, *, stages, model, source, sessi
     rows += [{**row, "replicas": n} for n in replicas if n > 1 for row in rows[:2]]
     elapsed = time.perf_counter() - t0
     label = ", ".join(stages) if stages and len(stages) <= 2 else f"{len(stages)} stages" if stages else "all stages"
+    measured_delay = " (the measured p99 from an answer to another server's trees)" \
+        if delay == rc.MEASURED_SHARE_DELAY else ""
     table = Table(title=f"{len(measured):,} calls ({len(sessions_list):,} sessions, {streams} at a time) on R "
-                        f"replicas routed by session ({label}); shared after {delay:g} s; {elapsed:.0f} s")
+                        f"replicas routed by session ({label}); shared after {delay:g} s{measured_delay}; "
+                        f"{elapsed:.0f} s")
     for c in ("replicas", "learning", "MAT", "accept", "draft/step", f"speedup {profile.name}", "÷ one"):
         table.add_column(c, justify="left" if c == "learning" else "right", no_wrap=True)
     one = rows[0]["est_speedup"]

@@ -32,6 +32,10 @@ from agentaccel.bench.speculators import Speculator
 
 MODES = ("one", "siloed", "shared", "partial")
 
+# From an answer on one server to another server's stage trees, p99, on a PostgreSQL store with 64
+# streams recording (scripts/bench_fleet_lag.py, docs/BENCHMARKS.md): the default sharing delay.
+MEASURED_SHARE_DELAY = 0.075
+
 
 def replica_of(session: int, replicas: int) -> int:
     """The replica a session's calls go to: a stable hash of the session, as a router's."""
@@ -51,7 +55,7 @@ class _Pending:  # an output on its way to a replica's trees
 
 
 def simulate(sessions: Sequence[Sequence[ReplayCall]], make: Callable[[], Speculator], *, mode: str, replicas: int,
-             streams: int = 32, step_seconds: float = 0.02, delay: float = 1.0,
+             streams: int = 32, step_seconds: float = 0.02, delay: float = MEASURED_SHARE_DELAY,
              progress: Callable[[int], None] | None = None) -> Tally:
     """Replays `sessions` (each a list of calls that continue each other) on the fleet; the tally
     of every call on whichever replica served it."""

@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from agentaccel.bench.replicas import MEASURED_SHARE_DELAY
 from agentaccel.cli.common import (
     DbOption,
     JsonOption,
@@ -89,7 +90,9 @@ def bench_replay(
                                                       "replicas siloed, replicas sharing through the store "
                                                       "(default: off).")] = None,
     share_delay: Annotated[float, typer.Option(help="--replicas: seconds from a call's end until the other "
-                                                    "replicas learn its output.", min=0)] = 1.0,
+                                                    "replicas learn its output (default: the p99 measured from "
+                                                    "an answer to another server's trees, PostgreSQL, 64 "
+                                                    "streams).", min=0)] = MEASURED_SHARE_DELAY,
     streams: Annotated[int, typer.Option(help="--replicas: sessions running at once across the fleet.", min=1)]
     = 32,
     step_ms: Annotated[float, typer.Option(help="--replicas: simulated time of one verification step, ms.",

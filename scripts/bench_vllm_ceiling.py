@@ -1,0 +1,57 @@
+"""The ceiling of a kept `agentaccel bench vllm --logs DIR` run: the simulated server learned from
+that run (as `bench replay --vllm-run DIR`) replays every block once more with `oracle`
+(bench/batch_replay.py: agentaccel's candidates, from its history and its trees, cut to exactly what
+is accepted and allocated with the true step cost), beside the simulated `suffix` and agentaccel.
+Prints, per workload and level, the medians over blocks of oracle ÷ suffix, agentaccel ÷ suffix
+and oracle ÷ agentaccel.
+
+    python scripts/bench_vllm_ceiling.py runs/a
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from agentaccel.bench import batch_replay as br
+from agentaccel.bench.vllm import simulate as sim
+from agentaccel.bench.vllm.runner import Measurement
+from agentaccel.engine.cost import load_profile
+from agentaccel.engine.policy import default_config
+from agentaccel.text.tokenization import load_tokenizer
+
+ORACLE = "agentaccel-oracle"  # an agentaccel-* name: the simulator seeds it with agentaccel's history
+
+
+def make_method(name: str) -> br.Method:
+    if name != ORACLE:
+        return _simulated(name)
+    # the plugin's drafting configuration (simulate.make_method), its candidates kept whole
+    oracle = br.Oracle(replace(default_config(load_profile("gpu"), tree=False), max_tokens=32, alpha=1.0,
+                               min_prob=0.1))
+    oracle.name = ORACLE
+    return oracle
+
+
+_simulated = sim.make_method
+
+
+def main(folder: Path) -> None:
+    m = Measurement.load(folder)
+    server = sim.learned_server(folder, m)
+    m.blocks += [replace(b, method=ORACLE) for b in m.blocks if b.method == "agentaccel"]
+    sim.make_method = make_method
+    predicted = sim.predict(m, server, ["suffix", "agentaccel", ORACLE], load_tokenizer())
+    for workload, level in sorted({(w, n) for (_, w, n, _) in predicted}):
+        reps = sorted({r for (_, w, n, r) in predicted if (w, n) == (workload, level)})
+        suffix, ours, oracle = (np.array([predicted[(method, workload, level, r)]["tokens_per_s"] for r in reps])
+                                for method in ("suffix", "agentaccel", ORACLE))
+        print(f"{workload:6s} at {level:3d}: oracle ÷ suffix {np.median(oracle / suffix):.3f}, "
+              f"agentaccel ÷ suffix {np.median(ours / suffix):.3f}, oracle ÷ agentaccel {np.median(oracle / ours):.3f}")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
