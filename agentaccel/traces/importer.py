@@ -12,9 +12,6 @@ from agentaccel.traces.formats.registry import FOLDER_FORMATS, PARSERS, Source, 
 from agentaccel.traces.records import FormatError
 from agentaccel.traces.stages import resolve_stage
 from agentaccel.traces.store import TraceStore, WriteResult
-from agentaccel.traces.template_miner import MinerConfig, template_text
-
-MINER_CHARS = MinerConfig().max_chars
 
 DEFAULT_MAX_FILE_BYTES = 1 << 30
 TRACE_SUFFIXES = {".traj", ".jsonl"}  # files of these kinds that cannot be read are reported
@@ -137,7 +134,7 @@ def import_traces(
                                           fmt=source.format, tokenize=tokenize)
             for s in sessions:
                 for c in s.calls:
-                    seen.observe(template_text(c.messages, MINER_CHARS), resolve_stage(s, c))
+                    seen.observe(c.messages, resolve_stage(s, c))
         report.add(source.format, result)
     if seen is not None and seen.votes:
         report.mapped = seen.save(store)

@@ -41,8 +41,9 @@ class ImportedTemplates:
         self.votes: dict[int, Counter] = {}  # id(template) -> the stages its calls were imported as
         self.templates: dict[int, object] = {}
 
-    def observe(self, text: str, stage: str) -> None:
-        template = self.miner.observe(text).template
+    def observe(self, messages: list[dict], stage: str) -> None:
+        """One imported call: its prompt, read as the proxy reads a live one, and its stage."""
+        template = self.miner.observe_messages(messages).template
         if not stage.startswith(PREFIX) and stage != DEFAULT_STAGE:
             self.votes.setdefault(id(template), Counter())[stage] += 1
             self.templates[id(template)] = template
