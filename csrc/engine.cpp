@@ -43,32 +43,53 @@ Engine::Engine(int max_depth, uint64_t memory_budget_bytes, double evict_slack)
 uint32_t Engine::stage_index(const std::string& name) {
   auto it = stage_by_name_.find(name);
   if (it != stage_by_name_.end()) return it->second;
+  const size_t sep = name.find(kScopeSeparator);
+  const bool scoped = sep != std::string::npos;
+  if (scoped && (sep == 0 || sep + 1 == name.size() || name.find(kScopeSeparator, sep + 1) != std::string::npos))
+    throw InvalidInput("a scoped stage is named <stage>\\x1f<scope>, both non-empty");
+  // A scoped stage's base exists as long as it does (empty until something is seeded into it).
+  uint32_t base = kNoStage;
+  if (scoped) {
+    base = stage_index(name.substr(0, sep));
+    ++stages_[base]->dependents;
+  }
   uint32_t idx;
   if (!free_stages_.empty()) {
     idx = free_stages_.back();
     free_stages_.pop_back();
     stages_[idx]->free = false;
-    stages_[idx]->name = name;
     stages_[idx]->sam = Automaton(/*global_tree=*/true);
   } else {
-    auto stage = std::make_unique<Stage>();
-    stage->name = name;
-    stages_.push_back(std::move(stage));
+    stages_.push_back(std::make_unique<Stage>());
     idx = uint32_t(stages_.size() - 1);
   }
+  Stage& s = *stages_[idx];
+  s.name = name;
+  s.policy_name = name.substr(0, sep);
+  s.scope = scoped ? name.substr(sep + 1) : std::string();
+  s.base = base;
+  s.dependents = 0;
   stage_by_name_[name] = idx;
   return idx;
 }
 
 void Engine::recycle_if_unused_locked(uint32_t idx) {
   Stage& s = *stages_[idx];
-  if (s.free || s.live > 0 || !s.sam.docs().empty()) return;
+  if (s.free || s.live > 0 || s.dependents > 0 || !s.sam.docs().empty()) return;
   stage_by_name_.erase(s.name);
   std::string().swap(s.name);
+  std::string().swap(s.policy_name);
+  std::string().swap(s.scope);
   s.sam = Automaton(/*global_tree=*/false);  // the smallest: a free slot holds no tree (made anew on reuse)
   ++s.generation;  // never reset: a request's cached match of the old stage cannot pass for the new one
   s.free = true;
   free_stages_.push_back(idx);
+  if (s.base != kNoStage) {
+    const uint32_t base = s.base;
+    s.base = kNoStage;
+    --stages_[base]->dependents;
+    recycle_if_unused_locked(base);
+  }
 }
 
 uint64_t Engine::add_document(const std::string& stage, const uint32_t* tokens, size_t n) {
@@ -127,7 +148,9 @@ bool Engine::remove_document(uint64_t doc_id) {
   std::unique_lock lock(stages_mu_);
   auto it = doc_stage_.find(doc_id);
   if (it == doc_stage_.end()) return false;
-  rebuild_without_locked(*stages_[it->second], {doc_id});
+  const uint32_t idx = it->second;
+  rebuild_without_locked(*stages_[idx], {doc_id});
+  recycle_if_unused_locked(idx);  // as eviction does: an emptied stage frees its slot (and a scope's base)
   return true;
 }
 
@@ -159,23 +182,36 @@ void Engine::enforce_budget_locked() {
   for (;;) {
     uint64_t used = global_bytes_locked();
     if (used <= budget_) return;
-    // Evict the globally oldest documents until their estimated share frees the excess plus
-    // some slack (so that rebuilds stay rare), then rebuild the stages that lost documents.
+    // Evict documents until their estimated share frees the excess plus some slack (so that
+    // rebuilds stay rare), then rebuild the stages that lost documents. Each document comes from
+    // the scope holding the most bytes (the base is one scope), its oldest first: a scope is
+    // evicted only while no other holds more, so none pushes out a smaller one. With one scope
+    // this is the globally oldest document first.
     double goal = double(used - budget_) + evict_slack_ * double(budget_);
     std::vector<size_t> cursor(stages_.size(), 0);
     std::vector<std::vector<uint64_t>> doomed(stages_.size());
+    std::unordered_map<std::string, double> held;  // scope -> bytes it holds, less what is doomed
+    for (const auto& st : stages_)
+      if (!st->free && !st->sam.docs().empty()) held[st->scope] += double(st->sam.bytes());
     double freed = 0.0;
     while (freed < goal) {
       int pick = -1;
+      const std::string* scope = nullptr;
       for (size_t s = 0; s < stages_.size(); ++s) {
-        const auto& docs = stages_[s]->sam.docs();
-        if (cursor[s] < docs.size() && (pick < 0 || docs[cursor[s]].id < stages_[pick]->sam.docs()[cursor[pick]].id))
-          pick = int(s);
+        const Stage& st = *stages_[s];
+        if (cursor[s] >= st.sam.docs().size()) continue;
+        const bool fatter = scope == nullptr || held[st.scope] > held[*scope];
+        const bool same_and_older = scope != nullptr && st.scope == *scope &&
+                                    st.sam.docs()[cursor[s]].id < stages_[pick]->sam.docs()[cursor[pick]].id;
+        if (fatter && (scope == nullptr || st.scope != *scope)) pick = int(s), scope = &st.scope;
+        else if (same_and_older) pick = int(s);
       }
       if (pick < 0) break;
       const Automaton& sam = stages_[pick]->sam;
       const DocRecord& d = sam.docs()[cursor[pick]++];
-      freed += double(sam.bytes()) * double(d.length + 1) / double(sam.num_tokens() + sam.docs().size());
+      const double share = double(sam.bytes()) * double(d.length + 1) / double(sam.num_tokens() + sam.docs().size());
+      freed += share;
+      held[*scope] -= share;
       doomed[pick].push_back(d.id);
     }
     size_t evicted = 0;
@@ -243,6 +279,7 @@ bool Engine::start_request(const std::string& rid, const uint32_t* prompt, size_
   {
     std::unique_lock lock(stages_mu_);
     idx = req->stage = stage_index(stage);
+    req->scope = stages_[idx]->scope;
     ++stages_[idx]->live;
   }
   bool added;
@@ -334,7 +371,8 @@ int64_t Engine::longest_continuation(const std::string& rid, int k, const uint32
     return len;
   };
   int64_t best = walk(req->sam);
-  for (const auto& stage : stages_) best = std::max(best, walk(stage->sam));
+  for (uint32_t s = 0; s < stages_.size(); ++s)
+    if (visible_locked(s, req->scope)) best = std::max(best, walk(stages_[s]->sam));
   return std::max<int64_t>(best - k, 0);
 }
 
@@ -406,7 +444,7 @@ const SpecParams* Engine::current_policy(Request& req) {
   const uint64_t version = policies_version_.load(std::memory_order_acquire);
   if (req.policy_version != version) {
     std::shared_lock lock(stages_mu_);
-    req.policy = policy_for(stages_[req.stage]->name);
+    req.policy = policy_for(stages_[req.stage]->policy_name);
     req.policy_version = version;
   }
   return req.policy.get();
@@ -491,22 +529,29 @@ Draft Engine::draft(Request& request, const SpecParams& params, int max_tokens, 
     t.states.push_back(req->sam.last());
     t.matched.push_back(int32_t(req->sam.num_tokens()));
   }
-  if (params.trees & kStageTree) {
-    const Match& m = match_locked(*req, req->stage);
+  // The stage tree: the request's own stage, and beside it the base of a scoped stage.
+  const uint32_t own[2] = {req->stage, stages_[req->stage]->base};
+  const bool with_stage = params.trees & kStageTree;
+  if (with_stage) {
     Tree& t = add_tree("stage");
-    t.automata.push_back(&stages_[req->stage]->sam);
-    t.states.push_back(m.state);
-    t.matched.push_back(m.matched);
+    for (uint32_t s : own) {
+      if (s == kNoStage) continue;
+      const Match& m = match_locked(*req, s);
+      t.automata.push_back(&stages_[s]->sam);
+      t.states.push_back(m.state);
+      t.matched.push_back(m.matched);
+    }
   }
   // In paper mode a union of the request's own stage alone is the stage tree again: same draft,
   // and ties keep the earlier tree, so it is skipped.
   const bool union_is_stage =
-      !params.mixture && (params.trees & kStageTree) && stages_.size() - free_stages_.size() == 1;
+      !params.mixture && with_stage && stages_.size() - free_stages_.size() == 1;
   if ((params.trees & kUnionTree) && !union_is_stage) {
     Tree& all = add_tree("union");
     for (uint32_t s = 0; s < stages_.size(); ++s) {
+      if (!visible_locked(s, req->scope)) continue;  // another scope's outputs: never drafted from
       // A mixture already has the request's own stage as a source: the union adds the others.
-      if (stages_[s]->free || (params.mixture && (params.trees & kStageTree) && s == req->stage)) continue;
+      if (params.mixture && with_stage && (s == own[0] || s == own[1])) continue;
       const Match& m = match_locked(*req, s);
       all.automata.push_back(&stages_[s]->sam);
       all.states.push_back(m.state);
@@ -744,6 +789,10 @@ std::string Engine::check(bool counts) const {
       if (it == doc_stage_.end() || it->second != s) return "document map out of sync for id " + std::to_string(d.id);
     }
     docs += a.docs().size();
+    const Stage& st = *stages_[s];
+    if (!st.free && st.base != kNoStage &&
+        (stages_[st.base]->free || stages_[st.base]->name != st.policy_name || stages_[st.base]->dependents == 0))
+      return "scoped stage '" + st.name + "' lost its base";
     auto named = stage_by_name_.find(stages_[s]->name);
     if (stages_[s]->free ? !a.docs().empty() || stages_[s]->live > 0
                          : named == stage_by_name_.end() || named->second != s)
@@ -846,12 +895,14 @@ std::unique_ptr<Engine> Engine::load(const std::string& path) {
     eng->next_doc_id_ = read_scalar<uint64_t>(p, end);
     eng->evicted_docs_ = read_scalar<uint64_t>(p, end);
     uint32_t nstages = read_scalar<uint32_t>(p, end);
+    std::unordered_set<std::string> read;
     for (uint32_t i = 0; i < nstages; ++i) {
       uint32_t len = read_scalar<uint32_t>(p, end);
       if (len > size_t(end - p)) throw InvalidInput("stage name longer than the file");
       std::string name(p, len);
       p += len;
-      if (eng->stage_by_name_.count(name)) throw InvalidInput("stage '" + name + "' stored twice");
+      // (A scoped stage read earlier made its base, empty: the base's own record fills it.)
+      if (!read.insert(name).second) throw InvalidInput("stage '" + name + "' stored twice");
       uint32_t idx = eng->stage_index(name);
       Stage& s = *eng->stages_[idx];
       s.generation = read_scalar<uint64_t>(p, end);

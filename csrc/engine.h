@@ -67,6 +67,13 @@ struct StageStats {
   uint64_t tokens, documents, bytes, states, edges;
 };
 
+// Scopes (tenants): a stage key "<stage>\x1f<scope>" names a scope's own tree of <stage>. A
+// request of that key drafts from it and from the base tree "<stage>" (what the operator seeded),
+// and its union holds only base and same-scope stages: no scope drafts from another's outputs.
+// Drafting policies are per <stage>, shared by its scopes. The memory budget evicts from the scope
+// (the base counts as one) holding the most bytes, so no scope pushes out another smaller than it.
+inline constexpr char kScopeSeparator = '\x1f';
+
 class Engine {
  public:
   Engine(int max_depth, uint64_t memory_budget_bytes, double evict_slack);
@@ -142,8 +149,13 @@ class Engine {
   static std::unique_ptr<Engine> load(const std::string& path);
 
  private:
+  static constexpr uint32_t kNoStage = ~uint32_t{0};
   struct Stage {
-    std::string name;
+    std::string name;          // the key: "<stage>" (the base) or "<stage>\x1f<scope>" (a tenant's own)
+    std::string policy_name;   // <stage>: whose drafting policy it uses (policies hold numbers, no text)
+    std::string scope;         // "" for the base, every request may draft from it; else the one scope that may
+    uint32_t base = kNoStage;  // a scoped stage: the base stage of the same name, drafted from beside it
+    uint32_t dependents = 0;   // the base of this many scoped stages (kept while they are)
     Automaton sam{/*global_tree=*/true};
     uint64_t generation = 0;  // bumped on every change; invalidates cached request matches
     uint32_t live = 0;        // live requests of this stage (guarded by stages_mu_, exclusive)
@@ -158,6 +170,7 @@ class Engine {
   struct Request {
     std::mutex mu;
     uint32_t stage;
+    std::string scope;           // its stage's: the global trees it may draft from are the base and these
     size_t prompt_len;
     Automaton sam;               // request tree over prompt + output
     std::vector<Match> matches;  // indexed by stage
@@ -171,7 +184,11 @@ class Engine {
     std::vector<int32_t> matched;
   };
 
-  uint32_t stage_index(const std::string& name);  // creates; needs stages_mu_ exclusively
+  uint32_t stage_index(const std::string& name);  // creates (and a scoped stage's base); needs stages_mu_ exclusively
+  // Whether a request of `scope` may draft from stage `s`: the base's stages and its own scope's.
+  bool visible_locked(uint32_t s, const std::string& scope) const {
+    return !stages_[s]->free && (stages_[s]->scope.empty() || stages_[s]->scope == scope);
+  }
   // Frees a stage with no documents and no live request (its slot waits for the next new stage):
   // client-chosen stage names must not grow the engine past its budget. Needs stages_mu_ exclusively.
   void recycle_if_unused_locked(uint32_t idx);

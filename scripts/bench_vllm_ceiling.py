@@ -2,8 +2,8 @@
 that run (as `bench replay --vllm-run DIR`) replays every block once more with `oracle`
 (bench/batch_replay.py: agentaccel's candidates, from its history and its trees, cut to exactly what
 is accepted and allocated with the true step cost), beside the simulated `suffix` and agentaccel.
-Prints, per workload and level, the medians over blocks of oracle ÷ suffix, agentaccel ÷ suffix
-and oracle ÷ agentaccel.
+Prints, per workload and level (and restart phase, for a `--restart` run), the medians over
+blocks of oracle ÷ suffix, agentaccel ÷ suffix, oracle ÷ agentaccel and oracle ÷ plain decoding.
 
     python scripts/bench_vllm_ceiling.py runs/a
 """
@@ -44,13 +44,15 @@ def main(folder: Path) -> None:
     server = sim.learned_server(folder, m)
     m.blocks += [replace(b, method=ORACLE) for b in m.blocks if b.method == "agentaccel"]
     sim.make_method = make_method
-    predicted = sim.predict(m, server, ["suffix", "agentaccel", ORACLE], load_tokenizer())
-    for workload, level in sorted({(w, n) for (_, w, n, _) in predicted}):
-        reps = sorted({r for (_, w, n, r) in predicted if (w, n) == (workload, level)})
-        suffix, ours, oracle = (np.array([predicted[(method, workload, level, r)]["tokens_per_s"] for r in reps])
-                                for method in ("suffix", "agentaccel", ORACLE))
-        print(f"{workload:6s} at {level:3d}: oracle ÷ suffix {np.median(oracle / suffix):.3f}, "
-              f"agentaccel ÷ suffix {np.median(ours / suffix):.3f}, oracle ÷ agentaccel {np.median(oracle / ours):.3f}")
+    predicted = sim.predict(m, server, ["none", "suffix", "agentaccel", ORACLE], load_tokenizer())
+    phase = {(b.workload, b.level, b.rep): b.phase for b in m.blocks}
+    for workload, level, when in sorted({(w, n, phase[(w, n, r)]) for (_, w, n, r) in predicted}):
+        reps = sorted({r for (_, w, n, r) in predicted if (w, n) == (workload, level) and phase[(w, n, r)] == when})
+        plain, suffix, ours, oracle = (np.array([predicted[(method, workload, level, r)]["tokens_per_s"] for r in reps])
+                                       for method in ("none", "suffix", "agentaccel", ORACLE))
+        print(f"{workload:6s} at {level:3d}{', ' + when if when else ''}: oracle ÷ suffix "
+              f"{np.median(oracle / suffix):.3f}, agentaccel ÷ suffix {np.median(ours / suffix):.3f}, "
+              f"oracle ÷ agentaccel {np.median(oracle / ours):.3f}, oracle ÷ none {np.median(oracle / plain):.3f}")
 
 
 if __name__ == "__main__":

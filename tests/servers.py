@@ -10,12 +10,17 @@ import uvicorn
 from agentaccel.processes import free_port, wait_healthy  # noqa: F401 - one definition, re-exported for tests
 
 
-def metric(url: str, name: str, stage: str) -> float:
-    """A per-stage value from a proxy's /metrics (0 when the stage has none yet)."""
+def metric(url: str, name: str, stage: str, key: str | None = None) -> float:
+    """A per-stage value from a proxy's /metrics (0 when the stage has none yet); with `key`, the
+    value of that key's tenant, read with that key."""
     import httpx
 
-    for line in httpx.get(url + "/metrics").text.splitlines():
-        if line.startswith(f'{name}{{stage="{stage}"}}'):
+    from agentaccel.traces.tenants import tenant_of
+
+    labels = f'stage="{stage}"' + (f',tenant="{tenant_of(key)}"' if key else "")
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    for line in httpx.get(url + "/metrics", headers=headers).text.splitlines():
+        if line.startswith(f"{name}{{{labels}}}"):
             return float(line.split()[-1])
     return 0.0
 

@@ -50,6 +50,8 @@ PLAN = {
     "agentaccel openhands-config": "run",
     "agentaccel bench agent --limit 1": "run",
     "agentaccel serve --backend vllm --model Qwen/Qwen2.5-7B-Instruct": "options",
+    'agentaccel serve --host 0.0.0.0 --api-key "$KEY_TEAM_A" --api-key "$KEY_TEAM_B" --admin-key "$KEY_OPS"':
+        "options",
     "agentaccel bench vllm": "bench",
     "agentaccel bench vllm --quick": "bench",
     "agentaccel bench vllm --history 0": "bench",

@@ -148,3 +148,26 @@ def test_oracles_bound_every_suffix_drafter(tmp_path):
         assert one["est_speedup"] >= rows[name]["est_speedup_sized_exactly"], name
     with pytest.raises(ValueError, match="k must be at least 1"):
         specs[-1].engine.longest_continuation("c1", [1], k=0)
+
+
+def test_bench_replay_tenants_compares_trees_shared_and_kept_per_tenant(tmp_path):
+    """`--tenants 2` deals the sessions to two tenants: drafting from one's own outputs alone gets
+    less accepted than from everyone's, never a different output; `--tenant base` selects the
+    calls of no tenant (here: all of them)."""
+    db = repetitive_store(tmp_path)
+    out = subprocess.run([sys.executable, "-m", "agentaccel.cli.main", "bench", "replay", "--db", str(db),
+                          "--tenants", "2", "--json", str(tmp_path / "t.json")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    rows = {r["speculator"]: r for r in json.loads((tmp_path / "t.json").read_text())["rows"] if r["stage"] == "*"}
+    assert set(rows) == {"none", "agentaccel", "agentaccel-tenants"}
+    shared, apart = rows["agentaccel"], rows["agentaccel-tenants"]
+    assert apart["output_tokens"] == shared["output_tokens"] == rows["none"]["output_tokens"]
+    assert 1.5 < apart["mat"] < shared["mat"]
+    base = subprocess.run([sys.executable, "-m", "agentaccel.cli.main", "bench", "replay", "--db", str(db),
+                           "--tenant", "base", "--speculators", "none", "--json", str(tmp_path / "b.json")],
+                          capture_output=True, text=True)
+    assert base.returncode == 0, base.stderr
+    assert json.loads((tmp_path / "b.json").read_text())["calls"] == 30
+    other = subprocess.run([sys.executable, "-m", "agentaccel.cli.main", "bench", "replay", "--db", str(db),
+                            "--tenant", "some-api-key"], capture_output=True, text=True)
+    assert other.returncode == 2 and "0 calls selected" in other.stderr, other.stderr

@@ -165,3 +165,25 @@ def test_classic_openhands_runs_in_different_workspaces_share_one_discovered_sta
     assert len({run_of(c.messages) for c in calls}) == 2 and len(calls) >= 3, [c.messages[:2] for c in calls]
     first, *later = [c.stage for c in calls]
     assert first == "default" and len(set(later)) == 1 and later[0].startswith("tmpl:you-are-openhands"), later
+
+
+@pytest.mark.parametrize("scope", ["key", "shared"])
+def test_each_tenant_finds_its_templates_from_its_own_calls(upstream, tmp_path, scope):
+    """Tenants kept apart: A's calls establish the templates; B's first calls of the same templates
+    are not served under A's names (that would tell B that someone sent them), its later ones are.
+    Shared: B's calls get A's stages at once. Only the base's templates go to the store."""
+    calls = chess_calls(6)
+    a, b = {"Authorization": "Bearer key-a"}, {"Authorization": "Bearer key-b"}
+    server, recorder = serve(upstream.url, tmp_path / "t.db", api_keys=("key-a", "key-b"), speculation_scope=scope)
+    with server:
+        send(server.url, calls[:18], headers=a)  # three questions: every template established for A
+        first_of_b = send(server.url, calls[18:24], headers=b)
+        later_of_b = send(server.url, calls[24:36], headers=b)
+        recorder.flush()
+    if scope == "key":
+        assert first_of_b == ["default"] * STAGES
+        with TraceStore(locate(tmp_path / "t.db")) as store:
+            assert templates.read(store) == []
+    else:
+        assert all(s.startswith("tmpl:") for s in first_of_b)
+    assert all(s.startswith("tmpl:") for s in later_of_b[STAGES:])

@@ -3,6 +3,8 @@
 Backends speak OpenAI JSON both ways, so the proxy stays the same whichever serves the tokens:
 `complete` returns the response body, `stream` yields the SSE `data:` payloads (JSON as bytes,
 no `[DONE]`). Speculation statistics, when the backend has them, land in `CallContext.spec`.
+Per-stage statistics (`stage_stats`, `counters`) are keyed by the engine's stage key: a stage,
+or a tenant's own trees of it (`split_stage` reads which).
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+
+from agentaccel.engine import scoped_stage, split_stage  # noqa: F401 - the stage keys of per-stage statistics
 
 CHAT = "chat"
 COMPLETIONS = "completions"
@@ -34,8 +38,9 @@ class CallContext:
     request_id: str = ""
     headers: dict[str, str] = field(default_factory=dict)  # client headers an upstream may need
     spec: SpecStats | None = None  # filled by backends that speculate
-    # whose call this is (from the API key; None: one shared scope): prompt caches are kept apart by it
-    tenant: str | None = None
+    tenant: str | None = None  # whose call this is (traces/tenants.py; None: a server without keys)
+    cache_scope: str | None = None  # prompt caches are kept apart by it (None: one cache for all)
+    spec_scope: str | None = None  # speculation trees are kept apart by it (None: the base's, for all)
 
 
 class Backend(ABC):

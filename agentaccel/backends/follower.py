@@ -49,8 +49,10 @@ class FollowStats:
 
 class StoreFollower:
     def __init__(self, engine: SuffixEngine, db: str | Location, tokenizer, *, after: int | None = None,
-                 wait_seconds: float = WAIT_SECONDS) -> None:
+                 wait_seconds: float = WAIT_SECONDS, scoped: bool = False) -> None:
+        """`scoped`: a tenant's calls join that tenant's trees (else every call joins the base's)."""
         self.engine, self.db, self.tokenizer, self.wait_seconds = engine, db, tokenizer, wait_seconds
+        self.scoped = scoped
         self.store_name = str(locate(db))
         self.stats = FollowStats()
         self._lags: collections.deque[float] = collections.deque(maxlen=LAG_WINDOW)
@@ -99,7 +101,8 @@ class StoreFollower:
         for call in calls:
             if not len(call.tokens):
                 self.stats.empty += 1
-            elif self.engine.add_peer_document(call.tokens, call.stage) is None:
+            elif self.engine.add_peer_document(call.tokens, call.stage,
+                                               call.tenant if self.scoped else None) is None:
                 self.stats.own += 1
             else:
                 self.stats.learned += 1
@@ -160,24 +163,25 @@ class StoreFollower:
 
 
 def seed_then_follow(engine: SuffixEngine, db: str | Location, tokenizer, *, follow: bool = True,
-                     progress=None, snapshot: str | Path | None = None,
-                     save_snapshot: bool = True) -> tuple[SeedReport, StoreFollower | None]:
+                     progress=None, snapshot: str | Path | None = None, save_snapshot: bool = True,
+                     scoped: bool = False) -> tuple[SeedReport, StoreFollower | None]:
     """Fills the trees with the store's calls up to its newest one now, then (`follow`) tails every
     call after it: nothing is missed between the two and nothing read twice. With `snapshot`: the
     trees come from that snapshot when it fits (backends/snapshots.py) and only the calls after
     it are read, before this returns; while following, the snapshot is saved now and then
-    (`save_snapshot`)."""
+    (`save_snapshot`). `scoped`: each tenant's calls join its own trees (see StoreFollower)."""
     with TraceStore(db) as store:
-        info, refused = snapshots.load(engine, Path(snapshot), store, tokenizer) if snapshot else (None, "")
+        info, refused = (snapshots.load(engine, Path(snapshot), store, tokenizer, scoped) if snapshot
+                         else (None, ""))
         if info is not None:
             cursor, report = info.cursor, SeedReport(snapshot=info)
         else:
             cursor = store.newest_call_id()
-            report = seed_from_store(engine, store, tokenizer, progress=progress, up_to=cursor)
+            report = seed_from_store(engine, store, tokenizer, progress=progress, up_to=cursor, scoped=scoped)
             report.snapshot_refused = refused
     if info is None and not follow:
         return report, None
-    follower = StoreFollower(engine, db, tokenizer, after=cursor).open()
+    follower = StoreFollower(engine, db, tokenizer, after=cursor, scoped=scoped).open()
     if info is not None:  # the calls recorded after the snapshot join the trees before the first request
         while follower.step():
             pass

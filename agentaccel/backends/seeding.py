@@ -27,31 +27,32 @@ class SeedReport:
 
 def seed_from_store(engine: SuffixEngine, store: TraceStore, tokenizer, budget_bytes: int | None = None,
                     progress: Callable[[int, int], None] | None = None, chunk: int = 500,
-                    up_to: int | None = None) -> SeedReport:
+                    up_to: int | None = None, scoped: bool = False) -> SeedReport:
     """`budget_bytes` (default: the engine's memory budget, 0 = all) bounds what is read;
     `progress(done, total)` is called as documents go in; `up_to`: only calls with ids up to it
-    (a tail started there reads the rest)."""
+    (a tail started there reads the rest); `scoped`: a tenant's calls join that tenant's trees
+    (else every call joins the base's)."""
     store.ensure_tokens(tokenizer)
     budget = budget_bytes if budget_bytes is not None else engine.stats()["memory_budget_bytes"]
     rows = store.output_lengths(tokenizer.fingerprint, up_to)
     report = SeedReport()
     chosen, total = [], 0
-    for call_id, stage, n in rows:
+    for call_id, stage, n, tenant in rows:
         if not n:
             continue  # empty (or redacted) outputs teach nothing
         if budget and (total + n) * BYTES_PER_TOKEN > budget:
             report.skipped_for_budget += 1
             continue
-        chosen.append((call_id, stage))
+        chosen.append((call_id, stage, tenant if scoped else None))
         total += n
     chosen.reverse()  # oldest first
     stages = set()
     for start in range(0, len(chosen), chunk):
         part = chosen[start:start + chunk]
-        tokens = store.response_tokens([i for i, _ in part], tokenizer.fingerprint)
-        for call_id, stage in part:
+        tokens = store.response_tokens([i for i, _, _ in part], tokenizer.fingerprint)
+        for call_id, stage, scope in part:
             ids = tokens[call_id]
-            engine.add_document(ids, stage=stage)
+            engine.add_document(ids, stage=stage, scope=scope)
             report.calls += 1
             report.tokens += len(ids)
             stages.add(stage)

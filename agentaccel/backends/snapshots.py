@@ -10,6 +10,9 @@ parts vouch for each other, else the server seeds from the store and says why:
 - sidecar and store: the store's id (a random id the store was made with: a new store at the same
   path has another), the cursor's call by what the store knows it by (`content_hash`: a cursor
   beyond the store, or a store whose contents differ, has no such call), the tokenizer and depth;
+- sidecar and server: trees kept per tenant (`scoped`) or shared; a shared snapshot holds every
+  tenant's outputs in the base, which a server keeping tenants apart must not draft from (a
+  sidecar from before tenants is a shared one);
 - every field of the sidecar has its type; the sidecar and the index are read only when they are
   regular files (a FIFO or a device would block the start), and the sidecar only when small.
 Both files are replaced atomically, the index first; a server starting between the two renames
@@ -56,6 +59,7 @@ class SnapshotInfo:
     index_bytes: int  # the index's payload size and checksum, as its header gives them
     index_checksum: int
     saved_at: float
+    scoped: bool = False  # tenants' outputs in their own trees (serve --speculation-scope key)
 
     @classmethod
     def parse(cls, data: object, where: Path) -> SnapshotInfo:
@@ -64,7 +68,12 @@ class SnapshotInfo:
             raise SnapshotRefused(f"{where}: not a snapshot sidecar (not a JSON object)")
         kinds = {"cursor": int, "cursor_call": (str, type(None)), "store_id": str, "store": str, "tokenizer": str,
                  "max_depth": int, "index_bytes": int, "index_checksum": int, "saved_at": (int, float)}
+        data = {"scoped": False, **data}  # (a sidecar written before tenants: shared trees)
+        if not isinstance(data["scoped"], bool):
+            raise SnapshotRefused(f"{where}: damaged snapshot sidecar: scoped is {repr(data['scoped'])[:40]}")
         for f in fields(cls):
+            if f.name == "scoped":
+                continue
             value = data.get(f.name)
             if f.name not in data or isinstance(value, bool) or not isinstance(value, kinds[f.name]):
                 raise SnapshotRefused(f"{where}: damaged snapshot sidecar: {f.name} is "
@@ -130,9 +139,13 @@ def read_info(path: Path) -> SnapshotInfo:
                           "another snapshot?)")
 
 
-def check_against(info: SnapshotInfo, store: TraceStore, tokenizer, max_depth: int, path: Path) -> None:
+def check_against(info: SnapshotInfo, store: TraceStore, tokenizer, max_depth: int, path: Path,
+                  scoped: bool = False) -> None:
     """SnapshotRefused unless the snapshot was made from this store's contents with this tokenizer
-    and depth."""
+    and depth, its trees kept apart per tenant as the server keeps them (`scoped`)."""
+    if info.scoped != scoped:
+        raise SnapshotRefused(f"{path}: its trees are {'kept per tenant' if info.scoped else 'shared by tenants'}, "
+                              f"this server's are {'kept per tenant' if scoped else 'shared'}")
     if store.store_id is None:
         raise SnapshotRefused(f"{path}: the trace store {store.name} has no id (it could not be written), so no "
                               "snapshot can be matched to it")
@@ -147,7 +160,8 @@ def check_against(info: SnapshotInfo, store: TraceStore, tokenizer, max_depth: i
                               f"were ({'its newest call is ' + str(newest) if info.cursor > newest else 'changed'})")
 
 
-def load(engine: SuffixEngine, path: Path, store: TraceStore, tokenizer) -> tuple[SnapshotInfo | None, str]:
+def load(engine: SuffixEngine, path: Path, store: TraceStore, tokenizer,
+         scoped: bool = False) -> tuple[SnapshotInfo | None, str]:
     """Adopts the snapshot at `path` into `engine` when it proves it was built from this store's
     contents with this tokenizer and depth. Returns (info, "") or (None, why not), the engine
     untouched then; a refusal is logged as a warning (vLLM's log shows warnings only)."""
@@ -156,7 +170,7 @@ def load(engine: SuffixEngine, path: Path, store: TraceStore, tokenizer) -> tupl
         if not path.exists() and not meta_path(path).exists():
             return None, f"no snapshot at {path} yet"
         info = read_info(path)
-        check_against(info, store, tokenizer, engine.max_depth, path)
+        check_against(info, store, tokenizer, engine.max_depth, path, scoped)
         try:
             engine.adopt(path)
         except ValueError as e:
@@ -167,12 +181,13 @@ def load(engine: SuffixEngine, path: Path, store: TraceStore, tokenizer) -> tupl
     return info, ""
 
 
-def save(engine: SuffixEngine, path: Path, cursor: int, store: TraceStore, tokenizer) -> SnapshotInfo:
+def save(engine: SuffixEngine, path: Path, cursor: int, store: TraceStore, tokenizer,
+         scoped: bool = False) -> SnapshotInfo:
     path.parent.mkdir(parents=True, exist_ok=True)
     engine.save(path)  # atomic (a temporary file renamed)
     payload, checksum = index_header(path)
     info = SnapshotInfo(cursor, store.call_key(cursor) if cursor else None, store.store_id or "", store.name,
-                        tokenizer.fingerprint, engine.max_depth, payload, checksum, time.time())
+                        tokenizer.fingerprint, engine.max_depth, payload, checksum, time.time(), scoped)
     tmp = meta_path(path).with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(asdict(info)))
     tmp.replace(meta_path(path))
@@ -204,7 +219,7 @@ class SnapshotKeeper:
                 return
             try:
                 t0 = time.perf_counter()
-                save(follower.engine, self.path, cursor, store, follower.tokenizer)
+                save(follower.engine, self.path, cursor, store, follower.tokenizer, follower.scoped)
                 self._saved_cursor = cursor
                 log.info("agentaccel: snapshot up to call %d saved to %s in %.1f s", cursor, self.path,
                          time.perf_counter() - t0)

@@ -94,14 +94,16 @@ def tokens_vs_concurrency(rows: list[dict], out: Path, title: str) -> Path:
     decoding (`none`) at each level; rows carry workload, concurrency, method, tokens_per_s. One
     PNG at `out`."""
     workloads = list(dict.fromkeys(r["workload"] for r in rows))
+    methods = sorted(dict.fromkeys(r["method"] for r in rows))  # one colour per method in every panel
     fig, axes = plt.subplots(2, len(workloads), figsize=(5.2 * len(workloads), 7.4), squeeze=False,
                              gridspec_kw={"height_ratios": [3, 2]}, sharex="col")
     for col, workload in enumerate(workloads):
         mine = [r for r in rows if r["workload"] == workload]
         plain = {r["concurrency"]: r["tokens_per_s"] for r in mine if r["method"] == "none"}
-        for method in dict.fromkeys(r["method"] for r in mine):
+        for method in [m for m in methods if any(r["method"] == m for r in mine)]:
             points = sorted((r["concurrency"], r["tokens_per_s"]) for r in mine if r["method"] == method)
             style = {"linewidth": 2.4} if method == "agentaccel" else {"linestyle": "--"} if method == "oracle" else {}
+            style["color"] = f"C{methods.index(method)}"
             axes[0][col].plot(*zip(*points, strict=True), marker="o", label=method, **style)
             relative = [(n, v / plain[n]) for n, v in points if plain.get(n)]
             if relative:

@@ -44,10 +44,11 @@ class _Connection:
     """One keep-alive HTTP/1.1 connection speaking just enough to send a chat request and read a
     chunked SSE answer: a load generator much cheaper than the server it measures."""
 
-    def __init__(self, host: str, port: int, body: dict) -> None:
+    def __init__(self, host: str, port: int, body: dict, key: str | None = None) -> None:
         self.host, self.port = host, port
         payload = json.dumps(body).encode()
-        self.request = (f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}:{port}\r\n"
+        auth = f"authorization: Bearer {key}\r\n" if key else ""
+        self.request = (f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}:{port}\r\n{auth}"
                         f"content-type: application/json\r\ncontent-length: {len(payload)}\r\n\r\n").encode() + payload
         self.reader = self.writer = None
 
@@ -88,18 +89,18 @@ class _Connection:
 
 
 async def run_load(url: str, streams: int, requests_per_stream: int, tokens: int, spread: float = 0.0,
-                   prompt: str = "hello") -> LoadResult:
+                   prompt: str = "hello", keys: list[str] | None = None) -> LoadResult:
     """`spread`: each stream starts after a random delay up to this many seconds, so that streams
     are not phase-locked (agents do not start their calls in the same millisecond; locked
-    streams hit the proxy in bursts of N events at once)."""
+    streams hit the proxy in bursts of N events at once). `keys`: stream i sends key i mod len."""
     host, port = url.removeprefix("http://").split(":")
     body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": tokens,
             "stream": True}
     result = LoadResult()
 
-    async def worker():
+    async def worker(key: str | None):
         await asyncio.sleep(random.uniform(0, spread))
-        conn = _Connection(host, int(port), body)
+        conn = _Connection(host, int(port), body, key)
         try:
             for _ in range(requests_per_stream):
                 try:
@@ -109,12 +110,12 @@ async def run_load(url: str, streams: int, requests_per_stream: int, tokens: int
                 except (OSError, RuntimeError, asyncio.IncompleteReadError, ValueError):
                     result.errors += 1
                     conn.close()
-                    conn = _Connection(host, int(port), body)
+                    conn = _Connection(host, int(port), body, key)
         finally:
             conn.close()
 
     t0 = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(streams)))
+    await asyncio.gather(*(worker(keys[i % len(keys)] if keys else None) for i in range(streams)))
     result.seconds = time.perf_counter() - t0
     return result
 
@@ -137,10 +138,11 @@ def serving_process(argv: list[str], url: str, health_path: str):
 
 def bench_proxy(concurrency: list[int], requests_per_stream: int, tokens: int, rounds: int, record: bool,
                 token_delay: float = 0.02, pin: bool = False, progress=None, discover: bool = True,
-                prompt_chars: int = 0) -> list[dict]:
+                prompt_chars: int = 0, tenants: int = 0) -> list[dict]:
     """`token_delay`: seconds between the upstream's tokens (0.02: 50 tokens/s per stream, a fast
     GPU decode); 0 turns the run into a saturation test (the proxy's throughput ceiling).
-    `prompt_chars`: the untagged prompt's length (0: "hello"), what stage discovery reads."""
+    `prompt_chars`: the untagged prompt's length (0: "hello"), what stage discovery reads.
+    `tenants`: the proxy takes that many API keys, the streams sending them in turn."""
     prompt = long_prompt(prompt_chars) if prompt_chars else "hello"
     up_port, proxy_port = free_port(), free_port()
     upstream = f"http://127.0.0.1:{up_port}"
@@ -152,6 +154,8 @@ def bench_proxy(concurrency: list[int], requests_per_stream: int, tokens: int, r
             serve.append("--no-record")
         if not discover:
             serve.append("--no-discover-stages")
+        keys = [f"bench-tenant-{i}" for i in range(tenants)]
+        serve += [x for key in keys for x in ("--api-key", key)]
         with serving_process([sys.executable, "-m", "agentaccel.bench.upstream", "--port", str(up_port), "--tokens",
                        str(tokens), "--delay", str(token_delay)], upstream, "/v1/models") as upstream_proc, \
                 serving_process(serve, proxy, "/health") as proxy_proc:
@@ -162,7 +166,7 @@ def bench_proxy(concurrency: list[int], requests_per_stream: int, tokens: int, r
                 os.sched_setaffinity(upstream_proc.pid, set(cores[:-1]))
             try:
                 return _rounds(concurrency, requests_per_stream, tokens, token_delay, rounds, upstream, proxy, progress,
-                               prompt)
+                               prompt, keys)
             finally:
                 os.sched_setaffinity(0, set(cores))
 
@@ -181,8 +185,8 @@ def long_prompt(chars: int) -> str:
 
 
 def _rounds(concurrency, requests_per_stream, tokens, token_delay, rounds, upstream, proxy, progress,
-            prompt: str) -> list[dict]:
-    aio.run(run_load(proxy, 8, 5, tokens, prompt=prompt))  # warm both (connections, code paths)
+            prompt: str, keys: list[str]) -> list[dict]:
+    aio.run(run_load(proxy, 8, 5, tokens, prompt=prompt, keys=keys))  # warm both (connections, code paths)
     aio.run(run_load(upstream, 8, 5, tokens, prompt=prompt))
     # Streams start at random offsets within one response time, as independent agents do.
     spread = tokens * token_delay
@@ -191,7 +195,8 @@ def _rounds(concurrency, requests_per_stream, tokens, token_delay, rounds, upstr
         direct, proxied = LoadResult(), LoadResult()
         for r in range(rounds):
             for target, into in ((upstream, direct), (proxy, proxied)):
-                got = aio.run(run_load(target, n, requests_per_stream, tokens, spread, prompt))
+                got = aio.run(run_load(target, n, requests_per_stream, tokens, spread, prompt,
+                                       keys if target == proxy else None))
                 into.latencies += got.latencies
                 into.first_chunk += got.first_chunk
                 into.errors += got.errors

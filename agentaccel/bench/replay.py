@@ -27,6 +27,7 @@ class ReplayCall:
     prompt: np.ndarray
     output: np.ndarray
     max_new: int | None = None  # the most tokens the client asked for (None: the output's length)
+    tenant: str | None = None  # whose call (None: the base's); a scoped speculator keeps tenants apart
 
 
 @dataclass
@@ -71,13 +72,14 @@ class Tally:
 
 def load_calls(store: TraceStore, tokenizer, *, stages: list[str] | None = None, model: str | None = None,
                source_like: str | None = None, sessions: int | None = None,
-               limit: int | None = None) -> list[ReplayCall]:
+               limit: int | None = None, tenant: str | None = None, tenants: int = 0) -> list[ReplayCall]:
     """Selected calls in time order, with prompt (rendered, plus the generation prompt) and
-    output token ids from the store's cache."""
+    output token ids from the store's cache. `tenant`: that tenant's calls only; `tenants`: the
+    sessions dealt to that many tenants in turn (t0, t1, ...), in place of the stored tenants."""
     store.ensure_tokens(tokenizer)
     chosen = []
     seen_sessions: dict[int, int] = {}
-    for call in store.iter_calls(model=model):
+    for call in store.iter_calls(model=model, tenant=tenant):
         if stages and call.stage not in stages:
             continue
         if source_like and source_like not in (call.source_file or ""):
@@ -89,7 +91,11 @@ def load_calls(store: TraceStore, tokenizer, *, stages: list[str] | None = None,
         chosen.append(call)
         if limit is not None and len(chosen) >= limit:
             break
-    return replay_calls(store, tokenizer, chosen)
+    calls = replay_calls(store, tokenizer, chosen)
+    if tenants:
+        for call in calls:
+            call.tenant = f"t{seen_sessions[call.session] % tenants}"
+    return calls
 
 
 def replay_calls(store: TraceStore, tokenizer, chosen: list) -> list[ReplayCall]:
@@ -99,7 +105,7 @@ def replay_calls(store: TraceStore, tokenizer, chosen: list) -> list[ReplayCall]
     generation = np.asarray(tokenizer.encode("<|im_start|>assistant\n"), dtype=np.uint32)
     outputs = store.response_tokens([c.id for c in chosen], fp)
     return [ReplayCall(c.id, c.session_id, c.stage, np.concatenate([store.prompt_tokens(c.id, fp), generation]),
-                       outputs[c.id]) for c in chosen if c.id in outputs and len(outputs[c.id])]
+                       outputs[c.id], tenant=c.tenant) for c in chosen if c.id in outputs and len(outputs[c.id])]
 
 
 def replay(calls: list[ReplayCall], speculators: list[Speculator], *, warm: list[ReplayCall] = (),
@@ -107,7 +113,7 @@ def replay(calls: list[ReplayCall], speculators: list[Speculator], *, warm: list
     """Tallies per speculator name and stage ('*' = all stages)."""
     for spec in speculators:
         for call in warm:
-            spec.warm(call.output, call.stage)
+            spec.warm(call.output, call.stage, call.tenant)
     tallies: dict[str, dict[str, Tally]] = {s.name: defaultdict(Tally) for s in speculators}
     last_of_session: dict[tuple[str, int], str] = {}
     for n, call in enumerate(calls):
@@ -134,7 +140,7 @@ def run_call(spec: Speculator, key: str, call: ReplayCall, t: Tally, previous: s
     """Replays one call on `spec` (its request continuing `previous`, the session's last call),
     counting into `t`; returns the steps it took."""
     out = call.output
-    spec.begin(key, call.prompt, call.stage, previous)
+    spec.begin(key, call.prompt, call.stage, previous, call.tenant)
     spec.foresee(key, out)
     t.calls += 1
     pos, steps = 0, 0

@@ -68,14 +68,15 @@ def _progress(err) -> Progress:
 
 
 def selected_calls(console, err, store, tokenizer, *, stages, model, source, sessions, limit, warm,
-                   least: int = 1) -> tuple[list, list]:
+                   least: int = 1, tenant: str | None = None, tenants: int = 0) -> tuple[list, list]:
     """(warm-up calls, measured calls) as the options select them, or a CLI error when fewer than
-    `least` are left to measure."""
+    `least` are left to measure. `tenant`: one tenant's calls; `tenants`: the sessions dealt to
+    that many tenants (in turn, by first call), in place of the tenants the store knows."""
     with console.status("loading calls and token ids"):
         calls = rp.load_calls(store, tokenizer, stages=stages, model=model, source_like=source, sessions=sessions,
-                              limit=limit)
+                              limit=limit, tenant=tenant, tenants=tenants)
     if len(calls) < warm + least:
-        empty = not calls and not (stages or model or source)
+        empty = not calls and not (stages or model or source or tenant)
         err.print(f"[red]error:[/red] the trace store {store.name} holds no calls yet: send some through "
                   "`agentaccel serve`, or `agentaccel import-traces` agent logs" if empty else
                   f"[red]error:[/red] {len(calls)} calls selected, too few after --warm {warm}")
@@ -84,7 +85,8 @@ def selected_calls(console, err, store, tokenizer, *, stages, model, source, ses
 
 
 def run_replay(console, err, store, tokenizer, *, stages, model, source, sessions, limit, warm, speculators, costs,
-               sweep, sweep_base, scaling, json_out: Path | None, plot: Path | None) -> None:
+               sweep, sweep_base, scaling, json_out: Path | None, plot: Path | None, tenant: str | None = None,
+               tenants: int = 0) -> None:
     try:
         profiles = [load_profile(c) for c in costs]
         names = [n.strip() for n in speculators.split(",") if n.strip()]
@@ -100,7 +102,8 @@ def run_replay(console, err, store, tokenizer, *, stages, model, source, session
         err.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2) from e
     warm_calls, measured = selected_calls(console, err, store, tokenizer, stages=stages, model=model, source=source,
-                                          sessions=sessions, limit=limit, warm=warm)
+                                          sessions=sessions, limit=limit, warm=warm, tenant=tenant,
+                                          tenants=tenants)
     progress = Progress(TextColumn("[bold]replaying"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=err, transient=True)
     t0 = time.perf_counter()
@@ -163,13 +166,13 @@ def run_replay(console, err, store, tokenizer, *, stages, model, source, session
 
 
 def run_policies(console, err, store, tokenizer, *, stages, model, source, sessions, limit, warm, cost,
-                 online_stage, online_calls, json_out: Path | None) -> None:
+                 online_stage, online_calls, json_out: Path | None, tenant: str | None = None) -> None:
     """`bench replay --policies` (bench/policy_bench.py)."""
     from agentaccel.bench import policy_bench as pb
 
     profile = _profile(err, cost)
     warm_calls, measured = selected_calls(console, err, store, tokenizer, stages=stages, model=model, source=source,
-                                          sessions=sessions, limit=limit, warm=warm, least=2)
+                                          sessions=sessions, limit=limit, warm=warm, least=2, tenant=tenant)
     with console.status("comparing policies") as status:
         t0 = time.perf_counter()
         result = pb.compare(measured, warm_calls, profile, status.update)
@@ -218,7 +221,7 @@ def run_policies(console, err, store, tokenizer, *, stages, model, source, sessi
 
 def run_concurrency(console, err, store, tokenizer, *, stages, model, source, sessions, limit, warm, methods,
                     levels: list[int], server: str, max_context: int, json_out: Path | None,
-                    plot: Path | None) -> None:
+                    plot: Path | None, tenant: str | None = None) -> None:
     """`bench replay --concurrency N,...` (bench/batch_replay.py): the recorded sessions as N
     concurrent streams through a simulated batching server, per method."""
     from agentaccel.bench import batch_replay as br
@@ -232,7 +235,7 @@ def run_concurrency(console, err, store, tokenizer, *, stages, model, source, se
         err.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2) from e
     warm_calls, measured = selected_calls(console, err, store, tokenizer, stages=stages, model=model, source=source,
-                                          sessions=sessions, limit=limit, warm=warm)
+                                          sessions=sessions, limit=limit, warm=warm, tenant=tenant)
     streams = br.sessions_of(measured)
     rows = []
     progress = _progress(err)
@@ -281,7 +284,7 @@ def run_concurrency(console, err, store, tokenizer, *, stages, model, source, se
 
 def run_replicas(console, err, store, tokenizer, *, stages, model, source, sessions, limit, warm, replicas: list[int],
                  streams: int, delay: float, step_ms: float, cost: str, json_out: Path | None,
-                 plot: Path | None) -> None:
+                 plot: Path | None, tenant: str | None = None) -> None:
     """`bench replay --replicas R,...` (bench/replicas.py): the fleet learning as one, siloed, or
     sharing through the store with a delay."""
     from agentaccel.bench import batch_replay as br
@@ -289,7 +292,7 @@ def run_replicas(console, err, store, tokenizer, *, stages, model, source, sessi
 
     profile = _profile(err, cost)
     warm_calls, measured = selected_calls(console, err, store, tokenizer, stages=stages, model=model, source=source,
-                                          sessions=sessions, limit=limit, warm=warm)
+                                          sessions=sessions, limit=limit, warm=warm, tenant=tenant)
     sessions_list = br.sessions_of(measured)
 
     def make() -> sp.Speculator:

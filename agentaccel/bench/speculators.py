@@ -32,9 +32,10 @@ class Speculator:
 
     name: str
 
-    def warm(self, output: np.ndarray, stage: str) -> None: ...
+    def warm(self, output: np.ndarray, stage: str, tenant: str | None = None) -> None: ...
 
-    def begin(self, key: str, prompt: np.ndarray, stage: str, previous: str | None) -> None: ...
+    def begin(self, key: str, prompt: np.ndarray, stage: str, previous: str | None,
+              tenant: str | None = None) -> None: ...
 
     def foresee(self, key: str, output: np.ndarray) -> None:
         """The call's recorded output, handed over before its first step: only an oracle reads it."""
@@ -66,12 +67,16 @@ class _EngineBacked(Speculator):
     # Whether a finished call's output joins the global trees at once (False: the caller adds it
     # with `warm` when it should become visible, as the replicas replay does)
     keep_outputs = True
+    # Whether each tenant's outputs join trees of its own (serve --speculation-scope key; the
+    # calls' tenants, or `bench replay --tenants`), else every output joins the base's
+    scoped = False
 
     def __init__(self, max_depth: int = 64, config: SpecConfig = _NO_MIXTURE) -> None:
         self.engine = SuffixEngine(max_depth=max_depth, config=config)
 
-    def begin(self, key, prompt, stage, previous):
-        self.engine.start_request(key, prompt, stage=self._stage(stage), continue_from=previous)
+    def begin(self, key, prompt, stage, previous, tenant=None):
+        self.engine.start_request(key, prompt, stage=self._stage(stage), continue_from=previous,
+                                  scope=tenant if self.scoped else None)
 
     def advance(self, key, tokens):
         self.engine.extend(key, tokens)
@@ -80,8 +85,8 @@ class _EngineBacked(Speculator):
         # retained: the next call of the session continues from it
         self.engine.finish_request(key, keep_output=self.keep_outputs, retain=True)
 
-    def warm(self, output, stage):
-        self.engine.add_document(output, stage=self._stage(stage))
+    def warm(self, output, stage, tenant=None):
+        self.engine.add_document(output, stage=self._stage(stage), scope=tenant if self.scoped else None)
 
     def tree_tokens(self) -> int:
         return self.engine.stats()["tokens"]
@@ -113,9 +118,10 @@ class Suffix(_EngineBacked):
 
     def __init__(self, name: str, config: SpecConfig, max_tokens: int = 32, max_depth: int = 64,
                  shared: bool = False, stages: dict[str, SpecConfig] | None = None, online: bool = False,
-                 references: dict[str, float] | None = None) -> None:
+                 references: dict[str, float] | None = None, scoped: bool = False) -> None:
         super().__init__(max_depth, config)  # the engine's default policy (and its request trees' recency)
         self.name, self.config, self.max_tokens, self.shared = name, config, max_tokens, shared
+        self.scoped = scoped
         self.stages = dict(stages or {})
         for stage, stage_config in self.stages.items():
             self.engine.set_policy(stage_config, self._stage(stage))
@@ -124,8 +130,8 @@ class Suffix(_EngineBacked):
             self.online.set_reference(self._stage(stage), ratio)
         self._stage_of: dict[str, str] = {}
 
-    def begin(self, key, prompt, stage, previous):
-        super().begin(key, prompt, stage, previous)
+    def begin(self, key, prompt, stage, previous, tenant=None):
+        super().begin(key, prompt, stage, previous, tenant)
         self._stage_of[key] = self._stage(stage)
 
     def propose(self, key):
@@ -147,7 +153,8 @@ class Suffix(_EngineBacked):
         depth = options.pop("max_depth", self.engine.max_depth)
         max_tokens = options.pop("max_tokens", self.max_tokens)
         config = replace(self.config, max_tokens=max_tokens, **options)
-        return Suffix(name, config, max_tokens, depth, self.shared, online=self.online is not None)
+        return Suffix(name, config, max_tokens, depth, self.shared, online=self.online is not None,
+                      scoped=self.scoped)
 
 
 class Oracle(_EngineBacked):
@@ -196,11 +203,12 @@ def paper_tree() -> Suffix:
     return Suffix("paper-tree", PAPER_TREE, 32, 64)
 
 
-def agentaccel(cost: CostProfile, shared: bool = False) -> Suffix:
+def agentaccel(cost: CostProfile, shared: bool = False, scoped: bool = False) -> Suffix:
     """The default mode with the defaults a backend of this verification cost starts from (a
-    measured curve: drafts cut on it, as the embedded backend does)."""
-    name = "agentaccel-shared" if shared else "agentaccel"
-    return Suffix(name, default_config(cost), 32, 64, shared)
+    measured curve: drafts cut on it, as the embedded backend does). `scoped`: each tenant
+    drafts from the base and its own outputs only (`agentaccel-tenants`)."""
+    name = "agentaccel-shared" if shared else "agentaccel-tenants" if scoped else "agentaccel"
+    return Suffix(name, default_config(cost), 32, 64, shared, scoped=scoped)
 
 
 def build(names: list[str], cost: CostProfile) -> list[Speculator]:
@@ -211,6 +219,7 @@ def build(names: list[str], cost: CostProfile) -> list[Speculator]:
         "paper-tree": paper_tree,
         "agentaccel": lambda: agentaccel(cost),
         "agentaccel-shared": lambda: agentaccel(cost, shared=True),
+        "agentaccel-tenants": lambda: agentaccel(cost, scoped=True),
         "oracle-1": lambda: Oracle(1),
         "oracle-2": lambda: Oracle(2),
     }

@@ -16,6 +16,7 @@ from agentaccel.bench.replicas import MEASURED_SHARE_DELAY
 from agentaccel.cli.common import (
     DbOption,
     JsonOption,
+    TenantOption,
     TokenizerOption,
     TracesOption,
     console,
@@ -45,8 +46,15 @@ def bench_replay(
     sessions: Annotated[int | None, typer.Option(help="Only the first N sessions (default: all).")] = None,
     limit: Annotated[int | None, typer.Option(help="At most N calls, warm-up included (default: all).")] = None,
     warm: Annotated[int, typer.Option(help="The first N selected calls only seed the global trees.")] = 0,
+    tenant: TenantOption = None,
+    tenants: Annotated[int, typer.Option(help="Deal the sessions to N tenants in turn (in place of the tenants the "
+                                              "store knows) and compare agentaccel's trees shared by tenants with "
+                                              "trees kept per tenant, agentaccel-tenants (default: 0, off).",
+                                         min=0)] = 0,
     speculators: Annotated[str, typer.Option(help="Comma-separated: none, pld, paper-linear, paper-tree, "
-                                                  "agentaccel, agentaccel-shared; oracle-1, oracle-2 are "
+                                                  "agentaccel, agentaccel-shared (one tree for every stage), "
+                                                  "agentaccel-tenants (trees kept per tenant); oracle-1, oracle-2 "
+                                                  "are "
                                                   "ceilings (they know the output: the most any draft "
                                                   "copied after a 1- or 2-token match could give).")]
     = REPLAY_SPECULATORS,
@@ -110,25 +118,32 @@ def bench_replay(
         return
 
     store, tok = open_store(db, must_exist=True), open_tokenizer(tokenizer)
+    if tenants and (replicas is not None or concurrency is not None or policies):
+        raise typer.BadParameter("--tenants compares speculators: not with --replicas, --concurrency or --policies",
+                                 param_hint="--tenants")
     if replicas is not None:
         run_replicas(console, err, store, tok, stages=stage, model=model, source=source, sessions=sessions,
                      limit=limit, warm=warm, replicas=_int_list(replicas, "--replicas"), streams=streams,
-                     delay=share_delay, step_ms=step_ms, cost=(cost or ["gpu"])[0], json_out=json_out, plot=plot)
+                     delay=share_delay, step_ms=step_ms, cost=(cost or ["gpu"])[0], json_out=json_out, plot=plot,
+                     tenant=tenant)
         return
     if concurrency is not None:
         given = speculators if speculators != REPLAY_SPECULATORS else None
         run_concurrency(console, err, store, tok, stages=stage, model=model, source=source, sessions=sessions,
                         limit=limit, warm=warm, methods=given, levels=_int_list(concurrency, "--concurrency"),
-                        server=server, max_context=max_context, json_out=json_out, plot=plot)
+                        server=server, max_context=max_context, json_out=json_out, plot=plot, tenant=tenant)
         return
     if policies:
         run_policies(console, err, store, tok, stages=stage, model=model, source=source, sessions=sessions,
                      limit=limit, warm=warm, cost=(cost or ["gpu"])[0], online_stage=online_stage,
-                     online_calls=online_calls, json_out=json_out)
+                     online_calls=online_calls, json_out=json_out, tenant=tenant)
         return
+    if tenants and speculators == REPLAY_SPECULATORS:
+        speculators = "none,agentaccel,agentaccel-tenants"
     run_replay(console, err, store, tok, stages=stage, model=model, source=source, sessions=sessions, limit=limit,
                warm=warm, speculators=speculators, costs=cost or ["gpu", "cpu-smollm2"],
-               sweep=sweep or [], sweep_base=sweep_base, scaling=scaling, json_out=json_out, plot=plot)
+               sweep=sweep or [], sweep_base=sweep_base, scaling=scaling, json_out=json_out, plot=plot,
+               tenant=tenant, tenants=tenants)
 
 
 def _replay_vllm_run(folder: Path, tokenizer: str | None, json_out: Path | None) -> None:
@@ -618,6 +633,9 @@ def bench_proxy_cmd(
                                                        "(as `serve` does by default).")] = True,
     prompt_chars: Annotated[int, typer.Option(help="Length of the requests' prompt in characters (0: 'hello'; "
                                                    "32000 is about 8k tokens).", min=0)] = 0,
+    tenants: Annotated[int, typer.Option(help="The proxy takes this many API keys, the streams sending them in turn "
+                                              "(each a tenant: its own prompt cache scope, trees and /metrics "
+                                              "series; default: 0, no keys).", min=0)] = 0,
     json_out: JsonOption = None,
 ) -> None:
     """Added latency of the proxy at N concurrent streams against a fast local upstream."""
@@ -630,10 +648,11 @@ def bench_proxy_cmd(
         task = progress.add_task("load rounds", total=len(levels) * rounds * 2)
         rows = bench_proxy(levels, requests, tokens, rounds, record, token_delay, pin,
                            progress=lambda *_: progress.advance(task, 2), discover=discover_stages,
-                           prompt_chars=prompt_chars)
+                           prompt_chars=prompt_chars, tenants=tenants)
     table = Table(title=f"proxy overhead ({tokens} tokens per stream, {token_delay * 1000:g} ms apart; prompt "
                         f"{prompt_chars or 5:,} chars; stage discovery {'on' if discover_stages else 'off'}; recording "
-                        f"{'on' if record else 'off'}{'; proxy on its own core' if pin else ''})")
+                        f"{'on' if record else 'off'}{'; proxy on its own core' if pin else ''}"
+                        f"{f'; {tenants} tenants' if tenants else ''})")
     for col in ("streams", "requests", "errors", "added 1st chunk p50 ms", "added 1st chunk p99 ms",
                 "direct p50 ms", "proxy p50 ms", "added p50 ms", "direct p99 ms", "proxy p99 ms", "added p99 ms",
                 "direct req/s", "proxy req/s"):

@@ -21,6 +21,16 @@ TokenizerOption = Annotated[str | None, typer.Option("--tokenizer", help="tokeni
                                                                          "(default: SmolLM2's).")]
 JsonOption = Annotated[Path | None, typer.Option("--json", help="Also write the results as JSON here (default: not "
                                                               "written).")]
+def _tenant(value: str | None) -> str | None:
+    from agentaccel.traces.tenants import parse_tenant
+
+    return None if value is None else parse_tenant(value)
+
+
+TenantOption = Annotated[str | None, typer.Option("--tenant", callback=_tenant,
+                                                  help="One tenant's calls: its digest (t..., as `traces stats` "
+                                                       "and /metrics show it), its API key, or `base` (imported "
+                                                       "calls and those of servers without keys). Default: all.")]
 TracesOption = Annotated[Path | None, typer.Option(help="Folder of real recorded traces (default: "
                                                         "$AGENTACCEL_TRACES, else a shared/traces folder beside "
                                                         "the checkout).")]

@@ -23,7 +23,7 @@ class BackendKind(StrEnum):
     replay = "replay"
 
 
-class PrefixScope(StrEnum):
+class Scope(StrEnum):
     key = "key"
     shared = "shared"
 
@@ -77,11 +77,22 @@ def serve(
                                                            "key). Repeatable (the variable: keys separated by "
                                                            "spaces): each key is a tenant.")]
     = None,
-    prefix_cache_scope: Annotated[PrefixScope, typer.Option(help="key: prompt caches (local, vllm) are kept "
-                                                                  "apart per API key, so no tenant learns from "
-                                                                  "cached_tokens or timing what another sent; "
-                                                                  "shared: one cache for all keys.")]
-    = PrefixScope.key,
+    admin_key: Annotated[list[str] | None, typer.Option(envvar="AGENTACCEL_ADMIN_KEY",
+                                                        help="An operator's key: a tenant like any other, whose "
+                                                             "/metrics shows every tenant's series (a tenant's key "
+                                                             "shows its own). Repeatable (default: none).")]
+    = None,
+    prefix_cache_scope: Annotated[Scope, typer.Option(help="key: prompt caches (local, vllm) are kept "
+                                                            "apart per API key, so no tenant learns from "
+                                                            "cached_tokens or timing what another sent; "
+                                                            "shared: one cache for all keys.")]
+    = Scope.key,
+    speculation_scope: Annotated[Scope, typer.Option(help="key: a tenant's answers teach only its own drafting "
+                                                           "(every tenant drafts from what was imported, and from "
+                                                           "its own answers), so no tenant learns from acceptance "
+                                                           "or timing what another was answered (the default); "
+                                                           "shared: every tenant drafts from every answer.")]
+    = Scope.key,
     db: DbOption = None,
     record: Annotated[bool, typer.Option(help="Record every call in the trace store.")] = True,
     redact: Annotated[bool, typer.Option(help="Record without message or response text.")] = False,
@@ -149,10 +160,14 @@ def serve(
         rules = [StageRule.parse(r) for r in stage_rule or []]
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--stage-rule") from e
+    for hint, keys in (("--api-key", api_key), ("--admin-key", admin_key)):
+        if any(not k.strip() for k in keys or ()):  # an unset variable: "Bearer " alone would get in
+            raise typer.BadParameter("an empty key (is the variable that should hold it set?)", param_hint=hint)
     location = store_location(db)  # a URL it cannot use fails here, before anything starts
     _check_snapshot(snapshot, backend, seed, follow)
-    config = ProxyConfig(host=host, port=port, api_keys=tuple(api_key or ()),
-                         prefix_scope=prefix_cache_scope.value, max_body_bytes=parse_size(max_body), record=record,
+    config = ProxyConfig(host=host, port=port, api_keys=tuple(api_key or ()), admin_keys=tuple(admin_key or ()),
+                         prefix_scope=prefix_cache_scope.value, speculation_scope=speculation_scope.value,
+                         max_body_bytes=parse_size(max_body), record=record,
                          redact=redact, db_path=location, stage_rules=rules, discover_stages=discover_stages,
                          fingerprint_system=fingerprint,
                          upstream_timeout=upstream_timeout, read_timeout=read_timeout,
@@ -176,7 +191,7 @@ def serve(
         check_cost_profile(cost_profile)
         impl = _local_backend(model, served_model_name, device, dtype.value, spec_config, budget,
                               location, seed, follow, snapshot, recorder, cost_profile, parse_size(prefix_cache),
-                              online_tuning)
+                              online_tuning, speculation_scope is Scope.key)
     elif backend is BackendKind.replay:
         impl = _replay_backend(location, "gpu" if cost_profile == "auto" else cost_profile, step_ms, speculation,
                                served_model_name, spec_config, budget, online_tuning)
@@ -188,7 +203,7 @@ def serve(
         impl = VLLMBackend(model, served_name=served_model_name, extra_args=list(ctx.args), db_path=location,
                            seed=seed, follow=follow, spec_config=spec_config, memory_budget_bytes=budget,
                            timeout=upstream_timeout, online=online_tuning, session_header=session_header or None,
-                           snapshot=snapshot)
+                           snapshot=snapshot, scoped=speculation_scope is Scope.key)
     if not api_key and host not in ("127.0.0.1", "localhost", "::1"):
         err.print(f"[bold red]warning:[/bold red] serving on {host} without --api-key: anyone who can reach this "
                   "address can use the model and read /metrics")
@@ -296,7 +311,7 @@ def _replay_backend(db, cost_profile, step_ms, speculation, served_name, spec_co
 
 
 def _local_backend(model, served_name, device, dtype, spec_config, budget, db, seed, follow, snapshot, recorder,
-                   cost_profile, prefix_cache_bytes, online):
+                   cost_profile, prefix_cache_bytes, online, scoped):
     from agentaccel.backends.local.service import LocalBackend
     from agentaccel.engine import SuffixEngine
 
@@ -305,7 +320,7 @@ def _local_backend(model, served_name, device, dtype, spec_config, budget, db, s
     def on_ready(engine, tokenizer):
         if recorder is not None:
             recorder.set_tokenizer((tokenizer.fingerprint, tokenizer.encode_batch))
-        return seed_engine(engine, db, tokenizer, seed, follow, snapshot) if seed or follow else None
+        return seed_engine(engine, db, tokenizer, seed, follow, snapshot, scoped) if seed or follow else None
 
     return LocalBackend(engine, model_path=model, device=device, dtype=dtype, served_name=served_name,
                         spec_config=spec_config, policy_db=db, online=online,
@@ -313,9 +328,10 @@ def _local_backend(model, served_name, device, dtype, spec_config, budget, db, s
                         cost_profile=cost_profile, prefix_cache_bytes=prefix_cache_bytes, say=_say)
 
 
-def seed_engine(engine, db, tokenizer, seed: bool, follow: bool, snapshot: Path | None = None):
+def seed_engine(engine, db, tokenizer, seed: bool, follow: bool, snapshot: Path | None = None, scoped: bool = True):
     """Seeds the engine from the trace store, with a progress bar, then (`follow`) keeps adding the
-    calls any server records there while this one serves; returns the follower (None: not following)."""
+    calls any server records there while this one serves; returns the follower (None: not following).
+    `scoped`: each tenant's calls join its own trees."""
     from rich.progress import Progress
 
     from agentaccel.backends.follower import StoreFollower, seed_then_follow
@@ -325,7 +341,7 @@ def seed_engine(engine, db, tokenizer, seed: bool, follow: bool, snapshot: Path 
         with Progress(console=err, transient=True) as progress:
             task = progress.add_task("seeding stage trees from the trace store", total=None)
             report, follower = seed_then_follow(
-                engine, db, tokenizer, follow=follow, snapshot=snapshot,
+                engine, db, tokenizer, follow=follow, snapshot=snapshot, scoped=scoped,
                 progress=lambda done, total: progress.update(task, completed=done, total=total))
         if report.snapshot is not None:
             err.print(f"agentaccel: stage trees from the snapshot {snapshot} (calls up to {report.snapshot.cursor}), "
@@ -336,7 +352,7 @@ def seed_engine(engine, db, tokenizer, seed: bool, follow: bool, snapshot: Path 
             err.print(f"agentaccel: seeded {report.calls} outputs ({report.tokens} tokens, {report.stages} stages) "
                       f"from {db}")
     elif follow:
-        follower = StoreFollower(engine, db, tokenizer).start()
+        follower = StoreFollower(engine, db, tokenizer, scoped=scoped).start()
     if follower is not None:
         atexit.register(follower.close)
         err.print(f"agentaccel: learning from every call recorded into {db} from now on")

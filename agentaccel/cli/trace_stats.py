@@ -24,14 +24,16 @@ class StageReport:
     top1: float  # fraction of output tokens that were the most frequent continuation
 
 
-def stage_reports(store: TraceStore, tokenizer, max_calls_per_stage: int | None = None) -> list[StageReport]:
+def stage_reports(store: TraceStore, tokenizer, max_calls_per_stage: int | None = None,
+                  tenant: str | None = None) -> list[StageReport]:
+    """`tenant`: that tenant's calls only (tenants.BASE: the base's; None: every call)."""
     store.ensure_tokens(tokenizer)
-    counts = store.counts_by_stage()
-    tokens = store.token_totals_by_stage(tokenizer.fingerprint)
+    counts = store.counts_by_stage(tenant)
+    tokens = store.token_totals_by_stage(tokenizer.fingerprint, tenant)
     reports = []
     for stage, c in counts.items():
         eng = SuffixEngine(max_depth=64)
-        ids = [call.id for call in store.iter_calls(stage=stage, limit=max_calls_per_stage)]
+        ids = [call.id for call in store.iter_calls(stage=stage, limit=max_calls_per_stage, tenant=tenant)]
         outputs = store.response_tokens(ids, tokenizer.fingerprint)
         positions = covered = hits = 0
         entropy = 0.0

@@ -8,7 +8,16 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from agentaccel.cli.common import DbOption, TokenizerOption, console, err, fail, open_store, open_tokenizer
+from agentaccel.cli.common import (
+    DbOption,
+    TenantOption,
+    TokenizerOption,
+    console,
+    err,
+    fail,
+    open_store,
+    open_tokenizer,
+)
 from agentaccel.traces.stages import DEFAULT_STAGE
 
 traces_app = typer.Typer(help="Inspect the trace store.", no_args_is_help=True)
@@ -83,14 +92,16 @@ def traces_stats(
     tokenizer: TokenizerOption = None,
     max_calls: Annotated[int | None, typer.Option(help="Score at most this many calls per stage (default: "
                                                        "all).")] = None,
+    tenant: TenantOption = None,
 ) -> None:
     """Per stage: calls, sessions, tokens, and the empirical-entropy predictor of suffix speculation."""
     from agentaccel.cli.trace_stats import stage_reports
 
     store = open_store(db, must_exist=True)
     with console.status("tokenizing what the cache lacks and scoring each stage"):
-        reports = stage_reports(store, open_tokenizer(tokenizer), max_calls)
-    table = Table(title=f"trace store {store.name}")
+        reports = stage_reports(store, open_tokenizer(tokenizer), max_calls, tenant)
+    _tenants_table(store, tenant)
+    table = Table(title=f"trace store {store.name}" + (f", tenant {tenant}" if tenant else ""))
     for col in ("stage", "calls", "sessions", "prompt tokens", "output tokens", "matched", "entropy bits",
                 "top-1"):
         table.add_column(col, justify="left" if col == "stage" else "right")
@@ -104,6 +115,19 @@ def traces_stats(
     _policies_table(store)
     _discovered_note(store)
     store.close()
+
+
+def _tenants_table(store, selected: str | None) -> None:
+    """Calls per tenant, when any call has one (what --tenant takes)."""
+    counts = store.counts_by_tenant()
+    if selected is not None or set(counts) <= {None}:
+        return
+    table = Table(title="calls per tenant (the base: imported, or served without API keys)")
+    table.add_column("tenant")
+    table.add_column("calls", justify="right")
+    for tenant, calls in counts.items():
+        table.add_row(tenant or "base", f"{calls:,}")
+    console.print(table)
 
 
 def _discovered_note(store) -> None:
@@ -215,14 +239,15 @@ def _discover(store, stage: str, apply: bool, lines: int) -> None:
 def export_traces_cmd(
     out: Annotated[Path, typer.Option("--out", help="JSONL file to write.")],
     stage: Annotated[str | None, typer.Option("--stage", help="Only this stage (default: every stage).")] = None,
+    tenant: TenantOption = None,
     db: DbOption = None,
 ) -> None:
-    """Write calls as OpenAI-style chat JSONL (what import-traces reads)."""
+    """Write calls as OpenAI-style chat JSONL (what import-traces reads; each call's tenant goes along)."""
     from agentaccel.traces.export import export_calls
 
     store = open_store(db, must_exist=True)
     if not out.parent.exists():
         raise typer.BadParameter(f"{out.parent}: no such folder", param_hint="--out")
-    n = export_calls(store, out, stage)
+    n = export_calls(store, out, stage, tenant)
     console.print(f"wrote {n:,} calls to {out}")
     store.close()

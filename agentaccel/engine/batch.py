@@ -12,7 +12,7 @@ policy, which the engine holds (`SuffixEngine.set_policy`).
 from __future__ import annotations
 
 from agentaccel.engine.step_cost import StepCostModel
-from agentaccel.engine.suffix_engine import SuffixEngine, _core, _rid, _stage
+from agentaccel.engine.suffix_engine import SuffixEngine, _core, _rid, scoped_stage
 
 
 class BatchDrafter:
@@ -48,14 +48,16 @@ class BatchDrafter:
         return self._native.steps()
 
     def admit(self, req_id: str | int, stage: str = "default", speculate: bool = True,
-              max_total_tokens: int | None = None) -> None:
+              max_total_tokens: int | None = None, scope: str | None = None) -> None:
         """Announces a request before its first step. `speculate=False`: a baseline request, never
         drafted for and not learned from. `max_total_tokens`: its prompt plus the most tokens it may
-        generate: no draft runs past it (None: only max_model_len limits drafts)."""
+        generate: no draft runs past it (None: only max_model_len limits drafts). `scope`: the
+        tenant whose trees it drafts from beside the base's, and whose its output joins (counted
+        per stage and scope in `stats`)."""
         limit = -1 if max_total_tokens is None else int(max_total_tokens)
         if limit < -1:
             raise ValueError(f"max_total_tokens must be >= 0, got {max_total_tokens!r}")
-        self._native.admit(_rid(req_id), _stage(stage), bool(speculate), limit)
+        self._native.admit(_rid(req_id), scoped_stage(stage, scope), bool(speculate), limit)
 
     def release(self, req_id: str | int) -> None:
         """The request left the batch (finished, aborted, preempted): its tree is freed now and its

@@ -23,7 +23,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from agentaccel.engine.suffix_engine import SuffixEngine
+from agentaccel.engine.suffix_engine import SuffixEngine, split_stage
 
 log = logging.getLogger("agentaccel.policy")
 
@@ -96,10 +96,11 @@ class OnlineCalibration:
         """A batch drafter's cumulative per-stage counters (`BatchDrafter.stats()`): the steps
         drafted since the last call are observed ("other" gathers stages past its count cap). A
         step whose draft was empty tells nothing, and ages nothing."""
-        for stage, now in stages.items():
-            before = self._counted.get(stage, {})
+        for key, now in stages.items():
+            before = self._counted.get(key, {})
             delta = {k: now[k] - before.get(k, 0) for k in ("drafted_steps", "drafted", "accepted", "predicted")}
-            self._counted[stage] = now
+            self._counted[key] = now
+            stage = split_stage(key)[0]  # every tenant's drafts calibrate the stage's one policy
             if stage != "other" and delta["drafted_steps"] > 0:
                 self.observe(stage, delta["predicted"], delta["accepted"], int(delta["drafted"]),
                              steps=int(delta["drafted_steps"]))

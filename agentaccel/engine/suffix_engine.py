@@ -12,6 +12,11 @@ the request tree and the stage tree (or the union of all stages) in one of two m
 The engine owns the drafting policy: a default `SpecConfig` and per-stage overrides
 (`set_policy`); `speculate(rid, max_tokens)` drafts with the policy of the request's stage.
 `SpecConfig`'s field defaults are the only defaults: the native structs take every value.
+
+Scopes (tenants): a stage's documents and requests may carry a scope. A request of a scope drafts
+from its scope's tree of its stage and from the stage's base tree (no scope: what the operator
+seeded), and its union holds only the base's and its own scope's stages; policies are per stage,
+shared by every scope. The native core names a scope's tree `scoped_stage(stage, scope)`.
 """
 
 from __future__ import annotations
@@ -34,6 +39,25 @@ Draft = _core.Draft
 Mode = Literal["paper", "mixture"]
 _MODE_ALIASES = {"agentaccel": "mixture"}  # the mixture's earlier name, still read from files
 TreeChoice = Literal["request", "stage", "union"]
+
+SCOPE_SEPARATOR = "\x1f"  # not printable: no client-chosen stage name holds it (proxy.tagging.check_stage)
+
+
+def scoped_stage(stage: str, scope: str | None) -> str:
+    """The native key of `scope`'s own tree of `stage` (the stage itself for the base, scope None)."""
+    stage = _stage(stage)
+    if scope is None:
+        return stage
+    if not isinstance(scope, str) or not scope or SCOPE_SEPARATOR in scope:
+        raise ValueError(f"scope must be a non-empty string without \\x1f, got {scope!r}")
+    return f"{stage}{SCOPE_SEPARATOR}{_utf8(scope, 'scope')}"
+
+
+def split_stage(key: str) -> tuple[str, str | None]:
+    """(stage, scope) of a native stage key (scope None: the base)."""
+    stage, sep, scope = key.partition(SCOPE_SEPARATOR)
+    return stage, (scope if sep else None)
+
 
 _TREE_BITS = {"request": _core.REQUEST_TREE, "stage": _core.STAGE_TREE, "union": _core.UNION_TREE}
 
@@ -222,14 +246,18 @@ class SuffixEngine:
             self._eng.clear_policy(_stage(stage))
 
     # ------------------------------------------------------------------ global trees
-    def add_document(self, token_ids: Sequence[int] | np.ndarray, stage: str = "default") -> int:
-        """Adds a finished output to `stage`'s global tree; returns its document id."""
-        return self._eng.add_document(_stage(stage), as_token_array(token_ids, self.vocab_size, "add_document"))
+    def add_document(self, token_ids: Sequence[int] | np.ndarray, stage: str = "default",
+                     scope: str | None = None) -> int:
+        """Adds a finished output to `stage`'s global tree (`scope`'s own, or the base's when
+        None); returns its document id."""
+        return self._eng.add_document(scoped_stage(stage, scope),
+                                      as_token_array(token_ids, self.vocab_size, "add_document"))
 
-    def add_peer_document(self, token_ids: Sequence[int] | np.ndarray, stage: str = "default") -> int | None:
+    def add_peer_document(self, token_ids: Sequence[int] | np.ndarray, stage: str = "default",
+                          scope: str | None = None) -> int | None:
         """Adds an output another server produced (read from a shared trace store); None, adding
         nothing, when it is one of this engine's own recent outputs coming back recorded."""
-        doc = self._eng.add_peer_document(_stage(stage),
+        doc = self._eng.add_peer_document(scoped_stage(stage, scope),
                                           as_token_array(token_ids, self.vocab_size, "add_peer_document"))
         return None if doc < 0 else doc
 
@@ -244,9 +272,9 @@ class SuffixEngine:
         bytes per edge while it runs."""
         self._eng.compact()
 
-    def document_ids(self, stage: str | None = None) -> list[int]:
-        """Live document ids (oldest first), of one stage or of all."""
-        return self._eng.document_ids("" if stage is None else _stage(stage))
+    def document_ids(self, stage: str | None = None, scope: str | None = None) -> list[int]:
+        """Live document ids (oldest first), of one stage (the base's tree, or `scope`'s) or of all."""
+        return self._eng.document_ids("" if stage is None else scoped_stage(stage, scope))
 
     # ------------------------------------------------------------------ requests
     def start_request(
@@ -255,13 +283,16 @@ class SuffixEngine:
         prompt_token_ids: Sequence[int] | np.ndarray,
         stage: str = "default",
         continue_from: str | int | None = None,
+        scope: str | None = None,
     ) -> bool:
         """Starts a request tree over the prompt. `continue_from` names a request finished with
         `retain=True` (e.g. the previous call of the same agent session): if its tokens are a
-        prefix of this prompt, its tree is extended instead of rebuilt. Returns whether it was."""
+        prefix of this prompt, its tree is extended instead of rebuilt. Returns whether it was.
+        A request of a `scope` drafts from the base's trees and its scope's only, and its output
+        joins its scope's tree of `stage`."""
         prompt = as_token_array(prompt_token_ids, self.vocab_size, "start_request")
         previous = "" if continue_from is None else _rid(continue_from)
-        return self._eng.start_request(_rid(req_id), prompt, _stage(stage), previous)
+        return self._eng.start_request(_rid(req_id), prompt, scoped_stage(stage, scope), previous)
 
     def extend(self, req_id: str | int, token_ids: Sequence[int] | np.ndarray) -> None:
         """Appends tokens the model produced to the request's context."""
@@ -314,6 +345,8 @@ class SuffixEngine:
 
     # ------------------------------------------------------------------ introspection
     def stats(self) -> dict:
+        """Sizes of the global trees; `stages` is keyed by native stage key (`split_stage` reads
+        a scope's)."""
         stages = {
             s.name: {"tokens": s.tokens, "documents": s.documents, "bytes": s.bytes, "states": s.states,
                      "edges": s.edges}
@@ -330,10 +363,12 @@ class SuffixEngine:
             "stages": stages,
         }
 
-    def predictability(self, token_ids: Sequence[int] | np.ndarray, stage: str = "default") -> _core.Predictability:
+    def predictability(self, token_ids: Sequence[int] | np.ndarray, stage: str = "default",
+                       scope: str | None = None) -> _core.Predictability:
         """How predictable `token_ids` are from `stage`'s tree: at each position, the entropy of
         the next-token distribution at the longest suffix match (the paper's predictor)."""
-        return self._eng.predictability(_stage(stage), as_token_array(token_ids, self.vocab_size, "predictability"))
+        return self._eng.predictability(scoped_stage(stage, scope),
+                                        as_token_array(token_ids, self.vocab_size, "predictability"))
 
     def longest_continuation(self, req_id: str | int, continuation: Sequence[int] | np.ndarray, k: int = 1) -> int:
         """Length of the longest prefix of `continuation` that the request tree or a global tree
@@ -391,8 +426,8 @@ def _rid(req_id: str | int) -> str:
 
 
 def _stage(stage: str) -> str:
-    if not isinstance(stage, str) or not stage:
-        raise ValueError(f"stage must be a non-empty string, got {stage!r}")
+    if not isinstance(stage, str) or not stage or SCOPE_SEPARATOR in stage:
+        raise ValueError(f"stage must be a non-empty string without \\x1f, got {stage!r}")
     return _utf8(stage, "stage")
 
 

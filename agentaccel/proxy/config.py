@@ -18,6 +18,12 @@ class ProxyConfig:
     # "key": prompt caches are kept apart per API key (a tenant cannot probe another's prompts through
     # `cached_tokens` or timing); "shared": one cache for everyone (more reuse between trusted clients).
     prefix_scope: str = "key"
+    # "key": a tenant's answers teach only its own drafting (the trees it drafts from are the imported
+    # base and its own); "shared": every tenant drafts from every answer (more reuse, but a tenant
+    # can tell from acceptance and timing whether a text was generated for another).
+    speculation_scope: str = "key"
+    # Keys that read every tenant's /metrics series (a tenant's key reads its own only).
+    admin_keys: tuple[str, ...] = ()
     max_body_bytes: int = 32 << 20
     record: bool = True
     redact: bool = False  # record stage, usage, timings and speculation stats, but no message text

@@ -1,6 +1,12 @@
 """Stage discovery in the proxy: an untagged request's stage is the prompt template it matches
 (traces/template_miner.py). Templates the miner establishes are saved to the trace store (in a
-thread, off the event loop) and read back at start, so a stage keeps its name across restarts."""
+thread, off the event loop) and read back at start, so a stage keeps its name across restarts.
+
+With tenants kept apart (`scoped`), each tenant's prompts go to a miner of its own: which templates
+exist, and under which names, is learned from that tenant's calls alone (a name comes from a
+template's text, and a first call matched at once would tell that another tenant sent the same
+template). Every tenant's miner starts from the base's templates (the store's: imported, or found
+on servers without keys); a tenant's own are kept in memory and found again after a restart."""
 
 from __future__ import annotations
 
@@ -19,8 +25,12 @@ log = logging.getLogger("agentaccel.proxy")
 class StageDiscovery:
     """Used from the event loop only (the miner is not thread-safe); the store is written in a thread."""
 
-    def __init__(self, location: Location | None, save: bool, config: MinerConfig | None = None) -> None:
-        self.miner = TemplateMiner(config)
+    def __init__(self, location: Location | None, save: bool, config: MinerConfig | None = None,
+                 scoped: bool = False) -> None:
+        self.miner = TemplateMiner(config)  # the base's: calls without a tenant, or every call unless scoped
+        self.scoped = scoped
+        self._tenant_miners: dict[str, TemplateMiner] = {}
+        self._base_templates: list[tuple[str, list[str], int]] = []  # as loaded: where a tenant's miner starts
         self.location = location  # read at start (names kept from earlier runs)...
         self.save_to_store = save and location is not None  # ...and written while serving (when recording)
         self.found = 0  # requests given a discovered stage
@@ -42,24 +52,36 @@ class StageDiscovery:
         except Exception as e:  # noqa: BLE001 - a store that cannot be read costs the kept names, not the server
             log.warning("stage discovery: no templates read from the trace store (%r); stages are found anew", e)
             return
-        self.miner.restore([(t.stage, t.fixed, t.calls) for t in saved])
+        self._base_templates = [(t.stage, t.fixed, t.calls) for t in saved]
+        self.miner.restore(self._base_templates)
         self.miner.reserve({t.stage: t.fixed for t in saved})  # those past the cap keep their names too
 
-    def stage(self, body: Mapping) -> str | None:
-        """The discovered stage of a request, or None (not a template yet, or over the cap)."""
+    def _miner(self, tenant: str | None) -> TemplateMiner:
+        if not self.scoped or tenant is None:
+            return self.miner
+        miner = self._tenant_miners.get(tenant)
+        if miner is None:
+            miner = self._tenant_miners[tenant] = TemplateMiner(self.miner.config)
+            miner.restore(self._base_templates)
+        return miner
+
+    def stage(self, body: Mapping, tenant: str | None = None) -> str | None:
+        """The discovered stage of a request (of `tenant`), or None (not a template yet, or over the cap)."""
+        miner = self._miner(tenant)
         messages = body.get("messages")
         if isinstance(messages, list):
-            text = template_text(messages, self.miner.config.max_chars)
+            text = template_text(messages, miner.config.max_chars)
         elif isinstance(body.get("prompt"), str):
             text = body["prompt"]
         else:
             return None
-        match = self.miner.observe(text)
+        match = miner.observe(text)
         if match.stage is None:
             self.unmatched += match.template is not None
             return None
         self.found += 1
-        if self.miner.changed and self.save_to_store and (self._saving is None or self._saving.done()):
+        saved = miner is self.miner and self.save_to_store  # a tenant's templates stay in memory
+        if saved and self.miner.changed and (self._saving is None or self._saving.done()):
             self._saving = asyncio.get_running_loop().create_task(self.save())
         return self.stages.get(match.stage, match.stage)
 
@@ -112,5 +134,7 @@ class StageDiscovery:
         await asyncio.to_thread(self._close_store)
 
     def metrics(self) -> dict[str, float]:
-        return {"stages": len(self.miner.named), "pending": len(self.miner.new), "found": self.found,
-                "unmatched": self.unmatched, "overflow": self.miner.overflow, "save_errors": self.save_errors}
+        miners = [self.miner, *self._tenant_miners.values()]
+        return {"stages": sum(len(m.named) for m in miners), "pending": sum(len(m.new) for m in miners),
+                "found": self.found, "unmatched": self.unmatched, "overflow": sum(m.overflow for m in miners),
+                "save_errors": self.save_errors}

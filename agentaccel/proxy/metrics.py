@@ -1,14 +1,17 @@
-"""Prometheus metrics, all labelled by stage. One registry per app (tests run several apps)."""
+"""Prometheus metrics, labelled by stage (and on a server with API keys by tenant as well, so that
+each tenant's key reads its own series only: `render(tenant)`). One registry per app (tests run
+several apps)."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from agentaccel.backends.base import SpecStats
+from agentaccel.backends.base import SpecStats, scoped_stage, split_stage
 
 if TYPE_CHECKING:
     from agentaccel.traces.recorder import Recorder
@@ -21,30 +24,35 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 
 class Metrics:
     """`external_spec`, when given, supplies the per-stage speculation totals (a backend that
-    drafts out of process, like vLLM); otherwise they are summed from each call's SpecStats."""
+    drafts out of process, like vLLM), keyed by the engine's stage key (a tenant's trees carry
+    its scope); otherwise they are summed from each call's SpecStats. `tenants`: the server has
+    API keys, and every stage series has a `tenant` label too."""
 
     def __init__(self, external_spec: Callable[[], dict[str, dict[str, int]]] | None = None,
                  recorder: Recorder | None = None,
                  policies: Callable[[], dict[str, dict[str, float]]] | None = None,
                  drafter: Callable[[], dict] | None = None,
-                 counters: Callable[[], list[tuple[str, str, str, dict[str, float]]]] | None = None) -> None:
+                 counters: Callable[[], list[tuple[str, str, str, dict[str, float]]]] | None = None,
+                 tenants: bool = False) -> None:
         self.registry = r = CollectorRegistry()
-        self.requests = Counter("agentaccel_requests", "Requests served", ["stage", "endpoint", "status"], registry=r)
-        self.latency = Histogram("agentaccel_request_latency_seconds", "Request latency", ["stage", "endpoint"],
+        self.tenants = tenants
+        who = ["stage", "tenant"] if tenants else ["stage"]
+        self.requests = Counter("agentaccel_requests", "Requests served", [*who, "endpoint", "status"], registry=r)
+        self.latency = Histogram("agentaccel_request_latency_seconds", "Request latency", [*who, "endpoint"],
                                  buckets=_LATENCY_BUCKETS, registry=r)
         self.ttft = Histogram("agentaccel_time_to_first_token_seconds", "Time to the first streamed token",
-                              ["stage"], buckets=_LATENCY_BUCKETS, registry=r)
-        self.prompt_tokens = Counter("agentaccel_prompt_tokens", "Prompt tokens", ["stage"], registry=r)
-        self.output_tokens = Counter("agentaccel_output_tokens", "Output tokens", ["stage"], registry=r)
+                              who, buckets=_LATENCY_BUCKETS, registry=r)
+        self.prompt_tokens = Counter("agentaccel_prompt_tokens", "Prompt tokens", who, registry=r)
+        self.output_tokens = Counter("agentaccel_output_tokens", "Output tokens", who, registry=r)
         self._spec_totals: dict[str, dict[str, int]] = {}
         self._labels: set[str] = set()
-        r.register(_SpecCollector(external_spec or (lambda: self._spec_totals)))
+        r.register(_SpecCollector(external_spec or (lambda: self._spec_totals), self.stage_labels, who))
         if policies is not None:
             r.register(_PolicyCollector(policies))
         if drafter is not None:
             r.register(_DrafterCollector(drafter))
         if counters is not None:
-            r.register(_BackendCounters(counters))
+            r.register(_BackendCounters(counters, self.stage_labels, who))
         if recorder is not None:  # counted by the recorder and its writer process
             for family, name, doc, value in (
                     (CounterMetricFamily, "agentaccel_recorder_errors",
@@ -85,49 +93,94 @@ class Metrics:
             return stage
         return "other"
 
-    def observe(self, stage: str, endpoint: str, status: int, seconds: float,
-                prompt_tokens: int = 0, output_tokens: int = 0, spec: SpecStats | None = None) -> None:
-        stage = self.label(stage)
-        self.requests.labels(stage, endpoint, str(status)).inc()
-        self.latency.labels(stage, endpoint).observe(seconds)
-        if prompt_tokens:
-            self.prompt_tokens.labels(stage).inc(prompt_tokens)
-        if output_tokens:
-            self.output_tokens.labels(stage).inc(output_tokens)
-        if spec is not None:
-            totals = self._spec_totals.setdefault(stage, {"steps": 0, "drafted": 0, "accepted": 0})
-            for key, value in spec.as_dict().items():
-                totals[key] += value
+    def failed(self, endpoint: str, status: int, tenant: str | None = None) -> None:
+        """A request refused before its stage was known (bad key, bad body)."""
+        self.requests.labels(*self.who("-", tenant), endpoint, str(status)).inc()
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def who(self, stage: str, tenant: str | None) -> tuple[str, ...]:
+        """The stage labels of a call (its stage capped by `label`, and its tenant on a keyed server)."""
+        stage = self.label(stage)
+        return (stage, tenant or "") if self.tenants else (stage,)
+
+    def stage_labels(self, key: str) -> tuple[str, ...] | None:
+        """The labels of an engine stage key's series; None for a tenant's trees on a server without
+        keys (its /metrics is open to anyone: another server's tenants are not shown there)."""
+        stage, scope = split_stage(key)
+        if not self.tenants:
+            return None if scope is not None else (stage,)
+        return (stage, scope or "")
+
+    def observe(self, stage: str, endpoint: str, status: int, seconds: float,
+                prompt_tokens: int = 0, output_tokens: int = 0, spec: SpecStats | None = None,
+                tenant: str | None = None) -> None:
+        who = self.who(stage, tenant)
+        self.requests.labels(*who, endpoint, str(status)).inc()
+        self.latency.labels(*who, endpoint).observe(seconds)
+        if prompt_tokens:
+            self.prompt_tokens.labels(*who).inc(prompt_tokens)
+        if output_tokens:
+            self.output_tokens.labels(*who).inc(output_tokens)
+        if spec is not None:
+            key = scoped_key(who)
+            totals = self._spec_totals.setdefault(key, {"steps": 0, "drafted": 0, "accepted": 0})
+            for name, value in spec.as_dict().items():
+                totals[name] += value
+
+    def render(self, tenant: str | None = None) -> bytes:
+        """Every series, or (`tenant`) only that tenant's: a tenant's key must not read which stages
+        (template names come from prompts) or how much other tenants ran."""
+        return generate_latest(self.registry if tenant is None else _OneTenant(self.registry, tenant))
+
+
+def scoped_key(who: tuple[str, ...]) -> str:
+    """The engine's stage key for a call's labels (the stage, with its tenant's scope when it has one)."""
+    return scoped_stage(who[0], who[1]) if len(who) > 1 and who[1] else who[0]
+
+
+class _OneTenant:
+    """A registry's samples with the label tenant=<tenant> (what generate_latest reads)."""
+
+    def __init__(self, registry: CollectorRegistry, tenant: str) -> None:
+        self.registry, self.tenant = registry, tenant
+
+    def collect(self):
+        for family in self.registry.collect():
+            samples = [s for s in family.samples if s.labels.get("tenant") == self.tenant]
+            if samples:
+                mine = copy.copy(family)
+                mine.samples = samples
+                yield mine
 
 
 class _SpecCollector:
     """Speculation metrics per stage, computed at scrape time from running totals."""
 
-    def __init__(self, source: Callable[[], dict[str, dict[str, int]]]) -> None:
-        self.source = source
+    def __init__(self, source: Callable[[], dict[str, dict[str, int]]],
+                 labels_of: Callable[[str], tuple[str, ...] | None], names: list[str]) -> None:
+        self.source, self.labels_of, self.names = source, labels_of, names
 
     def describe(self):
         return []  # names are only known at collect time; nothing else registers them
 
     def collect(self):
+        rows = [(labels, t) for key, t in sorted(self.source().items())
+                if (labels := self.labels_of(key)) is not None]
+        names = self.names
         steps = CounterMetricFamily("agentaccel_spec_steps", "Verification steps (forward passes that checked a "
-                                    "draft, or could have)", labels=["stage"])
-        drafted = CounterMetricFamily("agentaccel_draft_tokens", "Draft tokens proposed", labels=["stage"])
-        accepted = CounterMetricFamily("agentaccel_accepted_tokens", "Draft tokens accepted", labels=["stage"])
-        rate = GaugeMetricFamily("agentaccel_acceptance_rate", "Accepted / drafted tokens", labels=["stage"])
+                                    "draft, or could have)", labels=names)
+        drafted = CounterMetricFamily("agentaccel_draft_tokens", "Draft tokens proposed", labels=names)
+        accepted = CounterMetricFamily("agentaccel_accepted_tokens", "Draft tokens accepted", labels=names)
+        rate = GaugeMetricFamily("agentaccel_acceptance_rate", "Accepted / drafted tokens", labels=names)
         mean = GaugeMetricFamily("agentaccel_mean_accepted_length", "Tokens produced per verification step "
-                                 "(accepted drafts + the bonus token)", labels=["stage"])
-        for stage, t in sorted(self.source().items()):
-            steps.add_metric([stage], t.get("steps", 0))
-            drafted.add_metric([stage], t.get("drafted", 0))
-            accepted.add_metric([stage], t.get("accepted", 0))
+                                 "(accepted drafts + the bonus token)", labels=names)
+        for labels, t in rows:
+            steps.add_metric(labels, t.get("steps", 0))
+            drafted.add_metric(labels, t.get("drafted", 0))
+            accepted.add_metric(labels, t.get("accepted", 0))
             if t.get("drafted"):
-                rate.add_metric([stage], t["accepted"] / t["drafted"])
+                rate.add_metric(labels, t["accepted"] / t["drafted"])
             if t.get("steps"):
-                mean.add_metric([stage], (t["accepted"] + t["steps"]) / t["steps"])
+                mean.add_metric(labels, (t["accepted"] + t["steps"]) / t["steps"])
         yield from (steps, drafted, accepted, rate, mean)
 
 
@@ -188,17 +241,25 @@ class _DrafterCollector:
 class _BackendCounters:
     """A backend's own labelled counters (`Backend.counters`), read at scrape time."""
 
-    def __init__(self, source: Callable[[], list[tuple[str, str, str, dict[str, float]]]]) -> None:
-        self.source = source
+    def __init__(self, source: Callable[[], list[tuple[str, str, str, dict[str, float]]]],
+                 labels_of: Callable[[str], tuple[str, ...] | None], names: list[str]) -> None:
+        self.source, self.labels_of, self.names = source, labels_of, names
 
     def describe(self):
         return []
 
     def collect(self):
         for name, doc, label, values in self.source():
-            family = CounterMetricFamily(name, doc, labels=[label])
-            for value, count in values.items():
-                family.add_metric([value], count)
+            if label != "stage":
+                family = CounterMetricFamily(name, doc, labels=[label])
+                for value, count in values.items():
+                    family.add_metric([value], count)
+                yield family
+                continue
+            rows = [(labels, count) for key, count in values.items() if (labels := self.labels_of(key)) is not None]
+            family = CounterMetricFamily(name, doc, labels=self.names)
+            for labels, count in rows:
+                family.add_metric(labels, count)
             yield family
 
 

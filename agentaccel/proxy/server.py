@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import hashlib
 import hmac
 import itertools
 import json
@@ -39,6 +38,7 @@ from agentaccel.proxy.guard import guarded_protocol
 from agentaccel.proxy.metrics import Metrics
 from agentaccel.proxy.validation import parse_json, validate
 from agentaccel.traces.recorder import RecordedCall, Recorder
+from agentaccel.traces.tenants import tenant_of
 
 SSE_DONE = b"data: [DONE]\n\n"
 log = logging.getLogger("agentaccel.proxy")
@@ -53,13 +53,16 @@ class Proxy:
         self.recorder = recorder
         self.metrics = Metrics(backend.stage_stats if backend.stage_stats() is not None else None, recorder,
                                policies=backend.policy_state, drafter=backend.drafter_state,
-                               counters=backend.counters)
-        self.discovery = StageDiscovery(config.db_path, save=config.record) if config.discover_stages else None
+                               counters=backend.counters, tenants=bool(config.api_keys or config.admin_keys))
+        self.discovery = (StageDiscovery(config.db_path, save=config.record, scoped=config.speculation_scope == "key")
+                          if config.discover_stages else None)
         if self.discovery is not None:
             self.metrics.watch_discovery(self.discovery.metrics)
         self._models: list[str] = []
-        # (key, tenant name): the name is a digest, so nothing downstream (caches, vLLM) holds a key
-        self._tenants = [(k.encode(), "t" + hashlib.sha256(k.encode()).hexdigest()[:16]) for k in config.api_keys]
+        # (key, tenant name): the name is a digest, so nothing downstream (caches, vLLM, the store) holds a key
+        # (key, tenant, reads every tenant's /metrics): an operator's key is a tenant like any other
+        self._tenants = [(k.encode(), tenant_of(k), False) for k in config.api_keys]
+        self._tenants += [(k.encode(), tenant_of(k), True) for k in config.admin_keys]
         # Unique without a syscall per call: 128 random bits drawn at start, then a counter. The engine's
         # request trees need it unique within this server; the trace store knows a recorded call by it,
         # so it must not repeat on another server of the fleet either (store.call_identity).
@@ -128,20 +131,25 @@ class Proxy:
     # ------------------------------------------------------------------ plumbing
     def _authorize(self, request: Request) -> str | None:
         """The caller's tenant (None when the server takes no key), or a 401."""
+        return self._caller(request)[0]
+
+    def _caller(self, request: Request) -> tuple[str | None, bool]:
+        """(the caller's tenant, whether its key is an operator's), or a 401. A server without
+        keys: (None, True): anyone may read everything."""
         if not self._tenants:
-            return None
+            return None, True
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
         given = given.strip().encode()
-        tenant = None
+        found = None
         # Every key compared, each in constant time: how long a wrong key takes must not tell how
         # much of it (or which key) was right.
-        for key, name in self._tenants:
+        for key, tenant, admin in self._tenants:
             if hmac.compare_digest(given, key):
-                tenant = name
-        if scheme.lower() != "bearer" or tenant is None:
+                found = (tenant, admin)
+        if scheme.lower() != "bearer" or found is None:
             raise APIError(401, "invalid or missing API key (Authorization: Bearer <key>)",
                            type="authentication_error", code="invalid_api_key")
-        return tenant
+        return found
 
     async def _read_body(self, request: Request) -> dict:
         limit = self.config.max_body_bytes
@@ -182,24 +190,28 @@ class Proxy:
         try:
             return await self._handle(request, endpoint)
         except Exception as e:  # noqa: BLE001 - whatever broke, the client gets an OpenAI-style 500
-            self.metrics.requests.labels("-", endpoint, "500").inc()
+            self.metrics.failed(endpoint, 500)
             return _internal_error(e)
 
     async def _handle(self, request: Request, endpoint: str) -> Response:
         t0 = time.perf_counter()
+        tenant = None
         try:
             tenant = self._authorize(request)
             body = await self._read_body(request)
             validate(endpoint, body)
             await self._check_model(body["model"])
+            discover = (None if self.discovery is None else
+                        lambda body, tenant=tenant: self.discovery.stage(body, tenant))
             tags = tagging.resolve(request.headers, body, self.config.stage_rules, self.config.fingerprint_system,
-                                   self.discovery.stage if self.discovery is not None else None)
+                                   discover)
         except APIError as e:
-            self.metrics.requests.labels("-", endpoint, str(e.status)).inc()
+            self.metrics.failed(endpoint, e.status, tenant)
             return _error(e)
         ctx = CallContext(stage=tags.stage, session_id=tags.session_id, request_id=next(self._request_ids),
-                          headers=tagging.forward_headers(request.headers, not self._tenants),
-                          tenant=tenant if self.config.prefix_scope == "key" else None)
+                          headers=tagging.forward_headers(request.headers, not self._tenants), tenant=tenant,
+                          cache_scope=tenant if self.config.prefix_scope == "key" else None,
+                          spec_scope=tenant if self.config.speculation_scope == "key" else None)
         forward = self.backend.prepare(tagging.strip_proxy_fields(body), ctx)
         if body.get("stream"):
             return await self._stream(endpoint, body, forward, ctx, t0)
@@ -252,7 +264,7 @@ class Proxy:
             finally:
                 # Bookkeeping first, without an await: a cancellation can't cut it short.
                 if first_token_at is not None:
-                    self.metrics.ttft.labels(self.metrics.label(ctx.stage)).observe(first_token_at - t0)
+                    self.metrics.ttft.labels(*self.metrics.who(ctx.stage, ctx.tenant)).observe(first_token_at - t0)
                 summary = acc.finish()
                 self._observe(endpoint, ctx, status, t0, summary)
                 if status == 200:
@@ -265,7 +277,7 @@ class Proxy:
                  summary: Accumulated | None = None) -> None:
         self.metrics.observe(ctx.stage, endpoint, status, time.perf_counter() - t0,
                              summary.prompt_tokens if summary else 0, summary.output_tokens if summary else 0,
-                             ctx.spec)
+                             ctx.spec, ctx.tenant)
 
     def _record(self, endpoint: str, body: dict, ctx: CallContext, summary: Accumulated, t0: float) -> None:
         if self.recorder is None:
@@ -281,7 +293,7 @@ class Proxy:
             finish_reason=summary.finish_reason, prompt_tokens=summary.prompt_tokens or None,
             completion_tokens=summary.output_tokens or None, latency=time.perf_counter() - t0,
             metadata={"endpoint": endpoint, "spec": ctx.spec.as_dict() if ctx.spec else None},
-            call_id=ctx.request_id))
+            call_id=ctx.request_id, tenant=ctx.tenant))
 
     async def _served(self, request: Request, render) -> Response:
         try:
@@ -317,12 +329,13 @@ class Proxy:
         return JSONResponse(body)
 
     async def prometheus(self, request: Request) -> Response:
-        """Behind the API key when there is one: it lists every client's stages and token counts."""
+        """Behind the API key when there is one: a tenant's key reads that tenant's series only (its
+        stages, its counts), an operator's (`--admin-key`) every series."""
         try:
-            self._authorize(request)
+            tenant, admin = self._caller(request)
         except APIError as e:
             return _error(e)
-        return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
+        return Response(self.metrics.render(None if admin else tenant), media_type="text/plain; version=0.0.4")
 
 
 # The body was not read to its end: the connection cannot carry another request after this answer.

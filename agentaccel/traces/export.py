@@ -10,18 +10,20 @@ from agentaccel.traces.formats.chat_jsonl import chat_jsonl_line
 from agentaccel.traces.store import TraceStore
 
 
-def export_calls(store: TraceStore, out: Path, stage: str | None = None) -> int:
+def export_calls(store: TraceStore, out: Path, stage: str | None = None, tenant: str | None = None) -> int:
+    """`tenant`: one tenant's calls (tenants.BASE: the base's); each call's tenant travels along."""
     keys = dict(store.conn.execute("SELECT id, key FROM sessions"))
     tmp = out.with_suffix(out.suffix + ".tmp")
     n = 0
     with tmp.open("w", encoding="utf-8") as f:
-        for call in store.iter_calls(stage=stage):
+        for call in store.iter_calls(stage=stage, tenant=tenant):
             reply = {"role": "assistant", "content": reply_content(call.response, call.tool_calls)}
             if call.tool_calls:
                 reply["tool_calls"] = call.tool_calls
             f.write(chat_jsonl_line(call.messages, reply, stage=call.stage, model=call.model,
                                     metadata={"session": keys[call.session_id], "position": call.position,
                                               "created_at": call.created_at, "source": call.source_file,
+                                              **({"tenant": call.tenant} if call.tenant else {}),
                                               **_identity(call)}))
             n += 1
     tmp.replace(out)

@@ -66,6 +66,7 @@ class RecordedCall:
     created_at: float = field(default_factory=time.time)
     metadata: dict = field(default_factory=dict)
     call_id: str | None = None  # the proxy's id for this answer: what the store knows it by (store.call_identity)
+    tenant: str | None = None  # whose call (traces/tenants.py: a digest of the API key); None: no keys
 
 
 class Recorder:
@@ -322,8 +323,8 @@ class _Writer:
     def _store(self, batch: list[RecordedCall]) -> None:
         sessions: dict[str, Session] = {}
         for call in batch:
-            if call.session_id:
-                key = f"live:{call.session_id}"
+            if call.session_id:  # a client's session id names a session within its tenant only
+                key = f"live:{call.tenant}:{call.session_id}" if call.tenant else f"live:{call.session_id}"
             else:  # a call of its own: a fresh key, so position 0 without asking the database
                 key = f"live-call:{uuid.uuid4().hex}"
                 self._next_position[key] = 0
@@ -356,7 +357,7 @@ class _Writer:
         return Call(messages=messages, response=response, tool_calls=tool_calls or None,
                     tools=None if self.redact else call.tools, stage=call.stage, model=call.model,
                     created_at=call.created_at, finish_reason=call.finish_reason, prompt_tokens=call.prompt_tokens,
-                    completion_tokens=call.completion_tokens, latency=call.latency,
+                    completion_tokens=call.completion_tokens, latency=call.latency, tenant=call.tenant,
                     metadata={**call.metadata, "position": position, "redacted": self.redact,
                               **({"call_id": call.call_id} if call.call_id else {})})
 

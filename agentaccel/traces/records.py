@@ -29,6 +29,7 @@ class Call:
     latency: float | None = None  # seconds
     source_offset: int = 0  # where in the source file (line, record or byte offset)
     metadata: dict[str, Any] | None = None
+    tenant: str | None = None  # whose call (a digest of the API key, traces/tenants.py); None: the base
 
 
 @dataclass

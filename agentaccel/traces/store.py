@@ -28,6 +28,7 @@ from agentaccel.text.messages import canonical_json
 from agentaccel.text.render import render_message
 from agentaccel.traces.database import Connection, Location, errors, locate
 from agentaccel.traces.records import Session, digest
+from agentaccel.traces.tenants import BASE, tenant_clause
 
 SCHEMA_VERSION = 1
 CALLS_CHANNEL = "agentaccel_calls"  # PostgreSQL NOTIFY channel: new calls were committed
@@ -73,6 +74,11 @@ CREATE TABLE IF NOT EXISTS calls (
 CREATE INDEX IF NOT EXISTS calls_stage_time ON calls(stage, created_at, id);
 CREATE INDEX IF NOT EXISTS calls_session ON calls(session_id, position);
 CREATE INDEX IF NOT EXISTS calls_model ON calls(model);
+CREATE TABLE IF NOT EXISTS call_tenants (  -- whose call it was (a call without a row: the base's)
+  call_id {INT} PRIMARY KEY REFERENCES calls(id),
+  tenant TEXT NOT NULL               -- the API key's digest (traces/tenants.py), never the key
+);
+CREATE INDEX IF NOT EXISTS call_tenants_tenant ON call_tenants(tenant, call_id);
 CREATE TABLE IF NOT EXISTS tokens (
   kind TEXT NOT NULL,                -- 'b': a blob (message), 'r': a call's response
   ref {INT} NOT NULL,
@@ -139,6 +145,7 @@ class StoredCall:
     finish_reason: str | None
     source_file: str | None
     metadata: dict | None = None  # what the source said of the call (`approximate`: what a rebuild could not know)
+    tenant: str | None = None  # whose call it was (traces/tenants.py); None: the base (imported, or keyless)
 
 
 @dataclass
@@ -351,6 +358,9 @@ class TraceStore:
                     if inserted is None:  # another writer stored the same call meanwhile
                         counts.duplicates += 1
                         continue
+                    if call.tenant is not None:
+                        conn.execute("INSERT INTO call_tenants (call_id, tenant) VALUES (?, ?)",
+                                     (inserted[0], call.tenant))
                     new_texts.append(("r", inserted[0], call.response))
                     stage_of_response[inserted[0]] = stage
                     counts.calls += 1
@@ -439,24 +449,30 @@ class TraceStore:
         until: float | None = None,
         newest_first: bool = False,
         limit: int | None = None,
+        tenant: str | None = None,
     ) -> Iterator[StoredCall]:
-        """Calls in time order (recorded time, then import order), filtered as asked."""
+        """Calls in time order (recorded time, then import order), filtered as asked (`tenant`: one
+        tenant's calls, or the base's with tenants.BASE)."""
         clauses, args = [], []
         for column, value in (("stage", stage), ("session_id", session_id), ("model", model)):
             if value is not None:
-                clauses.append(f"{column} = ?")
+                clauses.append(f"c.{column} = ?")
                 args.append(value)
+        if tenant is not None:
+            clauses.append(tenant_clause(tenant))
+            args.extend(() if tenant == BASE else (tenant,))
         if since is not None:
-            clauses.append("created_at >= ?")
+            clauses.append("c.created_at >= ?")
             args.append(since)
         if until is not None:
-            clauses.append("created_at < ?")
+            clauses.append("c.created_at < ?")
             args.append(until)
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
         order = "DESC" if newest_first else "ASC"
-        sql = ("SELECT id, session_id, position, stage, model, created_at, prompt, response, tool_calls, "
-               f"finish_reason, source_file, metadata FROM calls {where} "
-               f"ORDER BY COALESCE(created_at, 0) {order}, session_id {order}, position {order}, id {order}")
+        sql = ("SELECT c.id, c.session_id, c.position, c.stage, c.model, c.created_at, c.prompt, c.response, "
+               "c.tool_calls, c.finish_reason, c.source_file, c.metadata, ct.tenant "
+               f"FROM calls c LEFT JOIN call_tenants ct ON ct.call_id = c.id {where} "
+               f"ORDER BY COALESCE(c.created_at, 0) {order}, c.session_id {order}, c.position {order}, c.id {order}")
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
         blob_cache: dict[int, dict] = {}
@@ -464,7 +480,7 @@ class TraceStore:
             prompt_ids = json.loads(row[6])
             yield StoredCall(row[0], row[1], row[2], row[3], row[4], row[5], self._messages(prompt_ids, blob_cache),
                              row[7], json.loads(row[8]) if row[8] else None, row[9], row[10],
-                             json.loads(row[11]) if row[11] else None)
+                             json.loads(row[11]) if row[11] else None, row[12])
 
     def _messages(self, ids: list[int], cache: dict[int, dict]) -> list[dict]:
         missing = [i for i in ids if i not in cache]
@@ -476,14 +492,16 @@ class TraceStore:
                     cache[blob_id] = json.loads(text)
         return [cache[i] for i in ids]
 
-    def output_lengths(self, tokenizer_fingerprint: str, up_to: int | None = None) -> list[tuple[int, str, int]]:
-        """(call id, stage, output length in tokens) of every call tokenized with that tokenizer
-        (with an id up to `up_to`, when given), newest first (what seeding a server's trees reads
-        first)."""
+    def output_lengths(self, tokenizer_fingerprint: str,
+                       up_to: int | None = None) -> list[tuple[int, str, int, str | None]]:
+        """(call id, stage, output length in tokens, tenant) of every call tokenized with that
+        tokenizer (with an id up to `up_to`, when given), newest first (what seeding a server's
+        trees reads first)."""
         bound = "" if up_to is None else "WHERE c.id <= ? "
         return [tuple(row) for row in self.conn.execute(
-            f"""SELECT c.id, c.stage, LENGTH(t.ids) / 4 FROM calls c JOIN tokens t
-               ON t.kind = 'r' AND t.ref = c.id AND t.tokenizer = ? {bound}
+            f"""SELECT c.id, c.stage, LENGTH(t.ids) / 4, ct.tenant FROM calls c JOIN tokens t
+               ON t.kind = 'r' AND t.ref = c.id AND t.tokenizer = ?
+               LEFT JOIN call_tenants ct ON ct.call_id = c.id {bound}
                ORDER BY COALESCE(c.created_at, 0) DESC, c.id DESC""",
             (tokenizer_fingerprint, *(() if up_to is None else (int(up_to),))))]
 
@@ -517,25 +535,36 @@ class TraceStore:
         segments = {ref: unpack_ids(blob) for ref, blob in self.conn.execute(q, [tokenizer_fingerprint, *ids])}
         return np.concatenate([segments[i] for i in ids])
 
-    def counts_by_stage(self) -> dict[str, dict[str, int]]:
+    def counts_by_stage(self, tenant: str | None = None) -> dict[str, dict[str, int]]:
+        where, args = _tenant_filter(tenant)
         rows = self.conn.execute(
-            "SELECT stage, COUNT(*), COUNT(DISTINCT session_id) FROM calls GROUP BY stage ORDER BY stage"
+            "SELECT c.stage, COUNT(*), COUNT(DISTINCT c.session_id) FROM calls c "
+            f"LEFT JOIN call_tenants ct ON ct.call_id = c.id {where} GROUP BY c.stage ORDER BY c.stage", args
         ).fetchall()
         return {stage: {"calls": calls, "sessions": sessions} for stage, calls, sessions in rows}
 
-    def token_totals_by_stage(self, tokenizer_fingerprint: str) -> dict[str, dict[str, int]]:
+    def counts_by_tenant(self) -> dict[str | None, int]:
+        """Calls per tenant (None: the base's), most first."""
+        rows = self.conn.execute("SELECT ct.tenant, COUNT(*) FROM calls c LEFT JOIN call_tenants ct "
+                                 "ON ct.call_id = c.id GROUP BY ct.tenant ORDER BY COUNT(*) DESC").fetchall()
+        return dict(rows)
+
+    def token_totals_by_stage(self, tokenizer_fingerprint: str, tenant: str | None = None) -> dict[str, dict[str, int]]:
         """Prompt and response token totals per stage from the token cache (4 bytes per id)."""
         out: dict[str, dict[str, int]] = {}
+        where, args = _tenant_filter(tenant)
         rows = self.conn.execute(
-            """SELECT c.stage, SUM(LENGTH(t.ids)) / 4 FROM calls c JOIN tokens t
-               ON t.kind='r' AND t.ref=c.id AND t.tokenizer=? GROUP BY c.stage""",
-            (tokenizer_fingerprint,),
+            f"""SELECT c.stage, SUM(LENGTH(t.ids)) / 4 FROM calls c JOIN tokens t
+               ON t.kind='r' AND t.ref=c.id AND t.tokenizer=? LEFT JOIN call_tenants ct ON ct.call_id = c.id
+               {where} GROUP BY c.stage""",
+            (tokenizer_fingerprint, *args),
         ).fetchall()
         for stage, n in rows:
             out.setdefault(stage, {"prompt_tokens": 0, "response_tokens": 0})["response_tokens"] = int(n or 0)
         seg = dict(self.conn.execute("SELECT ref, LENGTH(ids) / 4 FROM tokens WHERE kind='b' AND tokenizer=?",
                                      (tokenizer_fingerprint,)).fetchall())
-        for stage, prompt in self.conn.execute("SELECT stage, prompt FROM calls"):
+        for stage, prompt in self.conn.execute(
+                f"SELECT c.stage, c.prompt FROM calls c LEFT JOIN call_tenants ct ON ct.call_id = c.id {where}", args):
             entry = out.setdefault(stage, {"prompt_tokens": 0, "response_tokens": 0})
             entry["prompt_tokens"] += sum(seg.get(i, 0) for i in json.loads(prompt))
         return out
@@ -575,6 +604,13 @@ def call_identity(session_key: str, position: int, message_hashes: list[str], ca
     if call_id:
         return digest("live-call", session_key, str(call_id))
     return digest(session_key, position, message_hashes, call.response, call.tool_calls)
+
+
+def _tenant_filter(tenant: str | None) -> tuple[str, tuple]:
+    """A WHERE clause (and its arguments) selecting one tenant's calls, or every call when None."""
+    if tenant is None:
+        return "", ()
+    return f"WHERE {tenant_clause(tenant)}", (() if tenant == BASE else (tenant,))
 
 
 def _json_or_none(value) -> str | None:

@@ -34,6 +34,7 @@ class TailedCall:
     tokens: np.ndarray  # the response, in the tail's tokenizer
     created_at: float | None  # when it was answered (the proxy stamps a recorded call then)
     stored_at: float | None = None  # when the writer began storing it (`imported_at`)
+    tenant: str | None = None  # whose call it was (None: the base)
 
 
 class CallTail:
@@ -69,7 +70,7 @@ class CallTail:
                 rows += self._rows(f"c.id IN ({','.join('?' * len(chunk))})", tuple(chunk))
         now = time.monotonic()
         out: list[TailedCall] = []
-        for call_id, stage, response, ids, created_at, stored_at in sorted(rows, key=lambda r: r[0]):
+        for call_id, *row in sorted(rows, key=lambda r: r[0]):
             if call_id in self._gaps:
                 del self._gaps[call_id]
             elif call_id <= self.cursor:
@@ -78,7 +79,7 @@ class CallTail:
                 for missing in range(self.cursor + 1, min(call_id, self.cursor + 1 + MAX_GAPS - len(self._gaps))):
                     self._gaps[missing] = now
                 self.cursor = call_id
-            out.append((call_id, stage, response, ids, created_at, stored_at))
+            out.append((call_id, *row))
         for missing, since in list(self._gaps.items()):
             if now - since > self.gap_seconds:
                 del self._gaps[missing]
@@ -86,8 +87,9 @@ class CallTail:
 
     def _rows(self, where: str, params: tuple) -> list[tuple]:
         return [tuple(r) for r in self.store.conn.execute(
-            "SELECT c.id, c.stage, c.response, t.ids, c.created_at, c.imported_at FROM calls c LEFT JOIN tokens t "
-            f"ON t.kind = 'r' AND t.ref = c.id AND t.tokenizer = ? WHERE {where}",
+            "SELECT c.id, c.stage, c.response, t.ids, c.created_at, c.imported_at, ct.tenant FROM calls c "
+            "LEFT JOIN tokens t ON t.kind = 'r' AND t.ref = c.id AND t.tokenizer = ? "
+            f"LEFT JOIN call_tenants ct ON ct.call_id = c.id WHERE {where}",
             (self.tokenizer.fingerprint, *params)).fetchall()]
 
     def _tokenized(self, rows: list[tuple]) -> list[TailedCall]:
@@ -96,9 +98,9 @@ class CallTail:
         todo = [i for i, row in enumerate(rows) if row[3] is None and row[2]]
         encoded = dict(zip(todo, self.tokenizer.encode_batch([rows[i][2] for i in todo]), strict=True)) if todo else {}
         out = []
-        for i, (call_id, stage, _response, ids, created_at, stored_at) in enumerate(rows):
+        for i, (call_id, stage, _response, ids, created_at, stored_at, tenant) in enumerate(rows):
             tokens = unpack_ids(ids) if ids is not None else np.asarray(encoded.get(i, []), dtype=np.uint32)
-            out.append(TailedCall(call_id, stage, tokens, created_at, stored_at))
+            out.append(TailedCall(call_id, stage, tokens, created_at, stored_at, tenant))
         return out
 
     def wait(self, timeout: float) -> None:

@@ -75,8 +75,11 @@ class LocalGenerator:
 
     def generate(self, prompt_ids: list[int], params: SamplingParams | None = None, *, stage: str = "default",
                  speculate: bool = True, on_tokens: OnTokens | None = None,
-                 request_id: str | None = None, cache_scope: str | None = None) -> GenerationResult:
-        """`cache_scope`: whose prompt this is; the prefix cache reuses only prompts of the same scope."""
+                 request_id: str | None = None, cache_scope: str | None = None,
+                 spec_scope: str | None = None) -> GenerationResult:
+        """`cache_scope`: whose prompt this is; the prefix cache reuses only prompts of the same scope.
+        `spec_scope`: whose answer this is; it drafts from the base's trees and its scope's only, and
+        its output joins its scope's tree (engine.SuffixEngine.start_request)."""
         params = params or SamplingParams()
         params.validate()
         prompt = [int(t) for t in prompt_ids]
@@ -88,7 +91,7 @@ class LocalGenerator:
         engine = self.engine if speculate else None
         rid = request_id or uuid.uuid4().hex
         if engine is not None:
-            engine.start_request(rid, prompt, stage=stage)
+            engine.start_request(rid, prompt, stage=stage, scope=spec_scope)
         try:
             return self._decode(prompt, params, engine, rid, on_tokens, stage, cache_scope)
         finally:

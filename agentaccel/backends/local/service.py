@@ -159,7 +159,8 @@ class LocalBackend(Backend):
              on_tokens=None) -> GenerationResult:
         try:
             result = self.generator.generate(self._prompt(endpoint, body), params, stage=ctx.stage,
-                                             on_tokens=on_tokens, request_id=ctx.request_id, cache_scope=ctx.tenant)
+                                             on_tokens=on_tokens, request_id=ctx.request_id,
+                                             cache_scope=ctx.cache_scope, spec_scope=ctx.spec_scope)
         except ValueError as e:  # bad parameters, context too long: this request alone fails
             raise bad_request(str(e)) from e
         ctx.spec = SpecStats(result.steps, result.drafted, result.accepted)

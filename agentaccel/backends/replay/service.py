@@ -84,7 +84,7 @@ class ReplayBackend(Backend):
         """Yields the steps that produce `output`, drafting through the engine (whose request tree
         and stage tree learn exactly as in a real run)."""
         rid, stage = ctx.request_id or uuid.uuid4().hex, ctx.stage
-        self.engine.start_request(rid, prompt, stage=stage)
+        self.engine.start_request(rid, prompt, stage=stage, scope=ctx.spec_scope)
         try:
             pos = 0
             while pos < len(output):

@@ -76,7 +76,9 @@ class VLLMBackend(OpenAIBackend):
                  spec_config: str | Path | None = None,
                  memory_budget_bytes: int = 0, timeout: float = 600.0, start_timeout: float = 900.0,
                  port: int | None = None, echo=None, online: bool = True,
-                 session_header: str | None = SESSION_HEADER, snapshot: str | Path | None = None) -> None:
+                 session_header: str | None = SESSION_HEADER, snapshot: str | Path | None = None,
+                 scoped: bool = True) -> None:
+        """`scoped`: each tenant's recorded answers join its own trees (serve --speculation-scope key)."""
         self.port = port or free_port()
         super().__init__(f"http://127.0.0.1:{self.port}", timeout=timeout, session_header=session_header)
         self.model = model
@@ -91,7 +93,7 @@ class VLLMBackend(OpenAIBackend):
         ours = {"AGENTACCEL_VLLM_STATS": str(self.stats_path), "AGENTACCEL_SEED": "1" if seed else "0",
                 "AGENTACCEL_FOLLOW": "1" if follow else "0",
                 "AGENTACCEL_MEMORY_BUDGET": str(memory_budget_bytes), "AGENTACCEL_DB": db.spec,
-                "AGENTACCEL_ONLINE": "1" if online else "0"}
+                "AGENTACCEL_ONLINE": "1" if online else "0", "AGENTACCEL_SCOPED": "1" if scoped else "0"}
         if snapshot is not None:
             ours["AGENTACCEL_SNAPSHOT"] = str(Path(snapshot).expanduser().resolve())
         if spec_config is not None:
@@ -109,7 +111,13 @@ class VLLMBackend(OpenAIBackend):
         await super().close()
 
     def prepare(self, body: dict, ctx: CallContext) -> dict:
-        return salted({**body, "vllm_xargs": {**(body.get("vllm_xargs") or {}), "stage": ctx.stage}}, ctx.tenant)
+        # The scope is always set by the proxy (a client's own "scope" is dropped): no key can draft
+        # from another tenant's trees by naming them.
+        xargs = {k: v for k, v in (body.get("vllm_xargs") or {}).items() if k != "scope"}
+        xargs["stage"] = ctx.stage
+        if ctx.spec_scope is not None:
+            xargs["scope"] = ctx.spec_scope
+        return salted({**body, "vllm_xargs": xargs}, ctx.cache_scope)
 
     async def _ready(self) -> None:
         """While vLLM restarts, requests wait for it (up to 60 s) instead of failing at once."""

@@ -6,7 +6,8 @@ read by the paper mode only: the default mode sizes drafts by their verification
 `suffix_decoding_min_token_prob` min-prob) and the environment the managed launcher sets:
 
 * `AGENTACCEL_DB`: the trace store; its stages' tuned drafting settings are read at start, and
-  the online calibration is saved there; with `AGENTACCEL_SEED=1` it also seeds the stage trees,
+  the online calibration is saved there; with `AGENTACCEL_SEED=1` it also seeds the stage trees
+  (`AGENTACCEL_SCOPED=1`: each tenant's recorded answers into that tenant's own trees),
   and with `AGENTACCEL_FOLLOW=1` every call recorded there later (by any server) is added too;
 * `AGENTACCEL_SNAPSHOT`: a file where the stage trees are saved with the store cursor they
   cover, and loaded from at the next start (then only later calls are read from the store);
@@ -28,9 +29,10 @@ read by the paper mode only: the default mode sizes drafts by their verification
 Each step drafts for the whole batch in one native call (`engine.batch.BatchDrafter`).
 
 Each request's stage comes from `SamplingParams.extra_args["stage"]` (the proxy sends it as
-`vllm_xargs.stage`); `extra_args["speculate"] = false` makes one request a baseline inside the
-same server: no drafts, and its output is not learned from. vLLM verifies a chain of draft
-tokens, so drafts are linear.
+`vllm_xargs.stage`), its tenant's scope from `extra_args["scope"]` (set by the proxy alone);
+`extra_args["speculate"] = false` makes one request a baseline inside the same server: no
+drafts, and its output is not learned from. vLLM verifies a chain of draft tokens, so drafts are
+linear.
 """
 
 from __future__ import annotations
@@ -85,15 +87,20 @@ def _capture_stages() -> None:
             params = getattr(request, "sampling_params", None)
             extra = getattr(params, "extra_args", None) or {}
             stage = extra.get("stage")
+            stage = stage if isinstance(stage, str) and stage else "default"
+            scope = extra.get("scope")  # the tenant whose trees it drafts from (set by the proxy)
             speculate = extra.get("speculate", True) not in (False, 0, "0", "false")
             max_tokens = getattr(params, "max_tokens", None)
             prompt = getattr(request, "num_prompt_tokens", None)
             limit = prompt + max_tokens if isinstance(max_tokens, int) and isinstance(prompt, int) else None
+            scope = scope if isinstance(scope, str) and scope else None
             try:
-                _DRAFTER.admit(request.req_id, stage if isinstance(stage, str) and stage else "default", speculate,
-                               limit)
+                _DRAFTER.admit(request.req_id, stage, speculate, limit, scope)
             except ValueError:  # a stage name the engine cannot keep: the request still runs, untagged
-                _DRAFTER.admit(request.req_id, "default", speculate, limit)
+                try:
+                    _DRAFTER.admit(request.req_id, "default", speculate, limit, scope)
+                except ValueError:  # nor its scope: it runs without drafts, and nothing learns its output
+                    _DRAFTER.admit(request.req_id, "default", False, limit)
         return original(self, request)
 
     def remove_request(self, req_id):
@@ -244,11 +251,13 @@ class AgentaccelProposer:
             log.warning("agentaccel: not seeding, no usable tokenizer (%s)", e)
             return
         db = os.environ["AGENTACCEL_DB"]
+        scoped = os.environ.get("AGENTACCEL_SCOPED") == "1"
         if seed:
             # every data-parallel rank learns the same calls: rank 0 alone keeps the snapshot
             snapshot = os.environ.get("AGENTACCEL_SNAPSHOT") or None
             report, self.follower = seed_then_follow(self.engine, db, tokenizer, follow=follow, snapshot=snapshot,
-                                                     save_snapshot=data_parallel_rank(vllm_config) == 0)
+                                                     save_snapshot=data_parallel_rank(vllm_config) == 0,
+                                                     scoped=scoped)
             # what the trees hold before the first request, by stage: shown in /metrics (agentaccel_seeded_*)
             self.seeded = {stage: {"documents": s["documents"], "tokens": s["tokens"]}
                            for stage, s in self.engine.stats()["stages"].items() if s["documents"]}
@@ -260,7 +269,7 @@ class AgentaccelProposer:
                 len(self.seeded), where, locate(db), ", ".join(
                     f"{stage} {s['documents']}" for stage, s in sorted(self.seeded.items())[:12]) or "nothing")
         else:
-            self.follower = StoreFollower(self.engine, db, tokenizer).start()
+            self.follower = StoreFollower(self.engine, db, tokenizer, scoped=scoped).start()
         if self.follower is not None:
             atexit.register(self.follower.close)
 

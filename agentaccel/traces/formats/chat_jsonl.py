@@ -1,6 +1,7 @@
 """OpenAI-style chat JSONL: one call per line, `{"messages": [..., {"role": "assistant", ...}]}`,
-optionally with `stage`, `model`, `tools` and `metadata` ({session, position, created_at, tags}).
-This is also what `agentaccel export-traces` writes."""
+optionally with `stage`, `model`, `tools` and `metadata` ({session, position, created_at, tags,
+tenant}). This is also what `agentaccel export-traces` writes; a tenant's calls exported keep their
+tenant when imported again (a call without one is the base's: every tenant drafts from it)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 from agentaccel.traces.formats.common import assistant_response, chat_message, iter_jsonl
 from agentaccel.traces.records import Call, FormatError, Session, digest
 from agentaccel.traces.stages import explicit_stage
+from agentaccel.traces.tenants import is_tenant
 
 
 def parse_chat_jsonl(path: Path) -> list[Session]:
@@ -30,6 +32,7 @@ def parse_chat_jsonl(path: Path) -> list[Session]:
             messages=messages[:-1], response=text, tool_calls=tool_calls, tools=row.get("tools"),
             stage=row.get("stage") or explicit_stage(meta), model=row.get("model") or meta.get("model"),
             created_at=meta.get("created_at"), source_offset=lineno, metadata=meta,
+            tenant=meta["tenant"] if is_tenant(meta.get("tenant")) else None,
         ))
     return list(sessions.values())
 
