@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import uvicorn
 
@@ -46,3 +49,11 @@ class ServerThread:
     def __exit__(self, *exc) -> None:
         self.server.should_exit = True
         self.thread.join(30)
+
+
+def start_serve(args: list[str], log: Path) -> tuple[str, subprocess.Popen]:
+    """`agentaccel serve ARGS` in its own process group on a free port, its log in `log`."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "agentaccel.cli.main", "serve", "--port", str(port), *args],
+                            stdout=subprocess.DEVNULL, stderr=open(log, "w"), start_new_session=True)
+    return f"http://127.0.0.1:{port}", proc

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from servers import ServerThread, free_port, metric, wait_healthy
+from servers import ServerThread, free_port, metric, start_serve, wait_healthy
 
 from agentaccel.backends.follower import seed_then_follow
 from agentaccel.backends.openai_compat import OpenAIBackend
@@ -250,13 +250,6 @@ def test_a_server_starts_warm_from_a_snapshot_and_reads_only_later_calls(db, tok
 
 
 # ---------------------------------------------------------------------------- two real servers
-def start_serve(args: list[str], log: Path) -> tuple[str, subprocess.Popen]:
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "agentaccel.cli.main", "serve", "--port", str(port), *args],
-                            stdout=subprocess.DEVNULL, stderr=open(log, "w"), start_new_session=True)
-    return f"http://127.0.0.1:{port}", proc
-
-
 @pytest.fixture(scope="module")
 def two_servers(postgres, tmp_path_factory):
     """Two `agentaccel serve --backend local` (the real model), each recording into one PostgreSQL

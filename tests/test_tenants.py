@@ -8,7 +8,6 @@ in one server, after a restart from a snapshot, and across two servers sharing a
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from servers import ServerThread, free_port, metric, wait_healthy  # noqa: E402
+from servers import ServerThread, metric, start_serve, wait_healthy  # noqa: E402
 
 from agentaccel.backends.local.service import LocalBackend  # noqa: E402
 from agentaccel.engine import SuffixEngine  # noqa: E402
@@ -98,13 +97,10 @@ def test_metrics_show_a_tenant_its_own_series_only(server):
 
 
 # ---------------------------------------------------------------------------- restarts and fleets
-def start_serve(args: list[str], log: Path) -> tuple[str, subprocess.Popen]:
-    port = free_port()
+def start_tenants_serve(args: list[str], log: Path) -> tuple[str, subprocess.Popen]:
+    """`serve` on the embedded backend with the three tenants' keys, drafting from the trees alone."""
     keys = [x for key in (A, B, C) for x in ("--api-key", key)]
-    proc = subprocess.Popen([sys.executable, "-m", "agentaccel.cli.main", "serve", "--port", str(port), "--backend",
-                             "local", "--cost-profile", "off", "--no-online-tuning", *keys, *args],
-                            stdout=subprocess.DEVNULL, stderr=open(log, "w"), start_new_session=True)
-    return f"http://127.0.0.1:{port}", proc
+    return start_serve(["--backend", "local", "--cost-profile", "off", "--no-online-tuning", *keys, *args], log)
 
 
 def test_tenants_stay_apart_across_a_shared_store_and_a_restart(postgres, tmp_path):
@@ -113,8 +109,8 @@ def test_tenants_stay_apart_across_a_shared_store_and_a_restart(postgres, tmp_pa
     tenant's, before and after the second restarts."""
     url = postgres.new_database()
     snapshot = tmp_path / "trees.idx"
-    first, p1 = start_serve(["--db", url], tmp_path / "first.log")
-    second, p2 = start_serve(["--db", url, "--snapshot", str(snapshot)], tmp_path / "second.log")
+    first, p1 = start_tenants_serve(["--db", url], tmp_path / "first.log")
+    second, p2 = start_tenants_serve(["--db", url, "--snapshot", str(snapshot)], tmp_path / "second.log")
     try:
         wait_healthy(first, p1, 300)
         wait_healthy(second, p2, 300)
@@ -125,7 +121,7 @@ def test_tenants_stay_apart_across_a_shared_store_and_a_restart(postgres, tmp_pa
         assert shared_text == text and learned[0] >= cold[0] + 15, (learned, cold)
         stop_group(p2, 60)  # the snapshot is saved at shutdown
         assert snapshot.exists()
-        second, p2 = start_serve(["--db", url, "--snapshot", str(snapshot)], tmp_path / "restarted.log")
+        second, p2 = start_tenants_serve(["--db", url, "--snapshot", str(snapshot)], tmp_path / "restarted.log")
         wait_healthy(second, p2, 300)
         assert asked(second, B) == (text, cold)
         assert asked(second, A)[1][0] >= cold[0] + 15

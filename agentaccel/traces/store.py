@@ -458,9 +458,9 @@ class TraceStore:
             if value is not None:
                 clauses.append(f"c.{column} = ?")
                 args.append(value)
-        if tenant is not None:
-            clauses.append(tenant_clause(tenant))
-            args.extend(() if tenant == BASE else (tenant,))
+        tenant_clauses, tenant_args = _tenant_filter(tenant)
+        clauses += tenant_clauses
+        args += tenant_args
         if since is not None:
             clauses.append("c.created_at >= ?")
             args.append(since)
@@ -536,7 +536,7 @@ class TraceStore:
         return np.concatenate([segments[i] for i in ids])
 
     def counts_by_stage(self, tenant: str | None = None) -> dict[str, dict[str, int]]:
-        where, args = _tenant_filter(tenant)
+        where, args = _where(*_tenant_filter(tenant))
         rows = self.conn.execute(
             "SELECT c.stage, COUNT(*), COUNT(DISTINCT c.session_id) FROM calls c "
             f"LEFT JOIN call_tenants ct ON ct.call_id = c.id {where} GROUP BY c.stage ORDER BY c.stage", args
@@ -552,7 +552,7 @@ class TraceStore:
     def token_totals_by_stage(self, tokenizer_fingerprint: str, tenant: str | None = None) -> dict[str, dict[str, int]]:
         """Prompt and response token totals per stage from the token cache (4 bytes per id)."""
         out: dict[str, dict[str, int]] = {}
-        where, args = _tenant_filter(tenant)
+        where, args = _where(*_tenant_filter(tenant))
         rows = self.conn.execute(
             f"""SELECT c.stage, SUM(LENGTH(t.ids)) / 4 FROM calls c JOIN tokens t
                ON t.kind='r' AND t.ref=c.id AND t.tokenizer=? LEFT JOIN call_tenants ct ON ct.call_id = c.id
@@ -606,11 +606,15 @@ def call_identity(session_key: str, position: int, message_hashes: list[str], ca
     return digest(session_key, position, message_hashes, call.response, call.tool_calls)
 
 
-def _tenant_filter(tenant: str | None) -> tuple[str, tuple]:
-    """A WHERE clause (and its arguments) selecting one tenant's calls, or every call when None."""
+def _tenant_filter(tenant: str | None) -> tuple[list[str], list]:
+    """The conditions (and their arguments) selecting one tenant's calls; none when `tenant` is None."""
     if tenant is None:
-        return "", ()
-    return f"WHERE {tenant_clause(tenant)}", (() if tenant == BASE else (tenant,))
+        return [], []
+    return [tenant_clause(tenant)], ([] if tenant == BASE else [tenant])
+
+
+def _where(clauses: list[str], args: list) -> tuple[str, tuple]:
+    return (f"WHERE {' AND '.join(clauses)}" if clauses else ""), tuple(args)
 
 
 def _json_or_none(value) -> str | None:
