@@ -63,6 +63,18 @@ def classic_python(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def app_python(tmp_path_factory):
+    """The 1.x OpenHands app's environment (openhands-ai 1.11, a web app), as openhands_python."""
+    from agentaccel.adapters import openhands_env
+
+    python, why = openhands_env.build(tmp_path_factory.mktemp("openhands-app"), openhands_env.APP,
+                                      openhands_env.APP_MODULES)
+    if python is None:
+        pytest.skip(f"no environment for the OpenHands app: {why}")
+    return python
+
+
+@pytest.fixture(scope="session")
 def postgres(tmp_path_factory):
     """A real PostgreSQL server for the run (tests/postgres_server.py); the tests that need it fail,
     saying how to install PostgreSQL, when none can be started."""

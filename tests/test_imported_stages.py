@@ -44,10 +44,11 @@ def sdk(root: Path) -> Path:
 
 
 def app(root: Path) -> Path:
-    """The 1.x app keeps the same conversation folders inside its sandboxes' workspaces."""
+    """The 1.x app keeps the same conversation folders inside its sandboxes' workspaces; its system
+    prompt ends with the conversation's date and time."""
     for n in range(3):
         write_sdk_conversation(root / "openhands-sandboxes" / f"sandbox{n}" / "workspace" / "conversations",
-                               f"{n:032x}")
+                               f"{n:032x}", dynamic_context=f"<CURRENT_DATETIME>\n2026-11-2{n}\n</CURRENT_DATETIME>")
     (root / "openhands-sandboxes" / "settings.json").write_text("{}")  # files beside them are left alone
     return root / "openhands-sandboxes"
 

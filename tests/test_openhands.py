@@ -1,6 +1,7 @@
-"""Real OpenHands clients through the proxy, end to end, both generations: the SDK (1.58) and the
+"""Real OpenHands clients through the proxy, end to end, every generation: the SDK (1.58), the
 classic core (openhands-ai 0.62.0, config.toml, RUNTIME=local, what OpenHands' own SWE-Bench
-evaluation drives). `agentaccel serve --backend replay` answers with a recorded conversation (a
+evaluation drives) and the 1.x web app (openhands-ai 1.11, RUNTIME=process, configured through its
+settings API as `agentaccel openhands-config` says). `agentaccel serve --backend replay` answers with a recorded conversation (a
 tool call that writes hello.txt, then finish); the agent runs the tool for real in a scratch
 workspace, and the stage comes from OpenHands' own agent tag. OpenHands runs in its own Python
 >= 3.12 environment, as users run it. Each agent is confined (adapters/sandbox.py): the host is
@@ -28,7 +29,7 @@ import pytest
 from traces_fixtures import write_sdk_conversation
 
 from agentaccel.adapters import openhands_classic_runner, openhands_runner, relay, sandbox
-from agentaccel.adapters.openhands import config_toml
+from agentaccel.adapters.openhands import app_settings_body, config_toml
 from agentaccel.bench.replay_server import replay_server
 from agentaccel.processes import free_port, run_group, stop_group, wait_healthy
 from agentaccel.text.messages import normalized
@@ -90,12 +91,12 @@ def descendants() -> set[str]:
 
 
 def run_confined(command: list[str], tmp_path: Path, python: Path, env: dict, url: str,
-                 started: set[str] | None = None) -> subprocess.CompletedProcess:
+                 started: set[str] | None = None, loopback_names: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     """The agent with HOME, TMPDIR and tmux's sockets in its own folders, confined: the host
     read-only (checked first: a write outside the test's folder fails), a PID namespace nothing
     outlives, and a network namespace whose only way out is the proxy's port (checked: no socket
     of the host listens anywhere but on loopback while it runs). `started` collects the command
-    lines of the processes seen running meanwhile."""
+    lines of the processes seen running meanwhile; `loopback_names` resolve to 127.0.0.1 in there."""
     if not sandbox.available():
         pytest.skip("needs the sandbox (root, unshare, ip): OpenHands' runtime would listen on 0.0.0.0 otherwise")
     home, scratch = tmp_path / "home", tmp_path / "tmp"
@@ -110,7 +111,7 @@ def run_confined(command: list[str], tmp_path: Path, python: Path, env: dict, ur
         assert not Path("/root/.agentaccel-sandbox-probe").exists()
         port, socket = urlsplit(url).port, sockets / "proxy.sock"
         command = sandbox.confined(command, writable=[tmp_path, sockets], readable=[python.parent.parent],
-                                   reach=(port, socket))
+                                   reach=(port, socket), loopback_names=loopback_names)
         before, seen = listeners_beyond_loopback(), set()
         with relay.unix_to_tcp(socket, port), ThreadPoolExecutor(1) as pool:
             run = pool.submit(run_group, command, env=env, timeout=600, cwd=tmp_path)
@@ -266,3 +267,79 @@ def test_an_imported_classic_history_is_what_openhands_sent(tmp_path, classic_py
         assert a == b, f"call {k}: " + json.dumps([a, b], indent=1)[:4000]
     with TraceStore(imported) as store:
         assert all(not (c.metadata or {}).get("approximate") for c in store.iter_calls())
+
+
+TITLE = "👋 Hello file"  # the recorded answer to the app's title call
+
+
+def chat_statuses(url: str) -> dict[str, float]:
+    """Chat calls the proxy answered, by HTTP status."""
+    out: dict[str, float] = {}
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith('agentaccel_requests_total{endpoint="chat",'):
+            status = line.split('status="')[1].split('"')[0]
+            out[status] = out.get(status, 0) + float(line.split()[-1])
+    return out
+
+
+def test_the_openhands_app_runs_through_the_proxy_and_its_history_seeds_its_live_stage(tmp_path, app_python):
+    """openhands-ai 1.11's web app with RUNTIME=process, driven through its own API as a user
+    drives it (tests/openhands_app.py: settings as `openhands-config` prints them, one
+    conversation, the agent runs until it finishes; its two workarounds for 1.11 are said there).
+    The agent's calls and the title call are answered by recordings (the agent writes hello.txt for
+    real, then finishes) through a recording `serve`: every call 200, all recorded; the
+    conversation folder the app kept imports as the calls it sent, message by message (the title
+    call is not in its events). Then today's run: the same task through a `serve` whose store holds
+    that imported history: the app sends no tags, and its calls are served as the imported stage."""
+    harness = shutil.copy(Path(__file__).with_name("openhands_app.py"), tmp_path / "openhands_app.py")
+    env = {"OPENHANDS_SUPPRESS_BANNER": "1"}
+    said = subprocess.run([str(app_python), str(harness), "title-prompt", TASK], capture_output=True, text=True,
+                          env={**os.environ, **env}, timeout=120)
+    assert said.returncode == 0, said.stderr[-3000:]
+    title_prompt = json.loads(said.stdout.strip().splitlines()[-1])
+    (tmp_path / "title.jsonl").write_text(json.dumps(
+        {"messages": [*title_prompt, {"role": "assistant", "content": TITLE}]}) + "\n")
+    db = tmp_path / "recorded.db"
+    with TraceStore(db) as store:
+        import_traces([write_sdk_conversation(tmp_path / "recorded"), tmp_path / "title.jsonl"], store,
+                      tokenizer=load_tokenizer())
+
+    def run_app(url: str, log: str) -> dict:
+        settings = app_settings_body(url, "replay")
+        run = run_confined([str(app_python), str(harness), "--settings", json.dumps(settings), "--task", TASK,
+                            "--log", str(tmp_path / log)], tmp_path, app_python, env, url,
+                           loopback_names=("host.docker.internal",))  # what the app rewrites localhost to here
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:] + (tmp_path / log).read_text()[-3000:]
+        return json.loads(run.stdout.strip().splitlines()[-1])
+
+    sent, history = tmp_path / "requests.db", tmp_path / "history.db"
+    with replay_server(db, step_ms=2, cost_profile="gpu") as upstream:
+        with recording_proxy(upstream, sent, tmp_path / "proxy.log") as url:
+            outcome = run_app(url, "app.log")
+            assert outcome["status"] == "finished", outcome
+            assert chat_statuses(url) == {"200": 3}  # two agent calls and the title call
+            live_stages = {line.split('stage="')[1].split('"')[0] for line in httpx.get(url + "/metrics").text.split(
+                "\n") if line.startswith('agentaccel_requests_total{endpoint="chat",')}
+        sandbox = Path(outcome["sandbox"])
+        assert (sandbox / "hello.txt").read_text() == "hello\n"  # the recorded tool calls ran, in its sandbox
+        # the agent server titled the conversation with the answer the proxy relayed
+        kept = sandbox / "workspace" / "conversations" / outcome["conversation"]
+        assert json.loads((kept / "meta.json").read_text())["title"] == TITLE
+        with TraceStore(history) as store:  # what a user imports: the app's sandboxes folder
+            report = import_traces([sandbox.parent], store, tokenizer=load_tokenizer())
+        assert report.rows[("openhands-sdk-conversation", "openhands:Agent")].calls == 2
+        requests = normalized_calls(sent)
+        assert len(requests) == 3
+        agent_calls = [c for c in requests if c[0] != normalized(title_prompt[0])]
+        rebuilt = normalized_calls(history)
+        assert len(agent_calls) == len(rebuilt) == 2
+        for k, (a, b) in enumerate(zip(agent_calls, rebuilt, strict=True)):
+            assert a == b, f"call {k}: " + json.dumps([a, b], indent=1)[:4000]
+        # the template the live calls were discovered as is the one the import maps to the app's stage
+        assert set(report.mapped.values()) == {"openhands:Agent"} and set(report.mapped) & live_stages, \
+            (report.mapped, live_stages)
+        with recording_proxy(upstream, history, tmp_path / "proxy-today.log") as url:
+            today = run_app(url, "app-today.log")
+            assert today["status"] == "finished", today
+            assert chat_statuses(url) == {"200": 3}
+            assert served_calls(url, "openhands:Agent") == 2, httpx.get(url + "/metrics").text[:3000]

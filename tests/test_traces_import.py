@@ -114,7 +114,8 @@ def test_format_detection_does_not_depend_on_how_long_the_first_record_is(tmp_pa
 
 def test_openhands_sdk_conversation_folder(tmp_path, tok, db):
     write_sdk_conversation(tmp_path / "conversations")
-    write_sdk_conversation(tmp_path / "tagged", conversation_id="c2", tags=["agent:CodeActAgent"])
+    write_sdk_conversation(tmp_path / "tagged", conversation_id="c2", tags=["agent:CodeActAgent"],
+                           dynamic_context="<CURRENT_DATETIME>\n2026-11-26T01:58:13Z\n</CURRENT_DATETIME>")
     report = run([tmp_path], db, tok)
     assert not report.skipped_files and not [s for s in report.unrecognized if "events" in str(s.path)]
     calls = all_calls(db, stage="openhands:Agent")
@@ -128,7 +129,11 @@ def test_openhands_sdk_conversation_folder(tmp_path, tok, db):
     assert [m["role"] for m in second.messages] == ["system", "user", "assistant", "tool", "tool"]
     assert second.messages[-1] == {"role": "tool", "tool_call_id": "call_2", "content": "hello"}
     assert second.tool_calls[0]["function"]["name"] == "finish"
-    assert len(all_calls(db, stage="openhands:CodeActAgent")) == 2  # the LLM's tags name the stage
+    tagged = all_calls(db, stage="openhands:CodeActAgent")
+    assert len(tagged) == 2  # the LLM's tags name the stage
+    # the system message the model was sent: the prompt, then the conversation's dynamic context
+    assert first.messages[0]["content"] == "You are OpenHands."
+    assert tagged[0].messages[0]["content"] == "You are OpenHands.<CURRENT_DATETIME>\n2026-11-26T01:58:13Z\n</CURRENT_DATETIME>"
     assert run([tmp_path], db, tok).calls == 0  # re-imports add nothing
 
 

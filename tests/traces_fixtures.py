@@ -138,10 +138,11 @@ def write_mock_pairs(folder: Path, n: int = 3) -> None:
 
 
 def write_sdk_conversation(root: Path, conversation_id: str = "abe8c3ae170f4ffab59d7ddfcf9acfde",
-                           tags: list[str] | None = None) -> Path:
+                           tags: list[str] | None = None, dynamic_context: str | None = None) -> Path:
     """An OpenHands SDK conversation folder in the shape `Conversation(persistence_dir=...)` writes
     (events seen from openhands-sdk 1.58): a system prompt, the task, one response calling two
-    tools, their observations, a finish call. Returns the folder."""
+    tools, their observations, a finish call. `dynamic_context`: the system prompt event's second
+    part, as the 1.x app's agent server writes it (the date and time, say). Returns the folder."""
     folder = root / conversation_id
     (folder / "events").mkdir(parents=True)
     llm = {"model": "litellm_proxy/m", "base_url": "http://127.0.0.1:8000", "usage_id": "agent",
@@ -162,7 +163,8 @@ def write_sdk_conversation(root: Path, conversation_id: str = "abe8c3ae170f4ffab
 
     events = [
         {"kind": "SystemPromptEvent", "source": "agent", "tools": [{"name": "terminal"}, {"name": "finish"}],
-         "system_prompt": {"type": "text", "text": "You are OpenHands."}},
+         "system_prompt": {"type": "text", "text": "You are OpenHands."},
+         **({"dynamic_context": {"type": "text", "text": dynamic_context}} if dynamic_context else {})},
         {"kind": "MessageEvent", "source": "user", "llm_message": {"role": "user", "content": text("Make hello.txt")}},
         action("chatcmpl-0", "call_1", "terminal", {"command": "echo hello > hello.txt"}, thought="Creating it."),
         action("chatcmpl-0", "call_2", "terminal", {"command": "cat hello.txt"}),

@@ -49,14 +49,19 @@ llm = LLM(
 '''
 
 
+def app_settings_body(base_url: str, model: str, api_key: str | None = None) -> dict:
+    """The 1.x app's `POST /api/v1/settings` body that routes its LLM calls through the proxy."""
+    return {"agent_settings_diff": {"llm": {"model": f"litellm_proxy/{model}", "base_url": base_url,
+                                            "api_key": api_key or "none"}}}
+
+
 def app_settings(base_url: str, model: str, api_key: str | None = None, app_url: str = "http://localhost:3000") -> str:
     """What a user of the 1.x app enters in Settings (or POSTs to /api/v1/settings), for the
     process runtime (the agent server runs on this machine) and for the Docker runtime (the agent
     server runs in a container and must reach the proxy through the host's address)."""
     key = api_key or "none"
     docker_url = f"http://host.docker.internal:{urlsplit(base_url).port or 80}"
-    body = json.dumps({"agent_settings_diff": {"llm": {"model": f"litellm_proxy/{model}", "base_url": base_url,
-                                                       "api_key": key}}})
+    body = json.dumps(app_settings_body(base_url, model, api_key))
     return f'''# OpenHands app 1.x (openhands-ai 1.x): Settings > LLM > Advanced
 #   Custom Model: litellm_proxy/{model}
 #   Base URL:     {base_url}        (Docker runtime: {docker_url})

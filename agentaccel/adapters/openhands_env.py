@@ -15,6 +15,8 @@ SDK = ("openhands-sdk==1.58.*", "openhands-tools==1.58.*")
 SDK_MODULES = "openhands.sdk, openhands.tools"
 CLASSIC = ("openhands-ai==0.62.0",)  # the classic core, which OpenHands' own SWE-Bench evaluation drives
 CLASSIC_MODULES = "openhands.core.main"
+APP = ("openhands-ai==1.11.0",)  # the 1.x web app (it pins its SDK, tools and agent server)
+APP_MODULES = "openhands.app_server.config, openhands.agent_server, uvicorn"
 
 
 def python312() -> str | None:

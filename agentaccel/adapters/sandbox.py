@@ -34,20 +34,28 @@ def available() -> bool:
 
 
 def confined(command: Sequence[str], writable: Sequence[Path], readable: Sequence[Path] = (),
-             reach: tuple[int, Path] | None = None) -> list[str]:
+             reach: tuple[int, Path] | None = None, loopback_names: Sequence[str] = ()) -> list[str]:
     """`command` in a private mount namespace: `writable` folders (which must exist) stay writable
     at their paths, /tmp is empty and private but for `writable` and `readable` folders under it
     (the latter read-only), every other path is read-only, and the agent host paths that exist
     are empty tmpfs; in a PID namespace of its own, torn down with everything in it when the
     command ends. `reach` = (port, socket): also in a network namespace of its own, loopback
     only, where 127.0.0.1:port leads to that Unix socket (served outside by
-    `relay.unix_to_tcp(socket, port)`; the socket's folder must be writable)."""
+    `relay.unix_to_tcp(socket, port)`; the socket's folder must be writable). `loopback_names`
+    (with `reach` only): host names that resolve to 127.0.0.1 in there, as a container's
+    `--add-host NAME:host-gateway` makes them reach the host."""
     script = []
+    if loopback_names and reach is None:
+        raise ValueError("loopback_names needs a network namespace of its own (reach)")
     if reach is not None:
         port, socket = reach
         relay = Path(socket).parent / "relay.py"  # by path: a checkout under /tmp is hidden in here
         shutil.copy(Path(__file__).with_name("relay.py"), relay)
         script += ["ip link set lo up", shlex.join([sys.executable, str(relay), "tcp-to-unix", str(port), str(socket)])]
+        if loopback_names:
+            hosts = Path(socket).parent / "hosts"
+            hosts.write_text(Path("/etc/hosts").read_text() + "".join(f"127.0.0.1 {n}\n" for n in loopback_names))
+            script.append(f"mount --bind {shlex.quote(str(hosts))} /etc/hosts")
     script += [f"mount --bind /tmp {HOLD}", "mount -t tmpfs none /tmp"]
     for folder, mode in [*((Path(p), "rw") for p in writable), *((Path(p), "ro") for p in readable)]:
         q = shlex.quote(str(folder))

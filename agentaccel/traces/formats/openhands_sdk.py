@@ -126,7 +126,10 @@ def parse_conversation(folder: Path) -> list[Session]:
             continue
         close_pending()
         if kind == "SystemPromptEvent":
-            transcript.append({"role": "system", "content": _text(event.get("system_prompt"))})
+            # the model is sent the prompt, then the conversation's own context (date, hosts, repository:
+            # `dynamic_context`, the 1.x app's agent server) as a second part of the same message
+            transcript.append({"role": "system", "content": _text(event.get("system_prompt"))
+                               + _text(event.get("dynamic_context"))})
             tools = event.get("tools") if isinstance(event.get("tools"), list) else None
         elif kind == "MessageEvent":
             message = event.get("llm_message") or {}
