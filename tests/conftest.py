@@ -38,40 +38,39 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-@pytest.fixture(scope="session")
-def openhands_python(tmp_path_factory):
-    """OpenHands' own environment (Python >= 3.12, built with uv in a temporary folder), shared by
-    the tests that run a real OpenHands agent; skipped where none can be built."""
+def _openhands_environment(tmp_path_factory, folder: str, what: str, *generation):
+    """One OpenHands generation's own environment (Python >= 3.12, built with uv in a temporary
+    folder), shared by the tests that run it; they are skipped where none can be built."""
     from agentaccel.adapters import openhands_env
 
-    python, why = openhands_env.build(tmp_path_factory.mktemp("openhands-env"))
+    python, why = openhands_env.build(tmp_path_factory.mktemp(folder), *generation)
     if python is None:
-        pytest.skip(f"no OpenHands environment: {why}")
+        pytest.skip(f"no environment for {what}: {why}")
     return python
+
+
+@pytest.fixture(scope="session")
+def openhands_python(tmp_path_factory):
+    """The OpenHands SDK (1.58)."""
+    return _openhands_environment(tmp_path_factory, "openhands-env", "the OpenHands SDK")
 
 
 @pytest.fixture(scope="session")
 def classic_python(tmp_path_factory):
-    """The classic OpenHands core's environment (openhands-ai 0.62), as openhands_python."""
+    """The classic OpenHands core (openhands-ai 0.62)."""
     from agentaccel.adapters import openhands_env
 
-    python, why = openhands_env.build(tmp_path_factory.mktemp("openhands-classic"), openhands_env.CLASSIC,
-                                      openhands_env.CLASSIC_MODULES)
-    if python is None:
-        pytest.skip(f"no environment for the classic OpenHands core: {why}")
-    return python
+    return _openhands_environment(tmp_path_factory, "openhands-classic", "the classic OpenHands core",
+                                  openhands_env.CLASSIC, openhands_env.CLASSIC_MODULES)
 
 
 @pytest.fixture(scope="session")
 def app_python(tmp_path_factory):
-    """The 1.x OpenHands app's environment (openhands-ai 1.11, a web app), as openhands_python."""
+    """The 1.x OpenHands app (openhands-ai 1.11, a web app)."""
     from agentaccel.adapters import openhands_env
 
-    python, why = openhands_env.build(tmp_path_factory.mktemp("openhands-app"), openhands_env.APP,
-                                      openhands_env.APP_MODULES)
-    if python is None:
-        pytest.skip(f"no environment for the OpenHands app: {why}")
-    return python
+    return _openhands_environment(tmp_path_factory, "openhands-app", "the OpenHands app",
+                                  openhands_env.APP, openhands_env.APP_MODULES)
 
 
 @pytest.fixture(scope="session")

@@ -2,9 +2,10 @@
 own Python: `python openhands_app.py --settings JSON --task TEXT` starts the app server
 (`openhands_app.py serve PORT`), stores the LLM settings through its API (what `agentaccel
 openhands-config` prints), starts one conversation with the task, waits until the agent has
-finished, and prints one JSON line: the conversation's id, its status and its sandbox's folder. `python openhands_app.py title-prompt TASK` prints the messages the agent server
-sends the model to title a conversation that starts with TASK (the SDK's own title_utils builds
-them), so that a recording can answer that call too.
+finished, and prints one JSON line: the conversation's id, its status and its sandbox's folder.
+`python openhands_app.py title-prompt TASK` prints the messages the agent server sends the model
+to title a conversation that starts with TASK (the SDK's own title_utils builds them), so that a
+recording can answer that call too.
 
 Two things in 1.11 stop its process runtime on a machine like
 this one; they are worked around here, in this process, leaving OpenHands' installed files as

@@ -1,9 +1,10 @@
 """Real OpenHands clients through the proxy, end to end, every generation: the SDK (1.58), the
 classic core (openhands-ai 0.62.0, config.toml, RUNTIME=local, what OpenHands' own SWE-Bench
 evaluation drives) and the 1.x web app (openhands-ai 1.11, RUNTIME=process, configured through its
-settings API as `agentaccel openhands-config` says). `agentaccel serve --backend replay` answers with a recorded conversation (a
-tool call that writes hello.txt, then finish); the agent runs the tool for real in a scratch
-workspace, and the stage comes from OpenHands' own agent tag. OpenHands runs in its own Python
+settings API as `agentaccel openhands-config` says). `agentaccel serve --backend replay` answers
+with a recorded conversation (a tool call that writes hello.txt, then finish); the agent runs the
+tool for real in a scratch workspace, and the stage comes from OpenHands' own agent tag (the app
+sends none: its calls get the stage of the template they match). OpenHands runs in its own Python
 >= 3.12 environment, as users run it. Each agent is confined (adapters/sandbox.py): the host is
 read-only, /tmp is private, only the test's folder is writable — the test proves it."""
 

@@ -133,7 +133,8 @@ def test_openhands_sdk_conversation_folder(tmp_path, tok, db):
     assert len(tagged) == 2  # the LLM's tags name the stage
     # the system message the model was sent: the prompt, then the conversation's dynamic context
     assert first.messages[0]["content"] == "You are OpenHands."
-    assert tagged[0].messages[0]["content"] == "You are OpenHands.<CURRENT_DATETIME>\n2026-11-26T01:58:13Z\n</CURRENT_DATETIME>"
+    assert tagged[0].messages[0]["content"] == ("You are OpenHands."
+                                                "<CURRENT_DATETIME>\n2026-11-26T01:58:13Z\n</CURRENT_DATETIME>")
     assert run([tmp_path], db, tok).calls == 0  # re-imports add nothing
 
 

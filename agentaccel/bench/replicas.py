@@ -34,7 +34,7 @@ MODES = ("one", "siloed", "shared", "partial")
 
 # From an answer on one server to another server's stage trees, p99, on a PostgreSQL store with 64
 # streams recording (scripts/bench_fleet_lag.py, docs/BENCHMARKS.md): the default sharing delay.
-MEASURED_SHARE_DELAY = 0.075
+MEASURED_SHARE_DELAY = 0.04
 
 
 def replica_of(session: int, replicas: int) -> int:

@@ -32,6 +32,7 @@ from agentaccel.traces.tenants import BASE, tenant_clause
 
 SCHEMA_VERSION = 1
 CALLS_CHANNEL = "agentaccel_calls"  # PostgreSQL NOTIFY channel: new calls were committed
+_VALUES_PER_STATEMENT = 900  # parameters of one bulk statement: well within SQLite's and PostgreSQL's limits
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
@@ -303,67 +304,68 @@ class TraceStore:
     ) -> WriteResult:
         """Writes sessions and their calls in one transaction. `stage_of(session, call)` resolves
         each call's stage; `tokenize(texts) -> list[list[int]]` (optional) fills the token cache
-        for new messages and responses in the same transaction."""
+        for new messages and responses in the same transaction. A batch costs a few statements
+        whatever its size (sessions, blobs, calls: each looked up and inserted in bulk): on a
+        PostgreSQL server every statement is a round trip, and a recorder's batch of 64 calls
+        must not wait for hundreds of them before other servers see it."""
         result = WriteResult()
         now = time.time()
         conn = self.conn
         conn.begin()
         try:
-            new_texts: list[tuple[str, int, str]] = []  # (kind, ref, text) to tokenize
-            stage_of_response: dict[int, str] = {}
+            session_ids, new_sessions = self._session_rows(sessions, source_file)
             # Agent prompts resend the whole history: every message object recurs in each later call
             # of its session, so each is serialized and hashed once per write (keyed by identity).
-            memo: dict[int, tuple[int, str]] = {}
+            memo: dict[int, str] = {}
+            blobs: dict[str, tuple[str, object, bool]] = {}  # hash -> (json, value, a message: tokenized)
+            planned = []
             for session in sessions:
-                row = conn.execute("SELECT id FROM sessions WHERE key=?", (session.key,)).fetchone()
-                if row is None:  # another writer may insert it meanwhile: then its row is ours too
-                    row = conn.execute(
-                        "INSERT INTO sessions (key, source, framework, model, started_at, metadata) "
-                        "VALUES (?,?,?,?,?,?) ON CONFLICT (key) DO NOTHING RETURNING id",
-                        (session.key, source_file, session.framework, session.model, session.started_at,
-                         _json_or_none(session.metadata)),
-                    ).fetchone()
-                    new_session = row is not None
-                    row = row or conn.execute("SELECT id FROM sessions WHERE key=?", (session.key,)).fetchone()
-                else:
-                    new_session = False
-                session_id = row[0]
                 counted: set[str] = set()
                 for position, call in enumerate(session.calls):
                     stage = stage_of(session, call)
-                    counts = result.stage(stage)
-                    if new_session and stage not in counted:
-                        counts.sessions += 1
+                    if session.key in new_sessions and stage not in counted:
+                        result.stage(stage).sessions += 1
                         counted.add(stage)
                     position = call.metadata.get("position", position) if call.metadata else position
-                    refs = [self._blob(m, new_texts, memo) for m in call.messages]
-                    content_hash = call_identity(session.key, position, [h for _, h in refs], call)
-                    if conn.execute("SELECT 1 FROM calls WHERE content_hash=?", (content_hash,)).fetchone():
-                        counts.duplicates += 1
-                        continue
-                    prompt_ids = [blob_id for blob_id, _ in refs]
-                    tools_id = self._blob(call.tools, None, memo)[0] if call.tools else None
-                    inserted = conn.execute(
-                        """INSERT INTO calls (session_id, position, stage, model, created_at, prompt, tools, response,
-                           tool_calls, finish_reason, prompt_tokens, completion_tokens, latency, content_hash,
-                           source_file, source_offset, format, metadata, imported_at)
-                           VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
-                           ON CONFLICT (content_hash) DO NOTHING RETURNING id""",
-                        (session_id, position, stage, call.model or session.model,
-                         call.created_at, json.dumps(prompt_ids), tools_id, call.response,
-                         _json_or_none(call.tool_calls), call.finish_reason, call.prompt_tokens,
-                         call.completion_tokens, call.latency, content_hash, source_file, call.source_offset, fmt,
-                         _json_or_none(call.metadata), now),
-                    ).fetchone()
-                    if inserted is None:  # another writer stored the same call meanwhile
-                        counts.duplicates += 1
-                        continue
-                    if call.tenant is not None:
-                        conn.execute("INSERT INTO call_tenants (call_id, tenant) VALUES (?, ?)",
-                                     (inserted[0], call.tenant))
-                    new_texts.append(("r", inserted[0], call.response))
-                    stage_of_response[inserted[0]] = stage
-                    counts.calls += 1
+                    hashes = [self._hashed(m, memo, blobs, True) for m in call.messages]
+                    tools = self._hashed(call.tools, memo, blobs, False) if call.tools else None
+                    planned.append((session, call, stage, position, hashes, tools,
+                                    call_identity(session.key, position, hashes, call)))
+            new_texts: list[tuple[str, int, str]] = []  # (kind, ref, text) to tokenize
+            blob_ids = self._blob_rows(blobs, new_texts)
+            stored = {h for (h,) in self._rows_where("SELECT content_hash FROM calls WHERE content_hash IN ({})",
+                                                     [plan[-1] for plan in planned])}
+            rows, fresh = [], []
+            for session, call, stage, position, hashes, tools, content_hash in planned:
+                if content_hash in stored:
+                    result.stage(stage).duplicates += 1
+                    continue
+                stored.add(content_hash)
+                fresh.append((call, stage, content_hash))
+                rows.append((session_ids[session.key], position, stage, call.model or session.model, call.created_at,
+                             json.dumps([blob_ids[h] for h in hashes]), blob_ids[tools] if tools else None,
+                             call.response, _json_or_none(call.tool_calls), call.finish_reason, call.prompt_tokens,
+                             call.completion_tokens, call.latency, content_hash, source_file, call.source_offset,
+                             fmt, _json_or_none(call.metadata), now))
+            inserted = dict(self._insert_rows(
+                """INSERT INTO calls (session_id, position, stage, model, created_at, prompt, tools, response,
+                   tool_calls, finish_reason, prompt_tokens, completion_tokens, latency, content_hash,
+                   source_file, source_offset, format, metadata, imported_at)
+                   VALUES {} ON CONFLICT (content_hash) DO NOTHING RETURNING content_hash, id""", rows))
+            stage_of_response: dict[int, str] = {}
+            tenants = []
+            for call, stage, content_hash in fresh:
+                call_id = inserted.get(content_hash)
+                if call_id is None:  # another writer stored the same call meanwhile
+                    result.stage(stage).duplicates += 1
+                    continue
+                if call.tenant is not None:
+                    tenants.append((call_id, call.tenant))
+                new_texts.append(("r", call_id, call.response))
+                stage_of_response[call_id] = stage
+                result.stage(stage).calls += 1
+            if tenants:
+                conn.executemany("INSERT INTO call_tenants (call_id, tenant) VALUES (?, ?)", tenants)
             if tokenize is not None and new_texts:
                 lengths = self._store_tokens(new_texts, tokenize)
                 for (kind, ref, _), n in zip(new_texts, lengths, strict=True):
@@ -377,27 +379,65 @@ class TraceStore:
             raise
         return result
 
-    def _blob(self, value, new_texts: list | None, memo: dict[int, tuple[int, str]]) -> tuple[int, str]:
-        """(blob id, content hash) of a message or tool list, stored once."""
+    def _session_rows(self, sessions: list[Session], source_file: str) -> tuple[dict[str, int], set[str]]:
+        """({key: id} of every session of the batch, the keys this write created)."""
+        ids = dict(self._rows_where("SELECT key, id FROM sessions WHERE key IN ({})", [s.key for s in sessions]))
+        missing = {s.key: s for s in sessions if s.key not in ids}
+        created = dict(self._insert_rows(
+            "INSERT INTO sessions (key, source, framework, model, started_at, metadata) VALUES {} "
+            "ON CONFLICT (key) DO NOTHING RETURNING key, id",
+            [(s.key, source_file, s.framework, s.model, s.started_at, _json_or_none(s.metadata))
+             for s in missing.values()]))
+        ids.update(created)
+        raced = [key for key in missing if key not in created]  # another writer inserted them: ours too
+        ids.update(self._rows_where("SELECT key, id FROM sessions WHERE key IN ({})", raced))
+        return ids, set(created)
+
+    @staticmethod
+    def _hashed(value, memo: dict[int, str], blobs: dict, message: bool) -> str:
+        """The content hash of a message or tool list, noted in `blobs` to be stored once."""
         known = memo.get(id(value))
-        if known is not None:
-            return known
-        text = canonical_json(value)
-        h = digest(text)
-        row = self.conn.execute("SELECT id FROM blobs WHERE hash=?", (h,)).fetchone()
-        if row:
-            blob_id = row[0]
-        else:
-            row = self.conn.execute("INSERT INTO blobs (hash, json) VALUES (?, ?) ON CONFLICT (hash) DO NOTHING "
-                                    "RETURNING id", (h, text)).fetchone()
-            if row is None:  # another writer stored it meanwhile (and tokenizes it)
-                blob_id = self.conn.execute("SELECT id FROM blobs WHERE hash=?", (h,)).fetchone()[0]
-            else:
-                blob_id = row[0]
-                if new_texts is not None:
-                    new_texts.append(("b", blob_id, render_message(value)))
-        memo[id(value)] = (blob_id, h)
-        return blob_id, h
+        if known is None:
+            text = canonical_json(value)
+            known = memo[id(value)] = digest(text)
+            if known not in blobs or (message and not blobs[known][2]):
+                blobs[known] = (text, value, message)
+        return known
+
+    def _blob_rows(self, blobs: dict[str, tuple[str, object, bool]], new_texts: list) -> dict[str, int]:
+        """{hash: blob id} for every blob of the batch, the missing ones stored (new messages are
+        queued in `new_texts` to be tokenized)."""
+        ids = dict(self._rows_where("SELECT hash, id FROM blobs WHERE hash IN ({})", list(blobs)))
+        missing = [h for h in blobs if h not in ids]
+        created = dict(self._insert_rows("INSERT INTO blobs (hash, json) VALUES {} ON CONFLICT (hash) DO NOTHING "
+                                         "RETURNING hash, id", [(h, blobs[h][0]) for h in missing]))
+        ids.update(created)
+        ids.update(self._rows_where("SELECT hash, id FROM blobs WHERE hash IN ({})",  # stored meanwhile by another
+                                    [h for h in missing if h not in created]))        # writer (who tokenizes it)
+        new_texts += [("b", blob_id, render_message(blobs[h][1])) for h, blob_id in created.items() if blobs[h][2]]
+        return ids
+
+    def _rows_where(self, sql: str, values: list) -> list[tuple]:
+        """The rows of `sql`, whose `IN ({})` takes `values`: a statement per chunk of them."""
+        rows: list[tuple] = []
+        for start in range(0, len(values), _VALUES_PER_STATEMENT):
+            chunk = values[start : start + _VALUES_PER_STATEMENT]
+            rows += self.conn.execute(sql.format(",".join("?" * len(chunk))), chunk).fetchall()
+        return rows
+
+    def _insert_rows(self, sql: str, rows: list[tuple]) -> list[tuple]:
+        """`sql`, an INSERT whose `VALUES {}` takes `rows`, a statement per chunk of them; what its
+        RETURNING returns."""
+        out: list[tuple] = []
+        if not rows:
+            return out
+        width = len(rows[0])
+        per = max(1, _VALUES_PER_STATEMENT // width)
+        for start in range(0, len(rows), per):
+            chunk = rows[start : start + per]
+            values = ",".join(["(" + ",".join("?" * width) + ")"] * len(chunk))
+            out += self.conn.execute(sql.format(values), [v for row in chunk for v in row]).fetchall()
+        return out
 
     def _store_tokens(self, items: list[tuple[str, int, str]], tokenize) -> list[int]:
         fingerprint, encode = tokenize
