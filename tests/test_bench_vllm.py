@@ -97,6 +97,29 @@ def test_a_restarted_agentaccel_server_drafts_from_what_it_learned_before(tmp_pa
     assert "from the snapshot" in (logs / "vllm-agentaccel.log").read_text()
 
 
+def test_agentaccel_off_is_our_proposer_drafting_nothing(tmp_path):
+    """`--methods agentaccel-off`: the plugin serves with every stage's longest draft 0, so the
+    server pays for speculation being on (the proposer, vLLM's speculative path) and drafts
+    nothing: the floor under what drafting itself adds."""
+    from agentaccel.backends.policies import serving_policies
+    from agentaccel.bench.vllm.servers import method_env
+    from agentaccel.engine import SpecConfig, SuffixEngine
+
+    def drafted(spec_config: str | None) -> int:
+        policies, _ = serving_policies(SpecConfig(), spec_config=spec_config)
+        engine = SuffixEngine(config=policies.default)
+        policies.install(engine)
+        answer = list(range(100, 140))
+        engine.add_document(answer, "chat")
+        engine.start_request("r", answer[:8], stage="chat")  # the answer's own start: a draft follows it
+        return len(engine.speculate("r").token_ids)
+
+    off, on = method_env("agentaccel-off", None, tmp_path), method_env("agentaccel", None, tmp_path)
+    assert off["AGENTACCEL_VLLM_PLUGIN"] == on["AGENTACCEL_VLLM_PLUGIN"] == "1"
+    assert drafted(off["AGENTACCEL_SPEC_CONFIG"]) == 0
+    assert drafted(on.get("AGENTACCEL_SPEC_CONFIG")) > 10
+
+
 def test_bench_vllm_says_what_is_missing(tmp_path):
     r = bench(tmp_path, "--methods", "none,eagle", timeout=120)
     assert r.returncode == 2 and "eagle" in r.stderr and "Traceback" not in r.stderr

@@ -375,7 +375,8 @@ def bench_vllm(
     ctx: typer.Context,
     methods: Annotated[str, typer.Option(help="Comma-separated, from none, ngram, ngram-tuned, suffix (vLLM's own, "
                                               "ArcticInference), agentaccel, agentaccel-request (each request "
-                                              "sizing its own draft, as before the step budget).")]
+                                              "sizing its own draft, as before the step budget), agentaccel-off "
+                                              "(our proposer drafting nothing: what speculation being on costs).")]
     = "none,suffix,agentaccel",
     workloads: Annotated[str, typer.Option(help="Comma-separated, from sql, agent, chat.")] = "sql,agent,chat",
     concurrency: Annotated[str, typer.Option(help="Requests in flight, comma-separated; each level runs its own "

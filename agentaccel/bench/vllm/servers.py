@@ -33,6 +33,8 @@ METHODS: dict[str, dict | None] = {
     "agentaccel": DEFAULT_SPECULATIVE_CONFIG,  # the same knobs, our proposer
     # our proposer as it drafted before the step budget: every request sizes its own draft alone
     "agentaccel-request": DEFAULT_SPECULATIVE_CONFIG,
+    # our proposer drafting nothing (every stage's longest draft 0): what speculation being on costs
+    "agentaccel-off": DEFAULT_SPECULATIVE_CONFIG,
 }
 ARCTIC = "arctic-inference==0.3.0"
 START_TIMEOUT = 900.0
@@ -75,6 +77,12 @@ def method_env(method: str, arctic: Path | None, log_dir: Path | None = None, st
                         "AGENTACCEL_SNAPSHOT": str(store.with_suffix(".idx"))})
     if method == "agentaccel-request":
         env["AGENTACCEL_STEP_COST"] = "off"
+    if method == "agentaccel-off":  # every stage's longest draft 0, in a file beside the server's log
+        if log_dir is None:
+            raise ValueError("agentaccel-off needs a folder for its drafting settings")
+        off = log_dir / "spec-config-off.json"
+        off.write_text('{"*": {"max_tokens": 0}}')
+        env["AGENTACCEL_SPEC_CONFIG"] = str(off)
     if ours(method) and log_dir is not None:  # every step the proposer timed, and its per-stage counters: the profile
         env["AGENTACCEL_STEP_LOG"] = str(log_dir / f"steps-{method}.jsonl")
         env["AGENTACCEL_VLLM_STATS"] = str(log_dir / f"stats-{method}.json")

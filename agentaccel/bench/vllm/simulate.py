@@ -194,8 +194,8 @@ def make_method(name: str) -> br.Method:
     config = METHODS[name] or {}
     k = int(config.get("num_speculative_tokens", 32))
     depth = int(config.get("suffix_decoding_max_tree_depth", 64))
-    if name == "none":
-        return br._named(br.Method(), "none")
+    if name in ("none", "agentaccel-off"):  # agentaccel-off: speculation on, nothing drafted
+        return br._named(br.Method(), name)
     if name.startswith("ngram"):
         method = br.Ngram(k, int(config.get("prompt_lookup_min", 5)), int(config.get("prompt_lookup_max", 5)))
         return br._named(method, name)
