@@ -7,9 +7,9 @@ finished, and prints one JSON line: the conversation's id, its status and its sa
 to title a conversation that starts with TASK (the SDK's own title_utils builds them), so that a
 recording can answer that call too.
 
-Two things in 1.11 stop its process runtime on a machine like
-this one; they are worked around here, in this process, leaving OpenHands' installed files as
-they are (docs/SERVING.md says what a user of 1.11 meets):
+Two things in 1.11 stop its process runtime on a machine like this one; they are worked around
+here, in this process, leaving OpenHands' installed files as they are (docs/SERVING.md says what
+a user of 1.11 meets):
 
 - its process sandbox counts the agent server as started only while psutil reports the process
   "running"; an agent server waiting for requests "sleeps", so every start times out after 120 s.
