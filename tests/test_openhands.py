@@ -49,14 +49,19 @@ def recorded_store(tmp_path: Path, source: Path) -> Path:
     return db
 
 
+def chat_requests(url: str) -> list[tuple[str, str, float]]:
+    """(stage, HTTP status, calls) of every chat series in the proxy's /metrics."""
+    out = []
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith('agentaccel_requests_total{endpoint="chat",'):
+            out.append((line.split('stage="')[1].split('"')[0], line.split('status="')[1].split('"')[0],
+                        float(line.split()[-1])))
+    return out
+
+
 def served_calls(url: str, stage: str | None = STAGE) -> float:
     """Chat calls answered 200, of `stage` (None: of any)."""
-    total = 0.0
-    for line in httpx.get(url + "/metrics").text.splitlines():
-        if line.startswith('agentaccel_requests_total{endpoint="chat",') and line.split()[0].endswith(
-                'status="200"}') and (stage is None or f'stage="{stage}"' in line):
-            total += float(line.split()[-1])
-    return total
+    return sum(n for s, status, n in chat_requests(url) if status == "200" and stage in (None, s))
 
 
 @contextlib.contextmanager
@@ -276,10 +281,8 @@ TITLE = "👋 Hello file"  # the recorded answer to the app's title call
 def chat_statuses(url: str) -> dict[str, float]:
     """Chat calls the proxy answered, by HTTP status."""
     out: dict[str, float] = {}
-    for line in httpx.get(url + "/metrics").text.splitlines():
-        if line.startswith('agentaccel_requests_total{endpoint="chat",'):
-            status = line.split('status="')[1].split('"')[0]
-            out[status] = out.get(status, 0) + float(line.split()[-1])
+    for _, status, n in chat_requests(url):
+        out[status] = out.get(status, 0) + n
     return out
 
 
@@ -319,8 +322,7 @@ def test_the_openhands_app_runs_through_the_proxy_and_its_history_seeds_its_live
             outcome = run_app(url, "app.log")
             assert outcome["status"] == "finished", outcome
             assert chat_statuses(url) == {"200": 3}  # two agent calls and the title call
-            live_stages = {line.split('stage="')[1].split('"')[0] for line in httpx.get(url + "/metrics").text.split(
-                "\n") if line.startswith('agentaccel_requests_total{endpoint="chat",')}
+            live_stages = {stage for stage, _, _ in chat_requests(url)}
         sandbox = Path(outcome["sandbox"])
         assert (sandbox / "hello.txt").read_text() == "hello\n"  # the recorded tool calls ran, in its sandbox
         # the agent server titled the conversation with the answer the proxy relayed

@@ -381,16 +381,13 @@ class TraceStore:
 
     def _session_rows(self, sessions: list[Session], source_file: str) -> tuple[dict[str, int], set[str]]:
         """({key: id} of every session of the batch, the keys this write created)."""
-        ids = dict(self._rows_where("SELECT key, id FROM sessions WHERE key IN ({})", [s.key for s in sessions]))
-        missing = {s.key: s for s in sessions if s.key not in ids}
-        created = dict(self._insert_rows(
+        by_key = {s.key: s for s in sessions}
+        ids, created = self._ids_stored(
+            "SELECT key, id FROM sessions WHERE key IN ({})", list(by_key),
             "INSERT INTO sessions (key, source, framework, model, started_at, metadata) VALUES {} "
             "ON CONFLICT (key) DO NOTHING RETURNING key, id",
-            [(s.key, source_file, s.framework, s.model, s.started_at, _json_or_none(s.metadata))
-             for s in missing.values()]))
-        ids.update(created)
-        raced = [key for key in missing if key not in created]  # another writer inserted them: ours too
-        ids.update(self._rows_where("SELECT key, id FROM sessions WHERE key IN ({})", raced))
+            lambda key: (key, source_file, by_key[key].framework, by_key[key].model, by_key[key].started_at,
+                         _json_or_none(by_key[key].metadata)))
         return ids, set(created)
 
     @staticmethod
@@ -405,24 +402,33 @@ class TraceStore:
         return known
 
     def _blob_rows(self, blobs: dict[str, tuple[str, object, bool]], new_texts: list) -> dict[str, int]:
-        """{hash: blob id} for every blob of the batch, the missing ones stored (new messages are
-        queued in `new_texts` to be tokenized)."""
-        ids = dict(self._rows_where("SELECT hash, id FROM blobs WHERE hash IN ({})", list(blobs)))
-        missing = [h for h in blobs if h not in ids]
-        created = dict(self._insert_rows("INSERT INTO blobs (hash, json) VALUES {} ON CONFLICT (hash) DO NOTHING "
-                                         "RETURNING hash, id", [(h, blobs[h][0]) for h in missing]))
-        ids.update(created)
-        ids.update(self._rows_where("SELECT hash, id FROM blobs WHERE hash IN ({})",  # stored meanwhile by another
-                                    [h for h in missing if h not in created]))        # writer (who tokenizes it)
+        """{hash: blob id} for every blob of the batch, the missing ones stored (the new messages
+        queued in `new_texts` to be tokenized; one another writer stored meanwhile, it tokenizes)."""
+        ids, created = self._ids_stored(
+            "SELECT hash, id FROM blobs WHERE hash IN ({})", list(blobs),
+            "INSERT INTO blobs (hash, json) VALUES {} ON CONFLICT (hash) DO NOTHING RETURNING hash, id",
+            lambda h: (h, blobs[h][0]))
         new_texts += [("b", blob_id, render_message(blobs[h][1])) for h, blob_id in created.items() if blobs[h][2]]
         return ids
 
-    def _rows_where(self, sql: str, values: list) -> list[tuple]:
-        """The rows of `sql`, whose `IN ({})` takes `values`: a statement per chunk of them."""
+    def _ids_stored(self, select: str, keys: list, insert: str, row_of) -> tuple[dict, dict]:
+        """({key: id} for every key, {key: id} of those this write inserted): one lookup, one insert
+        of the missing (`row_of(key)`), and a second lookup of those another writer inserted meanwhile
+        (theirs are ours too: nothing is stored twice)."""
+        ids = dict(self._rows_where(select, keys))
+        missing = [k for k in keys if k not in ids]
+        created = dict(self._insert_rows(insert, [row_of(k) for k in missing]))
+        ids.update(created)
+        ids.update(self._rows_where(select, [k for k in missing if k not in created]))
+        return ids, created
+
+    def _rows_where(self, sql: str, values: list, params: tuple = ()) -> list[tuple]:
+        """The rows of `sql`, whose `IN ({})` takes `values` (after `params`, the statement's other
+        arguments): a statement per chunk of them."""
         rows: list[tuple] = []
         for start in range(0, len(values), _VALUES_PER_STATEMENT):
             chunk = values[start : start + _VALUES_PER_STATEMENT]
-            rows += self.conn.execute(sql.format(",".join("?" * len(chunk))), chunk).fetchall()
+            rows += self.conn.execute(sql.format(",".join("?" * len(chunk))), [*params, *chunk]).fetchall()
         return rows
 
     def _insert_rows(self, sql: str, rows: list[tuple]) -> list[tuple]:
@@ -524,12 +530,8 @@ class TraceStore:
 
     def _messages(self, ids: list[int], cache: dict[int, dict]) -> list[dict]:
         missing = [i for i in ids if i not in cache]
-        if missing:
-            for start in range(0, len(missing), 500):
-                chunk = missing[start : start + 500]
-                q = f"SELECT id, json FROM blobs WHERE id IN ({','.join('?' * len(chunk))})"
-                for blob_id, text in self.conn.execute(q, chunk):
-                    cache[blob_id] = json.loads(text)
+        for blob_id, text in self._rows_where("SELECT id, json FROM blobs WHERE id IN ({})", missing):
+            cache[blob_id] = json.loads(text)
         return [cache[i] for i in ids]
 
     def output_lengths(self, tokenizer_fingerprint: str,
@@ -556,14 +558,9 @@ class TraceStore:
         return int(self.conn.execute("SELECT COALESCE(MAX(id), 0) FROM calls").fetchone()[0])
 
     def response_tokens(self, call_ids: list[int], tokenizer_fingerprint: str) -> dict[int, np.ndarray]:
-        out: dict[int, np.ndarray] = {}
-        for start in range(0, len(call_ids), 500):
-            chunk = call_ids[start : start + 500]
-            marks = ",".join("?" * len(chunk))
-            q = f"SELECT ref, ids FROM tokens WHERE kind='r' AND tokenizer=? AND ref IN ({marks})"
-            for ref, blob in self.conn.execute(q, [tokenizer_fingerprint, *chunk]):
-                out[ref] = unpack_ids(blob)
-        return out
+        return {ref: unpack_ids(blob) for ref, blob in self._rows_where(
+            "SELECT ref, ids FROM tokens WHERE kind='r' AND tokenizer=? AND ref IN ({})", call_ids,
+            (tokenizer_fingerprint,))}
 
     def prompt_tokens(self, call_id: int, tokenizer_fingerprint: str) -> np.ndarray:
         """The call's prompt as token ids: its messages' cached segments, back to back."""
