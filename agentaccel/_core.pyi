@@ -86,6 +86,7 @@ class StepCost:
     base: list[float]
     per_context: float
     per_attention: float
+    per_request: float
     prefill_tokens: float
     prefill_share: float
     def __init__(self) -> None: ...
@@ -112,7 +113,7 @@ def line_hashes(text: str, max_bytes: int) -> list[int]:
 def masked_lines(text: str, max_bytes: int) -> list[str]:
     """The same lines as text, digit runs masked as '0'."""
 def allocate_budget(probs: list[list[float]], confidence: list[float], contexts: list[float], decoding: int,
-                    context: float, attention: float, cost: StepCost) -> list[int]: ...
+                    context: float, attention: float, rows: float, cost: StepCost) -> list[int]: ...
 
 class BatchDrafter:
     def __init__(self, engine: Engine, threads: int) -> None: ...

@@ -12,9 +12,12 @@ namespace {
 // Below this many drafts a step, waking the pool costs more than it saves.
 constexpr size_t kMinParallelJobs = 16;
 // Every change of a stage tree makes each live request of that stage re-match its last
-// max_depth tokens at its next draft. With many live requests, finished outputs are therefore
-// added together at most every kFlushEvery steps; with few, at once.
-constexpr uint64_t kFlushEvery = 16;
+// max_depth tokens at its next draft, so the outputs that finished in a step join their trees
+// together, at the end of the step: one re-match per step at most. (Holding them back for up to
+// 16 steps under load saved a third of the proposer's time at 256 in flight, but the next call
+// of a pipeline, which starts as soon as its predecessor's answer is out, then drafted without
+// that answer: 4 % fewer tokens per step at 16 in flight, docs/BENCHMARKS.md.) Between steps, a
+// request that leaves while few are live joins at once.
 constexpr size_t kFewLive = 16;
 }  // namespace
 
@@ -75,6 +78,7 @@ std::vector<std::vector<uint32_t>> BatchDrafter::step(const BatchStep& s) {
   StepTiming timed;        // the step that just ran
   bool continued = false;  // one of its requests was in the step before: the engine ran without a pause
   size_t decoding = 0;     // requests that yield a token next step
+  size_t listed = 0;       // requests in the next step (decoding or prefilling)
   double next_context = 0.0, next_attention = 0.0;
   {
     std::lock_guard clock(counters_mu_);
@@ -89,6 +93,7 @@ std::vector<std::vector<uint32_t>> BatchDrafter::step(const BatchStep& s) {
       const int32_t num_tokens = s.num_tokens[i];
       const double before = double(std::max<int64_t>(int64_t(num_tokens) - (hi - lo), 0));  // its context then
       ++timed.requests;
+      ++listed;
       timed.context += before;
       next_context += double(std::max(num_tokens, 0));
       if (hi <= lo) continue;  // a partial prefill
@@ -145,7 +150,7 @@ std::vector<std::vector<uint32_t>> BatchDrafter::step(const BatchStep& s) {
     // to the step; below that floor a candidate stops growing.
     // the rate to beat is decoding's, without the prefill the step carries (as step_budget.cpp)
     const double t0 = cost->at(double(decoding)) + cost->per_context * next_context +
-                      cost->per_attention * next_attention;
+                      cost->per_attention * next_attention + cost->per_request * double(listed);
     const double rate = t0 > 0.0 ? double(decoding) / t0 : 0.0;
     const double slope = std::max(cost->expected_min_slope_from(double(decoding)), 0.0);
     for (Job& j : jobs_) j.floor = rate * (slope + cost->per_attention * j.context);
@@ -171,23 +176,21 @@ std::vector<std::vector<uint32_t>> BatchDrafter::step(const BatchStep& s) {
     done_cv_.wait(plock, [&] { return busy_ == 0; });
     if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
   }
-  if (budgeted_) spend_budget(*cost, decoding, next_context, next_attention, out);
+  if (budgeted_) spend_budget(*cost, decoding, next_context, next_attention, double(listed), out);
   for (const Job& j : jobs_) j.entry->last_draft = int32_t(out[j.index].size());
 
   // Requests that left the batch (finished, aborted or preempted) give their trees back; a
   // drafted request's output joins its stage tree.
-  size_t live = 0;
   for (auto it = entries_.begin(); it != entries_.end();) {
     Entry& e = it->second;
     if (e.seen == step_no_) {
-      live += e.started;
       ++it;
       continue;
     }
     retire(it->first, e);
     it = entries_.erase(it);
   }
-  if (!pending_.empty() && (live < kFewLive || step_no_ - last_flush_ >= kFlushEvery)) flush();
+  if (!pending_.empty()) flush();
   last_start_ = started;
   last_end_ = std::chrono::steady_clock::now();
   proposer_ns_.fetch_add(uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(last_end_ - started).count()),
@@ -229,14 +232,14 @@ StepCost BatchDrafter::step_cost() const {
   return cost_ ? *cost_ : StepCost{};
 }
 
-void BatchDrafter::spend_budget(const StepCost& cost, size_t decoding, double context, double attention,
+void BatchDrafter::spend_budget(const StepCost& cost, size_t decoding, double context, double attention, double rows,
                                 std::vector<std::vector<uint32_t>>& out) {
   thread_local std::vector<BudgetRequest> requests;
   thread_local std::vector<int32_t> keep;
   requests.clear();
   for (const Job& j : jobs_)
     requests.push_back(BudgetRequest{j.candidate.probs.data(), j.candidate.probs.size(), j.confidence, j.context});
-  allocate_budget(requests, decoding, context, attention, cost, keep);
+  allocate_budget(requests, decoding, context, attention, rows, cost, keep);
   for (size_t k = 0; k < jobs_.size(); ++k) {
     Job& j = jobs_[k];
     const size_t kept = size_t(keep[k]);
@@ -270,7 +273,6 @@ void BatchDrafter::retire(const std::string& rid, const Entry& e) {
 void BatchDrafter::flush() {
   for (const auto& [stage, tokens] : pending_) engine_.add_document(stage, tokens.data(), tokens.size());
   pending_.clear();
-  last_flush_ = step_no_;
 }
 
 void BatchDrafter::draft_range(std::vector<std::vector<uint32_t>>& out) {

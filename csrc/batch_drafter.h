@@ -117,7 +117,7 @@ class BatchDrafter {
 
   void draft_range(std::vector<std::vector<uint32_t>>& out);
   void record_timing(StepTiming timed, std::chrono::steady_clock::time_point started);
-  void spend_budget(const StepCost& cost, size_t decoding, double context, double attention,
+  void spend_budget(const StepCost& cost, size_t decoding, double context, double attention, double rows,
                     std::vector<std::vector<uint32_t>>& out);
   void retire(const std::string& rid, const Entry& e);  // frees the engine request, queues its output
   void flush();  // adds the pending outputs to their stage trees
@@ -131,7 +131,6 @@ class BatchDrafter {
   mutable std::mutex counters_mu_;  // counters_ are read by a stats thread while steps run
   mutable std::mutex admit_mu_;     // admit() may come from another thread than step()
   uint64_t step_no_ = 0;
-  uint64_t last_flush_ = 0;
   std::vector<std::pair<std::string, std::vector<uint32_t>>> pending_;  // finished outputs, by stage
 
   // The step cost model (set by another thread) and the timing of steps.

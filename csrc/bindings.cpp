@@ -51,7 +51,7 @@ static std::vector<std::vector<uint32_t>> batch_step(BatchDrafter& d, nb::list r
 // The step budget over plain lists (tests, experiments): the allocation BatchDrafter runs each step.
 static std::vector<int32_t> allocate(const std::vector<std::vector<double>>& probs, const std::vector<double>& confidence,
                                      const std::vector<double>& contexts, size_t decoding, double context,
-                                     double attention, agentaccel::StepCost cost) {
+                                     double attention, double rows, agentaccel::StepCost cost) {
   if (confidence.size() != probs.size() || contexts.size() != probs.size())
     throw agentaccel::InvalidInput("probs, confidence and contexts need one entry per request");
   cost.validate();
@@ -61,7 +61,7 @@ static std::vector<int32_t> allocate(const std::vector<std::vector<double>>& pro
   std::vector<int32_t> keep;
   {
     nb::gil_scoped_release release;
-    agentaccel::allocate_budget(requests, decoding, context, attention, cost, keep);
+    agentaccel::allocate_budget(requests, decoding, context, attention, rows, cost, keep);
   }
   return keep;
 }
@@ -143,6 +143,7 @@ NB_MODULE(_core, m) {
       .def_rw("base", &agentaccel::StepCost::base)
       .def_rw("per_context", &agentaccel::StepCost::per_context)
       .def_rw("per_attention", &agentaccel::StepCost::per_attention)
+      .def_rw("per_request", &agentaccel::StepCost::per_request)
       .def_rw("prefill_tokens", &agentaccel::StepCost::prefill_tokens)
       .def_rw("prefill_share", &agentaccel::StepCost::prefill_share)
       .def("at", &agentaccel::StepCost::at, "tokens"_a);
@@ -160,7 +161,7 @@ NB_MODULE(_core, m) {
   m.def("masked_lines", &agentaccel::masked_lines, "text"_a, "max_bytes"_a);
 
   m.def("allocate_budget", &allocate, "probs"_a, "confidence"_a, "contexts"_a, "decoding"_a, "context"_a,
-        "attention"_a, "cost"_a);
+        "attention"_a, "rows"_a, "cost"_a);
 
   nb::class_<BatchDrafter>(m, "BatchDrafter")
       .def(nb::init<Engine&, int>(), "engine"_a, "threads"_a, nb::keep_alive<1, 2>())

@@ -24,9 +24,9 @@ void StepCost::validate() const {
     if (!(std::isfinite(base[i]) && base[i] > 0.0)) throw InvalidInput("step cost: every base cost must be > 0");
     if (i > 0 && base[i] < base[i - 1]) throw InvalidInput("step cost: base must not decrease with tokens");
   }
-  for (double v : {per_context, per_attention, prefill_tokens})
+  for (double v : {per_context, per_attention, per_request, prefill_tokens})
     if (!(std::isfinite(v) && v >= 0.0))
-      throw InvalidInput("step cost: per_context, per_attention and prefill_tokens must be finite and >= 0");
+      throw InvalidInput("step cost: per_context, per_attention, per_request and prefill_tokens must be finite and >= 0");
   if (!(prefill_share >= 0.0 && prefill_share <= 1.0)) throw InvalidInput("step cost: prefill_share must be in [0, 1]");
 }
 
@@ -36,11 +36,11 @@ void StepCost::prepare() {
 }
 
 double allocate_budget(const std::vector<BudgetRequest>& requests, size_t decoding, double context, double attention,
-                       const StepCost& cost, std::vector<int32_t>& keep) {
+                       double rows, const StepCost& cost, std::vector<int32_t>& keep) {
   keep.assign(requests.size(), 0);
   double tokens = double(decoding);
   double work = attention;
-  const double fixed = cost.per_context * context;
+  const double fixed = cost.per_context * context + cost.per_request * rows;
   // The prefill a step may carry is computed whatever the drafts: a step saved later saves only
   // its decoding, so the rate a draft token must beat leaves the prefill's time out (its tokens
   // still set where on the curve the drafts' own cost lies).

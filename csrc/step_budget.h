@@ -10,14 +10,16 @@
 namespace agentaccel {
 
 // What one step of the serving engine costs, in seconds, as a function of what it schedules:
-//   t = base(T) + per_context * C + per_attention * A
+//   t = base(T) + per_context * C + per_attention * A + per_request * R
 // T: tokens the step computes (each decoding request's 1 + draft length, plus prefill chunks);
 // C: context tokens of the step's requests (their KV is read once per step, drafts or not);
-// A: sum over requests of (1 + draft length) x context (the attention work of their queries).
+// A: sum over requests of (1 + draft length) x context (the attention work of their queries);
+// R: requests in the step (each costs its own attention and cache bookkeeping, drafts or not).
 struct StepCost {
   std::vector<double> base;     // base[T] for T = 0..size-1; beyond, extended with the last slope
   double per_context = 0.0;     // seconds per context token of the batch
   double per_attention = 0.0;   // seconds per (scheduled token x context token)
+  double per_request = 0.0;     // seconds per request in the step
   double prefill_tokens = 0.0;  // tokens of a step's prefill chunks, in the steps that carry some
   double prefill_share = 0.0;   // the share of steps that carry prefill (whether the next one will is not known)
 
@@ -58,9 +60,9 @@ struct BudgetRequest {
 // How many nodes of each request's candidate to keep (`keep`, one entry per request).
 // `decoding`: requests that yield a token this step whatever their drafts (drafted for or not),
 // `context`: their context tokens (C), `attention`: their attention work without drafts (A with
-// every draft empty). Returns the expected tokens per second of the step chosen, its prefill's
+// every draft empty), `rows`: the requests in the step (R: decoding and prefilling). Returns the expected tokens per second of the step chosen, its prefill's
 // time left out (the prefill is done whatever the drafts: the rate to beat is decoding's).
 double allocate_budget(const std::vector<BudgetRequest>& requests, size_t decoding, double context,
-                       double attention, const StepCost& cost, std::vector<int32_t>& keep);
+                       double attention, double rows, const StepCost& cost, std::vector<int32_t>& keep);
 
 }  // namespace agentaccel

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from agentaccel.backends.local import load_model
-from agentaccel.backends.local.cost_curve import CONTEXTS
+from agentaccel.backends.local.cost_curve import TIMED_CONTEXTS as CONTEXTS
 from agentaccel.backends.local.growing_cache import growing_cache
 from agentaccel.backends.local.verifier import GrowingSequence
 

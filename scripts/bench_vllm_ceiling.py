@@ -19,7 +19,7 @@ import numpy as np
 from agentaccel.bench import batch_replay as br
 from agentaccel.bench.vllm import simulate as sim
 from agentaccel.bench.vllm.runner import Measurement
-from agentaccel.engine.cost import load_profile
+from agentaccel.engine.cost import parse
 from agentaccel.engine.policy import default_config
 from agentaccel.text.tokenization import load_tokenizer
 
@@ -30,7 +30,7 @@ def make_method(name: str) -> br.Method:
     if name != ORACLE:
         return _simulated(name)
     # the plugin's drafting configuration (simulate.make_method), its candidates kept whole
-    oracle = br.Oracle(replace(default_config(load_profile("gpu"), tree=False), max_tokens=32, alpha=1.0,
+    oracle = br.Oracle(replace(default_config(parse("gpu"), tree=False), max_tokens=32, alpha=1.0,
                                min_prob=0.1))
     oracle.name = ORACLE
     return oracle

@@ -39,3 +39,36 @@ def test_every_import_follows_the_layers():
         for target in imports_of_ours(path) - {package} - ALLOWED[package]:
             wrong.append(f"{path.relative_to(ROOT.parent)} imports agentaccel.{target}")
     assert not wrong, "\n".join(wrong)
+
+
+COST_HOME = ROOT / "engine" / "cost"  # what a step costs: the model, the fitting, the seeds and profiles
+FITTING = {"solve", "lstsq", "polyfit", "least_squares", "curve_fit", "minimize"}
+
+
+def test_what_a_step_costs_has_one_home():
+    """Outside engine/cost/: no fitting routine (a linear solve or a curve fit), no seed constant
+    (a module-level name with SEED in it, a `linear(<number>)`): they would be a second notion of
+    what a step costs."""
+    wrong = []
+    for path in sorted(ROOT.rglob("*.py")):
+        if COST_HOME in path.parents:
+            continue
+        tree = ast.parse(path.read_text())
+        where = path.relative_to(ROOT.parent)
+        for node in tree.body:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
+                if isinstance(node, ast.AnnAssign) else []
+            for target in targets:
+                for name in ast.walk(target):
+                    if isinstance(name, ast.Name) and "SEED" in name.id.upper():
+                        wrong.append(f"{where}:{node.lineno} defines {name.id}")
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            called = node.func.attr if isinstance(node.func, ast.Attribute) else \
+                node.func.id if isinstance(node.func, ast.Name) else ""
+            if called in FITTING:
+                wrong.append(f"{where}:{node.lineno} fits something ({called})")
+            if called == "linear" and node.args and isinstance(node.args[0], ast.Constant):
+                wrong.append(f"{where}:{node.lineno} writes a seed again (linear({node.args[0].value}))")
+    assert not wrong, "\n".join(wrong)

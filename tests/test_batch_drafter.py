@@ -127,7 +127,7 @@ def test_partial_prefills_baselines_and_aborted_admissions():
     assert "default" in drafter.stats()  # a request never admitted is counted under "default"
 
 
-def test_threads_draft_the_same_and_many_live_requests_defer_learning():
+def test_threads_draft_the_same_and_finished_outputs_join_at_the_end_of_their_step():
     docs = corpus(seed=4, n=24)
     ids = [f"q{i}" for i in range(len(docs))]
     results = []
@@ -141,13 +141,15 @@ def test_threads_draft_the_same_and_many_live_requests_defer_learning():
             drafts = drafter.step(ids, batch.rows, batch.num_tokens, batch.sample(drafts), 16, MAX_LEN)
             out.append(drafts)
         results.append(out)
-        # one request leaves while 23 stay: its output waits (fewer tree changes), then joins
+        # one request leaves while 23 stay: its output joins its tree with the step that no longer lists it
         documents = eng.stats()["documents"]
         drafter.step(ids[1:], batch.rows[1:], batch.num_tokens[1:], batch.sample(drafts)[1:], 16, MAX_LEN)
-        assert drafter.pending_outputs == 1 and eng.stats()["documents"] == documents
-        for _ in range(16):
-            drafter.step(ids[1:], batch.rows[1:], batch.num_tokens[1:], [[7]] * 23, 16, MAX_LEN)
         assert drafter.pending_outputs == 0 and eng.stats()["documents"] == documents + 1
+        # one released between steps while many are live waits for the next step (one re-match a step)
+        drafter.release(ids[1])
+        assert drafter.pending_outputs == 1 and eng.stats()["documents"] == documents + 1
+        drafter.step(ids[2:], batch.rows[2:], batch.num_tokens[2:], [[7]] * 22, 16, MAX_LEN)
+        assert drafter.pending_outputs == 0 and eng.stats()["documents"] == documents + 2
     assert results[0] == results[1]
 
 

@@ -4,26 +4,16 @@ as vLLM does: prefills chunked to the step's token budget, a prefix cache shared
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from agentaccel.bench import batch_replay as br
 from agentaccel.bench.replay import ReplayCall
+from agentaccel.engine.cost import Server, StepCostModel
 
 
-@dataclass
-class Flat:
+def Flat(gap: float = 0.0) -> Server:  # noqa: N802 - reads as the server it makes
     """A step costs 1 s plus 1 ms per token computed."""
-
-    kv_capacity: int = 1 << 20
-    max_batched_tokens: int = 2048
-    block_size: int = 16
-    gap: float = 0.0
-    overhead: float = 0.0
-
-    def seconds(self, tokens, context, attention):
-        return 1.0 + 0.001 * np.asarray(tokens, dtype=float)
+    return Server("flat", StepCostModel(tuple(1.0 + 0.001 * np.arange(8193))), 1 << 20, 2048, gap=gap)
 
 
 def call(n: int, prompt: np.ndarray, output_len: int = 4) -> ReplayCall:

@@ -24,7 +24,7 @@ ENGINE_AND_DRAFTER = textwrap.dedent("""
     from agentaccel.engine import SpecConfig, SuffixEngine
     from agentaccel.engine.batch import BatchDrafter
     from agentaccel.engine.online import OnlineCalibration
-    from agentaccel.engine.step_cost import StepCostLearner, linear
+    from agentaccel.engine.cost import StepCostLearner, linear
     from agentaccel.engine.suffix_engine import _core
 
     engine = SuffixEngine(config=SpecConfig(tree=False))
@@ -43,7 +43,7 @@ ENGINE_AND_DRAFTER = textwrap.dedent("""
     calibration.observe_counters(drafter.stats())
     learner = StepCostLearner(linear(0.05))
     learner.observe(drafter.drain_timings())
-    _core.allocate_budget([[0.9, 0.5]], [1.0], [10.0], 1, 10.0, 10.0, linear(0.05).to_native())
+    _core.allocate_budget([[0.9, 0.5]], [1.0], [10.0], 1, 10.0, 10.0, 1.0, linear(0.05).to_native())
     print("drafted")
 """)
 
@@ -53,14 +53,14 @@ SERVED_IN_A_THREAD = textwrap.dedent("""
     import httpx
     from servers import ServerThread
     from agentaccel.backends.replay.service import ReplayBackend
-    from agentaccel.engine.cost import load_profile
+    from agentaccel.engine.cost import parse
     from agentaccel.proxy.config import ProxyConfig
     from agentaccel.proxy.server import create_app
     from agentaccel.text.tokenization import load_tokenizer
     from agentaccel.traces.store import TraceStore
 
     with TraceStore({db!r}) as store:
-        backend = ReplayBackend(store, load_tokenizer(), load_profile("gpu"), step_ms=0.0)
+        backend = ReplayBackend(store, load_tokenizer(), parse("gpu"), step_ms=0.0)
     with ServerThread(create_app(ProxyConfig(record=False), backend)) as server:
         assert httpx.get(server.url + "/health").status_code == 200
     print("served")

@@ -1,4 +1,4 @@
-"""Verification cost models (engine/cost.py) and the engine's cut of every draft to its best-rate
+"""The per-request curve a step cost gives (engine/cost/model.py) and the engine's cut of every draft to its best-rate
 prefix on a measured curve (csrc/engine.cpp, keep_best_rate_prefix)."""
 
 import itertools
@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from agentaccel.engine import SpecConfig, SuffixEngine
-from agentaccel.engine.cost import CostCurve, CostProfile, load_profile
+from agentaccel.engine.cost import CostCurve, StepCostModel, linear, parse, relative_curve
+from agentaccel.engine.policy import default_config
 
 
 def best_by_enumeration(costs, probs):
@@ -74,32 +75,45 @@ def test_a_curve_needs_positive_costs_and_the_same_sizes_everywhere():
         CostCurve((), ())
 
 
-def test_profiles_price_every_size_up_to_the_budget():
-    measured = CostProfile("m", None, (0, 2, 8), (1.0, 1.0, 2.0))
-    assert measured.measured
-    assert measured.curve(10).costs[0] == pytest.approx([1.0, 1.0, 1.0, 1 + 1 / 6, 1 + 2 / 6, 1.5, 1 + 4 / 6,
-                                                         1 + 5 / 6, 2.0, 2.0, 2.0])
-    linear = CostProfile("c", 0.5)
-    assert not linear.measured
-    assert linear.curve(2).costs == ((1.0, 1.5, 2.0),)
+def test_a_linear_cost_grows_drafts_and_any_other_cuts_them_on_its_curve():
+    linear_cost = linear(0.5)
+    assert linear_cost.per_token == pytest.approx(0.5)
+    assert relative_curve(linear_cost, (0,), 2).costs == ((1.0, 1.5, 2.0),)
+    assert default_config(linear_cost).cost == pytest.approx(0.5) and default_config(linear_cost).cost_curve is None
+    # a step with a context term is no longer linear in the draft: its curve cuts every draft
+    knee = StepCostModel(linear(0.5).base, per_context=1e-4)
+    assert knee.per_token is None
+    config = default_config(knee)
+    assert config.cost_curve == relative_curve(knee) and config.min_score == 0.5
+    assert default_config(linear_cost, curve=True).cost_curve == relative_curve(linear_cost)
 
 
-def test_a_profile_timed_over_several_contexts_gives_a_curve_over_them(tmp_path):
+def test_a_bench_backend_curve_over_several_contexts_is_one_step_cost(tmp_path):
     f = tmp_path / "p.json"
     curves = [{"context": 2048, "step_ms": [50, 60, 100]}, {"context": 512, "step_ms": [40, 44, 60]}]
     f.write_text(json.dumps({"name": "m", "draft_tokens": [0, 1, 4], "step_ms": [40, 44, 60], "curves": curves}))
-    prof = load_profile(str(f))
-    assert [c for c, _ in prof.by_context] == [512, 2048]
-    curve = prof.curve(4)
-    assert curve.contexts == (512, 2048)
-    assert curve.costs_at(512) == pytest.approx([1.0, 1.1, 1.1 + 0.4 / 3, 1.1 + 0.8 / 3, 1.5])
-    assert curve.costs_at(2048) == pytest.approx([1.0, 1.2, 1.2 + 0.8 / 3, 1.2 + 1.6 / 3, 2.0])
-    assert curve.costs_at(100) == curve.costs[0] and curve.costs_at(9000) == curve.costs[1]
-    assert CostCurve.from_dict(json.loads(json.dumps(curve.as_dict()))) == curve  # kept in stored policies
+    model = parse(str(f)).model
+    # the fitted step reproduces what was timed, relative to the first context's plain step
+    for curve in curves:
+        for d, ms in zip((0, 1, 4), curve["step_ms"], strict=True):
+            context = curve["context"]
+            seconds = model.seconds(1 + d, context, (1 + d) * context, 1)
+            assert float(seconds) == pytest.approx(ms / 40, rel=0.05), (context, d)
     curves[1]["step_ms"] = [40, 44]  # a curve missing a size
     f.write_text(json.dumps({"name": "m", "draft_tokens": [0, 1, 4], "step_ms": [40, 44, 60], "curves": curves}))
-    with pytest.raises(ValueError, match=f"{f}: .*each curve"):
-        load_profile(str(f))
+    with pytest.raises(ValueError, match=f"{f}: .*the same length"):
+        parse(str(f))
+
+
+def test_the_replay_prices_each_step_as_the_engine_cuts_on_it():
+    model = StepCostModel(tuple(1.0 + 0.01 * t + 0.002 * max(t - 8, 0) ** 1.5 for t in range(4097)),
+                          per_context=2e-5, per_attention=1e-6, per_request=0.1)
+    curve = relative_curve(model, (512, 2048), 8)
+    drafted, contexts = np.array([0, 1, 3, 8, 2]), np.array([512, 512, 2048, 2048, 512])
+    want = [curve.costs_at(int(c))[int(d)] for d, c in zip(drafted, contexts, strict=True)]
+    assert model.request_steps(drafted, contexts) == pytest.approx(want)
+    assert parse("gpu").model.request_steps(drafted, contexts) == pytest.approx(1 + 0.02 * drafted)
+    assert CostCurve.from_dict(json.loads(json.dumps(curve.as_dict()))) == curve  # kept in stored policies
 
 
 def test_the_engine_refuses_a_malformed_native_curve():
@@ -115,16 +129,3 @@ def test_the_engine_refuses_a_malformed_native_curve():
     params.curve_contexts, params.curve_costs = [100, 0], [1.0, 1.1, 1.0, 1.2]
     with pytest.raises(ValueError, match="increasing"):
         eng._eng.set_policy("s", params)
-
-
-def test_the_replay_prices_each_step_at_its_own_context_as_the_engine_cuts(tmp_path):
-    f = tmp_path / "p.json"
-    curves = [{"context": 2048, "step_ms": [50, 60, 100]}, {"context": 512, "step_ms": [40, 44, 60]}]
-    f.write_text(json.dumps({"name": "m", "draft_tokens": [0, 1, 4], "step_ms": [40, 44, 60], "curves": curves}))
-    prof = load_profile(str(f))
-    curve = prof.curve(4)
-    drafted, contexts = np.array([0, 1, 3, 4, 2]), np.array([100, 512, 1280, 2048, 9000])
-    want = [curve.costs_at(int(c))[int(d)] for d, c in zip(drafted, contexts, strict=True)]
-    assert prof.step_cost(drafted, contexts) == pytest.approx(want)
-    assert prof.step_cost(drafted) == pytest.approx([curve.costs[0][int(d)] for d in drafted])  # no contexts: the first
-    assert load_profile("gpu").step_cost(drafted, contexts) == pytest.approx(1 + 0.02 * drafted)

@@ -217,9 +217,9 @@ def test_the_step_cost_is_learned_from_served_steps_and_kept_in_the_store(tmp_pa
     rests on enough steps, and the next start begins from it."""
     import random
 
-    from agentaccel.backends.local import learned_cost
-    from agentaccel.backends.local.learned_cost import MIN_STEPS, LearnedStepCost, curve_of
-    from agentaccel.engine.cost import CostCurve
+    from agentaccel.backends.local.cost_curve import MIN_STEPS, server_key, timed_step
+    from agentaccel.backends.step_costs import LearnedStepCost
+    from agentaccel.engine.cost import CostCurve, relative_curve, seed
     from agentaccel.traces import step_costs
     from agentaccel.traces.store import TraceStore
 
@@ -227,8 +227,14 @@ def test_the_step_cost_is_learned_from_served_steps_and_kept_in_the_store(tmp_pa
     TraceStore(db).close()
     engine = SuffixEngine(config=replace(EAGER, cost_curve=CostCurve((0,), ((1.0, 1.5, 2.0),))))
     said = []
-    learned = LearnedStepCost.starting(engine, "tiny", "cpu", "cpu", db=db, say=said.append)
-    assert "seed" in said[0] and engine.policy().cost_curve.contexts == (0,)  # untouched until steps come
+
+    def start() -> LearnedStepCost:
+        return LearnedStepCost.starting(server_key("tiny", "cpu"), db, seed("cpu"), say=said.append,
+                                        min_steps=MIN_STEPS,
+                                        apply=lambda model: engine.set_cost_curve(relative_curve(model)))
+
+    learned = start()
+    assert "seed" in said[0] and engine.policy().cost_curve == relative_curve(seed("cpu"))  # nothing timed first
     rng = random.Random(0)
 
     def served(n: int, per_draft: float) -> None:
@@ -238,10 +244,10 @@ def test_the_step_cost_is_learned_from_served_steps_and_kept_in_the_store(tmp_pa
             seconds = 0.020 * (1 + per_draft * d) * (1 + ctx / 20000) * rng.uniform(0.9, 1.1)
             if rng.random() < 0.03:
                 seconds *= 8  # a stall of the machine
-            learned.record(d, ctx, seconds)
+            learned.record(timed_step(d, ctx, seconds))
 
     served(MIN_STEPS // 2, 0.25)
-    assert learned.refresh() and engine.policy().cost_curve == curve_of(learned.model)
+    assert learned.refresh() and engine.policy().cost_curve == relative_curve(learned.model)
     learned.keeper.save()
     with TraceStore(db) as store:
         assert step_costs.read(store, learned.server) is None  # too few steps to keep as this server's
@@ -256,10 +262,9 @@ def test_the_step_cost_is_learned_from_served_steps_and_kept_in_the_store(tmp_pa
         kept = step_costs.read(store, learned.server)
     assert kept is not None and kept.steps >= MIN_STEPS
     said.clear()
-    again = LearnedStepCost.starting(None, "tiny", "cpu", "cpu", db=db, say=said.append)
-    assert "learned" in said[0] and 2.5 < again.profile().curve().costs[0][8] < 4.5
+    again = start()  # a restart drafts with what was learned at once
+    assert "learned" in said[0] and 2.5 < engine.policy().cost_curve.costs[0][8] < 4.5
     again.close()
-    assert learned_cost  # (the module the backend reads it through)
 
 
 def test_bench_backend_times_each_context_and_writes_a_profile_over_them(tmp_path):
@@ -271,7 +276,7 @@ def test_bench_backend_times_each_context_and_writes_a_profile_over_them(tmp_pat
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from agentaccel.backends.local.model import default_model_folder
-    from agentaccel.engine.cost import load_profile
+    from agentaccel.engine.cost import parse
 
     folder = tmp_path / "tiny"
     torch.manual_seed(0)
@@ -285,9 +290,13 @@ def test_bench_backend_times_each_context_and_writes_a_profile_over_them(tmp_pat
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert "100 context" in run.stdout and "300 context" in run.stdout and str(out) in run.stdout.replace("\n", "")
-    profile = load_profile(str(out))
-    assert [c for c, _ in profile.by_context] == [100, 300]
-    assert all(costs[0] == 1.0 and len(costs) == len(profile.draft_tokens) for _, costs in profile.by_context)
+    written = json.loads(out.read_text())
+    assert [c["context"] for c in written["curves"]] == [100, 300]
+    assert all(len(c["step_ms"]) == len(written["draft_tokens"]) for c in written["curves"])
+    # read back as any cost spec is: a step cost relative to a plain step, each draft token dearer
+    model = parse(str(out)).model
+    assert float(model.request_steps(0, 100)) == pytest.approx(1.0)
+    assert float(model.request_steps(32, 100)) >= float(model.request_steps(1, 100))
 
 
 def test_bench_e2e_runs_every_method_on_the_same_prompts_and_checks_outputs(tmp_path):
@@ -331,3 +340,34 @@ def test_bench_e2e_runs_every_method_on_the_same_prompts_and_checks_outputs(tmp_
     assert bad.returncode != 0 and "cannot write" in bad.stderr
     missing = e2e("--workload", "swe", "--n", "1")  # no SWE-agent trajectories in this folder
     assert missing.returncode != 0 and "no SWE-agent trajectories" in missing.stderr
+
+
+def test_a_restarted_backend_drafts_at_once_with_the_step_cost_its_store_kept(tmp_path):
+    """`serve` (--cost-profile auto) starting on a trace store that keeps this model's learned step
+    cost cuts its first draft on that curve, not on the seed."""
+    import asyncio
+
+    import numpy as np
+
+    from agentaccel.backends.local.service import LocalBackend
+    from agentaccel.engine.cost import StepCostModel, relative_curve, seed
+    from agentaccel.traces import step_costs
+    from agentaccel.traces.store import TraceStore
+
+    db = tmp_path / "t.db"
+    TraceStore(db).close()
+    first = LocalBackend(SuffixEngine(), policy_db=db, cost_profile="auto")
+    asyncio.run(first.start())
+    assert first.engine.policy().cost_curve == relative_curve(seed("cpu"))
+    server = first.step_cost.server
+    asyncio.run(first.close())
+    kept = StepCostModel.from_dict(StepCostModel(tuple(0.02 + 0.004 * np.arange(8193)), per_context=1e-6).as_dict())
+    with TraceStore(db) as store:
+        step_costs.write(store, server, kept.as_dict(), 5000)
+    again = LocalBackend(SuffixEngine(), policy_db=db, cost_profile="auto")
+    asyncio.run(again.start())
+    try:
+        assert again.engine.policy().cost_curve == relative_curve(kept)
+        assert again.step_cost.origin.startswith("learned")
+    finally:
+        asyncio.run(again.close())

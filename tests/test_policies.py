@@ -17,7 +17,7 @@ from agentaccel.backends.replay import ReplayBackend
 from agentaccel.bench import replay as rp
 from agentaccel.bench import speculators as sp
 from agentaccel.engine import SpecConfig, SuffixEngine
-from agentaccel.engine.cost import load_profile
+from agentaccel.engine.cost import parse
 from agentaccel.engine.online import OnlineCalibration
 from agentaccel.engine.policy import default_config, read_file, resolve
 from agentaccel.proxy import ProxyConfig, create_app
@@ -48,7 +48,7 @@ def pipeline_store(tmp_path, n=60, rare=5):
 
 
 def test_precedence_defaults_then_star_then_tuned_then_the_file_which_says_it_wins(tmp_path):
-    base = default_config(load_profile("gpu"))
+    base = default_config(parse("gpu"))
     f = tmp_path / "policy.json"
     f.write_text(json.dumps({"*": {"min_prob": 0.1}, "sql": {"tree": False}, "chat": {"min_score": 3}}))
     said = []
@@ -108,7 +108,7 @@ def test_tune_stores_per_stage_policies_that_serve_loads_and_stats_shows(tmp_pat
     with TraceStore(db) as store:
         rows = stage_policies.read(store)
     assert "rare" not in rows and rows["chat"].config == report["chat"]["settings"] and rows["chat"].calls == 40
-    policies, online = serving_policies(default_config(load_profile("gpu")), db=db)
+    policies, online = serving_policies(default_config(parse("gpu")), db=db)
     assert policies.stages["chat"] == replace(policies.default, **report["chat"]["settings"])
     assert online.trusts == {} and online.references["chat"] == pytest.approx(rows["chat"].calibration)
     assert policies.origin["chat"].startswith("tuned ")
@@ -124,7 +124,7 @@ def test_online_calibration_stops_long_drafts_on_a_stage_whose_acceptance_collap
     db = pipeline_store(tmp_path, n=80)
     with TraceStore(db) as store:
         calls = rp.load_calls(store, load_tokenizer(), stages=["chat"])
-    gpu = load_profile("gpu")
+    gpu = parse("gpu")
     wrong = replace(default_config(gpu), min_score=0.0, confidence=2.0, min_prob=0.01)  # drafts anything
     fixed = sp.Suffix("fixed", wrong)
     online = sp.Suffix("online", wrong, online=True)
@@ -146,7 +146,7 @@ def test_online_calibration_stops_long_drafts_on_a_stage_whose_acceptance_collap
 
 def test_metrics_show_each_stages_policy_and_online_factor(tmp_path):
     db = pipeline_store(tmp_path, n=12)
-    gpu = load_profile("gpu")
+    gpu = parse("gpu")
     engine = SuffixEngine(config=default_config(gpu))
     engine.set_policy(replace(default_config(gpu), min_score=1.5), "sql")
     calibration = OnlineCalibration(engine)

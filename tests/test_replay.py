@@ -10,7 +10,7 @@ from traces_fixtures import chat_store
 
 from agentaccel.bench import replay as rp
 from agentaccel.bench import speculators as sp
-from agentaccel.engine.cost import CostProfile, load_profile
+from agentaccel.engine.cost import Server, StepCostModel, parse
 from agentaccel.engine.policy import default_config
 from agentaccel.engine.verification import accepted_length
 from agentaccel.text.tokenization import load_tokenizer
@@ -27,20 +27,18 @@ def test_accepted_length_follows_the_longest_matching_path():
 
 
 def test_cost_profiles(tmp_path):
-    assert load_profile("gpu").step_cost(np.array([0, 10])).tolist() == [1.0, 1.2]
-    assert load_profile("c=0.1").per_token == 0.1
+    assert parse("gpu").model.request_steps(np.array([0, 10]), np.array([0, 0])).tolist() == pytest.approx([1.0, 1.2])
+    assert parse("c=0.1").model.per_token == pytest.approx(0.1)
     f = tmp_path / "p.json"
     f.write_text(json.dumps({"name": "measured", "draft_tokens": [0, 16, 32], "step_ms": [48, 95, 132]}))
-    prof = load_profile(str(f))
-    assert prof.step_cost(np.array([0, 16, 8])).round(3).tolist() == [1.0, round(95 / 48, 3),
-                                                                    round((1 + 95 / 48) / 2, 3)]
-    assert 0.05 < prof.marginal < 0.06
+    steps = parse(str(f)).model.request_steps(np.array([0, 16, 32]), np.zeros(3))
+    assert steps == pytest.approx([1.0, 95 / 48, 132 / 48], rel=0.03)
     for bad in ("nope", "c=x"):
-        with pytest.raises(ValueError):
-            load_profile(bad)
+        with pytest.raises(ValueError, match="a cost is one of"):
+            parse(bad)
     f.write_text("{}")
     with pytest.raises(ValueError, match="draft_tokens"):
-        load_profile(str(f))
+        parse(str(f))
 
 
 def repetitive_store(tmp_path, n=30):
@@ -61,8 +59,8 @@ def test_replay_metrics_behave(tmp_path):
     with TraceStore(db) as store:
         calls = rp.load_calls(store, load_tokenizer())
     assert [c.stage for c in calls[:2]] == ["other", "sql"]  # time order
-    specs = sp.build(["none", "pld", "paper-linear", "agentaccel"], load_profile("gpu"))
-    profiles = [CostProfile("gpu", 0.02), CostProfile("cpu", 0.06)]
+    specs = sp.build(["none", "pld", "paper-linear", "agentaccel"], parse("gpu"))
+    profiles = [parse("gpu"), parse("cpu")]
     rows = {(r["speculator"], r["stage"]): r for r in rp.summarize(rp.replay(calls, specs), profiles)}
     none = rows[("none", "*")]
     assert none["mat"] == 1.0 and none["est_speedup"] == 1.0 and none["draft_tokens_per_step"] == 0
@@ -117,8 +115,9 @@ def test_a_measured_curve_cuts_agentaccel_drafts_to_their_best_size(tmp_path):
     with TraceStore(db) as store:
         calls = rp.load_calls(store, load_tokenizer())
     # up to 3 draft tokens cost one plain step; from 4 on a step costs 4 or more: never worth it
-    curve = CostProfile("steps", None, (0, 3, 4, 32), (1.0, 1.0, 4.0, 40.0))
-    (whole,) = sp.build(["agentaccel"], load_profile("gpu"))
+    base = np.interp(np.arange(64), [0, 1, 4, 5, 33], [1.0, 1.0, 1.0, 4.0, 40.0], right=40.0)
+    curve = Server("steps", StepCostModel(tuple(base.tolist())))
+    (whole,) = sp.build(["agentaccel"], parse("gpu"))
     (cut,) = sp.build(["agentaccel"], curve)
     assert cut.config == default_config(curve)  # drafting as the backend does with a curve
     cut.name = "agentaccel-cut"
@@ -136,9 +135,9 @@ def test_oracles_bound_every_suffix_drafter(tmp_path):
     db = repetitive_store(tmp_path, n=40)
     with TraceStore(db) as store:
         calls = rp.load_calls(store, load_tokenizer())
-    specs = sp.build(["paper-linear", "paper-tree", "agentaccel", "oracle-1", "oracle-2"], load_profile("gpu"))
+    specs = sp.build(["paper-linear", "paper-tree", "agentaccel", "oracle-1", "oracle-2"], parse("gpu"))
     tallies = rp.replay(calls, specs)
-    rows = {r["speculator"]: r for r in rp.summarize(tallies, [CostProfile("gpu", 0.02)]) if r["stage"] == "*"}
+    rows = {r["speculator"]: r for r in rp.summarize(tallies, [parse("gpu")]) if r["stage"] == "*"}
     one, two = rows["oracle-1"], rows["oracle-2"]
     assert one["acceptance_rate"] == 1.0 and two["acceptance_rate"] == 1.0  # it drafts only what is accepted
     assert one["est_speedup"] == one["est_speedup_sized_exactly"]

@@ -11,7 +11,7 @@ from traces_fixtures import write_sdk_conversation
 
 from agentaccel.backends.replay import ReplayBackend
 from agentaccel.engine import SuffixEngine
-from agentaccel.engine.cost import load_profile
+from agentaccel.engine.cost import parse
 from agentaccel.engine.policy import default_config
 from agentaccel.proxy import ProxyConfig, create_app
 from agentaccel.text.tokenization import load_tokenizer
@@ -44,7 +44,7 @@ def store_path(tmp_path_factory):
 
 def serve(db, speculate=True, profile="gpu"):
     with TraceStore(db) as store:
-        cost = load_profile(profile)
+        cost = parse(profile)
         backend = ReplayBackend(store, load_tokenizer(), cost, step_ms=1.0, speculate=speculate,
                                 engine=SuffixEngine(config=default_config(cost)))
     return ServerThread(create_app(ProxyConfig(record=False), backend))

@@ -17,7 +17,7 @@ from servers import ServerThread
 from agentaccel.backends.replay import ReplayBackend
 from agentaccel.backends.replay.recordings import Recordings
 from agentaccel.bench.corpus import default_traces_dir
-from agentaccel.engine.cost import load_profile
+from agentaccel.engine.cost import parse
 from agentaccel.proxy import ProxyConfig, create_app
 from agentaccel.text.messages import normalized, reply_content
 from agentaccel.text.tokenization import load_tokenizer
@@ -61,7 +61,7 @@ def replay_all(db, calls) -> list[str]:
     """Each call's prompt through the replay server; the calls answered otherwise than recorded."""
     wrong = []
     with TraceStore(db) as store:
-        backend = ReplayBackend(store, load_tokenizer(), load_profile("gpu"), step_ms=0.0, speculate=False)
+        backend = ReplayBackend(store, load_tokenizer(), parse("gpu"), step_ms=0.0, speculate=False)
     with ServerThread(create_app(ProxyConfig(record=False), backend)) as server, httpx.Client(timeout=120) as http:
         for call, session in calls:
             body = {"model": call.model or "replay", "messages": call.messages, "temperature": 0}

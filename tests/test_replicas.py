@@ -6,7 +6,7 @@ import numpy as np
 from agentaccel.bench.replay import ReplayCall
 from agentaccel.bench.replicas import replica_of, simulate
 from agentaccel.bench.speculators import agentaccel
-from agentaccel.engine.cost import load_profile
+from agentaccel.engine.cost import linear, parse
 
 
 def fleet_sessions(n_sessions=24, calls=3, seed=0):
@@ -26,9 +26,9 @@ def fleet_sessions(n_sessions=24, calls=3, seed=0):
 
 
 def run(mode, replicas, delay=1.0):
-    profile = load_profile("gpu")
-    t = simulate(fleet_sessions(), lambda: agentaccel(profile), mode=mode, replicas=replicas, streams=8,
-                 step_seconds=0.02, delay=delay)
+    profile = parse("gpu").with_model(linear(0.02).scaled(0.02))  # a 20 ms step, 2 % more per draft token
+    t = simulate(fleet_sessions(), lambda: agentaccel(profile), mode=mode, replicas=replicas, server=profile,
+                 streams=8, delay=delay)
     summary = t.summary([profile])
     del summary["spec_us_per_step"]  # this machine's time, not the fleet's
     return summary

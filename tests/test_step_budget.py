@@ -1,5 +1,5 @@
 """One draft budget per step: the allocation across a batch (csrc/step_budget.h), the step cost
-model and its online learning (engine/step_cost.py), the roofline profiles, and BatchDrafter
+model and its online learning (engine/cost/), the roofline profiles, and BatchDrafter
 drafting under a learned cost: a server whose steps get slower gets smaller drafts, and no draft
 runs past a request's max_tokens or max_model_len."""
 
@@ -14,9 +14,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_batch_drafter import MAX_LEN, SPEC, Batch, corpus
 
-from agentaccel.engine import SuffixEngine, roofline
+from agentaccel.engine import SuffixEngine
 from agentaccel.engine.batch import BatchDrafter
-from agentaccel.engine.step_cost import StepCostLearner, StepCostModel, linear
+from agentaccel.engine.cost import StepCostLearner, StepCostModel, linear, roofline
 from agentaccel.engine.suffix_engine import _core
 
 
@@ -42,12 +42,13 @@ def test_on_a_linear_cost_the_budget_is_the_best_allocation_there_is(raw, per_to
     must find the best rate over every combination of draft prefixes (brute force)."""
     probs = chains(raw)
     model = StepCostModel(tuple(plain + per_token * t for t in range(64)))
-    keep = _core.allocate_budget(probs, [1.0] * len(probs), [0.0] * len(probs), len(probs), 0.0, 0.0,
+    keep = _core.allocate_budget(probs, [1.0] * len(probs), [0.0] * len(probs), len(probs), 0.0, 0.0, len(probs),
                                  model.to_native())
     assert all(0 <= k <= len(p) for k, p in zip(keep, probs, strict=True))
     best = max(rate(list(c), probs, len(probs), model, [0.0] * len(probs))
                for c in itertools.product(*(range(len(p) + 1) for p in probs)))
-    assert rate(keep, probs, len(probs), model, [0.0] * len(probs)) == pytest.approx(best, rel=1e-9)
+    # (a node gaining under a billionth of the step's rate may be left: the budget floors every cost there)
+    assert rate(keep, probs, len(probs), model, [0.0] * len(probs)) == pytest.approx(best, rel=1e-8)
 
 
 def test_the_budget_drafts_where_it_pays_and_nothing_when_a_token_costs_more_than_it_gives():
@@ -56,7 +57,7 @@ def test_the_budget_drafts_where_it_pays_and_nothing_when_a_token_costs_more_tha
 
     def keep(per_token):
         cost = StepCostModel(tuple(0.05 + per_token * t for t in range(64))).to_native()
-        return _core.allocate_budget(probs, ones, zeros, 3, 300.0, 300.0, cost)
+        return _core.allocate_budget(probs, ones, zeros, 3, 300.0, 300.0, 3, cost)
 
     assert keep(0.0) == [5, 2, 4]  # free tokens: every candidate whole
     assert keep(0.02) == [2, 0, 4]  # the weak request gets none, the confident one its whole draft
@@ -66,7 +67,7 @@ def test_the_budget_drafts_where_it_pays_and_nothing_when_a_token_costs_more_tha
 def test_confidence_and_context_steer_the_budget():
     probs = [[0.6, 0.6], [0.6, 0.6]]
     cost = StepCostModel(tuple(1.0 + 0.1 * t for t in range(64)), per_attention=1e-4)
-    args = (2, 2000.0, 2000.0, cost.to_native())
+    args = (2, 2000.0, 2000.0, 2, cost.to_native())
     assert _core.allocate_budget(probs, [1.0, 0.2], [1000.0, 1000.0], *args) == [2, 0]  # distrusted stage: none
     assert _core.allocate_budget(probs, [1.0, 1.0], [100.0, 5000.0], *args)[1] == 0  # long context: dearer
 
@@ -82,7 +83,7 @@ def test_prefill_in_some_steps_is_priced_as_an_expectation_not_as_every_steps_me
 
     def kept(prefill_tokens, share):
         cost = StepCostModel(flat_then_steep, prefill_tokens=prefill_tokens, prefill_share=share).to_native()
-        return sum(_core.allocate_budget(probs, ones, zeros, 24, 0.0, 0.0, cost))
+        return sum(_core.allocate_budget(probs, ones, zeros, 24, 0.0, 0.0, 24, cost))
 
     assert kept(0.0, 0.0) == 72  # nothing costs: every draft whole
     assert kept(2048.0, 0.1) == 72  # the expected cost of a token is a tenth of a compute-bound one's
@@ -120,18 +121,19 @@ def test_a_step_cost_must_be_sane():
     bad = _core.StepCost()
     bad.base = [1.0, float("nan")]
     with pytest.raises(ValueError):
-        _core.allocate_budget([[0.5]], [1.0], [0.0], 1, 0.0, 0.0, bad)
-    model = StepCostModel(tuple(1.0 + 0.01 * t for t in range(100)), 1e-6, 2e-9, 3.0, 0.5)
+        _core.allocate_budget([[0.5]], [1.0], [0.0], 1, 0.0, 0.0, 1, bad)
+    model = StepCostModel(tuple(1.0 + 0.01 * t for t in range(100)), 1e-6, 2e-9, 1e-5, 3.0, 0.5)
     again = StepCostModel.from_dict(model.as_dict(), max_tokens=99)
     assert np.allclose(again.base, model.base) and again.per_context == model.per_context
+    assert again.per_request == model.per_request
 
 
 def test_the_roofline_is_memory_bound_then_compute_bound():
-    h100 = roofline.profile("llama-3.1-8b@h100")
-    assert h100.seconds(1, 0, 0) == h100.seconds(64, 0, 0)  # the weights are read once for every row
-    assert h100.seconds(4096, 0, 0) > 5 * h100.seconds(64, 0, 0)  # compute-bound by then
-    assert roofline.profile("llama-3.1-8b@a100").seconds(64, 0, 0) > h100.seconds(64, 0, 0)
-    assert h100.seconds(64, 64 * 8000, 64 * 8000) > 2 * h100.seconds(64, 0, 0)  # long contexts: KV reads
+    h100 = roofline.profile("llama-3.1-8b@h100").model_cost()
+    assert h100.seconds(64) < 1.15 * h100.seconds(1)  # the weights are read once for every row
+    assert h100.seconds(4096) > 5 * h100.seconds(64)  # compute-bound by then
+    assert roofline.profile("llama-3.1-8b@a100").model_cost().seconds(64) > h100.seconds(64)
+    assert h100.seconds(64, 64 * 8000, 64 * 8000, 64) > 2 * h100.seconds(64, 0, 0, 64)  # long contexts: KV reads
     with pytest.raises(ValueError, match="known"):
         roofline.profile("llama-3.1-8b@tpu")
     config = SimpleNamespace(num_hidden_layers=32, hidden_size=4096, num_attention_heads=32, num_key_value_heads=8,
@@ -150,7 +152,7 @@ def timings(model, rng, n, batch=(1, 64), drafts=8):
         tokens, context, attention = float((1 + d).sum()), float(ctx.sum()), float(((1 + d) * ctx).sum())
         seconds = float(model.seconds(tokens, context, attention)) * rng.lognormal(0, 0.03)
         out.append(SimpleNamespace(tokens=tokens, decode_tokens=tokens, context=context, attention=attention,
-                                   seconds=seconds, proposer_seconds=1e-5))
+                                   seconds=seconds, proposer_seconds=1e-5, requests=b))
     return out
 
 

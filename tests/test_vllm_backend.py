@@ -11,7 +11,8 @@ import time
 import httpx
 import pytest
 
-from agentaccel.traces import stage_policies
+from agentaccel.engine.cost import StepCostModel
+from agentaccel.traces import stage_policies, step_costs
 from agentaccel.traces.store import TraceStore
 
 pytest.importorskip("vllm")
@@ -23,6 +24,7 @@ from agentaccel.backends.vllm.proposer import STATS_INTERVAL  # noqa: E402
 from agentaccel.processes import stop_group  # noqa: E402
 
 MAX_MODEL_LEN = 1024
+KEPT_STEP_COST = StepCostModel(tuple(0.0123 + 0.0001 * t for t in range(8193)))
 PROMPTS = ["Write a SQL query counting users per country.", "List three colors.",
            "Write a Python function that reverses a string.", "Explain recursion in one sentence."]
 
@@ -37,6 +39,8 @@ def served(tmp_path_factory):
     with TraceStore(db) as store:  # a stage tuned by `agentaccel tune`: the plugin drafts with it
         stage_policies.write_tuned(store, "tuned", {"max_tokens": 2}, cost="gpu", calls=300, est_speedup=2.0,
                                    default_speedup=1.9, calibration=0.8)
+        # the step cost an earlier server on this model and device learned: this one starts from it
+        step_costs.write(store, f"{folder.name}|cpu|tp1", KEPT_STEP_COST.as_dict(), 5000)
     log = open(tmp_path_factory.mktemp("vllm-log") / "serve.log", "w+")
     # float32 keeps verification of k tokens at once bit-comparable with one-at-a-time decoding
     proc = subprocess.Popen(
@@ -76,6 +80,18 @@ def spec_metric(url, name, stage):
         if line.startswith(f'{name}{{stage="{stage}"}}'):
             return float(line.split()[-1])
     return 0.0
+
+
+def test_a_restarted_server_drafts_at_once_with_the_step_cost_its_store_kept(served):
+    """Before any step is timed, the budget prices steps with the curve the store kept for this
+    model and device (the first test: later ones time steps and the curve moves)."""
+    url, _ = served
+    time.sleep(2 * STATS_INTERVAL)
+    text = httpx.get(url + "/metrics").text
+    seconds = {line.split('"')[1]: float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith("agentaccel_step_cost_seconds{")}
+    assert seconds["1"] == pytest.approx(float(KEPT_STEP_COST.seconds(1)), rel=1e-6), text[-2000:]
+    assert seconds["256"] == pytest.approx(float(KEPT_STEP_COST.seconds(256)), rel=1e-6)
 
 
 def test_greedy_tokens_identical_with_and_without_speculation(served):

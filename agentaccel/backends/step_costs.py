@@ -1,20 +1,35 @@
-"""The step cost a batching server drafts under: where it starts (the curve the trace store kept
-for this server, else a seed for its hardware) and how the learned curve is saved back (every
-`SAVE_EVERY` seconds and at shutdown, by backends/store_keeper.py)."""
+"""The step cost a backend learns from its own steps: one service for the embedded backend and
+the vLLM plugin.
+
+It starts from the curve the trace store kept for this server (model, device, parallelism), else
+from a seed (the calibrated profile of its model and GPU, or a relative one); takes the steps the
+backend timed (`record`, or a `drain` the backend hands over), refits every `every` seconds on a
+thread of its own and hands each fit on (`apply`: the drafter prices with it from its next step);
+and keeps the curve in the trace store (every SAVE_EVERY seconds and at `close`, once it rests on
+`min_steps` timed steps), so that the next start drafts with it at once.
+"""
 
 from __future__ import annotations
 
+import collections
+import json
 import logging
 import sqlite3
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from agentaccel.backends.store_keeper import SAVE_EVERY, StoreKeeper
-from agentaccel.engine.step_cost import StepCostLearner, StepCostModel
+from agentaccel.engine.cost import StepCostLearner, StepCostModel, TimedStep
+from agentaccel.engine.cost.profiles import Lookup
 from agentaccel.traces import step_costs
 from agentaccel.traces.database import locate
-from agentaccel.traces.store import TraceStore
+from agentaccel.traces.store import StoreMissing, TraceStore
 
 log = logging.getLogger("agentaccel.step_cost")
+
+REFIT_SECONDS = 2.0  # how often the curve is refitted to the steps timed since
+TIMING_FIELDS = ("tokens", "decode_tokens", "context", "attention", "seconds", "proposer_seconds", "requests")
 
 
 def starting_cost(server: str, db: str | Path | None, seed: StepCostModel) -> tuple[StepCostModel, str]:
@@ -29,6 +44,31 @@ def starting_cost(server: str, db: str | Path | None, seed: StepCostModel) -> tu
         except (ValueError, sqlite3.Error) as e:
             log.warning("agentaccel: stored step cost of %s not read: %s", server, e)
     return seed, "seed"
+
+
+def stored_curves(db: str | Path | None) -> Lookup | None:
+    """What a `learned[:<server>]` cost spec reads (engine/cost/profiles.py): the curves the trace
+    store at `db` keeps, by server; `learned` alone: its only one, else its newest."""
+    if db is None:
+        return None
+
+    def lookup(server: str | None) -> tuple[str, dict]:
+        try:
+            with TraceStore(db, create=False) as store:
+                rows = step_costs.read_all(store)
+        except (StoreMissing, ValueError, sqlite3.Error) as e:
+            raise ValueError(f"no learned step cost: the trace store {db} cannot be read ({e})") from e
+        if not rows:
+            raise ValueError(f"the trace store {db} keeps no learned step cost yet: a server learns one as it serves")
+        if server is None:
+            return rows[0].server, rows[0].curve
+        for row in rows:
+            if row.server == server:
+                return row.server, row.curve
+        raise ValueError(f"the trace store {db} keeps no step cost of {server!r}; it keeps: "
+                         + ", ".join(r.server for r in rows))
+
+    return lookup
 
 
 class StepCostKeeper(StoreKeeper):
@@ -51,3 +91,74 @@ class StepCostKeeper(StoreKeeper):
 
     def saved(self, fit) -> None:
         self._saved_steps = fit.steps
+
+
+class LearnedStepCost:
+    """Learns `server`'s step cost from `seed` on; see the module docstring. `save_to`: the trace
+    store it is kept in (None: memory only); `step_log`: a file every timed step is appended to
+    as a JSON line (a profile of the server's steps, `bench vllm`'s simulator reads it)."""
+
+    def __init__(self, seed: StepCostModel, *, server: str, apply: Callable[[StepCostModel], None] | None = None,
+                 drain: Callable[[], list] | None = None, save_to: str | Path | None = None, min_steps: int = 0,
+                 every: float = REFIT_SECONDS, step_log: Path | None = None, origin: str = "seed") -> None:
+        self.server, self.apply, self.every, self.step_log, self.origin = server, apply, every, step_log, origin
+        self.learner = StepCostLearner(seed)
+        self.model = seed
+        self._recorded: collections.deque[TimedStep] = collections.deque()
+        self._drain = drain or self._take_recorded
+        self.keeper = StepCostKeeper(self.learner, save_to, server, min_steps=min_steps) if save_to else None
+        self._stop = threading.Event()
+        if apply is not None:
+            apply(seed)
+        self._thread = threading.Thread(target=self._run, name="agentaccel-step-cost", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def starting(cls, server: str, db: str | Path | None, seed: StepCostModel, *, save: bool = True,
+                 say: Callable[[str], None] = lambda _: None, **options) -> LearnedStepCost:
+        """Starts from the curve `db` kept for `server`, else `seed`; saves what it learns back there
+        when `save`."""
+        start, origin = starting_cost(server, db, seed)
+        say(f"step cost of {server}: {origin}; learned from this server's own steps while it serves")
+        return cls(start, server=server, save_to=db if save else None, origin=origin, **options)
+
+    def record(self, step: TimedStep) -> None:
+        """A step the backend timed (from any thread)."""
+        self._recorded.append(step)
+
+    def _take_recorded(self) -> list[TimedStep]:
+        steps = []
+        while self._recorded:
+            steps.append(self._recorded.popleft())
+        return steps
+
+    def refresh(self) -> bool:
+        """Fits the curve to the steps timed since the last call and hands it on; whether it changed."""
+        steps = self._drain()
+        if self.step_log is not None and steps:
+            with self.step_log.open("a") as f:
+                f.writelines(json.dumps({k: getattr(s, k) for k in TIMING_FIELDS}) + "\n" for s in steps)
+        if not steps or not self.learner.observe(steps):
+            return False
+        self.model = self.learner.fit().model
+        if self.apply is not None:
+            self.apply(self.model)
+        return True
+
+    @property
+    def steps(self) -> int:
+        return self.learner.steps
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            try:
+                self.refresh()
+            except Exception:  # noqa: BLE001 - a bad fit costs the update, not the server
+                log.exception("agentaccel: refitting the step cost failed")
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.refresh()
+        if self.keeper is not None:
+            self.keeper.close()

@@ -8,7 +8,7 @@ one token, as the model would), and a finished request's slot is taken by the ne
 the batch stays full and starts are timed too. Three ways to do the same step are timed side by
 side on identical inputs: `BatchDrafter.step` with one draft budget for the batch (`budget`, the
 plugin's default: candidates grown, then cut together under a step cost, here the llama-3.1-8b@h100
-roofline), the same call with each request sizing its own draft (`batch`), and the per-request
+profile), the same call with each request sizing its own draft (`batch`), and the per-request
 Python loop the proposer ran before (`loop`, engine calls per request).
 """
 
@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from agentaccel.bench.corpus import TokenCorpus
-from agentaccel.engine import SpecConfig, SuffixEngine, roofline
+from agentaccel.engine import SpecConfig, SuffixEngine
 from agentaccel.engine.batch import BatchDrafter
+from agentaccel.engine.cost import parse
 from agentaccel.engine.verification import accepted_length
 
 # vLLM's suffix method defaults: max_spec_factor 1, min_token_prob 0.1; its chains are linear.
@@ -111,7 +112,7 @@ def time_batch(engine_factory, corpus: TokenCorpus, documents: list[int], size: 
     batch = SimulatedBatch(corpus, documents, size, prompt_tokens, max_output, max_model_len)
     drafter = BatchDrafter(engine, threads=threads) if way != "loop" else None  # the engine's policy: VLLM_SPEC
     if way == "budget":
-        drafter.set_step_cost(roofline.profile("llama-3.1-8b@h100").model_cost())
+        drafter.set_step_cost(parse("llama-3.1-8b@h100").model)
     live: dict[str, int] = {}
     times, steady, drafted = [], [], 0
     for _ in range(steps):

@@ -10,9 +10,11 @@ previous step, accepts the longest matching prefix plus one token. A call starts
 server's KV cache holds it whole (prompt and recorded output) beside the calls in flight, as
 vLLM's scheduler admits requests: streams beyond what the memory holds wait. Drafts come from the same
 native code the vLLM plugin runs (`BatchDrafter`, one call per step), or from a baseline. A step
-takes what the step cost profile says for what it computed (engine/roofline.py: tokens, KV read,
-attention work; a drafter that learns the step cost sees each step stray from it by `noise`); the
-drafting's own time is measured and shown, not added (it is this machine's, not a GPU host's).
+takes what the server's step cost model says for what it computed (engine/cost: tokens, KV read,
+attention work, requests; a drafter that learns the step cost sees each step stray from it by
+`noise`); the drafting's own time is measured and shown, not added (it is this machine's, not a
+GPU host's). The per-call replay (bench/replay.py), the replicas fleet (bench/replicas.py) and
+`bench vllm`'s re-simulation (bench/vllm/simulate.py) price their steps with the same model.
 
 Methods:
 * `none`: plain decoding, as vLLM runs it with speculation configured (no async scheduling);
@@ -24,7 +26,9 @@ Methods:
 * `agentaccel-request`: agentaccel as it drafted before the step budget (each request alone,
   priced at the GPU's linear 0.02 per token);
 * `agentaccel`: the step budget (the default), its cost curve learned from the simulated steps it
-  sees, starting from the generic linear seed;
+  sees, starting from the generic linear GPU seed (a GPU the plugin does not know);
+* `agentaccel-seeded`: the same, starting from the calibrated roofline of the simulated server's
+  model and GPU, as the plugin does on a GPU it knows;
 * `oracle`: not a drafter but a ceiling: agentaccel's candidates, each cut to exactly what the
   model will accept, given to the requests that pay most under the true step cost (the best
   per-step allocation given the true acceptance).
@@ -44,11 +48,9 @@ from agentaccel.bench.replay import ReplayCall
 from agentaccel.bench.speculators import PAPER_LINEAR
 from agentaccel.engine import SpecConfig, SuffixEngine
 from agentaccel.engine.batch import BatchDrafter
-from agentaccel.engine.cost import load_profile
+from agentaccel.engine.cost import Server, StepCostLearner, StepCostModel, TimedStep, parse, roofline, seed
 from agentaccel.engine.online import OnlineCalibration
 from agentaccel.engine.policy import default_config
-from agentaccel.engine.roofline import Roofline
-from agentaccel.engine.step_cost import StepCostLearner, StepCostModel, linear
 from agentaccel.engine.verification import accepted_length
 
 METHODS = ("none", "none-async", "ngram", "suffix", "agentaccel-request", "agentaccel", "oracle")
@@ -91,7 +93,7 @@ class Method:
                 max_len: int) -> list[list[int]]:
         return [[] for _ in rids]
 
-    def observe(self, tokens: float, decode_tokens: float, context: float, attention: float, seconds: float) -> None:
+    def observe(self, step: TimedStep) -> None:
         """The step that just ran and its (simulated) time: a learning drafter learns from it."""
 
 
@@ -108,7 +110,7 @@ class Drafter(Method):
             self.drafter.set_step_cost(cost or learn_from)
         self.calibration = OnlineCalibration(self.engine)  # as the plugin's stats thread runs it
         self._steps = 0
-        self._timed: list[_Timing] = []
+        self._timed: list[TimedStep] = []
 
     def admit(self, rid, stage, max_total):
         self.drafter.admit(rid, stage, max_total_tokens=max_total)
@@ -116,26 +118,16 @@ class Drafter(Method):
     def propose(self, rids, rows, num_tokens, sampled, max_len):
         return self.drafter.step(rids, rows, num_tokens, sampled, self.max_tokens, max_len)
 
-    def observe(self, tokens, decode_tokens, context, attention, seconds):
+    def observe(self, step):
         self._steps += 1
         if self.learner is not None:
-            self._timed.append(_Timing(tokens, decode_tokens, context, attention, seconds))
+            self._timed.append(step)
         if self._steps % REFIT_EVERY == 0:  # as often as the plugin's stats thread, in steps
             self.calibration.observe_counters(self.drafter.stats())
             if self.learner is not None:
                 self.learner.observe(self._timed)
                 self._timed.clear()
                 self.drafter.set_step_cost(self.learner.fit().model)
-
-
-@dataclass
-class _Timing:
-    tokens: float
-    decode_tokens: float
-    context: float
-    attention: float
-    seconds: float
-    proposer_seconds: float = 0.0
 
 
 class Ngram(Method):
@@ -177,25 +169,35 @@ class Oracle(Drafter):
         super().__init__("oracle", config, cost=StepCostModel((1.0, 1.0)))
 
 
-def build(names: Sequence[str], server: Roofline | None = None) -> list[Method]:
+def build(names: Sequence[str], server: Server | None = None) -> list[Method]:
     """The methods by name; `agentaccel-known` (the budget priced with the simulated server's own
-    profile instead of learning it) needs `server`."""
-    gpu = default_config(load_profile("gpu"), tree=False)
+    step cost instead of learning it) and `agentaccel-seeded` need `server`."""
+    gpu = default_config(parse("gpu"), tree=False)
     factories: dict[str, Callable[[], Method]] = {
         "none": lambda: _named(Method(), "none"),
         "none-async": _async_plain,
         "ngram": Ngram,
         "suffix": lambda: Drafter("suffix", replace(PAPER_LINEAR, max_tokens=24), depth=24, max_tokens=24),
         "agentaccel-request": lambda: Drafter("agentaccel-request", gpu),
-        "agentaccel": lambda: Drafter("agentaccel", gpu, learn_from=linear(0.02)),
+        "agentaccel": lambda: Drafter("agentaccel", gpu, learn_from=seed("gpu")),
         "oracle": lambda: Oracle(gpu),
     }
     if server is not None:
-        factories["agentaccel-known"] = lambda: Drafter("agentaccel-known", gpu, cost=server.model_cost())
+        factories["agentaccel-known"] = lambda: Drafter("agentaccel-known", gpu, cost=server.model)
+        factories["agentaccel-seeded"] = lambda: Drafter("agentaccel-seeded", gpu, learn_from=calibrated_seed(server))
     unknown = [n for n in names if n not in factories]
     if unknown:
         raise ValueError(f"unknown method(s) {', '.join(unknown)}; known: {', '.join(factories)}")
     return [factories[n]() for n in names]
+
+
+def calibrated_seed(server: Server) -> StepCostModel:
+    """What the plugin seeds from on this server's GPU: the calibrated roofline of its model and
+    GPU when the server names them (`<model>@<gpu>`), else the GPU seed."""
+    try:
+        return roofline.profile(server.name).model_cost()
+    except ValueError:
+        return seed("gpu")
 
 
 def _named(method: Method, name: str) -> Method:
@@ -214,6 +216,7 @@ def _async_plain() -> Method:
 def best_allocation(accepted: Sequence[int], contexts: Sequence[float], decoding: int, tokens: float, context: float,
                     attention: float, seconds: Callable[[float, float, float], float],
                     prefill: float = 0.0) -> list[int]:
+    """(`seconds(tokens, context, attention)`: the step's time, its requests fixed.)"""
     """The oracle's drafts: each request gets either exactly its accepted tokens or none, those
     with the cheapest tokens (shortest context) first, as many as the true step cost rewards (the
     rate of decoding, `prefill` seconds of the step left out, as the budget counts it)."""
@@ -321,13 +324,12 @@ class PrefixCache:
 _SERIAL = itertools.count(1)  # request ids, unique across runs (a caller may replay several on one method)
 
 
-def server_cache(server) -> PrefixCache:
+def server_cache(server: Server) -> PrefixCache:
     """An empty prefix cache of the server's block size, as large as its KV cache."""
-    block = int(getattr(server, "block_size", 16))
-    return PrefixCache(block, server.kv_capacity // block)
+    return PrefixCache(server.block_size, min(server.kv_capacity // server.block_size, 1 << 24))
 
 
-def simulate(sessions: Sequence[Sequence[ReplayCall]], method: Method, server: Roofline, streams: int, *,
+def simulate(sessions: Sequence[Sequence[ReplayCall]], method: Method, server: Server, streams: int, *,
              max_context: int = 16384, noise: float = 0.03, seed: int = 0, proposer_time: bool = False,
              cache: PrefixCache | None = None, progress: Callable[[int], None] | None = None) -> Result:
     """Replays `sessions` as `streams` concurrent streams through the simulated server.
@@ -341,9 +343,9 @@ def simulate(sessions: Sequence[Sequence[ReplayCall]], method: Method, server: R
     nothing is in flight. `Result.seconds` is the wall time: steps, idle time and, with
     `proposer_time`, the drafting measured here."""
     rng = np.random.default_rng(seed)
-    budget = int(getattr(server, "max_batched_tokens", 0) or 1 << 62)
-    gap = float(getattr(server, "gap", 0.0))
-    prefill_attention = bool(getattr(server, "prefill_attention", True))  # a profile fitted without it prices it in
+    budget = server.max_batched_tokens or 1 << 62
+    gap = server.gap
+    prefill_attention = server.prefill_attention  # a profile fitted without it prices it in
     if cache is None:
         cache = server_cache(server)
     queue = deque(sessions)
@@ -392,7 +394,7 @@ def simulate(sessions: Sequence[Sequence[ReplayCall]], method: Method, server: R
             result.seconds = max(result.seconds, min(waiting))  # the server idles until a client sends
             continue
         # one step of the server: decoding requests verify their drafts, then prefill chunks
-        tokens = decode_tokens = context = attention = 0.0
+        tokens = decode_tokens = context = attention = requests = 0.0
         sampled: list[list[int]] = [[] for _ in range(streams)]
         if method.oracle:
             drafts = _oracle_cut(drafts, lanes, num_tokens, server)
@@ -408,6 +410,7 @@ def simulate(sessions: Sequence[Sequence[ReplayCall]], method: Method, server: R
             tokens += 1 + len(d)
             decode_tokens += 1 + len(d)
             attention += (1 + len(d)) * ctx
+            requests += 1
             result.request_steps += 1
             result.drafted += len(d)
             result.drafted_steps += bool(d)
@@ -424,6 +427,7 @@ def simulate(sessions: Sequence[Sequence[ReplayCall]], method: Method, server: R
             r.prefilled += chunk
             left -= chunk
             tokens += chunk
+            requests += 1
             context += done_before
             if prefill_attention:
                 attention += chunk * (done_before + chunk / 2)
@@ -431,12 +435,13 @@ def simulate(sessions: Sequence[Sequence[ReplayCall]], method: Method, server: R
                 cache.add(r.prompt)
                 _advance(rows, num_tokens, sampled, i, r, r.call.output[:1])
                 result.tokens += 1
-        seconds = float(server.seconds(tokens, context, attention))
+        seconds = float(server.seconds(tokens, context, attention, requests))
         if method.overlapped:
             seconds = max(seconds - server.overhead, server.overhead)
         # a drafter that learns the step cost sees steps stray from the profile as real ones do
         # (`noise`); the wall time counts the profile's expected time (the noise averages out)
-        method.observe(tokens, decode_tokens, context, attention, seconds * float(rng.lognormal(0.0, noise)))
+        method.observe(TimedStep(tokens, decode_tokens, context, attention, seconds * float(rng.lognormal(0.0, noise)),
+                                 requests=requests))
         t0 = time.perf_counter()
         drafts = method.propose(rids, rows, num_tokens, sampled, stride)
         spent = time.perf_counter() - t0
@@ -470,10 +475,10 @@ def _advance(rows, num_tokens, sampled, i: int, r: _Request, take) -> None:
     sampled[i] = [int(t) for t in take]
 
 
-def _oracle_cut(drafts, lanes, num_tokens, server: Roofline) -> list[list[int]]:
+def _oracle_cut(drafts, lanes, num_tokens, server: Server) -> list[list[int]]:
     """Each candidate cut to what the model will accept, kept where the true step cost pays for it."""
     decoding, accepted, contexts = 0, [], []
-    context = decode_attention = prefill_attention = prefill = 0.0
+    context = decode_attention = prefill_attention = prefill = requests = 0.0
     for i, lane in enumerate(lanes):
         r = lane.request
         d = drafts[i]
@@ -483,6 +488,7 @@ def _oracle_cut(drafts, lanes, num_tokens, server: Roofline) -> list[list[int]]:
             accepted.append(0)
             continue
         context += ctx
+        requests += 1
         if not r.started:  # its prefill (the next chunk of it) is in this step, whatever the drafts
             accepted.append(0)
             chunk = r.prefill - r.prefilled
@@ -493,7 +499,7 @@ def _oracle_cut(drafts, lanes, num_tokens, server: Roofline) -> list[list[int]]:
         decode_attention += ctx
         accepted.append(accepted_length(d, range(-1, len(d) - 1), r.call.output[r.pos:]) if d else 0)
     attention = decode_attention + prefill_attention
-    seconds = lambda t, c, a: float(server.seconds(t, c, a))  # noqa: E731
+    seconds = lambda t, c, a: float(server.seconds(t, c, a, requests))  # noqa: E731
     prefill_seconds = seconds(decoding + prefill, context, attention) - seconds(decoding, context, decode_attention)
     keep = best_allocation(accepted, contexts, decoding, float(decoding + prefill), context, attention, seconds,
                            prefill_seconds)

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import TextIO
 
 from agentaccel.backends.local import LocalGenerator, SamplingParams
-from agentaccel.backends.local.learned_cost import LearnedStepCost
 from agentaccel.backends.local.prefix_cache import DEFAULT_BUDGET_BYTES
 from agentaccel.engine import SpecConfig, SuffixEngine
 from agentaccel.text.render import render_prompt
@@ -156,11 +155,11 @@ def jsonl_recorder(file: TextIO) -> Record:
 
 @dataclass
 class SuffixVariant:
-    """How a suffix method drafts: its policy, and the step cost it learns as it runs (None: the
-    policy's curve as it is)."""
+    """How a suffix method drafts: its policy, and whether it learns its step cost as it runs, as
+    `agentaccel serve` does (False: the policy's curve as it is)."""
 
     policy: SpecConfig | None = None
-    step_cost: LearnedStepCost | None = None
+    learn: bool = False
 
 
 def _generator(method: str, model, tok, variant: SuffixVariant | None, static_slots: int | None,
@@ -168,9 +167,10 @@ def _generator(method: str, model, tok, variant: SuffixVariant | None, static_sl
     engine = None if method == "vanilla" else SuffixEngine(config=variant.policy if variant else None)
     gen = LocalGenerator(model, tok, engine, drafter="pld" if method == "pld" else "suffix",
                          static_slots=static_slots, prefix_cache_bytes=prefix_cache_bytes)
-    if variant is not None and variant.step_cost is not None:  # as `agentaccel serve` learns its curve
-        variant.step_cost.engine = engine
-        gen.step_cost = variant.step_cost
+    if variant is not None and variant.learn:  # as `agentaccel serve` learns its curve (nothing saved: no server)
+        from agentaccel.backends.local import cost_curve
+
+        gen.step_cost = cost_curve.learned_cost(model, cost_curve.model_key(None), engine, db=None, save=False)
     return gen
 
 

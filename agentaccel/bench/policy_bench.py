@@ -23,7 +23,7 @@ from agentaccel.bench import replay as rp
 from agentaccel.bench import tune
 from agentaccel.bench.speculators import Suffix
 from agentaccel.engine import SpecConfig
-from agentaccel.engine.cost import CostProfile
+from agentaccel.engine.cost import Server
 from agentaccel.engine.policy import default_config
 
 BENCH_GRID: dict[str, tuple] = {k: tune.GRID[k] for k in ("min_score", "confidence", "tree", "max_tokens")}
@@ -41,7 +41,7 @@ class Combined:
         return sum(s.tokens for s in self.scores.values()) / sum(s.cost for s in self.scores.values())
 
 
-def compare(calls: list[rp.ReplayCall], warm: list[rp.ReplayCall], cost: CostProfile,
+def compare(calls: list[rp.ReplayCall], warm: list[rp.ReplayCall], cost: Server,
             progress: Callable[[str], None] | None = None, grid: dict[str, tuple] = BENCH_GRID) -> dict:
     base = default_config(cost)
     scorer = tune.Scorer(calls, warm, cost, base, progress)
@@ -58,7 +58,7 @@ def compare(calls: list[rp.ReplayCall], warm: list[rp.ReplayCall], cost: CostPro
             "grid_points": math.prod(len(values) for values in grid.values())}
 
 
-def held_out(calls: list[rp.ReplayCall], warm: list[rp.ReplayCall], cost: CostProfile,
+def held_out(calls: list[rp.ReplayCall], warm: list[rp.ReplayCall], cost: Server,
              progress: Callable[[str], None] | None = None, grid: dict[str, tuple] = BENCH_GRID) -> list[Combined]:
     half = len(calls) // 2
     first, second = calls[:half], calls[half:]
@@ -73,7 +73,7 @@ def held_out(calls: list[rp.ReplayCall], warm: list[rp.ReplayCall], cost: CostPr
             Combined("best single setting of the first half", glob, test.score(glob))]
 
 
-def online_recovery(calls: list[rp.ReplayCall], warm: list[rp.ReplayCall], cost: CostProfile, stage: str,
+def online_recovery(calls: list[rp.ReplayCall], warm: list[rp.ReplayCall], cost: Server, stage: str,
                     online_calls: int, progress: Callable[[str], None] | None = None,
                     grid: dict[str, tuple] = BENCH_GRID) -> dict[str, float]:
     """The stage's tuned policy comes from the calls before its last `online_calls` (all stages

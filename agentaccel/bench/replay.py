@@ -2,7 +2,13 @@
 verifier. The recorded output is the model's greedy ground truth: at each step a speculator
 proposes a draft, the longest draft path matching the next recorded tokens is accepted plus one
 bonus token, and those tokens are fed back. Calls are replayed in time order; after each call
-its output joins the speculator's global tree, exactly as in serving."""
+its output joins the speculator's global tree, exactly as in serving.
+
+This is the simulated server of `bench replay --concurrency` (bench/batch_replay.py) at its
+smallest scale: one request at a time, each step priced by the step cost model as that request's
+step alone relative to its plain step there (prefill and queueing left out: the speedup of
+decoding). The per-call replay runs every speculator on every call in the same order and tallies
+per stage, which the batched server, whose steps mix requests of every stage, cannot."""
 
 from __future__ import annotations
 
@@ -14,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from agentaccel.bench.speculators import Speculator
-from agentaccel.engine.cost import CostProfile
+from agentaccel.engine.cost import Server
 from agentaccel.engine.verification import accepted_length
 from agentaccel.traces.store import TraceStore
 
@@ -46,15 +52,15 @@ class Tally:
     match_len: list[int] = field(default_factory=list)
     accepted_per_step: list[int] = field(default_factory=list)
 
-    def summary(self, profiles: list[CostProfile]) -> dict:
+    def summary(self, profiles: list[Server]) -> dict:
         drafted = np.asarray(self.drafted_per_step, dtype=float)
         accepted = np.asarray(self.accepted_per_step, dtype=float)
         contexts = np.asarray(self.context_per_step, dtype=float)
-        speedups = {p.name: self.tokens / float(p.step_cost(drafted, contexts).sum()) if self.steps else 0.0
+        speedups = {p.name: self.tokens / float(p.model.request_steps(drafted, contexts).sum()) if self.steps else 0.0
                     for p in profiles}
         # The same steps with every draft cut to exactly its accepted part: the most that any
         # sizing of these drafts could give (only more correct tokens can go beyond it).
-        sized = (self.tokens / float(profiles[0].step_cost(accepted, contexts).sum())
+        sized = (self.tokens / float(profiles[0].model.request_steps(accepted, contexts).sum())
                  if self.steps and profiles else 0.0)
         return {
             "calls": self.calls,
@@ -168,7 +174,7 @@ def run_call(spec: Speculator, key: str, call: ReplayCall, t: Tally, previous: s
     return steps
 
 
-def summarize(tallies: dict[str, dict[str, Tally]], profiles: list[CostProfile]) -> list[dict]:
+def summarize(tallies: dict[str, dict[str, Tally]], profiles: list[Server]) -> list[dict]:
     """One object per speculator x stage, with stable keys (the `--json` output)."""
     rows = []
     for spec, per_stage in tallies.items():

@@ -14,7 +14,7 @@ from rich.table import Table
 from agentaccel.bench import plots
 from agentaccel.bench import replay as rp
 from agentaccel.bench import speculators as sp
-from agentaccel.engine.cost import load_profile
+from agentaccel.engine.cost import Server
 
 
 def parse_sweep(items: list[str]) -> dict[str, list]:
@@ -52,15 +52,6 @@ def sweep_variants(base: sp.Suffix, grid: dict[str, list]) -> list[sp.Suffix]:
     return out
 
 
-def _profile(err, cost: str):
-    """The cost profile named, or a CLI error."""
-    try:
-        return load_profile(cost)
-    except ValueError as e:
-        err.print(f"[red]error:[/red] {e}")
-        raise typer.Exit(2) from e
-
-
 def _progress(err) -> Progress:
     """A progress bar whose task description says what runs."""
     return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -84,11 +75,11 @@ def selected_calls(console, err, store, tokenizer, *, stages, model, source, ses
     return calls[:warm], calls[warm:]
 
 
-def run_replay(console, err, store, tokenizer, *, stages, model, source, sessions, limit, warm, speculators, costs,
-               sweep, sweep_base, scaling, json_out: Path | None, plot: Path | None, tenant: str | None = None,
-               tenants: int = 0) -> None:
+def run_replay(console, err, store, tokenizer, *, stages, model, source, sessions, limit, warm, speculators,
+               costs: list[Server], sweep, sweep_base, scaling, json_out: Path | None, plot: Path | None,
+               tenant: str | None = None, tenants: int = 0) -> None:
+    profiles = costs
     try:
-        profiles = [load_profile(c) for c in costs]
         names = [n.strip() for n in speculators.split(",") if n.strip()]
         # the first profile drives drafting (a measured curve also cuts agentaccel's drafts, as serving does)
         specs = sp.build(names, profiles[0])
@@ -165,12 +156,12 @@ def run_replay(console, err, store, tokenizer, *, stages, model, source, session
         console.print("figures: " + ", ".join(str(p) for p in written))
 
 
-def run_policies(console, err, store, tokenizer, *, stages, model, source, sessions, limit, warm, cost,
+def run_policies(console, err, store, tokenizer, *, stages, model, source, sessions, limit, warm, cost: Server,
                  online_stage, online_calls, json_out: Path | None, tenant: str | None = None) -> None:
     """`bench replay --policies` (bench/policy_bench.py)."""
     from agentaccel.bench import policy_bench as pb
 
-    profile = _profile(err, cost)
+    profile = cost
     warm_calls, measured = selected_calls(console, err, store, tokenizer, stages=stages, model=model, source=source,
                                           sessions=sessions, limit=limit, warm=warm, least=2, tenant=tenant)
     with console.status("comparing policies") as status:
@@ -220,15 +211,14 @@ def run_policies(console, err, store, tokenizer, *, stages, model, source, sessi
 
 
 def run_concurrency(console, err, store, tokenizer, *, stages, model, source, sessions, limit, warm, methods,
-                    levels: list[int], server: str, max_context: int, json_out: Path | None,
+                    levels: list[int], server: Server, max_context: int, json_out: Path | None,
                     plot: Path | None, tenant: str | None = None) -> None:
     """`bench replay --concurrency N,...` (bench/batch_replay.py): the recorded sessions as N
     concurrent streams through a simulated batching server, per method."""
     from agentaccel.bench import batch_replay as br
-    from agentaccel.engine import roofline
 
+    profile = server
     try:
-        profile = roofline.profile(server)
         names = [n.strip() for n in methods.split(",") if n.strip()] if methods else list(br.METHODS)
         br.build(names, profile)  # unknown names fail here, before loading anything
     except ValueError as e:
@@ -254,8 +244,9 @@ def run_concurrency(console, err, store, tokenizer, *, stages, model, source, se
     elapsed = time.perf_counter() - t0
     label = ", ".join(stages) if stages else "all stages"
     by = {(r["method"], r["streams"]): r for r in rows}
+    unit = " (tok/s: tokens per plain step)" if profile.relative else ""
     table = Table(title=f"{len(measured):,} calls ({len(streams):,} streams of calls) as N concurrent streams "
-                        f"on a simulated {profile.name} ({label}); {elapsed:.0f} s")
+                        f"on a simulated {profile.name}{unit} ({label}); {elapsed:.0f} s")
     for c in ("N", "method", "in flight", "tok/s server", "tok/s per stream", "÷ none", "÷ best plain", "÷ suffix",
               "÷ oracle", "MAT", "accept", "draft/step", "proposer µs/step"):
         table.add_column(c, justify="left" if c == "method" else "right", no_wrap=True)
@@ -271,8 +262,9 @@ def run_concurrency(console, err, store, tokenizer, *, stages, model, source, se
                       f"{r['mat']:.2f}", f"{r['acceptance']:.1%}", f"{r['draft_tokens_per_step']:.2f}",
                       f"{r['proposer_us_per_step']:.0f}")
     console.print(table)
+    console.print(f"server: {profile.name}: {profile.origin}")
     result = {"calls": len(measured), "streams": len(streams), "warm_calls": warm, "server": profile.name,
-              "max_context": max_context, "seconds": elapsed, "rows": rows}
+              "server_origin": profile.origin, "max_context": max_context, "seconds": elapsed, "rows": rows}
     if json_out:
         json_out.write_text(json.dumps(result, indent=2))
     if plot:
@@ -283,14 +275,14 @@ def run_concurrency(console, err, store, tokenizer, *, stages, model, source, se
 
 
 def run_replicas(console, err, store, tokenizer, *, stages, model, source, sessions, limit, warm, replicas: list[int],
-                 streams: int, delay: float, step_ms: float, cost: str, json_out: Path | None,
+                 streams: int, delay: float, server: Server, json_out: Path | None,
                  plot: Path | None, tenant: str | None = None) -> None:
     """`bench replay --replicas R,...` (bench/replicas.py): the fleet learning as one, siloed, or
     sharing through the store with a delay."""
     from agentaccel.bench import batch_replay as br
     from agentaccel.bench import replicas as rc
 
-    profile = _profile(err, cost)
+    profile = server
     warm_calls, measured = selected_calls(console, err, store, tokenizer, stages=stages, model=model, source=source,
                                           sessions=sessions, limit=limit, warm=warm, tenant=tenant)
     sessions_list = br.sessions_of(measured)
@@ -309,8 +301,8 @@ def run_replicas(console, err, store, tokenizer, *, stages, model, source, sessi
         task = progress.add_task("", total=len(runs) * len(measured))
         for mode, n in runs:
             progress.update(task, description=f"{mode}, {n} replicas")
-            tally = rc.simulate(sessions_list, make, mode=mode, replicas=n, streams=streams,
-                                step_seconds=step_ms / 1000, delay=delay, progress=lambda _: progress.advance(task))
+            tally = rc.simulate(sessions_list, make, mode=mode, replicas=n, server=server, streams=streams,
+                                delay=delay, progress=lambda _: progress.advance(task))
             rows.append({"mode": mode, "replicas": n, **tally.summary([profile])})
     # one replica seeing all (and its ceiling with answers seen as they start): the same at every R
     rows += [{**row, "replicas": n} for n in replicas if n > 1 for row in rows[:2]]
@@ -330,7 +322,7 @@ def run_replicas(console, err, store, tokenizer, *, stages, model, source, sessi
                       f"{r['est_speedup'] / one:.3f}" if one else "-")
     console.print(table)
     result = {"calls": len(measured), "sessions": len(sessions_list), "warm_calls": len(warm_calls),
-              "streams": streams, "delay": delay, "step_ms": step_ms, "cost": profile.name, "seconds": elapsed,
+              "streams": streams, "delay": delay, "server": profile.name, "seconds": elapsed,
               "rows": rows}
     if json_out:
         json_out.write_text(json.dumps(result, indent=2))

@@ -14,10 +14,12 @@ session routers do), and each replica drafts from its own trees. Three ways of l
   generated (partial outputs) could at most give this: what it is worth over `one` says whether
   building it would pay.
 
-Time is simulated: a call takes one `step_seconds` per verification step it needs, so calls
-overlap as they would on servers, and an output becomes visible to the replica that produced it
-when its call ends, to the others `delay` later. The estimated speedup prices the steps with the
-cost profile, as `bench replay` does.
+Time is simulated: each verification step of a call takes what the server's step cost model
+says for that request's step (its draft and context; the same model `bench replay --concurrency`
+runs a batching server on, here at one request a step: the fleet's question is what each replica
+learns, not how its batch fills), so calls overlap as they would on servers, and an output
+becomes visible to the replica that produced it when its call ends, to the others `delay` later.
+The estimated speedup prices the steps with the same model, as `bench replay` does.
 """
 
 from __future__ import annotations
@@ -26,9 +28,12 @@ import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from agentaccel.backends.routing import session_rank
 from agentaccel.bench.replay import ReplayCall, Tally, run_call
 from agentaccel.bench.speculators import Speculator
+from agentaccel.engine.cost import Server
 
 MODES = ("one", "siloed", "shared", "partial")
 
@@ -55,7 +60,7 @@ class _Pending:  # an output on its way to a replica's trees
 
 
 def simulate(sessions: Sequence[Sequence[ReplayCall]], make: Callable[[], Speculator], *, mode: str, replicas: int,
-             streams: int = 32, step_seconds: float = 0.02, delay: float = MEASURED_SHARE_DELAY,
+             server: Server, streams: int = 32, delay: float = MEASURED_SHARE_DELAY,
              progress: Callable[[int], None] | None = None) -> Tally:
     """Replays `sessions` (each a list of calls that continue each other) on the fleet; the tally
     of every call on whichever replica served it."""
@@ -84,8 +89,9 @@ def simulate(sessions: Sequence[Sequence[ReplayCall]], make: Callable[[], Specul
         call = session[index]
         home = 0 if single else replica_of(call.session, replicas)
         key = f"c{call.call_id}"
-        steps = run_call(fleet[home], key, call, tally, previous)
-        end = now + steps * step_seconds
+        first = len(tally.drafted_per_step)
+        run_call(fleet[home], key, call, tally, previous)
+        end = now + call_seconds(server, tally.drafted_per_step[first:], tally.context_per_step[first:])
         for replica in range(len(fleet)):
             if replica == home:  # (partial: seen by the calls that start while it is generated)
                 heapq.heappush(pending, _Pending(now if mode == "partial" else end, order, replica, call.output,
@@ -99,3 +105,10 @@ def simulate(sessions: Sequence[Sequence[ReplayCall]], make: Callable[[], Specul
         if progress:
             progress(done)
     return tally
+
+
+def call_seconds(server: Server, drafted: list[int], contexts: list[int]) -> float:
+    """A call's time on `server`: each of its steps, one request verifying its draft over its context."""
+    d = np.asarray(drafted, dtype=float)
+    c = np.asarray(contexts, dtype=float)
+    return float(server.seconds(1.0 + d, c, (1.0 + d) * c, 1.0).sum())

@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 
 from agentaccel.engine import SpecConfig, SuffixEngine
-from agentaccel.engine.cost import CostProfile
+from agentaccel.engine.cost import Server
 from agentaccel.engine.online import OnlineCalibration
 from agentaccel.engine.policy import default_config
 
@@ -203,7 +203,7 @@ def paper_tree() -> Suffix:
     return Suffix("paper-tree", PAPER_TREE, 32, 64)
 
 
-def agentaccel(cost: CostProfile, shared: bool = False, scoped: bool = False) -> Suffix:
+def agentaccel(cost: Server, shared: bool = False, scoped: bool = False) -> Suffix:
     """The default mode with the defaults a backend of this verification cost starts from (a
     measured curve: drafts cut on it, as the embedded backend does). `scoped`: each tenant
     drafts from the base and its own outputs only (`agentaccel-tenants`)."""
@@ -211,7 +211,7 @@ def agentaccel(cost: CostProfile, shared: bool = False, scoped: bool = False) ->
     return Suffix(name, default_config(cost), 32, 64, shared, scoped=scoped)
 
 
-def build(names: list[str], cost: CostProfile) -> list[Speculator]:
+def build(names: list[str], cost: Server) -> list[Speculator]:
     factories = {
         "none": NoSpeculation,
         "pld": PromptLookup,

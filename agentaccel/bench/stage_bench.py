@@ -25,7 +25,7 @@ from agentaccel.bench.stage_sets.agents import AGENTS
 from agentaccel.bench.stage_sets.openhands_classic import openhands_classic_live
 from agentaccel.bench.stage_sets.openhands_sdk import openhands_sdk
 from agentaccel.bench.stage_sets.pipelines import TEXT2SQL, LabelledCall
-from agentaccel.engine.cost import CostProfile
+from agentaccel.engine.cost import Server
 from agentaccel.text.messages import message_text
 from agentaccel.traces.stages import DEFAULT_STAGE, system_fingerprint, system_prompt
 from agentaccel.traces.template_miner import TemplateMiner, template_text
@@ -146,7 +146,7 @@ def fingerprint(call: LabelledCall) -> str:
     return system_fingerprint(system) if system is not None else DEFAULT_STAGE
 
 
-def replay_speedups(calls: list[LabelledCall], labels: dict[str, list[str]], tokenizer, profile: CostProfile
+def replay_speedups(calls: list[LabelledCall], labels: dict[str, list[str]], tokenizer, profile: Server
                     ) -> dict[str, float]:
     """The estimated speedup over the whole set with each labelling's stages. A prompt is its
     messages' text, each message tokenized once (an agent's history repeats in every later call)."""
@@ -171,7 +171,7 @@ def replay_speedups(calls: list[LabelledCall], labels: dict[str, list[str]], tok
     return out
 
 
-def run(traces: Path, questions: int, sessions: int, tokenizer, profile: CostProfile, sets: list[str] | None = None,
+def run(traces: Path, questions: int, sessions: int, tokenizer, profile: Server, sets: list[str] | None = None,
         progress: Callable[[str], None] | None = None) -> list[dict]:
     rows = []
     labelled = LabelledSets(traces, questions, sessions)

@@ -24,7 +24,7 @@ import numpy as np
 from agentaccel.bench import replay as rp
 from agentaccel.bench.speculators import Suffix
 from agentaccel.engine import SpecConfig
-from agentaccel.engine.cost import CostProfile
+from agentaccel.engine.cost import Server
 from agentaccel.traces.store import TraceStore
 
 # The settings that matter and the values tried (docs/ENGINE.md, "Drafting policy"): tau, how far
@@ -98,7 +98,7 @@ def _outputs_only(store, tokenizer, calls) -> list[rp.ReplayCall]:
 class Scorer:
     """Replays the calls with per-stage policies and scores each stage; remembers what it scored."""
 
-    def __init__(self, calls: list[rp.ReplayCall], warm: list[rp.ReplayCall], cost: CostProfile,
+    def __init__(self, calls: list[rp.ReplayCall], warm: list[rp.ReplayCall], cost: Server,
                  base: SpecConfig, progress: Callable[[str], None] | None = None) -> None:
         self.calls, self.warm, self.cost, self.base, self.progress = calls, warm, cost, base, progress
         self.stages = sorted({c.stage for c in calls})
@@ -119,7 +119,7 @@ class Scorer:
             for stage, config in wanted.items():
                 t = tallies.get(stage)
                 if t is not None:
-                    steps_cost = float(self.cost.step_cost(t.drafted_per_step, t.context_per_step).sum())
+                    steps_cost = float(self.cost.model.request_steps(t.drafted_per_step, t.context_per_step).sum())
                     self._memo[(stage, config)] = StageScore(t.tokens, steps_cost, t.calls, t.accepted, t.predicted)
         return {s: self._memo[(s, c)] for s, c in wanted.items()}
 

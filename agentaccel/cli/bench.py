@@ -14,12 +14,14 @@ from rich.table import Table
 
 from agentaccel.bench.replicas import MEASURED_SHARE_DELAY
 from agentaccel.cli.common import (
+    COST_FORMS,
     DbOption,
     JsonOption,
     TenantOption,
     TokenizerOption,
     TracesOption,
     console,
+    cost_spec,
     err,
     fail,
     open_store,
@@ -58,10 +60,11 @@ def bench_replay(
                                                   "ceilings (they know the output: the most any draft "
                                                   "copied after a 1- or 2-token match could give).")]
     = REPLAY_SPECULATORS,
-    cost: Annotated[list[str] | None, typer.Option("--cost", help="Cost profile(s): cpu-smollm2, gpu, c=0.04, "
-                                                                 "or a bench-backend JSON (default: gpu and "
-                                                                 "cpu-smollm2). The first drives est_speedup and "
-                                                                 "agentaccel's drafting.")] = None,
+    cost: Annotated[list[str] | None, typer.Option("--cost", help="Step cost(s) each call's steps are priced by "
+                                                                 "(one request a step, relative to its plain "
+                                                                 "step): " + COST_FORMS + " (default: gpu and cpu). "
+                                                                 "The first drives est_speedup and agentaccel's "
+                                                                 "drafting.")] = None,
     sweep: Annotated[list[str] | None, typer.Option("--sweep", help="Grid-search NAME=v1,v2 (repeatable) over "
                                                                    "--sweep-base, per stage (default: no sweep).")]
     = None,
@@ -85,11 +88,11 @@ def bench_replay(
                                                                  "(default: 200).", min=1)] = 200,
     concurrency: Annotated[str | None, typer.Option(help="Instead: the sessions as N concurrent streams through a "
                                                          "simulated batching server, for each N, e.g. 1,4,16,64,256; "
-                                                         "--speculators then names methods from none, ngram, suffix, "
-                                                         "agentaccel-request, agentaccel, oracle, agentaccel-known "
-                                                         "(default: off).")] = None,
-    server: Annotated[str, typer.Option(help="--concurrency: the simulated server, <model>@<gpu> (llama-3.1-8b, "
-                                             "qwen2.5-7b, qwen2.5-32b, llama-3.1-70b @ h100, h200, a100, l40s).")]
+                                                         "--speculators then names methods from none, none-async, "
+                                                         "ngram, suffix, agentaccel-request, agentaccel, oracle, "
+                                                         "agentaccel-seeded, agentaccel-known (default: off).")] = None,
+    server: Annotated[str, typer.Option(help="--concurrency and --replicas: the simulated server's step cost: "
+                                             + COST_FORMS + ".")]
     = "llama-3.1-8b@h100",
     max_context: Annotated[int, typer.Option(help="--concurrency: prompts keep their last N tokens.", min=16)]
     = 16384,
@@ -103,8 +106,6 @@ def bench_replay(
                                                     "streams).", min=0)] = MEASURED_SHARE_DELAY,
     streams: Annotated[int, typer.Option(help="--replicas: sessions running at once across the fleet.", min=1)]
     = 32,
-    step_ms: Annotated[float, typer.Option(help="--replicas: simulated time of one verification step, ms.",
-                                           min=0.01)] = 20.0,
     vllm_run: Annotated[Path | None, typer.Option(help="Instead: the calls a `bench vllm --logs DIR` run sent, "
                                                        "replayed through the simulated server on a profile "
                                                        "learned from that server's own steps: predicted beside "
@@ -121,27 +122,32 @@ def bench_replay(
     if tenants and (replicas is not None or concurrency is not None or policies):
         raise typer.BadParameter("--tenants compares speculators: not with --replicas, --concurrency or --policies",
                                  param_hint="--tenants")
-    if replicas is not None:
-        run_replicas(console, err, store, tok, stages=stage, model=model, source=source, sessions=sessions,
-                     limit=limit, warm=warm, replicas=_int_list(replicas, "--replicas"), streams=streams,
-                     delay=share_delay, step_ms=step_ms, cost=(cost or ["gpu"])[0], json_out=json_out, plot=plot,
-                     tenant=tenant)
-        return
-    if concurrency is not None:
+    if replicas is not None or concurrency is not None:
+        priced = cost_spec(server, "--server", db)
+        if replicas is not None:
+            if priced.relative:
+                raise fail(f"--server: {server} prices a step in plain steps, and --replicas times the fleet in "
+                           "seconds (against --share-delay): name a server (<model>@<gpu>, learned, a measured "
+                           "table)")
+            run_replicas(console, err, store, tok, stages=stage, model=model, source=source, sessions=sessions,
+                         limit=limit, warm=warm, replicas=_int_list(replicas, "--replicas"), streams=streams,
+                         delay=share_delay, server=priced, json_out=json_out, plot=plot, tenant=tenant)
+            return
         given = speculators if speculators != REPLAY_SPECULATORS else None
         run_concurrency(console, err, store, tok, stages=stage, model=model, source=source, sessions=sessions,
                         limit=limit, warm=warm, methods=given, levels=_int_list(concurrency, "--concurrency"),
-                        server=server, max_context=max_context, json_out=json_out, plot=plot, tenant=tenant)
+                        server=priced, max_context=max_context, json_out=json_out, plot=plot, tenant=tenant)
         return
+    costs = [cost_spec(c, "--cost", db) for c in cost or ["gpu", "cpu"]]
     if policies:
         run_policies(console, err, store, tok, stages=stage, model=model, source=source, sessions=sessions,
-                     limit=limit, warm=warm, cost=(cost or ["gpu"])[0], online_stage=online_stage,
+                     limit=limit, warm=warm, cost=costs[0], online_stage=online_stage,
                      online_calls=online_calls, json_out=json_out, tenant=tenant)
         return
     if tenants and speculators == REPLAY_SPECULATORS:
         speculators = "none,agentaccel,agentaccel-tenants"
     run_replay(console, err, store, tok, stages=stage, model=model, source=source, sessions=sessions, limit=limit,
-               warm=warm, speculators=speculators, costs=cost or ["gpu", "cpu-smollm2"],
+               warm=warm, speculators=speculators, costs=costs,
                sweep=sweep or [], sweep_base=sweep_base, scaling=scaling, json_out=json_out, plot=plot,
                tenant=tenant, tenants=tenants)
 
@@ -268,8 +274,8 @@ def bench_backend(
     with console.status("loading the model") as status:
         m, _ = load_model(model, device, dtype.value)
         # by default into the cache folder; `serve --cost-profile FILE` drafts on it as it is
-        prof, path = cost_curve.measure_profile(m, cost_curve.model_key(model), out, context or cost_curve.CONTEXTS,
-                                                progress=status.update)
+        prof, path = cost_curve.measure_profile(m, cost_curve.model_key(model), out,
+                                                context or cost_curve.TIMED_CONTEXTS, progress=status.update)
     dev = next(m.parameters()).device.type
     table = Table(title=f"verification step time, {dev} {dtype.value}")
     table.add_column("draft tokens", justify="right")
@@ -338,9 +344,6 @@ def bench_e2e(
         result = e2e.run(model, tok, folder, chosen, n, max_tokens, keep_prompt, progress=status.update,
                          suffix=variants, static_slots=static_slots, prefix_cache_bytes=prefix_cache_bytes,
                          record=e2e.jsonl_recorder(record_file) if record_file else None)
-        for variant in variants.values():
-            if variant.step_cost is not None:
-                variant.step_cost.close()
     table = Table(title=f"end-to-end decoding, {next(model.parameters()).device.type} {dtype.value}, "
                         f"{max_tokens} tokens/call")
     for col in ("workload", "method", "calls", "tokens", "tok/s", "speedup", "decode tok/s", "decode speedup",
@@ -364,9 +367,10 @@ def _suffix_variant(model, profile: str):
     from agentaccel.bench.e2e import SuffixVariant
     from agentaccel.engine.policy import default_config
 
-    if profile == "auto":  # learned from its own steps (nothing saved: a benchmark is not a server)
-        step_cost = cost_curve.learned_cost(model, cost_curve.model_key(None), None, db=None, save=False)
-        return SuffixVariant(default_config(step_cost.profile()), step_cost)
+    if profile == "auto":  # learned from its own steps, from the device's seed (nothing saved: no server)
+        from agentaccel.engine.cost import seed
+
+        return SuffixVariant(default_config(seed(next(model.parameters()).device.type), curve=True), learn=True)
     return SuffixVariant(default_config(cost_curve.cost_profile(model, profile)))
 
 
@@ -681,24 +685,19 @@ def bench_stages(
                                                   "chess, openhands-recorded, swe-agent, openhands-classic, "
                                                   "openhands-sdk, mix; openhands-classic and openhands-sdk run "
                                                   "OpenHands agents here: minutes).")] = None,
-    cost: Annotated[str, typer.Option(help="Cost profile of the replayed verifier (gpu, cpu-smollm2, c=<x> or a "
-                                           "bench-backend JSON).")] = "gpu",
+    cost: Annotated[str, typer.Option(help="Step cost of the replayed verifier: " + COST_FORMS + ".")] = "gpu",
     tokenizer: TokenizerOption = None,
     json_out: JsonOption = None,
 ) -> None:
     """Stage discovery on real pipelines' prompt templates without tags: agreement with the true stages,
     stages found, cost per call, and the replayed speedup with true, discovered and fingerprint stages."""
     from agentaccel.bench.stage_bench import SETS, run
-    from agentaccel.engine.cost import load_profile
 
     chosen = [x.strip() for x in sets.split(",")] if sets else SETS
     unknown = [x for x in chosen if x not in SETS]
     if unknown:
         raise typer.BadParameter(f"unknown set(s) {unknown}; known: {', '.join(SETS)}", param_hint="--sets")
-    try:
-        profile = load_profile(cost)
-    except ValueError as e:
-        raise typer.BadParameter(str(e), param_hint="--cost") from e
+    profile = cost_spec(cost, "--cost")
     folder = traces_folder(traces, lambda f: next((f"{f}/{sub}: no such folder" for sub in ("text2sql", "openhands",
                                                                                           "swe-agent")
                                                    if not (f / sub).is_dir()), None))
@@ -740,8 +739,8 @@ def bench_agent(
                                                  "vllm_xargs.speculate=false (vllm, replay; default: start `serve "
                                                  "--backend replay` on --db).")] = None,
     step_ms: Annotated[float, typer.Option(help="Managed replay server: simulated plain step, ms.", min=0)] = 20.0,
-    cost_profile: Annotated[str, typer.Option(help="Managed replay server: the verifying step's cost (gpu, "
-                                                   "cpu-smollm2, c=<x> or a file).")] = "gpu",
+    cost_profile: Annotated[str, typer.Option(help="Managed replay server: the verifying step's cost, relative to "
+                                                   "--step-ms: " + COST_FORMS + ".")] = "gpu",
     openhands_python: Annotated[Path | None, typer.Option(help="Python of an environment with openhands-sdk and "
                                                               "openhands-tools (default: one made with uv in the "
                                                               "cache folder).")] = None,
@@ -759,6 +758,7 @@ def bench_agent(
     from agentaccel.adapters import sandbox
     from agentaccel.bench import agent
 
+    cost_spec(cost_profile, "--cost-profile", db)
     if not sandbox.available() and not unconfined:
         raise fail("no read-only sandbox can be made here (it needs root and `unshare`), and the agent's tools "
                    "would run recorded commands on this machine: pass --unconfined to run them anyway")

@@ -31,9 +31,27 @@ TenantOption = Annotated[str | None, typer.Option("--tenant", callback=_tenant,
                                                   help="One tenant's calls: its digest (t..., as `traces stats` "
                                                        "and /metrics show it), its API key, or `base` (imported "
                                                        "calls and those of servers without keys). Default: all.")]
+# what every option naming a step cost accepts (engine/cost/profiles.py)
+COST_FORMS = ("gpu, cpu (cpu-smollm2), c=<cost of a draft token in plain steps>, <model>@<gpu> (llama-3.1-8b@h100 "
+              "and @h200 measured, the rest a calibrated roofline; <model>@<gpu>:roofline: the roofline "
+              "everywhere), learned[:<server>] (the step cost a server "
+              "learned, from the trace store), or a JSON file (bench backend's curve, a measured table, a stored "
+              "step cost)")
 TracesOption = Annotated[Path | None, typer.Option(help="Folder of real recorded traces (default: "
                                                         "$AGENTACCEL_TRACES, else a shared/traces folder beside "
                                                         "the checkout).")]
+
+
+def cost_spec(value: str, option: str, db: str | Path | None = None):
+    """A step cost as every command and option reads it (engine/cost/profiles.py: one parser, one
+    error for a bad one); `learned` specs read the trace store at `db` (or the default one)."""
+    from agentaccel.backends.step_costs import stored_curves
+    from agentaccel.engine.cost import parse
+
+    try:
+        return parse(value, learned=stored_curves(store_location(db)))
+    except ValueError as e:
+        raise fail(f"{option}: {e}") from e
 
 
 def fail(message: str) -> typer.Exit:

@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from agentaccel.cli.common import DbOption, err, fail, open_store, open_tokenizer, store_location
+from agentaccel.cli.common import DbOption, cost_spec, err, fail, open_store, open_tokenizer, store_location
 
 
 class BackendKind(StrEnum):
@@ -139,9 +139,12 @@ def serve(
     cost_profile: Annotated[str, typer.Option(help="local: how drafts are sized. auto: by this model's step cost, "
                                                    "learned from the steps it serves (starting from the curve the "
                                                    "trace store kept, else a seed; nothing is timed before it "
-                                                   "answers); a file from `agentaccel bench backend`, used as it is; "
-                                                   "or off (a fixed cost per draft token). replay: the simulated "
-                                                   "step's cost (gpu, cpu-smollm2, c=<x> or a file; auto: gpu).")]
+                                                   "answers); off: a fixed cost per draft token (the device's "
+                                                   "seed); or any cost (gpu, cpu, c=<x>, <model>@<gpu>, learned, "
+                                                   "a file from `agentaccel bench backend`), used as it is. "
+                                                   "vllm: auto learns from the server's steps, off sizes each "
+                                                   "request's draft alone, a cost is where the learning starts. "
+                                                   "replay: the simulated step's cost, any of those (auto: gpu).")]
     = "auto",
     step_ms: Annotated[float, typer.Option(help="replay: simulated time of a plain decoding step, in ms.", min=0)]
     = 20.0,
@@ -188,7 +191,7 @@ def serve(
         impl = OpenAIBackend(upstream, api_key=upstream_api_key, timeout=upstream_timeout,
                              session_header=session_header or None)
     elif backend is BackendKind.local:
-        check_cost_profile(cost_profile)
+        check_cost_profile(cost_profile, db)
         impl = _local_backend(model, served_model_name, device, dtype.value, spec_config, budget,
                               location, seed, follow, snapshot, recorder, cost_profile, parse_size(prefix_cache),
                               online_tuning, speculation_scope is Scope.key)
@@ -200,10 +203,11 @@ def serve(
             raise typer.BadParameter("the vllm backend needs --model", param_hint="--model")
         from agentaccel.backends.vllm.backend import VLLMBackend
 
+        check_cost_profile(cost_profile, db)
         impl = VLLMBackend(model, served_name=served_model_name, extra_args=list(ctx.args), db_path=location,
                            seed=seed, follow=follow, spec_config=spec_config, memory_budget_bytes=budget,
                            timeout=upstream_timeout, online=online_tuning, session_header=session_header or None,
-                           snapshot=snapshot, scoped=speculation_scope is Scope.key)
+                           snapshot=snapshot, scoped=speculation_scope is Scope.key, step_cost=cost_profile)
     if not api_key and host not in ("127.0.0.1", "localhost", "::1"):
         err.print(f"[bold red]warning:[/bold red] serving on {host} without --api-key: anyone who can reach this "
                   "address can use the model and read /metrics")
@@ -244,16 +248,10 @@ def _check_snapshot(snapshot: Path | None, backend: BackendKind, seed: bool, fol
         raise typer.BadParameter(why, param_hint="--snapshot")
 
 
-def check_cost_profile(value: str) -> None:
-    """`--cost-profile` is auto, off, or a readable profile file (checked before the model loads)."""
-    if value in ("auto", "off"):
-        return
-    from agentaccel.engine.cost import load_profile
-
-    try:
-        load_profile(value)
-    except ValueError as e:
-        raise typer.BadParameter(f"{e} (or use auto / off)", param_hint="--cost-profile") from e
+def check_cost_profile(value: str, db=None) -> None:
+    """`--cost-profile` is auto, off, or a cost spec (checked before the model loads)."""
+    if value not in ("auto", "off"):
+        cost_spec(value, "--cost-profile", db)
 
 
 def _recorder(config):
@@ -286,13 +284,9 @@ def _replay_backend(db, cost_profile, step_ms, speculation, served_name, spec_co
     from agentaccel.backends.policies import resume_online, serving_policies
     from agentaccel.backends.replay import ReplayBackend
     from agentaccel.engine import SuffixEngine
-    from agentaccel.engine.cost import load_profile
     from agentaccel.engine.policy import default_config
 
-    try:
-        profile = load_profile(cost_profile)
-    except ValueError as e:
-        raise typer.BadParameter(str(e), param_hint="--cost-profile") from e
+    profile = cost_spec(cost_profile, "--cost-profile", db)
     store = open_store(db, must_exist=True)
     engine = SuffixEngine(memory_budget_bytes=budget)
     # the recordings' store also holds tuned policies; a replay does not save its calibration back

@@ -9,17 +9,25 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from agentaccel.cli.common import DbOption, JsonOption, TokenizerOption, console, err, fail, open_store, open_tokenizer
+from agentaccel.cli.common import (
+    COST_FORMS,
+    DbOption,
+    JsonOption,
+    TokenizerOption,
+    console,
+    cost_spec,
+    err,
+    fail,
+    open_store,
+    open_tokenizer,
+)
 
 
 def tune_cmd(
     db: DbOption = None,
     stage: Annotated[list[str] | None, typer.Option("--stage", help="Tune these stages (repeatable; default: "
                                                                     "every stage in the store).")] = None,
-    cost: Annotated[str, typer.Option(help="The serving backend's verification cost: gpu (vLLM), cpu-smollm2, "
-                                           "c=<per token>, or a curve file from `agentaccel bench backend` "
-                                           "(the embedded backend's is cached under ~/.cache/agentaccel/profiles; "
-                                           "default: gpu).")]
+    cost: Annotated[str, typer.Option(help="The serving backend's step cost: " + COST_FORMS + " (default: gpu).")]
     = "gpu",
     calls: Annotated[int, typer.Option(help="Most recent calls of each stage replayed (default: 300).", min=1)]
     = 300,
@@ -36,14 +44,10 @@ def tune_cmd(
     """Tune each stage's drafting policy on its recent calls (replayed with the simulated verifier) and store it
     for `agentaccel serve`."""
     from agentaccel.bench import tune
-    from agentaccel.engine.cost import load_profile
     from agentaccel.engine.policy import default_config
     from agentaccel.traces import stage_policies
 
-    try:
-        profile = load_profile(cost)
-    except ValueError as e:
-        raise typer.BadParameter(str(e), param_hint="--cost") from e
+    profile = cost_spec(cost, "--cost", db)
     store = open_store(db, must_exist=True)
     tok = open_tokenizer(tokenizer)
     with store:

@@ -11,7 +11,7 @@ policy, which the engine holds (`SuffixEngine.set_policy`).
 
 from __future__ import annotations
 
-from agentaccel.engine.step_cost import StepCostModel
+from agentaccel.engine.cost.model import StepCostModel
 from agentaccel.engine.suffix_engine import SuffixEngine, _core, _rid, scoped_stage
 
 

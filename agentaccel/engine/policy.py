@@ -14,24 +14,29 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agentaccel.engine.cost import CostProfile
+from agentaccel.engine.cost import Server, StepCostModel, relative_curve
 from agentaccel.engine.suffix_engine import SpecConfig, SuffixEngine
 
 FIELDS = {f.name for f in dataclasses.fields(SpecConfig)}
 DEFAULT = "*"
 
 
-def default_config(cost: CostProfile | None = None, *, tree: bool = True) -> SpecConfig:
-    """The drafting defaults for a backend's verification cost. A measured curve cuts every
-    draft to its best size, so growth only needs to go far enough and tau be low enough for the
-    cut to choose (c = 0.02, tau 0.5: `bench replay --cost <curve> --sweep cost=0.005,0.02,0.06
-    --sweep min_score=0,0.5,1` within 2 % on Spider and SWE-agent); a linear cost drives growth
-    itself. `tree=False` for verifiers that take one chain (vLLM)."""
+def default_config(cost: Server | StepCostModel | None = None, *, tree: bool = True,
+                   curve: bool | None = None) -> SpecConfig:
+    """The drafting defaults for a backend's verification cost. A linear cost (a seed, `c=<x>`)
+    drives growth itself. Any other step cost is read as the curve of one request's step
+    (`relative_curve`), on which every draft is cut to its best size, so growth only needs to go
+    far enough and tau be low enough for the cut to choose (c = 0.02, tau 0.5: `bench replay
+    --cost <curve> --sweep cost=0.005,0.02,0.06 --sweep min_score=0,0.5,1` within 2 % on Spider and
+    SWE-agent). `tree=False` for verifiers that take one chain (vLLM). `curve=True`: cut on the
+    curve even when the cost is linear (a seed the backend will replace with what it learns)."""
     if cost is None:
         return SpecConfig(tree=tree)
-    if cost.measured:
-        return SpecConfig(cost=0.02, min_score=0.5, cost_curve=cost.curve(), tree=tree)
-    return SpecConfig(cost=cost.per_token, tree=tree)
+    model = cost.model if isinstance(cost, Server) else cost
+    per_token = model.per_token
+    if per_token is not None and not curve:
+        return SpecConfig(cost=per_token, tree=tree)
+    return SpecConfig(cost=0.02, min_score=0.5, cost_curve=relative_curve(model), tree=tree)
 
 
 @dataclass

@@ -31,6 +31,12 @@ def read(store: TraceStore, server: str) -> StepCostRow | None:
     return StepCostRow(row[0], curve, int(row[2] or 0), row[3]) if isinstance(curve, dict) else None
 
 
+def read_all(store: TraceStore) -> list[StepCostRow]:
+    """Every server's curve, the most recently updated first (unreadable ones left out)."""
+    rows = store.conn.execute("SELECT server FROM step_costs ORDER BY updated_at DESC, server").fetchall()
+    return [row for (server,) in rows if (row := read(store, server)) is not None]
+
+
 def write(store: TraceStore, server: str, curve: dict, steps: int) -> None:
     store.conn.execute(
         """INSERT INTO step_costs (server, curve, steps, updated_at) VALUES (?, ?, ?, ?)

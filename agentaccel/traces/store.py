@@ -113,7 +113,7 @@ CREATE TABLE IF NOT EXISTS template_stages (  -- traces/template_stages.py
 );
 CREATE TABLE IF NOT EXISTS step_costs (  -- traces/step_costs.py
   server TEXT PRIMARY KEY,           -- what was timed: the model, the device, the parallelism
-  curve TEXT NOT NULL,               -- JSON: the learned step cost (engine/step_cost.py)
+  curve TEXT NOT NULL,               -- JSON: the learned step cost (engine/cost/model.py)
   steps {INT},                       -- timed steps behind it
   updated_at TEXT
 );

@@ -1,10 +1,12 @@
-"""The verification cost curve of the embedded backend: the time of one decoding step that
-verifies d draft tokens (as a chain) over a context, for several d, timed over a short and a
-long context (draft rows attend over the whole context, so on CPU drafts cost relatively more
-over a long one). Measured on purpose by `agentaccel bench backend` and saved as a cost profile
-(`serve --cost-profile FILE`, `bench replay --cost FILE`). By default the backend does not
-measure one at start: it learns its curve from the steps it serves (`learned_cost`,
-backends/local/learned_cost.py)."""
+"""The embedded backend's step cost. By default it is learned from the steps the backend serves
+(`learned_cost`: the service of backends/step_costs.py, starting from the curve the trace store
+kept for this model and device, else the CPU or GPU seed), and every draft is cut on the curve of
+one request's step it gives (engine/cost, `relative_curve`).
+
+`agentaccel bench backend` still measures one on purpose: the time of one decoding step that
+verifies d draft tokens (as a chain) over a context, for several d, timed over a short and a long
+context (draft rows attend over the whole context, so on CPU drafts cost relatively more over a
+long one), saved as a profile file (`serve --cost-profile FILE`, `bench replay --cost FILE`)."""
 
 from __future__ import annotations
 
@@ -16,14 +18,14 @@ from pathlib import Path
 
 import torch
 
-from agentaccel.backends.local.learned_cost import CONTEXTS as LEARNED_CONTEXTS
-from agentaccel.backends.local.learned_cost import LearnedStepCost
 from agentaccel.backends.local.static_slots import GraphSlot, SlotSequence, context_len, default_slots
 from agentaccel.backends.local.verifier import GrowingSequence
-from agentaccel.engine.cost import CostProfile, load_profile
+from agentaccel.backends.step_costs import LearnedStepCost, stored_curves
+from agentaccel.engine.cost import CONTEXTS, Server, TimedStep, parse, relative_curve, seed
 
+MIN_STEPS = 256  # timed steps a learned curve must rest on before it is kept as this server's
 DRAFT_SIZES = (0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32)  # fine below 8: the CPU curve climbs by steps
-CONTEXTS = (512, 2048)  # a short prompt, and a SWE-agent call's (1,536 + its output); between them: interpolated
+TIMED_CONTEXTS = (512, 2048)  # a short prompt, and a SWE-agent call's (1,536 + its output): what bench backend times
 
 
 def step_times(model, context: int = 512, sizes=DRAFT_SIZES, repeats: int = 15) -> dict[int, float]:
@@ -56,7 +58,7 @@ def _serving_sequence(model, prompt: list[int]):
     return GrowingSequence(model, prompt)
 
 
-def profile_contexts(model, wanted=CONTEXTS) -> list[int]:
+def profile_contexts(model, wanted=TIMED_CONTEXTS) -> list[int]:
     """The context lengths to time, within the model's positions (room left for the drafts)."""
     limit = getattr(model.config, "max_position_embeddings", None) or max(wanted) + max(DRAFT_SIZES) + 1
     return sorted({max(1, min(c, limit - max(DRAFT_SIZES) - 1)) for c in wanted})
@@ -94,7 +96,7 @@ def cached_profile_path(model_name: str, device: str) -> Path:
     return cache_dir() / "profiles" / f"{model_name}-{device}.json"
 
 
-def measure_profile(model, model_name: str, path: Path | None = None, contexts=CONTEXTS,
+def measure_profile(model, model_name: str, path: Path | None = None, contexts=TIMED_CONTEXTS,
                     progress: Callable[[str], None] = lambda _: None) -> tuple[dict, Path]:
     """Times the steps over each context and writes the profile (default: the cache file the
     backend reads)."""
@@ -112,22 +114,40 @@ def measure_profile(model, model_name: str, path: Path | None = None, contexts=C
     return prof, path
 
 
-def cost_profile(model, setting: str | Path) -> CostProfile:
-    """A fixed `--cost-profile`: "off" (a fixed cost per draft token, a CPU's or a GPU's) or a
-    profile file from `bench backend`. ("auto", the default, learns the curve while serving:
-    `learned_cost`.)"""
+def server_key(model_name: str, device: str) -> str:
+    """What the trace store keeps the learned curve under (the vLLM plugin's keys name the model and
+    device too)."""
+    return f"local:{model_name}@{device}"
+
+
+def cost_profile(model, setting: str | Path, db: str | Path | None = None) -> Server:
+    """A fixed `--cost-profile`: "off" (the seed of the model's device: a fixed cost per draft
+    token) or any cost spec (engine/cost/profiles.py; `learned` reads the trace store at `db`).
+    ("auto", the default, learns the curve while serving: `learned_cost`.)"""
     if setting == "off":
-        cpu = next(model.parameters()).device.type == "cpu"
-        return CostProfile("per-token", 0.04 if cpu else 0.02)
-    return load_profile(str(setting))
+        return Server("off", seed(next(model.parameters()).device.type), relative=True)
+    return parse(str(setting), learned=stored_curves(db))
+
+
+def curve_contexts(model) -> tuple[int, ...]:
+    """The contexts a request's curve is read at, within the model's positions."""
+    limit = getattr(model.config, "max_position_embeddings", None) or max(CONTEXTS)
+    return tuple(sorted({min(c, limit) for c in CONTEXTS}))
 
 
 def learned_cost(model, model_name: str, engine, *, db: str | Path | None, save: bool = True,
                  say: Callable[[str], None] = lambda _: None) -> LearnedStepCost:
     """`--cost-profile auto`: the step cost learned from the backend's own steps, starting from the
-    curve `db` kept for this model and device (saved back there when `save`), else a seed."""
+    curve `db` kept for this model and device (saved back there when `save`), else the device's
+    seed; every refit is handed to `engine` as the curve its drafts are cut on."""
     param = next(model.parameters())
-    limit = getattr(model.config, "max_position_embeddings", None) or max(LEARNED_CONTEXTS)
-    contexts = tuple(sorted({min(c, limit) for c in LEARNED_CONTEXTS}))
-    return LearnedStepCost.starting(engine, model_name, device_tag(model), param.device.type, db=db,
-                                    save=save, contexts=contexts, say=say)
+    contexts = curve_contexts(model)
+    apply = (lambda m: engine.set_cost_curve(relative_curve(m, contexts))) if engine is not None else None
+    return LearnedStepCost.starting(server_key(model_name, device_tag(model)), db, seed(param.device.type),
+                                    save=save, say=say, apply=apply, min_steps=MIN_STEPS)
+
+
+def timed_step(draft_tokens: int, context: int, seconds: float, proposer_seconds: float = 0.0) -> TimedStep:
+    """One verification step of one request, as the learner reads it."""
+    tokens = 1.0 + draft_tokens
+    return TimedStep(tokens, tokens, float(context), tokens * context, seconds, proposer_seconds)

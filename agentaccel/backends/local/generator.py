@@ -12,11 +12,12 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from agentaccel.backends.local.learned_cost import LearnedStepCost
+from agentaccel.backends.local.cost_curve import timed_step
 from agentaccel.backends.local.prefix_cache import DEFAULT_BUDGET_BYTES, PrefixCache
 from agentaccel.backends.local.sampling import SamplingParams, chooser
 from agentaccel.backends.local.static_slots import SlotPool, SlotSequence, context_len, default_slots
 from agentaccel.backends.local.verifier import DecodingSequence, GrowingSequence
+from agentaccel.backends.step_costs import LearnedStepCost
 from agentaccel.engine import SuffixEngine
 from agentaccel.engine.online import OnlineCalibration
 
@@ -143,7 +144,7 @@ class LocalGenerator:
                 path, pending = seq.step(tokens, parents, choose)
                 took = time.perf_counter() - t_step
             if self.step_cost is not None:  # the backend's cost curve is learned from its own steps
-                self.step_cost.record(len(tokens), len(prompt) + len(out), took, t_step - t_draft)
+                self.step_cost.record(timed_step(len(tokens), len(prompt) + len(out), took, t_step - t_draft))
             steps += 1
             drafted += len(tokens)
             accepted += len(path)

@@ -47,8 +47,8 @@ class LocalBackend(Backend):
         """`on_ready(engine, tokenizer)` runs once the model is loaded (the serve command seeds the
         engine's trees from the trace store there). `cost_profile`: "auto" cuts drafts to their
         best size on this model's step cost, learned from the backend's own steps while it serves
-        (starting from the curve the trace store kept, else a seed: backends/local/learned_cost.py);
-        a path uses that profile as it is; "off" keeps the per-token cost model.
+        (starting from the curve the trace store kept, else a seed: backends/step_costs.py); any
+        cost spec (engine/cost/profiles.py) is used as it is; "off": the device's seed, per token.
         Drafting policies: the defaults for that cost, the stages' tuned settings in `policy_db`,
         then `spec_config` (see backends/policies.py); `online` calibrates each stage to what its
         drafts get accepted, saved to `policy_db` unless `save_calibration` is off."""
@@ -80,10 +80,10 @@ class LocalBackend(Backend):
         if self.cost_profile == "auto":  # answers at once; the curve is learned from the steps it takes
             self.step_cost = learned_cost(model, model_key(self.model_path), self.engine, db=self.policy_db,
                                           save=self.save_calibration, say=self.say)
-            profile = self.step_cost.profile()
+            base = default_config(self.step_cost.model, curve=True)
         else:
-            profile = cost_profile(model, self.cost_profile)
-        policies, online = serving_policies(default_config(profile), db=self.policy_db,
+            base = default_config(cost_profile(model, self.cost_profile, self.policy_db))
+        policies, online = serving_policies(base, db=self.policy_db,
                                             spec_config=self.spec_config, say=self.say)
         policies.install(self.engine)
         if self.online:

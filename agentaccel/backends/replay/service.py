@@ -23,7 +23,7 @@ from agentaccel.backends.base import CHAT, Backend, CallContext, SpecStats
 from agentaccel.backends.policies import policy_state
 from agentaccel.backends.replay.recordings import RecordedCall, Recordings
 from agentaccel.engine import SuffixEngine
-from agentaccel.engine.cost import CostProfile
+from agentaccel.engine.cost import Server
 from agentaccel.engine.online import OnlineCalibration
 from agentaccel.engine.verification import accepted_length
 from agentaccel.errors import bad_request
@@ -43,11 +43,11 @@ class Step:
 class ReplayBackend(Backend):
     name = "replay"
 
-    def __init__(self, store: TraceStore, tokenizer, profile: CostProfile, *, step_ms: float = 20.0,
+    def __init__(self, store: TraceStore, tokenizer, profile: Server, *, step_ms: float = 20.0,
                  engine: SuffixEngine | None = None, speculate: bool = True, served_name: str = "replay",
                  online: OnlineCalibration | None = None) -> None:
-        """`profile`: the relative cost of a step verifying d draft tokens; `step_ms`: the time of
-        a plain step (d = 0). The engine drafts with its stages' policies (the caller installs
+        """`profile`: what a step verifying d draft tokens costs, relative to a plain one (d = 0),
+        whose time is `step_ms`. The engine drafts with its stages' policies (the caller installs
         them: `policy.default_config(profile)` is what a backend with this cost starts from);
         `online` calibrates them to what the replayed drafts get accepted."""
         self.recordings = Recordings(store)
@@ -56,7 +56,7 @@ class ReplayBackend(Backend):
         self.speculate = speculate
         self.served_name = served_name
         self.step_seconds = step_ms / 1000.0
-        self.curve = profile.curve(MAX_DRAFT)
+        self.cost = profile.model
         self.online = online
 
     def policy_state(self) -> dict[str, dict]:
@@ -96,10 +96,10 @@ class ReplayBackend(Backend):
                 accepted = accepted_length(draft_ids, parents, output[pos:]) if draft_ids else 0
                 if self.online is not None and draft_ids:
                     self.online.observe(stage, draft.score, accepted, len(draft_ids))
-                costs = self.curve.costs_at(len(prompt) + pos)
+                relative = float(self.cost.request_steps(len(draft_ids), len(prompt) + pos))
                 tokens = output[pos:pos + accepted + 1]
                 self.engine.extend(rid, tokens)
-                yield Step(tokens, len(draft_ids), self.step_seconds * costs[min(len(draft_ids), len(costs) - 1)])
+                yield Step(tokens, len(draft_ids), self.step_seconds * relative)
                 pos += len(tokens)
         finally:
             self.engine.finish_request(rid, keep_output=speculate)  # the output joins the stage's tree

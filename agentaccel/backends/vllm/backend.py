@@ -77,8 +77,10 @@ class VLLMBackend(OpenAIBackend):
                  memory_budget_bytes: int = 0, timeout: float = 600.0, start_timeout: float = 900.0,
                  port: int | None = None, echo=None, online: bool = True,
                  session_header: str | None = SESSION_HEADER, snapshot: str | Path | None = None,
-                 scoped: bool = True) -> None:
-        """`scoped`: each tenant's recorded answers join its own trees (serve --speculation-scope key)."""
+                 scoped: bool = True, step_cost: str = "auto") -> None:
+        """`scoped`: each tenant's recorded answers join its own trees (serve --speculation-scope key).
+        `step_cost`: auto (learned from the server's own steps), off (each request sizes its own
+        draft), or a cost spec the learning starts from (the plugin's AGENTACCEL_STEP_COST)."""
         self.port = port or free_port()
         super().__init__(f"http://127.0.0.1:{self.port}", timeout=timeout, session_header=session_header)
         self.model = model
@@ -98,6 +100,9 @@ class VLLMBackend(OpenAIBackend):
             ours["AGENTACCEL_SNAPSHOT"] = str(Path(snapshot).expanduser().resolve())
         if spec_config is not None:
             ours["AGENTACCEL_SPEC_CONFIG"] = str(Path(spec_config).resolve())
+        if step_cost != "auto":
+            spec = Path(step_cost).expanduser()
+            ours["AGENTACCEL_STEP_COST"] = str(spec.resolve()) if spec.is_file() else step_cost
         argv, env = launch_command(model, self.port, served_name=self.served_name, extra_args=extra, env=ours)
         self.supervisor = Supervisor(argv, env, f"http://127.0.0.1:{self.port}/health",
                                      start_timeout=start_timeout, echo=echo)

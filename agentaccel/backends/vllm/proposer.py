@@ -18,13 +18,15 @@ read by the paper mode only: the default mode sizes drafts by their verification
 * `AGENTACCEL_VLLM_STATS`: a JSON file where a thread writes per-stage draft statistics every
   STATS_INTERVAL seconds (the proxy's /metrics reads it);
 * `AGENTACCEL_STEP_LOG`: a file where every timed step is appended as a JSON line (tokens
-  computed, context, seconds, the proposer's own seconds): a profile of the server's steps;
+  computed, context, seconds, the proposer's own seconds): a profile of the server's steps (kept
+  while the step cost is learned, i.e. unless `AGENTACCEL_STEP_COST=off`);
 * `AGENTACCEL_DRAFT_THREADS`: drafting threads (see `_draft_threads`);
 * `AGENTACCEL_STEP_COST`: how each step's drafts are sized. Unset: one budget for the whole
   batch, under a step cost learned from this server's own steps (seeded with the curve the trace
-  store kept for this server, else with a roofline of the model on this GPU, else a linear seed);
-  a profile name (`llama-3.1-8b@h100`, engine/roofline.py): that seed; `off`: every request
-  sizes its own draft alone (before the budget).
+  store kept for this server, else with the calibrated roofline of the model on this GPU, else the
+  GPU or CPU seed); any cost spec (engine/cost/profiles.py: `llama-3.1-8b@h100`, `c=0.05`, a
+  file, `learned:<server>`): that seed; `off`: every request sizes its own draft alone (before the
+  budget).
 
 Each step drafts for the whole batch in one native call (`engine.batch.BatchDrafter`).
 
@@ -47,28 +49,24 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from agentaccel.backends.policies import policy_state, serving_policies, start_online
-from agentaccel.backends.step_costs import StepCostKeeper, starting_cost
+from agentaccel.backends.step_costs import LearnedStepCost, stored_curves
 from agentaccel.backends.vllm import stats_files
-from agentaccel.engine import SuffixEngine, roofline
+from agentaccel.engine import SuffixEngine
 from agentaccel.engine.batch import BatchDrafter
-from agentaccel.engine.cost import load_profile
+from agentaccel.engine.cost import StepCostModel, parse, roofline, seed
 from agentaccel.engine.online import OnlineCalibration
 from agentaccel.engine.policy import default_config
-from agentaccel.engine.step_cost import StepCostLearner, StepCostModel, linear
 from agentaccel.traces.database import locate
 
 log = logging.getLogger("agentaccel.vllm")
 
 STATS_INTERVAL = 0.5  # seconds between writes of the statistics file
-TIMING_FIELDS = ("tokens", "decode_tokens", "context", "attention", "seconds", "proposer_seconds", "requests")
 
 # The drafter of this process's proposer: the input batch hook announces requests to it.
 _DRAFTER: BatchDrafter | None = None
 # Tokens the step that just ran computed (its scheduler output), set by the model runner hook
 # right before it calls propose.
 _SCHEDULED = -1
-CPU_SEED = 0.06  # a small model on a CPU: a draft token costs about 6 % of a one-token step (bench backend)
-GPU_SEED = 0.02
 
 
 def _capture_stages() -> None:
@@ -175,19 +173,19 @@ def server_key(vllm_config) -> str:
     return f"{model}|{device}|tp{vllm_config.parallel_config.tensor_parallel_size}"
 
 
-def seed_cost(vllm_config, mode: str) -> StepCostModel:
+def seed_cost(vllm_config, mode: str, db: str | None = None) -> StepCostModel:
     """Where the step cost starts before this server's steps say more (see AGENTACCEL_STEP_COST)."""
     if mode:
-        return roofline.profile(mode).model_cost()
+        return parse(mode, learned=stored_curves(db)).model
     from vllm.platforms import current_platform
 
     if current_platform.is_cpu():
-        return linear(CPU_SEED)
+        return seed("cpu")
     import torch
 
     found = roofline.from_config(vllm_config.model_config.hf_config, torch.cuda.get_device_name(),
                                  vllm_config.parallel_config.tensor_parallel_size)
-    return found.model_cost() if found is not None else linear(GPU_SEED)
+    return found.model_cost() if found is not None else seed("gpu")
 
 
 class AgentaccelProposer:
@@ -202,7 +200,7 @@ class AgentaccelProposer:
         self.max_model_len = vllm_config.model_config.max_model_len
         # vLLM verifies one chain, priced per token as on a GPU; the longest draft, alpha and min-prob
         # are vLLM's own settings
-        base = replace(default_config(load_profile("gpu"), tree=False), max_tokens=self.num_speculative_tokens,
+        base = replace(default_config(parse("gpu"), tree=False), max_tokens=self.num_speculative_tokens,
                        alpha=config.suffix_decoding_max_spec_factor, min_prob=config.suffix_decoding_min_token_prob)
         db = os.environ.get("AGENTACCEL_DB")
         policies, online = serving_policies(base, db=db, spec_config=os.environ.get("AGENTACCEL_SPEC_CONFIG"),
@@ -222,24 +220,26 @@ class AgentaccelProposer:
             self.calibration, self.keeper = start_online(self.engine, online, db)
         self.drafter = _DRAFTER = BatchDrafter(self.engine, threads=_draft_threads())
         _capture_stages()
-        self.learner = self.cost_keeper = None
+        self.step_cost = None
         mode = os.environ.get("AGENTACCEL_STEP_COST", "").strip()
         if mode != "off":
             _capture_scheduled()
-            server = server_key(vllm_config)
-            cost, origin = starting_cost(server, db, seed_cost(vllm_config, mode))
-            log.info("agentaccel: one draft budget per step; step cost of %s: %s", server, origin)
-            self.drafter.set_step_cost(cost)
-            self.learner = StepCostLearner(cost)
-            saved_in = db if os.environ.get("AGENTACCEL_ONLINE", "1") != "0" else None  # --no-record saves nothing
-            self.cost_keeper = StepCostKeeper(self.learner, saved_in, server)
-        for keeper in (self.keeper, self.cost_keeper):  # what was learned since the last save, at a clean exit
+            save = os.environ.get("AGENTACCEL_ONLINE", "1") != "0"  # --no-record saves nothing
+            step_log = os.environ.get("AGENTACCEL_STEP_LOG")
+            self.step_cost = LearnedStepCost.starting(
+                server_key(vllm_config), db, seed_cost(vllm_config, mode, db), save=save,
+                say=lambda line: log.info("agentaccel: one draft budget per step; %s", line),
+                apply=self.drafter.set_step_cost, drain=self.drafter.drain_timings, every=STATS_INTERVAL,
+                step_log=Path(step_log) if step_log else None)
+        for keeper in (self.keeper, self.step_cost):  # what was learned since the last save, at a clean exit
             if keeper is not None:
                 atexit.register(keeper.close)
-        if os.environ.get("AGENTACCEL_VLLM_STATS") or os.environ.get("AGENTACCEL_STEP_LOG") or self.learner is not None:
-            path = os.environ.get("AGENTACCEL_VLLM_STATS")  # each data-parallel rank writes a file of its own
-            path = stats_files.rank_path(Path(path), data_parallel_rank(vllm_config)) if path else None
-            StatsWriter(self.drafter, path, self.calibration, self.learner, self.follower, self.seeded).start()
+        path = os.environ.get("AGENTACCEL_VLLM_STATS")
+        if path:  # each data-parallel rank writes a file of its own
+            path = stats_files.rank_path(Path(path), data_parallel_rank(vllm_config))
+            StatsWriter(self.drafter, path, self.calibration, self.step_cost, self.follower, self.seeded).start()
+        elif self.calibration is not None:
+            StatsWriter(self.drafter, None, self.calibration).start()
 
     def _seed(self, vllm_config, seed: bool, follow: bool) -> None:
         from agentaccel.backends.follower import StoreFollower, seed_then_follow
@@ -283,31 +283,23 @@ class AgentaccelProposer:
 
 
 class StatsWriter(threading.Thread):
-    """Every `interval` seconds, off the step's path: fits the step cost to the steps timed since
-    (and hands the drafter the new curve), hands each stage's new drafted steps to the online
-    calibration, and writes the drafter's per-stage statistics, its live request count, the
+    """Every `interval` seconds, off the step's path: hands each stage's new drafted steps to the
+    online calibration, and writes the drafter's per-stage statistics, its live request count, the
     stages' policies and the step cost to a JSON file when they changed (the proxy's /metrics and
-    /health read it; no file write per step)."""
+    /health read it; no file write per step). The step cost is learned by its own service
+    (backends/step_costs.py)."""
 
     def __init__(self, drafter: BatchDrafter, path: Path | None, calibration: OnlineCalibration | None = None,
-                 learner: StepCostLearner | None = None, follower=None, seeded: dict | None = None,
+                 step_cost: LearnedStepCost | None = None, follower=None, seeded: dict | None = None,
                  interval: float = STATS_INTERVAL) -> None:
         super().__init__(name="agentaccel-stats", daemon=True)
         self.drafter, self.path, self.calibration, self.interval = drafter, path, calibration, interval
-        self.learner, self.follower, self.seeded = learner, follower, seeded or {}
-        # AGENTACCEL_STEP_LOG: every timed step as a JSON line (a profile of the proposer in the server)
-        self.step_log = Path(os.environ["AGENTACCEL_STEP_LOG"]) if os.environ.get("AGENTACCEL_STEP_LOG") else None
+        self.step_cost, self.follower, self.seeded = step_cost, follower, seeded or {}
 
     def run(self) -> None:
         last = None
         while True:
             time.sleep(self.interval)
-            timings = self.drafter.drain_timings()
-            if self.learner is not None and self.learner.observe(timings):
-                self.drafter.set_step_cost(self.learner.fit().model)
-            if self.step_log is not None and timings:
-                with self.step_log.open("a") as f:
-                    f.writelines(json.dumps({k: getattr(t, k) for k in TIMING_FIELDS}) + "\n" for t in timings)
             stages = self.drafter.stats()
             if self.calibration is not None:
                 self.calibration.observe_counters(stages)
@@ -334,5 +326,5 @@ class StatsWriter(threading.Thread):
         cost = self.drafter.step_cost  # the learner's latest fit once there is one
         if cost is not None:
             state["step_seconds"] = {str(t): float(cost.seconds(t)) for t in (1, 16, 64, 256)}
-            state["timed_steps"] = self.learner.steps if self.learner is not None else 0
+            state["timed_steps"] = self.step_cost.steps if self.step_cost is not None else 0
         return state

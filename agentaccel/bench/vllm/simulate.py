@@ -20,7 +20,7 @@ import json
 import re
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -30,125 +30,48 @@ from agentaccel.bench.replay import ReplayCall
 from agentaccel.bench.speculators import PAPER_LINEAR
 from agentaccel.bench.vllm.runner import Measurement
 from agentaccel.bench.vllm.servers import METHODS
-from agentaccel.engine.cost import load_profile
+from agentaccel.engine.cost import Server, StepCostModel, TimedStep, fit_steps, parse, seed
 from agentaccel.engine.policy import default_config
-from agentaccel.engine.step_cost import StepCostModel, _hat, _knots, linear
 
 CPU_BUDGET = 2048  # vLLM's max_num_batched_tokens for an API server on CPU
 CPU_BLOCK = 128  # vLLM's KV block size on CPU
-CPU_SEED = 0.06  # the plugin's step cost seed on CPU (backends/vllm/proposer.py)
 
 
-@dataclass(frozen=True)
-class LearnedServer:
-    """A server profile learned from a real server (what batch_replay.simulate prices steps with)."""
-
-    name: str
-    model: StepCostModel
-    kv_capacity: int
-    max_batched_tokens: int = CPU_BUDGET
-    block_size: int = CPU_BLOCK
-    gap: float = 0.0  # seconds between a stream's calls, on the client
-    overhead: float = 0.0  # (async scheduling: not on CPU)
-    steps: int = 0  # timed steps it was fitted to
-    # the plugin times a prefill chunk's attention as part of its tokens' cost, not as attention work:
-    # the simulated steps are priced with the features it was fitted on
-    prefill_attention: bool = False
-    # how far a real step strays from the fit (standard deviation of log(seconds / fitted)): the
-    # simulated steps stray as much, so that a drafter learning the step cost from them (agentaccel's
-    # budget) sees what it sees on the real server
-    noise: float = 0.0
-
-    def seconds(self, tokens, context, attention):
-        return self.model.seconds(tokens, context, attention)
-
-
-def prefill_points(m: Measurement) -> list[tuple[float, float, float]]:
-    """(prompt tokens computed, seconds, how many) of the prefills at one in flight, from vLLM's own
-    counters over each such block: each is a step of its own there, which the proposer's log
-    lacks (it times a step only when a request of it was in the step before)."""
+def prefill_points(m: Measurement) -> list[TimedStep]:
+    """The prefills at one in flight, from vLLM's own counters over each such block (the mean
+    prefill, standing for as many as there were): each is a step of its own there, which the
+    proposer's log lacks (it times a step only when a request of it was in the step before)."""
     out = []
     for b in m.blocks:
         n = b.spec.get("prefills", 0.0)
         if b.level == 1 and n > 0:
             computed = max(b.spec.get("prompt_tokens", 0.0) - b.spec.get("cached_tokens", 0.0), n)
-            out.append((computed / n, b.spec["prefill_seconds"] / n, n))
+            out.append(TimedStep(computed / n, 0.0, 0.0, 0.0, b.spec["prefill_seconds"] / n, weight=n))
     return out
 
 
-def fit_steps(path: Path, extra: list[tuple[float, float, float]] = ()) -> tuple[StepCostModel, int, float]:
-    """The step cost that best explains every step in a proposer's step log: each step's seconds as
-    a piecewise-linear function of the tokens it computed (knots as the online learner's), plus,
-    when it predicts held-out steps better, a term in attention work (queries x context: on a CPU
-    a long context costs), least squares over every step alike, the curve then made
-    non-decreasing (isotonic). Offline the whole log is there, unlike for the online learner,
-    which must start from a seed and weigh a slow step against the recent ones."""
+def logged_steps(path: Path) -> list[TimedStep]:
+    """The steps a proposer's step log holds (AGENTACCEL_STEP_LOG)."""
+    if not path.is_file():
+        return []
+    fields = ("tokens", "decode_tokens", "context", "attention", "seconds", "proposer_seconds", "requests")
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    rows += [{"tokens": t, "attention": 0.0, "seconds": sec, "weight": n} for t, sec, n in extra]
-    tokens = np.asarray([r["tokens"] for r in rows], dtype=float)
-    attention = np.asarray([r["attention"] for r in rows], dtype=float)
-    seconds = np.asarray([r["seconds"] for r in rows], dtype=float)
-    weights = np.asarray([r.get("weight", 1.0) for r in rows], dtype=float)
-    knots = _knots(max(int(tokens.max()), 2))
-    folds = np.arange(len(rows)) % 5
-
-    def held_out_error(use_attention: bool) -> float:
-        err = 0.0
-        for f in range(5):
-            train, test = folds != f, folds == f
-            if train.sum() < 8 or not test.any():
-                continue
-            base, per_attention = _least_squares(tokens[train], attention[train], seconds[train], weights[train],
-                                                 knots, use_attention)
-            err += float(np.sum(weights[test] * (np.interp(tokens[test], knots, base)
-                                                 + per_attention * attention[test] - seconds[test]) ** 2))
-        return err
-
-    use_attention = len(rows) >= 40 and held_out_error(True) < held_out_error(False)
-    base, per_attention = _least_squares(tokens, attention, seconds, weights, knots, use_attention)
-    top = int(knots[-1])
-    curve = np.interp(np.arange(top + 1), knots, base)
-    curve[0] = curve[1]
-    model = StepCostModel(tuple(np.maximum.accumulate(np.maximum(curve, 1e-6)).tolist()), 0.0, per_attention)
-    logged = weights == 1.0  # the proposer's own steps (not the prefill means added)
-    spread = float(np.std(np.log(seconds[logged] / model.seconds(tokens[logged], 0.0, attention[logged]))))
-    return model, len(rows), spread
+    return [TimedStep(**{k: float(r.get(k, 1.0 if k == "requests" else 0.0)) for k in fields}) for r in rows]
 
 
-def _least_squares(tokens, attention, seconds, weights, knots, use_attention: bool) -> tuple[np.ndarray, float]:
-    """Knot values (non-decreasing) and the attention term (>= 0) of the weighted least-squares
-    fit, with a light pull towards straight lines between knots (empty stretches are interpolated)."""
-    root = np.sqrt(weights)
-    plain = _hat(tokens, knots)
-    hats = plain * root[:, None]
-    seconds = seconds * root
-    attention = attention * root
-    k = len(knots)
-    scale = float(np.sqrt(np.mean(attention ** 2))) or 1.0
-    x = np.hstack([hats, (attention / scale)[:, None]]) if use_attention else hats
-    p = x.shape[1]
-    bend = np.zeros((max(k - 2, 0), p))
-    for i in range(1, k - 1):
-        left, right = knots[i] - knots[i - 1], knots[i + 1] - knots[i]
-        mid = (left + right) / 2
-        bend[i - 1, i - 1:i + 2] = (mid / left, -mid / left - mid / right, mid / right)
-    reg = 1e-3 * len(seconds) * bend.T @ bend + 1e-9 * np.eye(p)
-    theta = np.linalg.solve(x.T @ x + reg, x.T @ seconds)
-    per_attention = max(float(theta[k]) / scale, 0.0) if use_attention else 0.0
-    return _isotonic(theta[:k], (plain * weights[:, None]).sum(axis=0) + 1e-3), per_attention
-
-
-def _isotonic(values: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    """The non-decreasing sequence closest to `values` in weighted least squares (pool adjacent
-    violators): a knot with few steps moves more than one with many."""
-    pools: list[list[float]] = []  # [mean, weight, count]
-    for v, w in zip(values.tolist(), weights.tolist(), strict=True):
-        pools.append([v, w, 1])
-        while len(pools) > 1 and pools[-2][0] > pools[-1][0]:
-            v2, w2, n2 = pools.pop()
-            v1, w1, n1 = pools.pop()
-            pools.append([(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, n1 + n2])
-    return np.asarray([v for v, _, n in pools for _ in range(n)])
+def fit_log(path: Path, extra: list[TimedStep] = ()) -> tuple[StepCostModel, int, float]:
+    """The step cost that best explains every step in a proposer's step log (and `extra`, e.g. the
+    prefill points), by the one fitting routine (engine/cost/learner.py: every step counting
+    fully), from the plugin's CPU seed; with how many steps it rests on and how far the logged
+    steps stray from it (sd of log(seconds / fitted))."""
+    steps = logged_steps(path)
+    if not steps:
+        raise ValueError(f"{path}: no timed steps")
+    model = fit_steps([*steps, *extra], seed("cpu")).model
+    tokens, context, attention, requests, seconds = (np.asarray([getattr(s, f) for s in steps]) for f in (
+        "tokens", "context", "attention", "requests", "seconds"))
+    spread = float(np.std(np.log(seconds / model.seconds(tokens, context, attention, requests))))
+    return model, len(steps) + len(extra), spread
 
 
 def _from_log(path: Path, pattern: str, default: int) -> int:
@@ -173,13 +96,18 @@ def client_gap(m: Measurement) -> float:
     return max(statistics.median(gaps), 0.0) if gaps else 0.0
 
 
-def learned_server(log_dir: Path, m: Measurement, method: str = "agentaccel") -> LearnedServer:
-    model, steps, noise = fit_steps(log_dir / f"steps-{method}.jsonl", prefill_points(m))
+def learned_server(log_dir: Path, m: Measurement, method: str = "agentaccel") -> Server:
+    """The real server as the simulator runs it: the step cost fitted to its steps, the KV cache and
+    token budget its log states, the client's gap. The plugin times a prefill chunk's attention as
+    part of its tokens' cost, not as attention work: the simulated steps are priced the same way.
+    The simulated steps stray from the fit as much as the real ones did, so that a drafter learning
+    the step cost from them sees what it saw on the real server."""
+    model, steps, noise = fit_log(log_dir / f"steps-{method}.jsonl", prefill_points(m))
     log = log_dir / f"vllm-{method}.log"
     kv = _from_log(log, r"KV cache size: ([\d,]+) tokens", 46_592)
     budget = _from_log(log, r"max_num_batched_tokens[=:]\s*(\d+)", CPU_BUDGET)
-    return LearnedServer(f"learned from {method}'s {steps:,} timed steps", model, kv, budget, CPU_BLOCK,
-                         client_gap(m), steps=steps, noise=noise)
+    return Server(f"learned from {method}'s {steps:,} timed steps", model, kv, budget, CPU_BLOCK, gap=client_gap(m),
+                  prefill_attention=False, noise=noise, origin="this server's own timed steps")
 
 
 class _OneTree(br.Drafter):
@@ -202,10 +130,10 @@ def make_method(name: str) -> br.Method:
     if name == "suffix":  # the paper's algorithm with vLLM's defaults (spec factor 1, min prob 0.1)
         return _OneTree("suffix", replace(PAPER_LINEAR, max_tokens=k), depth=depth, max_tokens=k)
     # the plugin's: one chain priced per token as on a GPU, vLLM's longest draft, alpha and min-prob
-    base = replace(default_config(load_profile("gpu"), tree=False), max_tokens=k, alpha=1.0, min_prob=0.1)
+    base = replace(default_config(parse("gpu"), tree=False), max_tokens=k, alpha=1.0, min_prob=0.1)
     if name == "agentaccel-request":
         return br.Drafter(name, base, depth=depth, max_tokens=k)
-    return br.Drafter(name, base, depth=depth, max_tokens=k, learn_from=linear(CPU_SEED))
+    return br.Drafter(name, base, depth=depth, max_tokens=k, learn_from=seed("cpu"))
 
 
 def _history(m: Measurement, tok) -> list[tuple[str, np.ndarray]]:
@@ -230,7 +158,7 @@ def _jobs(m: Measurement, tag: str) -> list[list[ReplayCall]]:
     return [[c for _, c in sorted(calls, key=lambda x: x[0])] for _, calls in sorted(by_job.items())]
 
 
-def _run(jobs: list[list[ReplayCall]], method: br.Method, server: LearnedServer, level: int,
+def _run(jobs: list[list[ReplayCall]], method: br.Method, server: Server, level: int,
          cache: br.PrefixCache) -> br.Result:
     """The jobs through the simulated server (prompts as sent: the bench truncated them already;
     the drafting's own time, measured here on the same kind of machine, included)."""
@@ -239,7 +167,7 @@ def _run(jobs: list[list[ReplayCall]], method: br.Method, server: LearnedServer,
                        cache=cache, seed=len(jobs))
 
 
-def predict(m: Measurement, server: LearnedServer, methods: list[str], tok,
+def predict(m: Measurement, server: Server, methods: list[str], tok,
             progress: Callable[[str], None] = lambda _: None) -> dict[tuple[str, str, int, int], dict]:
     """Each method's blocks through the simulated server, in the order the real run took them:
     by (method, workload, level, rep), what the simulated server did (batch_replay.Result.row:

@@ -1,0 +1,220 @@
+"""The one routine that fits a step cost to timed steps: online, as a server serves (the vLLM
+plugin, the embedded backend, the simulated servers), and offline, over a whole log of a real
+server's steps (`fit_steps`: a `bench vllm` run, a measured GPU table).
+
+A ridge regression over hat functions of T (at `model.knots`) plus C, A and R, pulled towards the
+seed where the server has not been measured (a prior worth `prior_steps` steps; the context,
+attention and request terms, which move together with T in most steps, CONTEXT_PRIOR times more
+firmly), older steps weighing less (`half_life` steps), a step far off the recent ones less still
+(`outlier`); the fitted base is kept non-decreasing. The regression keeps only its sufficient
+statistics, so observing and fitting cost the same however long the server has run. Offline,
+every step counts fully and none is forgotten (`half_life` and `outlier` infinite).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from agentaccel.engine.cost.model import MAX_TOKENS, StepCostModel, knots, linear
+
+OUTLIER = 4.0  # a step this many times slower (or faster) than the recent ones weighs 1/OUTLIER as much, and so on
+DRIFT_RATE = 0.2  # how fast "the recent steps" follow (per step)
+CONTEXT_PRIOR = 30.0  # the context, attention and request terms' prior, relative to a knot's
+EXTRA = 3  # terms beside the knots: context, attention, requests
+
+
+@dataclass(frozen=True)
+class TimedStep:
+    """One step as the learner reads it (what `BatchDrafter.drain_timings` gives, field for field)."""
+
+    tokens: float  # computed in all
+    decode_tokens: float  # of which the decoding requests' 1 + draft (the rest: prefill)
+    context: float
+    attention: float
+    seconds: float
+    proposer_seconds: float = 0.0
+    requests: float = 1.0
+    weight: float = 1.0  # how many steps it stands for (an offline fit may add means of many)
+
+
+@dataclass
+class Fit:
+    """What the learner knows now."""
+
+    model: StepCostModel
+    steps: int  # timed steps it has seen in all
+    weight: float  # their weight now (older steps count less)
+    proposer_seconds: float  # mean time of the proposer per step, recent steps
+
+
+def hats(tokens: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """Hat functions of `tokens` on the knots `at`: rows sum to 1, linear interpolation between knots."""
+    t = np.clip(tokens, at[0], at[-1])
+    hi = np.clip(np.searchsorted(at, t, side="right"), 1, len(at) - 1)
+    lo = hi - 1
+    w = (t - at[lo]) / (at[hi] - at[lo])
+    out = np.zeros((len(t), len(at)))
+    rows = np.arange(len(t))
+    out[rows, lo] = 1 - w
+    out[rows, hi] += w
+    return out
+
+
+class StepCostLearner:
+    """Fits a StepCostModel to timed steps. Thread-safe: `observe` from one thread, `fit` from any."""
+
+    def __init__(self, seed: StepCostModel, *, max_tokens: int = MAX_TOKENS, prior_steps: float = 2.0,
+                 half_life: float = 4096.0, smoothness: float = 1.0, outlier: float = OUTLIER,
+                 first_steps: int = 16) -> None:
+        """`outlier`: a step this many times off the recent ones (against the model) weighs
+        1/`outlier` as much, and so on (inf: every step counts fully, as an offline fit of a whole
+        log wants: its prefills are far off its decoding steps, and real). `first_steps`: steps
+        held back until the typical context, attention and request counts are known."""
+        if prior_steps <= 0 or half_life <= 0:
+            raise ValueError("need prior_steps > 0 and half_life > 0")
+        self.seed = seed
+        self.max_tokens = max_tokens
+        self.knots = knots(max_tokens)
+        self.prior_steps, self.smoothness, self.outlier = prior_steps, smoothness, outlier
+        self.first_steps = first_steps
+        # How much the fit's departure from the seed bends at each inner knot, in T (the change of
+        # its slope, times the knots' spacing): penalised, so that beyond the measured steps the
+        # departure goes on along the last measured slope (a measured cost per token, extended).
+        k = len(self.knots)
+        self._bend = np.zeros((k - 2, k + EXTRA))
+        for i in range(1, k - 1):
+            left, right = self.knots[i] - self.knots[i - 1], self.knots[i + 1] - self.knots[i]
+            scale = (left + right) / 2
+            self._bend[i - 1, i - 1:i + 2] = (scale / left, -scale / left - scale / right, scale / right)
+        self.keep = 0.5 ** (1.0 / half_life)  # weight a step keeps per later step
+        p = k + EXTRA
+        self._xx, self._xy = np.zeros((p, p)), np.zeros(p)
+        self._weight = 0.0  # sum of the steps' weights (their age only)
+        self._sum_w = 0.0  # ... and their trust
+        self._prefill = 0.0  # weighted sum of prefill tokens
+        self._prefilled = 0.0  # ... and of the steps that carried some
+        self._log_scale = 0.0  # weighted sum of log(seconds / seed's seconds): the server's speed
+        self._units: np.ndarray | None = None  # typical context, attention and requests (for conditioning)
+        self._first: list[tuple] = []  # steps held until the units are known
+        self._model: StepCostModel | None = None  # the last fit
+        self._drift = 0.0  # running mean of log(seconds / the model's seconds) over recent steps
+        self._proposer = 0.0  # proposer seconds per step, recent steps weighing more
+        self._steps = 0
+        self._lock = threading.Lock()
+
+    @property
+    def steps(self) -> int:
+        return self._steps
+
+    def observe(self, timings: Iterable) -> int:
+        """Adds timed steps (objects with TimedStep's fields; `weight` optional); returns how many
+        were usable."""
+        rows = [(t.tokens, t.decode_tokens, t.context, t.attention, getattr(t, "requests", 1), t.seconds,
+                 getattr(t, "proposer_seconds", 0.0), getattr(t, "weight", 1.0)) for t in timings
+                if t.seconds > 0 and t.tokens >= 1 and math.isfinite(t.seconds)]
+        if not rows:
+            return 0
+        with self._lock:
+            if self._units is None:
+                self._first += rows
+                if len(self._first) < self.first_steps:
+                    return len(rows)
+                rows, self._first = self._first, []
+                data = np.asarray(rows, dtype=float)
+                self._units = np.maximum(np.sqrt(np.mean(data[:, 2:5] ** 2, axis=0)), 1.0)
+            data = np.asarray(rows, dtype=float)
+            tokens, decode, context, attention, requests, seconds, proposer, weight = data.T
+            predicted = self.seed.seconds(tokens, context, attention, requests)
+            # A step far off what the steps just before it were, against the model (a pause of the
+            # process, a compile), counts less; steps that all move (a server that got slower) soon
+            # count fully again, and the fit follows them.
+            expected = (self._model.seconds(tokens, context, attention, requests) if self._model is not None
+                        else predicted * self.scale())
+            n = len(seconds)
+            trust = np.ones(n)
+            if math.isfinite(self.outlier):
+                for i, off in enumerate(np.log(seconds / expected)):
+                    if self._weight > 0 or i > 0:
+                        trust[i] = min(1.0, self.outlier / math.exp(abs(off - self._drift)))
+                    self._drift += (off - self._drift) * DRIFT_RATE
+            age = self.keep ** np.arange(n - 1, -1, -1) * weight  # the newest weighs 1
+            w = age * trust
+            fade = self.keep ** n
+            x = self._features(tokens, context, attention, requests)
+            self._xx = self._xx * fade + (x * w[:, None]).T @ x
+            self._xy = self._xy * fade + (x * w[:, None]).T @ seconds
+            self._weight = self._weight * fade + age.sum()
+            prefill = np.maximum(tokens - decode, 0.0)
+            self._prefill = self._prefill * fade + (w * prefill).sum()
+            self._prefilled = self._prefilled * fade + (w * (prefill > 0)).sum()
+            self._log_scale = self._log_scale * fade + (w * np.log(seconds / predicted)).sum()
+            self._sum_w = self._sum_w * fade + w.sum()
+            self._proposer = self._proposer * fade + (w * proposer).sum()
+            self._steps += n
+            return n
+
+    def scale(self) -> float:
+        """How much slower (> 1) or faster than the seed this server's steps are."""
+        return math.exp(self._log_scale / self._sum_w) if self._sum_w > 0 else 1.0
+
+    def _features(self, tokens, context, attention, requests) -> np.ndarray:
+        extra = np.column_stack([np.asarray(v, dtype=float) for v in (context, attention, requests)]) / self._units
+        return np.hstack([hats(np.asarray(tokens, dtype=float), self.knots), extra])
+
+    def fit(self) -> Fit:
+        """The model that best explains the recent steps, the seed (at the server's speed) where
+        they say nothing: a ridge regression towards the seed, worth `prior_steps` steps, with a
+        pull between neighbouring knots towards the seed's shape."""
+        with self._lock:
+            if self._units is None or self._weight == 0:
+                return Fit(self.seed, self._steps, 0.0, 0.0)
+            xx, xy, weight, units = self._xx.copy(), self._xy.copy(), self._weight, self._units
+            prefill = (self._prefill / self._prefilled if self._prefilled > 0 else 0.0,
+                       min(self._prefilled / self._sum_w, 1.0))
+            proposer, steps, scale = self._proposer / self._sum_w, self._steps, self.scale()
+        k = len(self.knots)
+        seed = self.seed
+        extra = np.asarray([seed.per_context, seed.per_attention, seed.per_request]) * units
+        theta0 = scale * np.concatenate([seed.seconds(self.knots), extra])
+        p = len(theta0)
+        reg = self.prior_steps / p * (np.eye(p) + self.smoothness * self._bend.T @ self._bend)
+        reg[k:, k:] *= CONTEXT_PRIOR  # second-order terms, moved by ample evidence only
+        theta = np.linalg.solve(xx + reg, xy + reg @ theta0)
+        # A term that comes out negative (a constant request count, say, which the knots can take
+        # as well) is held at 0 and the rest refitted: clipping it alone would shift every step.
+        for _ in range(EXTRA):
+            negative = np.flatnonzero(theta[k:] < 0) + k
+            if not len(negative):
+                break
+            pin = np.zeros(p)
+            pin[negative] = 1e6 * (np.trace(xx) / p + 1.0)
+            theta0[negative] = 0.0
+            theta = np.linalg.solve(xx + reg + np.diag(pin), xy + reg @ theta0)
+        theta[k:] /= units
+        at_knots = np.maximum.accumulate(np.maximum(theta[:k], 1e-9))
+        zero = min(scale * seed.base[0], at_knots[0])
+        base = np.concatenate([[zero], np.interp(np.arange(1, self.max_tokens + 1), self.knots, at_knots)])
+        model = StepCostModel(tuple(np.maximum.accumulate(base).tolist()), *(max(v, 0.0) for v in theta[k:]),
+                              *prefill)
+        with self._lock:
+            self._model = model
+        return Fit(model, steps, weight, proposer)
+
+
+OFFLINE_PRIOR = 1e-3  # an offline fit's pull towards the seed's shape, in steps: the log is all there is
+
+
+def fit_steps(steps: Iterable, seed: StepCostModel | None = None, max_tokens: int = MAX_TOKENS) -> Fit:
+    """The step cost that best explains a whole log of steps (a real server's, a measured table's):
+    the learner with every step counting fully and none forgotten, from `seed` (default: a linear
+    one, scaled to the steps) only where the log says nothing."""
+    learner = StepCostLearner(seed or linear(0.02, max_tokens), max_tokens=max_tokens, prior_steps=OFFLINE_PRIOR,
+                              half_life=math.inf, outlier=math.inf, first_steps=1)
+    if not learner.observe(steps):
+        raise ValueError("no timed steps to fit a step cost to")
+    return learner.fit()
