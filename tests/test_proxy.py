@@ -220,6 +220,27 @@ def test_client_disconnect_cancels_the_upstream_request(slow_upstream, tmp_path)
         assert httpx.get(slow_upstream.url + "/stats").json()["completed"] == 0
 
 
+def test_an_abandoned_answer_is_cancelled_upstream_and_counted_as_the_clients_leaving(slow_upstream, tmp_path):
+    """A client that gives up on a non-streamed answer: the proxy closes the upstream request at
+    once (the upstream sees its connection go, as vLLM does), counts a 499 and records nothing."""
+    proxy, recorder = make_proxy(slow_upstream.url, tmp_path)
+    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 200}  # 4 s at the upstream's pace
+    with proxy:
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(proxy.url + "/v1/chat/completions", json=body, headers={"x-upstream-fault": "slow"},
+                       timeout=0.5)
+        deadline = time.monotonic() + 3
+        while httpx.get(slow_upstream.url + "/stats").json()["cancelled"] < 1:
+            assert time.monotonic() < deadline, "the upstream request went on after its client left"
+            time.sleep(0.05)
+        assert httpx.get(slow_upstream.url + "/stats").json()["completed"] == 0
+        assert 'status="499"' in httpx.get(proxy.url + "/metrics").text
+        ok = httpx.post(proxy.url + "/v1/chat/completions", json={**body, "max_tokens": 3}, timeout=30)
+        assert ok.status_code == 200
+    recorder.close()
+    assert len(stored_calls(tmp_path / "traces.db")) == 1  # the answered call only
+
+
 # ---------------------------------------------------------------------------- recording
 def test_redacted_recording_keeps_no_text(upstream, tmp_path):
     proxy, recorder = make_proxy(upstream.url, tmp_path, redact=True)

@@ -165,6 +165,50 @@ def test_client_disconnect_stops_local_generation(local):
         assert ok.result().status_code == 200
 
 
+def test_an_abandoned_non_streamed_answer_stops_local_generation(local):
+    server, backend, _, _ = local
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Write a long story about a dragon."}],
+            "max_tokens": 1000, "temperature": 0}
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(server.url + "/v1/chat/completions", json=body, timeout=1.0)
+    import time
+
+    deadline = time.monotonic() + 10
+    while backend.engine.stats()["requests"]:
+        assert time.monotonic() < deadline, "generation kept running after the client left"
+        time.sleep(0.1)
+    ok = httpx.post(server.url + "/v1/chat/completions", json={**body, "max_tokens": 4}, timeout=60)
+    assert ok.status_code == 200
+
+
+def test_seeded_sampling_repeats_with_speculation_on(local):
+    """The same sampled request with the same seed gives the same output, however much the trees
+    learned in between, and the same as plain decoding with that seed."""
+    server, backend, _, _ = local
+    from agentaccel.backends.local import SamplingParams
+
+    messages = [{"role": "user", "content": "Tell me a short story about a fox."}]
+    body = {"model": MODEL, "messages": messages, "max_tokens": 32, "temperature": 0.8, "seed": 1234}
+
+    def sampled():
+        r = httpx.post(server.url + "/v1/chat/completions", json=body, headers={"x-agentaccel-stage": "stories"},
+                       timeout=120)
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["message"]["content"]
+
+    first = sampled()
+    for _ in range(2):  # the trees learn the answer and more
+        httpx.post(server.url + "/v1/chat/completions", json={**body, "temperature": 0, "seed": None},
+                   headers={"x-agentaccel-stage": "stories"}, timeout=120)
+    assert sampled() == first
+    from agentaccel.text.render import render_prompt
+
+    prompt = backend.tokenizer.encode(render_prompt(messages, backend.tokenizer.chat_template))
+    plain = backend.generator.generate(prompt, SamplingParams(max_tokens=32, temperature=0.8, seed=1234),
+                                       speculate=False)
+    assert plain.text == first
+
+
 def test_the_writer_process_tokenizes_outputs_with_the_models_tokenizer(local, tmp_path):
     """The tokenizer travels to the recorder's writer process (as `agentaccel serve` sends it once
     the model is loaded): stored outputs get their token cache in the same transaction."""

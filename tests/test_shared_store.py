@@ -244,6 +244,32 @@ def test_a_follower_learns_other_servers_outputs_but_not_its_own_twice(db, tok):
         follower.close()
 
 
+def test_a_baseline_call_is_kept_but_no_server_learns_from_it(db, tok):
+    """A call the client asked to be answered without speculation (vllm_xargs.speculate=false) is
+    stored, but neither a server seeding from the store nor one following it learns its output."""
+    baseline = "SELECT name FROM singer ORDER BY age;"
+    learned = "SELECT COUNT(*) FROM concert WHERE year = 2014;"
+    engine = SuffixEngine()
+    report, follower = seed_then_follow(engine, db, tok)
+    try:
+        plain = session("plain", learned, stage="sql")
+        measured = Session(key="baseline", framework="test", calls=[
+            Call(messages=[{"role": "user", "content": "singers by age"}], response=baseline, stage="sql",
+                 baseline=True)])
+        write(db, measured, plain, tokenize=(tok.fingerprint, tok.encode_batch))
+        assert wait_for(lambda: follower.stats.learned >= 1)
+        time.sleep(0.3)  # a late baseline would have come by now
+        assert follower.stats.learned == 1 and len(engine.document_ids("sql")) == 1
+    finally:
+        follower.close()
+    with TraceStore(db) as store:
+        assert len(list(store.iter_calls())) == 2  # both kept
+        assert [stage for _, stage, _, _ in store.output_lengths(tok.fingerprint)] == ["sql"]
+    fresh = SuffixEngine()
+    seeded, follower = seed_then_follow(fresh, db, tok, follow=False)
+    assert seeded.calls == 1 and len(fresh.document_ids("sql")) == 1
+
+
 def wait_for(condition, seconds: float = 10.0) -> bool:
     deadline = time.monotonic() + seconds
     while not condition() and time.monotonic() < deadline:

@@ -2,11 +2,13 @@
 our engine drafts inside vLLM through the plugin; greedy tokens are the same with and without
 speculation; drafts are accepted; stages are routed; a killed vLLM is restarted."""
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 
 import httpx
 import pytest
@@ -308,3 +310,125 @@ def test_tenants_get_their_own_cache_salt_and_vllm_takes_it(served):
     salty = httpx.post(url + "/v1/chat/completions", json=salted(body, "t1234"), timeout=300)
     assert plain.status_code == salty.status_code == 200, salty.text
     assert salty.json()["choices"][0]["message"] == plain.json()["choices"][0]["message"]
+
+
+# ---------------------------------------------------------------------------- the requests clients send
+WRONG = [  # (a field of the body, a wrong value, the field the 400 names)
+    ("vllm_xargs", [1], "vllm_xargs"), ("vllm_xargs", "stage=x", "vllm_xargs"), ("vllm_xargs", 5, "vllm_xargs"),
+    ("vllm_xargs", True, "vllm_xargs"),
+    ("vllm_xargs", {"speculate": "False"}, "vllm_xargs.speculate"),
+    ("vllm_xargs", {"speculate": "no"}, "vllm_xargs.speculate"),
+    ("vllm_xargs", {"speculate": -1}, "vllm_xargs.speculate"),
+    ("vllm_xargs", {"speculate": []}, "vllm_xargs.speculate"),
+    ("vllm_xargs", {"speculate": 0}, "vllm_xargs.speculate"),
+    ("vllm_xargs", {"stage": 5}, "vllm_xargs.stage"),
+    ("logit_bias", {"42": 5}, "logit_bias"), ("min_p", 0.1, "min_p"),
+    ("seed", "7", "seed"), ("max_tokens", "9", "max_tokens"), ("metadata", [], "metadata"),
+]
+
+
+@pytest.mark.parametrize(("field", "value", "named"), WRONG)
+def test_every_wrong_type_gets_a_400_naming_its_field(served, field, value, named):
+    url, _ = served
+    body = {"model": "smol", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, field: value}
+    if field in ("logit_bias", "min_p"):  # refused with speculation off too: vLLM checks it per server
+        body["vllm_xargs"] = {"speculate": False}
+    r = httpx.post(url + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == named and error["type"] == "invalid_request_error", error
+    if field in ("logit_bias", "min_p"):
+        assert "speculative decoding" in error["message"]
+
+
+def test_bad_header_bytes_get_the_openai_error_shape(served):
+    import socket
+
+    url, _ = served
+    body = {"model": "smol", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    r = httpx.post(url + "/v1/chat/completions", json=body, headers={"x-agentaccel-stage": b"\xff\xfe"}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "X-Agentaccel-Stage", r.text
+    ok = httpx.post(url + "/v1/chat/completions", json=body, headers={"x-agentaccel-stage": "sql-été".encode()},
+                    timeout=60)
+    assert ok.status_code == 200 and urllib.parse.unquote(ok.headers["x-agentaccel-stage"]) == "sql-été"
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:  # a header line without a colon
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nthis is not a header\r\n\r\n")
+        reply = b""
+        while chunk := s.recv(65536):
+            reply += chunk
+    head, _, payload = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400") and b"application/json" in head
+    assert json.loads(payload)["error"]["code"] == "invalid_http_request"
+
+
+def vllm_running(url) -> float:
+    """vLLM's own count of requests it is running (its /metrics, not ours)."""
+    upstream = httpx.get(url + "/health").json()["url"]
+    return sum(float(line.split()[-1]) for line in httpx.get(upstream + "/metrics").text.splitlines()
+               if line.startswith("vllm:num_requests_running"))
+
+
+def test_an_abandoned_non_streamed_request_stops_running_in_vllm(served):
+    """Clients that give up on a non-streamed answer: vLLM stops their requests within seconds (as
+    it does when they leave it directly), they are counted as 499, and the next calls are served."""
+    url, _ = served
+    from concurrent.futures import ThreadPoolExecutor
+
+    def abandon(i):
+        body = {"model": "smol", "messages": [{"role": "user", "content": f"{PROMPTS[i % 4]} (abandoned {i})"}],
+                "max_tokens": 900, "temperature": 0, "ignore_eos": True}
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(url + "/v1/chat/completions", json=body, timeout=2.0)
+
+    before = _requests_with_status(url, "499")
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(abandon, range(4)))
+    deadline = time.monotonic() + 8
+    while vllm_running(url) > 0:
+        assert time.monotonic() < deadline, "vLLM still runs requests whose clients left"
+        time.sleep(0.2)
+    assert _requests_with_status(url, "499") == before + 4
+    plain = chat(url, PROMPTS[1], "after-abandoned", speculate=False)
+    assert chat(url, PROMPTS[1], "after-abandoned") == plain
+
+
+def _requests_with_status(url, status: str) -> float:
+    return sum(float(line.split()[-1]) for line in httpx.get(url + "/metrics").text.splitlines()
+               if line.startswith("agentaccel_requests_total{") and f'status="{status}"' in line)
+
+
+def test_seeded_sampling_repeats_with_speculation_on(served):
+    """The same sampled request with the same seed gives the same output, speculation on, however
+    much the trees learned between the two (here: the first answer itself, and another request's),
+    and the same as with speculation off."""
+    url, _ = served
+
+    def sampled(speculate=True, seed=1234):
+        body = {"model": "smol", "messages": [{"role": "user", "content": "Tell me a short story about a fox."}],
+                "max_tokens": 48, "temperature": 0.8, "seed": seed, "vllm_xargs": {"speculate": speculate}}
+        r = httpx.post(url + "/v1/chat/completions", json=body, headers={"x-agentaccel-stage": "stories"},
+                       timeout=300)
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["message"]["content"]
+
+    first = sampled()
+    chat(url, "Tell me a short story about a quick brown fox.", "stories")  # the trees learn more
+    assert sampled() == first == sampled(speculate=False)
+    assert sampled(seed=99) != first  # (the seed matters: this is sampling)
+
+
+def test_baseline_calls_are_not_learned_by_the_server_that_recorded_them(served):
+    """A call with vllm_xargs.speculate=false is recorded, and no server's trees learn it: not the
+    one that answered (the plugin), nor it again through the store (its follower)."""
+    url, db = served
+    time.sleep(1.0)  # what earlier tests recorded is past the follower
+    learned = httpx.get(url + "/health").json()["follower"]["learned"]
+    for i in range(3):
+        chat(url, f"{PROMPTS[i]} (baseline {i})", "baselines", speculate=False)
+    time.sleep(2.0)  # recorded, and past the follower by now
+    assert httpx.get(url + "/health").json()["follower"]["learned"] == learned
+    with TraceStore(db) as store:
+        stored = [c for c in store.iter_calls() if c.stage == "baselines"]
+        kept = store.conn.execute("SELECT COUNT(*) FROM baseline_calls").fetchone()[0]
+    assert len(stored) == 3 and kept >= 3

@@ -2,7 +2,8 @@
 (HTTP/1.1 keep-alive, chunked SSE): it streams canned tokens as fast as asked, so what a
 benchmark sees is the proxy's own cost, not the upstream's.
 
-Faults are asked for per request with the `x-upstream-fault` header: `hang` (never answers),
+Faults are asked for per request with the `x-upstream-fault` header: `slow` (a whole answer takes
+its tokens' time, as a model's does, and the client may leave meanwhile), `hang` (never answers),
 `error` (500 with an OpenAI-style body), `drop` (closes the connection after the first chunk),
 `garbage` (a 200 whose body is an HTML page), `truncate` (a stream that ends cleanly without its
 last chunks and `[DONE]`).
@@ -59,7 +60,7 @@ class Upstream:
                 elif method == "GET" and path == "/stats":
                     writer.write(_response("200 OK", json.dumps({**self.stats, "last_body": self.last_body}).encode()))
                 elif method == "POST" and path == "/v1/chat/completions":
-                    if not await self._chat(json.loads(body), headers.get("x-upstream-fault"), writer):
+                    if not await self._chat(json.loads(body), headers.get("x-upstream-fault"), writer, reader):
                         return
                 else:
                     writer.write(_response("404 Not Found", b'{"error": {"message": "not found"}}'))
@@ -69,7 +70,16 @@ class Upstream:
         finally:
             writer.close()
 
-    async def _chat(self, body: dict, fault: str | None, writer: asyncio.StreamWriter) -> bool:
+    @staticmethod
+    async def _generating(seconds: float, reader: asyncio.StreamReader) -> bool:
+        """Takes `seconds` to answer, as a model would; False when the client left meanwhile."""
+        try:
+            return await asyncio.wait_for(reader.read(1), seconds) != b""
+        except TimeoutError:
+            return True
+
+    async def _chat(self, body: dict, fault: str | None, writer: asyncio.StreamWriter,
+                    reader: asyncio.StreamReader) -> bool:
         """Answers one chat request; False when the connection is to be closed."""
         self.stats["requests"] += 1
         self.last_body = body
@@ -86,6 +96,9 @@ class Upstream:
         head = {"id": "chatcmpl-fast", "object": "chat.completion.chunk", "created": int(time.time()), "model": MODEL}
         usage = {"prompt_tokens": 5, "completion_tokens": n, "total_tokens": 5 + n}
         if not body.get("stream"):
+            if fault == "slow" and not await self._generating(n * self.token_delay, reader):
+                self.stats["cancelled"] += 1  # the client closed the connection before the answer
+                return False
             self.stats["completed"] += 1
             writer.write(_response("200 OK", json.dumps({**head, "object": "chat.completion", "choices": [
                 {"index": 0, "message": {"role": "assistant", "content": "tok " * n}, "finish_reason": "length"}],

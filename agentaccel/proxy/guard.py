@@ -53,6 +53,14 @@ def guarded_protocol(max_connections: int, header_timeout: float, base: type = A
             super().on_response_complete()
             self._arm()  # the next request on a kept-alive connection has the same deadline
 
+        def send_400_response(self, msg: str) -> None:
+            """uvicorn's answer to a request it cannot parse (a malformed header line, a bad request
+            line) is plain text: here it is the OpenAI error shape every other refusal has."""
+            self._disarm()
+            self.transport.write(_refusal(400, "Bad Request", f"malformed HTTP request: {msg}",
+                                          "invalid_http_request"))
+            self.transport.close()
+
         def connection_lost(self, exc) -> None:
             self._disarm()
             super().connection_lost(exc)

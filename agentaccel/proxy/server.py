@@ -41,6 +41,7 @@ from agentaccel.traces.recorder import RecordedCall, Recorder
 from agentaccel.traces.tenants import tenant_of
 
 SSE_DONE = b"data: [DONE]\n\n"
+CLIENT_GONE = 499  # nginx's status for a client that closed its connection before the answer
 log = logging.getLogger("agentaccel.proxy")
 
 
@@ -212,14 +213,21 @@ class Proxy:
                           headers=tagging.forward_headers(request.headers, not self._tenants), tenant=tenant,
                           cache_scope=tenant if self.config.prefix_scope == "key" else None,
                           spec_scope=tenant if self.config.speculation_scope == "key" else None)
-        forward = self.backend.prepare(tagging.strip_proxy_fields(body), ctx)
-        if body.get("stream"):
-            return await self._stream(endpoint, body, forward, ctx, t0)
         try:
-            reply = await self.backend.complete(endpoint, forward, ctx)
+            forward = self.backend.prepare(tagging.strip_proxy_fields(body), ctx)
         except APIError as e:
             self._observe(endpoint, ctx, e.status, t0)
             return _error(e)
+        if body.get("stream"):
+            return await self._stream(endpoint, body, forward, ctx, t0)
+        try:
+            reply = await _unless_gone(request, self.backend.complete(endpoint, forward, ctx))
+        except APIError as e:
+            self._observe(endpoint, ctx, e.status, t0)
+            return _error(e)
+        except ClientGone:  # the backend's work was cancelled: nobody is there to answer
+            self._observe(endpoint, ctx, CLIENT_GONE, t0)
+            return Response(status_code=CLIENT_GONE)
         summary = from_body(endpoint, reply)
         self._observe(endpoint, ctx, 200, t0, summary)
         self._record(endpoint, body, ctx, summary, t0)
@@ -259,7 +267,7 @@ class Proxy:
                 status = e.status
                 yield b"data: " + json.dumps(e.body()).encode() + b"\n\n"
             except asyncio.CancelledError:  # the client went away: the backend stream is closed below
-                status = 499
+                status = CLIENT_GONE
                 raise
             finally:
                 # Bookkeeping first, without an await: a cancellation can't cut it short.
@@ -293,7 +301,9 @@ class Proxy:
             finish_reason=summary.finish_reason, prompt_tokens=summary.prompt_tokens or None,
             completion_tokens=summary.output_tokens or None, latency=time.perf_counter() - t0,
             metadata={"endpoint": endpoint, "spec": ctx.spec.as_dict() if ctx.spec else None},
-            call_id=ctx.request_id, tenant=ctx.tenant))
+            call_id=ctx.request_id, tenant=ctx.tenant,
+            # a baseline (the client asked for no speculation) is kept, and no server learns from it
+            baseline=(body.get("vllm_xargs") or {}).get("speculate") is False))
 
     async def _served(self, request: Request, render) -> Response:
         try:
@@ -356,6 +366,36 @@ async def _http_error(_request: Request, exc: HTTPException) -> JSONResponse:
     """Starlette's own answers (no such route 404, wrong method 405) in the OpenAI shape too."""
     kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
     return _error(APIError(exc.status_code, str(exc.detail), code=kind))
+
+
+class ClientGone(Exception):
+    """The client closed its connection before its (not streamed) answer was ready."""
+
+
+async def _unless_gone(request: Request, work):
+    """Awaits `work` (a backend's answer) unless the client disconnects first: then the work is
+    cancelled (an upstream request's connection closes, which makes vLLM abort it; the embedded
+    backend stops at its next step) and ClientGone is raised. The request body has been read, so
+    the only message left to receive is the disconnect."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        raise ClientGone()
+    finally:
+        gone.cancel()
+        if not task.done():  # this handler itself was cancelled: so is the work
+            task.cancel()
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _internal_error(exc: Exception) -> JSONResponse:

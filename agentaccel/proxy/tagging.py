@@ -60,6 +60,15 @@ def check_stage(name: str, where: str) -> str:
     return name
 
 
+def _utf8_header(value: str, name: str) -> str:
+    """A header that names something (a stage): its bytes must be UTF-8, or the request is refused
+    (read as Latin-1, `\xff\xfe` would quietly be the stage "ÿþ")."""
+    text = header_text(value)
+    if text is value and not value.isascii():  # header_text kept it as Latin-1: not UTF-8
+        raise bad_request(f"{name}: the header's bytes are not valid UTF-8", param=name, code="invalid_header")
+    return text
+
+
 def resolve(headers: Mapping[str, str], body: Mapping, rules: list[StageRule], fingerprint: bool = True,
             discover: Callable[[Mapping], str | None] | None = None) -> Tags:
     """`discover`: the stage discovery's lookup (None: off); when on, the fingerprint is not used
@@ -73,7 +82,8 @@ def resolve(headers: Mapping[str, str], body: Mapping, rules: list[StageRule], f
         return Tags(stage, source, session)
 
     if headers.get(STAGE_HEADER):
-        return tags(check_stage(header_text(headers[STAGE_HEADER]), "X-Agentaccel-Stage"), "header")
+        return tags(check_stage(_utf8_header(headers[STAGE_HEADER], "X-Agentaccel-Stage"), "X-Agentaccel-Stage"),
+                    "header")
     tagged = explicit_stage(metadata) or explicit_stage({"tags": body.get("tags")})
     if tagged:
         return tags(check_stage(tagged, "metadata"), "metadata")

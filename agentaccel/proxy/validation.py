@@ -79,6 +79,10 @@ def validate(endpoint: str, body: dict) -> None:
     _check(body, "stop", (str, list), "a string or a list of strings")
     _check(body, "metadata", (dict,), "an object")
     _check(body, "stream_options", (dict,), "an object")
+    _check(body, "vllm_xargs", (dict,), "an object")
+    xargs = body.get("vllm_xargs") or {}
+    _check(xargs, "speculate", (bool,), "true or false", "vllm_xargs.")
+    _check(xargs, "stage", (str,), "a string", "vllm_xargs.")
     for field in ("max_tokens", "max_completion_tokens"):
         if isinstance(body.get(field), int) and body[field] < 1:
             raise bad_request(f"'{field}' must be >= 1", param=field, code="invalid_value")

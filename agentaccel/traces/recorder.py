@@ -67,6 +67,7 @@ class RecordedCall:
     metadata: dict = field(default_factory=dict)
     call_id: str | None = None  # the proxy's id for this answer: what the store knows it by (store.call_identity)
     tenant: str | None = None  # whose call (traces/tenants.py: a digest of the API key); None: no keys
+    baseline: bool = False  # the client asked for no speculation (vllm_xargs.speculate=false): kept, not learned
 
 
 class Recorder:
@@ -358,6 +359,7 @@ class _Writer:
                     tools=None if self.redact else call.tools, stage=call.stage, model=call.model,
                     created_at=call.created_at, finish_reason=call.finish_reason, prompt_tokens=call.prompt_tokens,
                     completion_tokens=call.completion_tokens, latency=call.latency, tenant=call.tenant,
+                    baseline=call.baseline,
                     metadata={**call.metadata, "position": position, "redacted": self.redact,
                               **({"call_id": call.call_id} if call.call_id else {})})
 

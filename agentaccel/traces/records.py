@@ -30,6 +30,7 @@ class Call:
     source_offset: int = 0  # where in the source file (line, record or byte offset)
     metadata: dict[str, Any] | None = None
     tenant: str | None = None  # whose call (a digest of the API key, traces/tenants.py); None: the base
+    baseline: bool = False  # answered without speculation on the client's request: never learned from
 
 
 @dataclass

@@ -80,6 +80,9 @@ CREATE TABLE IF NOT EXISTS call_tenants (  -- whose call it was (a call without 
   tenant TEXT NOT NULL               -- the API key's digest (traces/tenants.py), never the key
 );
 CREATE INDEX IF NOT EXISTS call_tenants_tenant ON call_tenants(tenant, call_id);
+CREATE TABLE IF NOT EXISTS baseline_calls (  -- answered without speculation on the client's request
+  call_id {INT} PRIMARY KEY REFERENCES calls(id)  -- (vllm_xargs.speculate=false): kept, never learned from
+);
 CREATE TABLE IF NOT EXISTS tokens (
   kind TEXT NOT NULL,                -- 'b': a blob (message), 'r': a call's response
   ref {INT} NOT NULL,
@@ -353,7 +356,7 @@ class TraceStore:
                    source_file, source_offset, format, metadata, imported_at)
                    VALUES {} ON CONFLICT (content_hash) DO NOTHING RETURNING content_hash, id""", rows))
             stage_of_response: dict[int, str] = {}
-            tenants = []
+            tenants, baselines = [], []
             for call, stage, content_hash in fresh:
                 call_id = inserted.get(content_hash)
                 if call_id is None:  # another writer stored the same call meanwhile
@@ -361,11 +364,15 @@ class TraceStore:
                     continue
                 if call.tenant is not None:
                     tenants.append((call_id, call.tenant))
+                if call.baseline:
+                    baselines.append((call_id,))
                 new_texts.append(("r", call_id, call.response))
                 stage_of_response[call_id] = stage
                 result.stage(stage).calls += 1
             if tenants:
                 conn.executemany("INSERT INTO call_tenants (call_id, tenant) VALUES (?, ?)", tenants)
+            if baselines:
+                conn.executemany("INSERT INTO baseline_calls (call_id) VALUES (?)", baselines)
             if tokenize is not None and new_texts:
                 lengths = self._store_tokens(new_texts, tokenize)
                 for (kind, ref, _), n in zip(new_texts, lengths, strict=True):
@@ -538,12 +545,13 @@ class TraceStore:
                        up_to: int | None = None) -> list[tuple[int, str, int, str | None]]:
         """(call id, stage, output length in tokens, tenant) of every call tokenized with that
         tokenizer (with an id up to `up_to`, when given), newest first (what seeding a server's
-        trees reads first)."""
-        bound = "" if up_to is None else "WHERE c.id <= ? "
+        trees reads first); baseline calls (answered without speculation on request) are left out."""
+        bound = "" if up_to is None else "AND c.id <= ? "
         return [tuple(row) for row in self.conn.execute(
             f"""SELECT c.id, c.stage, LENGTH(t.ids) / 4, ct.tenant FROM calls c JOIN tokens t
                ON t.kind = 'r' AND t.ref = c.id AND t.tokenizer = ?
-               LEFT JOIN call_tenants ct ON ct.call_id = c.id {bound}
+               LEFT JOIN call_tenants ct ON ct.call_id = c.id
+               LEFT JOIN baseline_calls bc ON bc.call_id = c.id WHERE bc.call_id IS NULL {bound}
                ORDER BY COALESCE(c.created_at, 0) DESC, c.id DESC""",
             (tokenizer_fingerprint, *(() if up_to is None else (int(up_to),))))]
 

@@ -87,18 +87,22 @@ class CallTail:
 
     def _rows(self, where: str, params: tuple) -> list[tuple]:
         return [tuple(r) for r in self.store.conn.execute(
-            "SELECT c.id, c.stage, c.response, t.ids, c.created_at, c.imported_at, ct.tenant FROM calls c "
+            "SELECT c.id, c.stage, c.response, t.ids, c.created_at, c.imported_at, ct.tenant, "
+            "bc.call_id IS NOT NULL FROM calls c "
             "LEFT JOIN tokens t ON t.kind = 'r' AND t.ref = c.id AND t.tokenizer = ? "
-            f"LEFT JOIN call_tenants ct ON ct.call_id = c.id WHERE {where}",
+            "LEFT JOIN call_tenants ct ON ct.call_id = c.id "
+            f"LEFT JOIN baseline_calls bc ON bc.call_id = c.id WHERE {where}",
             (self.tokenizer.fingerprint, *params)).fetchall()]
 
     def _tokenized(self, rows: list[tuple]) -> list[TailedCall]:
         """Responses in the tail's tokenizer: the store's cached ids, else encoded here (a proxy
-        recording with another tokenizer, or none)."""
+        recording with another tokenizer, or none). Baseline calls are read past, not delivered: no
+        server learns from them."""
+        rows = [row for row in rows if not row[-1]]
         todo = [i for i, row in enumerate(rows) if row[3] is None and row[2]]
         encoded = dict(zip(todo, self.tokenizer.encode_batch([rows[i][2] for i in todo]), strict=True)) if todo else {}
         out = []
-        for i, (call_id, stage, _response, ids, created_at, stored_at, tenant) in enumerate(rows):
+        for i, (call_id, stage, _response, ids, created_at, stored_at, tenant, _baseline) in enumerate(rows):
             tokens = unpack_ids(ids) if ids is not None else np.asarray(encoded.get(i, []), dtype=np.uint32)
             out.append(TailedCall(call_id, stage, tokens, created_at, stored_at, tenant))
         return out

@@ -89,7 +89,9 @@ class LocalGenerator:
         if len(prompt) + params.max_tokens > self.max_context:
             raise ValueError(f"context too long: {len(prompt)} prompt tokens + max_tokens {params.max_tokens} > "
                              f"{self.max_context}")
-        engine = self.engine if speculate else None
+        # A seeded sampled request must repeat, and it does only if its random draws do: drafts would
+        # change how many it makes, and they depend on what other requests taught the trees.
+        engine = self.engine if speculate and not params.seeded else None
         rid = request_id or uuid.uuid4().hex
         if engine is not None:
             engine.start_request(rid, prompt, stage=stage, scope=spec_scope)

@@ -16,6 +16,11 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
 
+    @property
+    def seeded(self) -> bool:
+        """Sampled with a seed: the same request must give the same output."""
+        return self.temperature > 0 and self.seed is not None
+
     def validate(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")

@@ -8,6 +8,7 @@ asyncio queue. A client that goes away cancels its generation at the next step.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
@@ -169,8 +170,20 @@ class LocalBackend(Backend):
     async def complete(self, endpoint: str, body: dict, ctx: CallContext) -> dict:
         params = self._params(body)  # bad parameters fail before taking a worker
         loop = asyncio.get_running_loop()
+        cancel = threading.Event()
+
+        def on_tokens(_ids: list[int]) -> None:
+            if cancel.is_set():  # the caller went away: stop at this step (the worker frees the request)
+                raise _Cancelled()
+
+        work = loop.run_in_executor(self.pool, self._run, endpoint, body, params, ctx, on_tokens)
         try:
-            r = await loop.run_in_executor(self.pool, self._run, endpoint, body, params, ctx)
+            r = await asyncio.shield(work)
+        except asyncio.CancelledError:
+            cancel.set()
+            with contextlib.suppress(BaseException):
+                await work
+            raise
         except APIError:
             raise
         except Exception as e:

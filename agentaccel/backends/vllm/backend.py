@@ -19,7 +19,7 @@ from agentaccel.backends.openai_compat import OpenAIBackend
 from agentaccel.backends.routing import SESSION_HEADER, data_parallel_size
 from agentaccel.backends.vllm import stats_files
 from agentaccel.backends.vllm.supervisor import Supervisor
-from agentaccel.errors import APIError
+from agentaccel.errors import APIError, bad_request
 from agentaccel.processes import free_port
 
 DEFAULT_SPECULATIVE_CONFIG = {"method": "suffix", "num_speculative_tokens": 32, "suffix_decoding_max_tree_depth": 64}
@@ -116,6 +116,12 @@ class VLLMBackend(OpenAIBackend):
         await super().close()
 
     def prepare(self, body: dict, ctx: CallContext) -> dict:
+        unsupported = next((f for f in ("logit_bias", "min_p") if _asks_for(body, f)), None)
+        if unsupported:  # vLLM checks it per server, not per request: speculate=false cannot lift it
+            raise bad_request(f"'{unsupported}' is not supported by this server: agentaccel runs vLLM with speculative "
+                              "decoding, and vLLM does not support min_p or logit_bias with it, for any request "
+                              "(vllm_xargs.speculate=false included); send such requests to a vLLM server started "
+                              "without speculative decoding", param=unsupported, code="unsupported_with_speculation")
         # The scope is always set by the proxy (a client's own "scope" is dropped): no key can draft
         # from another tenant's trees by naming them.
         xargs = {k: v for k, v in (body.get("vllm_xargs") or {}).items() if k != "scope"}
@@ -147,7 +153,8 @@ class VLLMBackend(OpenAIBackend):
         p = self.supervisor.process
         drafter = self._drafter_stats()
         return {"backend": self.name, "model": self.served_name, "state": self.supervisor.state,
-                "pid": p.pid if p else None, "restarts": self.supervisor.restarts,
+                "pid": p.pid if p else None, "url": f"http://127.0.0.1:{self.port}",
+                "restarts": self.supervisor.restarts,
                 # requests the plugin holds a tree for, and outputs waiting to join their stage trees
                 "draft_requests": drafter.get("requests"), "pending_outputs": drafter.get("pending_outputs"),
                 "follower": drafter.get("follower")}
@@ -185,3 +192,12 @@ class VLLMBackend(OpenAIBackend):
 
     def drafter_state(self) -> dict:
         return self._drafter_stats().get("drafter", {})
+
+
+def _asks_for(body: dict, field: str) -> bool:
+    """Whether a request sets a sampling parameter to something that does anything (vLLM's own test:
+    a min_p above its epsilon, a non-empty logit_bias)."""
+    value = body.get(field)
+    if field == "min_p":
+        return isinstance(value, int | float) and not isinstance(value, bool) and value > 1e-5
+    return bool(value)

@@ -33,8 +33,9 @@ Each step drafts for the whole batch in one native call (`engine.batch.BatchDraf
 Each request's stage comes from `SamplingParams.extra_args["stage"]` (the proxy sends it as
 `vllm_xargs.stage`), its tenant's scope from `extra_args["scope"]` (set by the proxy alone);
 `extra_args["speculate"] = false` makes one request a baseline inside the same server: no
-drafts, and its output is not learned from. vLLM verifies a chain of draft tokens, so drafts are
-linear.
+drafts, and its output is not learned from (nor, recorded by the proxy, by any server: the store's
+`baseline_calls`). A seeded sampled request is not drafted for either (`seeded_sampling`): its
+output repeats. vLLM verifies a chain of draft tokens, so drafts are linear.
 """
 
 from __future__ import annotations
@@ -87,7 +88,10 @@ def _capture_stages() -> None:
             stage = extra.get("stage")
             stage = stage if isinstance(stage, str) and stage else "default"
             scope = extra.get("scope")  # the tenant whose trees it drafts from (set by the proxy)
-            speculate = extra.get("speculate", True) not in (False, 0, "0", "false")
+            # the proxy lets only true or false through (proxy/validation.py), which vLLM's
+            # vllm_xargs (str | int | float values) hands over as 0 / 1; a seeded sampled request must
+            # repeat, and drafts would change its random draws: it is not drafted for
+            speculate = extra.get("speculate", True) not in (False, 0, "0", "false") and not seeded_sampling(params)
             max_tokens = getattr(params, "max_tokens", None)
             prompt = getattr(request, "num_prompt_tokens", None)
             limit = prompt + max_tokens if isinstance(max_tokens, int) and isinstance(prompt, int) else None
@@ -109,6 +113,14 @@ def _capture_stages() -> None:
     add_request._agentaccel = True
     InputBatch.add_request = add_request
     InputBatch.remove_request = remove_request
+
+
+def seeded_sampling(params) -> bool:
+    """Sampled with a seed (vLLM's RANDOM_SEED): the same request must give the same output. vLLM's
+    rejection sampler draws per draft token, and our drafts depend on every other request's
+    output: drafted for, the request would not repeat (docs/SERVING.md, "What repeats")."""
+    seed, temperature = getattr(params, "seed", None), getattr(params, "temperature", 0.0)
+    return seed is not None and isinstance(temperature, int | float) and temperature >= 1e-5
 
 
 def _capture_scheduled() -> None:
