@@ -10,7 +10,7 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import httpx
 import psutil
@@ -111,3 +111,42 @@ def stop_group(proc: subprocess.Popen, grace: float = 30.0) -> None:
         proc.wait()
     except ProcessLookupError:
         pass
+
+
+def stop_groups(procs: list[subprocess.Popen], grace: float = 10.0) -> None:
+    """Every child's process group stopped together: SIGTERM to all, then SIGKILL to the groups
+    still alive `grace` seconds later. Bounded however many there are (one after another, each
+    with its own grace, a stop of several vLLM servers took minutes)."""
+    alive = []
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGTERM)
+            alive.append(proc)
+    deadline = time.monotonic() + grace
+    for proc in alive:
+        try:
+            proc.wait(max(deadline - time.monotonic(), 0.0))
+        except subprocess.TimeoutExpired:
+            pass
+        kill_group(proc.pid)  # the leader may be gone while its children linger: the whole group
+        proc.wait()
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """Within the block, SIGTERM interrupts as Ctrl-C does (KeyboardInterrupt), once: the callers'
+    `finally` blocks stop what they started. Python's default for SIGTERM ends the process at
+    once, leaving every child server running. A second SIGTERM while those blocks run is ignored."""
+    raised = False
+
+    def interrupt(_sig, _frame) -> None:
+        nonlocal raised
+        if not raised:
+            raised = True
+            raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -161,5 +161,61 @@ def test_a_level_the_source_cannot_fill_reuses_earlier_calls_and_says_so():
     assert short.reused == {4: 1, 16: 32}  # every level runs all its jobs; none is reported empty
     notes = short.notes("sql", 12, sizes)
     assert len(notes) == 2 and "16 in flight: 32 of its 32 jobs ran before" in notes[1]
-    few = Layout.of(_jobs(list(range(3))), Sizes(history=8)).notes("sql", 3, Sizes(history=8))
-    assert any("history of 2 jobs, not 8" in n for n in few), few
+    # a source too small for the history asked: the history gives way, the measurement keeps its jobs
+    sizes = Sizes(history=8, warm=1, per_level={1: 2, 8: 8}, reps=2)
+    few = Layout.of(_jobs(list(range(9))), sizes)
+    assert len(few.history) == 6 and few.warm == [6] and few.measures
+    assert all(few.blocks[(level, rep)] for level in (1, 8) for rep in range(2))
+    assert any("history cut to 6 jobs (asked 8)" in n for n in few.notes("sql", 9, sizes))
+    assert not Layout.of(_jobs([]), sizes).measures  # no job at all: nothing to measure (the CLI refuses)
+
+
+def command(p) -> str:
+    import psutil
+
+    try:
+        return " ".join(p.cmdline())
+    except psutil.Error:  # gone, or a zombie
+        return ""
+
+
+def alive(p) -> bool:
+    import psutil
+
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def test_sigterm_stops_every_vllm_server_the_bench_started(tmp_path):
+    """`timeout 45 agentaccel bench vllm --quick` on a fresh machine: SIGTERM while its servers run
+    stops every one of them, whole process groups, within a bounded time, and says so."""
+    import signal
+    import time
+
+    import psutil
+
+    empty = tmp_path / "no-traces"
+    empty.mkdir()
+    env = {**os.environ, "HOME": str(tmp_path / "home"), "AGENTACCEL_TRACES": str(empty)}
+    env.pop("AGENTACCEL_DB", None)
+    proc = subprocess.Popen([sys.executable, "-m", "agentaccel.cli.main", "bench", "vllm", "--quick",
+                             "--logs", str(tmp_path / "logs")], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    bench_process = psutil.Process(proc.pid)
+    deadline = time.monotonic() + 300
+    servers: list[psutil.Process] = []
+    while not servers:  # vLLM started by the bench (the history's plain server first)
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        servers = [p for p in bench_process.children(recursive=True) if "vllm.entrypoints" in command(p)]
+        time.sleep(0.5)
+    time.sleep(5)  # its own children (engine core, workers) are up too
+    started = bench_process.children(recursive=True)
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    took = time.monotonic() - sent
+    left = [p for p in started if alive(p)]
+    assert not left, [(p.pid, command(p)[:120]) for p in left]
+    assert proc.returncode == 2 and "interrupted" in stderr and took < 30, (proc.returncode, took, stderr[-2000:])

@@ -30,6 +30,7 @@ from agentaccel.cli.common import (
     traces_folder,
 )
 from agentaccel.cli.serve import PREFIX_CACHE, Dtype, DtypeOption, check_cost_profile, parse_size
+from agentaccel.processes import sigterm_interrupts
 
 REPLAY_SPECULATORS = "none,pld,paper-linear,paper-tree,agentaccel"
 
@@ -485,7 +486,11 @@ def bench_vllm(
         if "agent" in chosen_workloads and sources.bundled_agent else []
     for w in chosen_workloads:  # where a source has too few jobs for the plan, say so before the run
         jobs = workload_jobs(w, sources, sizes.history + sizes.warm + sizes.measured + 64, tok, max_tokens, open_tokens)
-        notes += vplan.Layout.of(jobs, sizes).notes(w, len(jobs), sizes)
+        layout = vplan.Layout.of(jobs, sizes)
+        if not layout.measures:
+            raise fail(f"workload {w}: its source ({sources.describe(w)}) has {len(jobs)} jobs, none left to measure "
+                       "after the warm-up: give more (--db with recorded calls, --traces) or choose other workloads")
+        notes += layout.notes(w, len(jobs), sizes)
     for note in notes:
         err.print(f"[yellow]note: {note}[/]")
     result = _run_vllm_bench(plan, tok, simulate)
@@ -524,25 +529,35 @@ def _vllm_sources(traces: Path | None, db: Path | None):
 def _run_vllm_bench(plan, tok, simulate: bool) -> dict:
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+    from agentaccel.assets import cache_dir
     from agentaccel.bench.vllm import report, runner
     from agentaccel.bench.vllm.servers import METHODS, arctic_inference_path
 
     notes = []
     arctic = None
-    if "suffix" in plan.methods:
-        arctic, why = arctic_inference_path(Path.home() / ".cache" / "agentaccel", err.print)
-        if arctic is None:
-            notes.append(f"vLLM's suffix method skipped: {why}")
-            err.print(f"[yellow]{notes[-1]}[/]")
-            plan.methods = [m for m in plan.methods if m != "suffix"]
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err) as progress:
+    # SIGTERM stops every process started here (the servers, a build), as Ctrl-C does
+    with sigterm_interrupts(), Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                                        console=err) as progress:
         task = progress.add_task("vLLM", total=None)
-        measured = runner.run(plan, tok, arctic, lambda msg: progress.update(task, description=msg))
+        try:
+            if "suffix" in plan.methods:
+                arctic, why = arctic_inference_path(cache_dir(), err.print)
+                if arctic is None:
+                    notes.append(f"vLLM's suffix method skipped: {why}")
+                    err.print(f"[yellow]{notes[-1]}[/]")
+                    plan.methods = [m for m in plan.methods if m != "suffix"]
+            measured = runner.run(plan, tok, arctic, lambda msg: progress.update(task, description=msg))
+        except KeyboardInterrupt:
+            raise fail("interrupted: every process this run started is stopped") from None
         checked = None
         if simulate:
             from agentaccel.bench.vllm import simulate as sim
 
-            checked = sim.check(plan.log_dir, plan.methods, tok, lambda msg: progress.update(task, description=msg))
+            if sim.logged_steps(plan.log_dir / "steps-agentaccel.jsonl"):
+                checked = sim.check(plan.log_dir, plan.methods, tok,
+                                    lambda msg: progress.update(task, description=msg))
+            else:
+                notes.append("no simulator check: agentaccel's server timed no steps (no call reached it)")
     summary = report.summarize(measured, plan.methods, plan.log_dir)
     summary["simulator"] = checked
     summary["notes"] = notes

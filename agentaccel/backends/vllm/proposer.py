@@ -41,6 +41,7 @@ output repeats. vLLM verifies a chain of draft tokens, so drafts are linear.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import logging
 import os
@@ -59,7 +60,15 @@ from agentaccel.engine.online import OnlineCalibration
 from agentaccel.engine.policy import default_config
 from agentaccel.traces.database import locate
 
-log = logging.getLogger("agentaccel.vllm")
+
+class _RankLog(logging.LoggerAdapter):
+    """Every line names the worker it comes from: with tensor or data parallelism several write."""
+
+    def process(self, msg, kwargs):
+        return f"[{self.extra['rank']}] {msg}", kwargs
+
+
+log = _RankLog(logging.getLogger("agentaccel.vllm"), {"rank": "rank ?"})
 
 STATS_INTERVAL = 0.5  # seconds between writes of the statistics file
 
@@ -165,6 +174,34 @@ def _tokenizer_file(spec: str) -> str:
     return cached if isinstance(cached, str) else spec
 
 
+def drafts_are_taken(vllm_config) -> bool:
+    """Whether vLLM takes this worker's drafts: it asks one worker for them (`take_draft_token_ids`,
+    `unique_reply_rank`: the first tensor- and context-parallel rank of the last pipeline stage)
+    and hands them to every worker through the scheduler; any other worker's would be thrown away."""
+    try:
+        from vllm.distributed import parallel_state as ps
+    except ImportError:
+        return True
+    if not ps.model_parallel_is_initialized():
+        return True
+    first = ps.get_tp_group().rank_in_group == 0 and ps.get_pp_group().is_last_rank
+    pcp = getattr(ps, "get_pcp_group", None)
+    with contextlib.suppress(AssertionError, AttributeError):  # a vLLM without context parallelism
+        first = first and (pcp is None or pcp().rank_in_group == 0)
+    return first
+
+
+def rank_label(vllm_config) -> str:
+    """dp<data-parallel rank> tp<tensor-parallel rank> (what log lines carry)."""
+    tp = 0
+    with contextlib.suppress(ImportError, AssertionError, AttributeError):
+        from vllm.distributed import parallel_state as ps
+
+        if ps.model_parallel_is_initialized():
+            tp = ps.get_tp_group().rank_in_group
+    return f"dp{data_parallel_rank(vllm_config)} tp{tp}"
+
+
 def data_parallel_rank(vllm_config) -> int:
     """This engine's data-parallel rank. vLLM runs the ranks of a dense model as independent
     engines (data_parallel_rank 0 in each); data_parallel_index keeps the real rank."""
@@ -205,11 +242,16 @@ class AgentaccelProposer:
         global _DRAFTER
         from agentaccel.backends.vllm import compat
 
-        for problem in compat.problems():
-            log.warning("agentaccel: this vLLM differs from what the plugin expects: %s", problem)
+        log.extra["rank"] = rank_label(vllm_config)
         config = vllm_config.speculative_config
         self.num_speculative_tokens = config.num_speculative_tokens
         self.max_model_len = vllm_config.model_config.max_model_len
+        self.drafts = drafts_are_taken(vllm_config)
+        if not self.drafts:  # no trees, follower, calibration, learning or statistics: nothing it did would count
+            log.info("agentaccel: vLLM takes its drafts from another worker; this one drafts nothing")
+            return
+        for problem in compat.problems():
+            log.warning("agentaccel: this vLLM differs from what the plugin expects: %s", problem)
         # vLLM verifies one chain, priced per token as on a GPU; the longest draft, alpha and min-prob
         # are vLLM's own settings
         base = replace(default_config(parse("gpu"), tree=False), max_tokens=self.num_speculative_tokens,
@@ -286,6 +328,8 @@ class AgentaccelProposer:
             atexit.register(self.follower.close)
 
     def propose(self, num_speculative_tokens, input_batch, sampled_token_ids, slot_mappings=None) -> list[list[int]]:
+        if not self.drafts:
+            return [[] for _ in input_batch.req_ids]
         return self.drafter.step(input_batch.req_ids, input_batch.token_ids_cpu, input_batch.num_tokens_no_spec,
                                  sampled_token_ids, min(num_speculative_tokens, self.num_speculative_tokens),
                                  self.max_model_len, _SCHEDULED)

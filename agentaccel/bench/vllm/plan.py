@@ -45,12 +45,15 @@ class Layout:
 
     @classmethod
     def of(cls, jobs: list[Job], sizes: Sizes) -> Layout:
-        history = list(range(min(sizes.history, max(len(jobs) - 1, 0))))
-        seen = {jobs[i].session for i in history}
-        start = len(history)
-        while start < len(jobs) and jobs[start].session in seen:  # the history's last session is not measured
-            start += 1
-        rest = list(range(start, len(jobs)))
+        """The history takes what it asks for only while the warm-up and every level keep jobs of
+        their own: a small source (the bundled recordings) gives the history less, never the
+        measurement nothing."""
+        reserve = sizes.warm + len(sizes.per_level)
+        size = min(sizes.history, max(len(jobs) - 1, 0))
+        while size and len(jobs) - _first_after(jobs, size) < reserve:
+            size -= 1
+        history = list(range(size))
+        rest = list(range(_first_after(jobs, size), len(jobs)))
         warm = rest[: min(sizes.warm, max(len(rest) - 1, 0))]
         measured = rest[len(warm):]
         fresh = iter(measured)
@@ -77,9 +80,24 @@ class Layout:
                f"before in an earlier block (the source has {available}); the suffix methods' trees hold their "
                "outputs, which flatters them there" for level, n in self.reused.items()]
         if len(self.history) < sizes.history:
-            out.append(f"{workload}: history of {len(self.history)} jobs, not {sizes.history} (the source has "
-                       f"{available})")
+            out.append(f"{workload}: history cut to {len(self.history)} jobs (asked {sizes.history}): the source has "
+                       f"{available}, and the warm-up and every level need jobs of their own")
         return out
+
+    @property
+    def measures(self) -> bool:
+        """Whether any block has a job to measure."""
+        return any(self.blocks.values())
+
+
+def _first_after(jobs: list[Job], history: int) -> int:
+    """The first job after a history of `history` jobs whose session the history does not touch
+    (the history's last session is not measured)."""
+    seen = {jobs[i].session for i in range(history)}
+    start = history
+    while start < len(jobs) and jobs[start].session in seen:
+        start += 1
+    return start
 
 
 @dataclass

