@@ -79,6 +79,11 @@ std::vector<std::vector<uint32_t>> BatchDrafter::step(const BatchStep& s) {
   bool continued = false;  // one of its requests was in the step before: the engine ran without a pause
   size_t decoding = 0;     // requests that yield a token next step
   size_t listed = 0;       // requests in the next step (decoding or prefilling)
+  // Requests whose draft the step that just ran verified: their stage's counters and accepted
+  // tokens (what speculation saved them is priced once the whole step is known).
+  thread_local std::vector<std::pair<StageCounters*, double>> verified;
+  verified.clear();
+  double drafted_tokens = 0.0, drafted_attention = 0.0;  // the step's draft tokens, and their attention work
   double next_context = 0.0, next_attention = 0.0;
   {
     std::lock_guard clock(counters_mu_);
@@ -100,6 +105,8 @@ std::vector<std::vector<uint32_t>> BatchDrafter::step(const BatchStep& s) {
       const double queried = 1.0 + double(std::max(e.last_draft, 0));  // the token it fed plus the draft verified
       timed.decode_tokens += queried;
       timed.attention += queried * before;
+      drafted_tokens += queried - 1.0;
+      drafted_attention += (queried - 1.0) * before;
       ++decoding;
       next_attention += double(std::max(num_tokens, 0));
       if (!e.speculate) continue;  // a baseline request
@@ -128,6 +135,7 @@ std::vector<std::vector<uint32_t>> BatchDrafter::step(const BatchStep& s) {
         c.drafted += uint64_t(e.last_draft);
         c.accepted += uint64_t(std::min<int64_t>(e.last_draft, hi - lo - 1));
         c.predicted += e.last_score;
+        verified.emplace_back(&c, double(std::min<int64_t>(e.last_draft, hi - lo - 1)));
       }
       // A draft of d tokens yields up to d + 1: never more than the model may still give.
       int64_t room = int64_t(s.max_model_len) - num_tokens - 1;
@@ -144,6 +152,18 @@ std::vector<std::vector<uint32_t>> BatchDrafter::step(const BatchStep& s) {
   }
   timed.tokens = s.scheduled >= 0 ? double(s.scheduled) : timed.decode_tokens;
   if (continued) record_timing(timed, started);
+  if (cost && !verified.empty()) {
+    // Each request waited the step with drafts; plain decoding would have taken a step without them
+    // for each of its tokens. Prefill is left out of both: it is there either way.
+    auto step = [&](double tokens, double attention) {
+      return cost->at(tokens) + cost->per_context * timed.context + cost->per_attention * attention +
+             cost->per_request * double(timed.requests);
+    };
+    const double with = step(timed.decode_tokens, timed.attention);
+    const double plain = step(timed.decode_tokens - drafted_tokens, timed.attention - drafted_attention);
+    std::lock_guard clock(counters_mu_);
+    for (const auto& [c, accepted] : verified) c->saved_seconds += accepted * plain - (with - plain);
+  }
 
   if (budgeted_) {
     // A token is worth drafting only if it gains at least the plain step's rate times what it adds

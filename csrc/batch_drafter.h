@@ -30,6 +30,8 @@ struct StageCounters {
   uint64_t accepted = 0;  // draft tokens accepted
   uint64_t tokens = 0;    // tokens produced (accepted + the one the model adds each step)
   double predicted = 0.0; // expected accepted tokens of those drafts (sum of their scores)
+  double saved_seconds = 0.0;  // what plain decoding would have taken those requests more, under the
+                               // step cost: a accepted tokens save a plain steps, the drafts made the step longer
 };
 
 // One step's input, as vLLM's InputBatch holds it: row i of `rows` (row stride `stride`) holds

@@ -136,7 +136,8 @@ NB_MODULE(_core, m) {
       .def_ro("drafted", &agentaccel::StageCounters::drafted)
       .def_ro("accepted", &agentaccel::StageCounters::accepted)
       .def_ro("tokens", &agentaccel::StageCounters::tokens)
-      .def_ro("predicted", &agentaccel::StageCounters::predicted);
+      .def_ro("predicted", &agentaccel::StageCounters::predicted)
+      .def_ro("saved_seconds", &agentaccel::StageCounters::saved_seconds);
 
   nb::class_<agentaccel::StepCost>(m, "StepCost")
       .def(nb::init<>())

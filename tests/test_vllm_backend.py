@@ -270,6 +270,8 @@ def test_outputs_are_plain_decodings_at_every_concurrency_and_the_step_cost_is_l
         with ThreadPoolExecutor(level) as pool:
             assert list(pool.map(lambda p: chat(url, p, "load"), prompts[:level])) == plain[:level]
     assert spec_metric(url, "agentaccel_draft_tokens_total", "load") > 0
+    # what the drafts saved the stage's requests, priced by the learned step cost
+    assert spec_metric(url, "agentaccel_speculation_saved_seconds_total", "load") > 0
     text = httpx.get(url + "/metrics").text
     timed = [float(line.split()[-1]) for line in text.splitlines()
              if line.startswith("agentaccel_step_cost_timed_steps ")]

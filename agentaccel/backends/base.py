@@ -26,9 +26,11 @@ class SpecStats:
     steps: int = 0
     drafted: int = 0
     accepted: int = 0
+    saved_seconds: float = 0.0  # what plain decoding would have taken more, under the backend's step cost
 
     def as_dict(self) -> dict:
-        return {"steps": self.steps, "drafted": self.drafted, "accepted": self.accepted}
+        return {"steps": self.steps, "drafted": self.drafted, "accepted": self.accepted,
+                "saved_seconds": self.saved_seconds}
 
 
 @dataclass
@@ -88,6 +90,23 @@ class Backend(ABC):
         under (`step_seconds` by tokens computed, `timed_steps` it was learned from); empty for a
         backend without one."""
         return {}
+
+
+def follower_counters(per_rank: dict[str, dict]) -> list[tuple[str, str, str, dict[str, float]]]:
+    """`Backend.counters` of the trace store followers, per rank (a follower's `stats` as a dict):
+    outputs other servers recorded that the trees learned, and the follower's errors."""
+    if not per_rank:
+        return []
+    return [("agentaccel_followed_outputs", "Outputs other servers recorded into the shared trace store that the "
+             "trees learned (their own coming back are not counted)", "rank",
+             {rank: float(s.get("learned", 0)) for rank, s in per_rank.items()}),
+            ("agentaccel_follower_errors", "Times following the trace store failed (the follower goes on)", "rank",
+             {rank: float(s.get("errors", 0)) for rank, s in per_rank.items()})]
+
+
+def step_cost_state(model, timed_steps: int) -> dict:
+    """`Backend.drafter_state`'s step cost: seconds of a step computing 1, 16, 64, 256 tokens."""
+    return {"step_seconds": {str(t): float(model.seconds(t)) for t in (1, 16, 64, 256)}, "timed_steps": timed_steps}
 
 
 def seeded_counters(seeded: dict[str, dict]) -> list[tuple[str, str, str, dict[str, float]]]:

@@ -149,6 +149,12 @@ class LearnedStepCost:
     def steps(self) -> int:
         return self.learner.steps
 
+    @property
+    def in_seconds(self) -> StepCostModel | None:
+        """The curve when it prices in seconds (a stored one, or a fit to this server's steps), else
+        None (a relative seed, in plain steps)."""
+        return self.model if self.origin != "seed" or self.learner.steps >= self.learner.first_steps else None
+
     def _run(self) -> None:
         while not self._stop.wait(self.every):
             try:

@@ -122,7 +122,8 @@ class Metrics:
             self.output_tokens.labels(*who).inc(output_tokens)
         if spec is not None:
             key = scoped_key(who)
-            totals = self._spec_totals.setdefault(key, {"steps": 0, "drafted": 0, "accepted": 0})
+            totals = self._spec_totals.setdefault(key, {"steps": 0, "drafted": 0, "accepted": 0,
+                                                        "saved_seconds": 0.0})
             for name, value in spec.as_dict().items():
                 totals[name] += value
 
@@ -173,6 +174,10 @@ class _SpecCollector:
         rate = GaugeMetricFamily("agentaccel_acceptance_rate", "Accepted / drafted tokens", labels=names)
         mean = GaugeMetricFamily("agentaccel_mean_accepted_length", "Tokens produced per verification step "
                                  "(accepted drafts + the bonus token)", labels=names)
+        saved = CounterMetricFamily("agentaccel_speculation_saved_seconds", "What plain decoding would have taken "
+                                    "the stage's requests more, priced by the server's step cost: the plain steps "
+                                    "their accepted tokens spared, less what drafting added to their steps",
+                                    labels=names)
         for labels, t in rows:
             steps.add_metric(labels, t.get("steps", 0))
             drafted.add_metric(labels, t.get("drafted", 0))
@@ -181,7 +186,8 @@ class _SpecCollector:
                 rate.add_metric(labels, t["accepted"] / t["drafted"])
             if t.get("steps"):
                 mean.add_metric(labels, (t["accepted"] + t["steps"]) / t["steps"])
-        yield from (steps, drafted, accepted, rate, mean)
+            saved.add_metric(labels, t.get("saved_seconds", 0.0))
+        yield from (steps, drafted, accepted, rate, mean, saved)
 
 
 class _PolicyCollector:
@@ -212,7 +218,7 @@ class _PolicyCollector:
 
 
 class _DrafterCollector:
-    """A batch drafter's own time and the step cost it drafts under (the vLLM plugin's)."""
+    """A batch drafter's own time (the vLLM plugin's) and the step cost a backend drafts under."""
 
     def __init__(self, source: Callable[[], dict]) -> None:
         self.source = source
@@ -224,10 +230,11 @@ class _DrafterCollector:
         state = self.source()
         if not state:
             return
-        yield CounterMetricFamily("agentaccel_proposer_seconds", "Time the proposer spent drafting, all steps",
-                                  value=state.get("proposer_seconds", 0.0))
-        yield CounterMetricFamily("agentaccel_proposer_steps", "Steps the proposer drafted for",
-                                  value=state.get("steps", 0))
+        if "proposer_seconds" in state:
+            yield CounterMetricFamily("agentaccel_proposer_seconds", "Time the proposer spent drafting, all steps",
+                                      value=state["proposer_seconds"])
+            yield CounterMetricFamily("agentaccel_proposer_steps", "Steps the proposer drafted for",
+                                      value=state.get("steps", 0))
         if "step_seconds" in state:
             yield GaugeMetricFamily("agentaccel_step_cost_timed_steps", "Timed steps the step cost was learned from",
                                     value=state.get("timed_steps", 0))

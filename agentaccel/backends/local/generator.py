@@ -19,6 +19,7 @@ from agentaccel.backends.local.static_slots import SlotPool, SlotSequence, conte
 from agentaccel.backends.local.verifier import DecodingSequence, GrowingSequence
 from agentaccel.backends.step_costs import LearnedStepCost
 from agentaccel.engine import SuffixEngine
+from agentaccel.engine.cost import StepCostModel
 from agentaccel.engine.online import OnlineCalibration
 
 OnTokens = Callable[[list[int]], None]
@@ -37,6 +38,7 @@ class GenerationResult:
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
     cached_tokens: int = 0  # prompt tokens whose KV entries came from the prefix cache
+    saved_seconds: float = 0.0  # what plain decoding would have taken more, under the step cost (`pricing`)
 
     @property
     def mean_accepted(self) -> float:
@@ -73,6 +75,8 @@ class LocalGenerator:
         self.slots = SlotPool(model, slots, static_len or self.max_context, self._forward) if slots else None
         self.prefix_cache = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes else None
         self.step_cost: LearnedStepCost | None = None  # told every verification step's time, when set
+        # what prices what speculation saved (`.model` in seconds): the learned step cost, or a profile
+        self.pricing: Callable[[], StepCostModel | None] | None = None
 
     def generate(self, prompt_ids: list[int], params: SamplingParams | None = None, *, stage: str = "default",
                  speculate: bool = True, on_tokens: OnTokens | None = None,
@@ -122,6 +126,8 @@ class LocalGenerator:
         t1 = time.perf_counter()
         out: list[int] = []
         steps = drafted = accepted = 0
+        saved = 0.0
+        pricing = self.pricing() if self.pricing is not None else None
         finish = None
         new = [first]
         while True:
@@ -147,6 +153,8 @@ class LocalGenerator:
                 took = time.perf_counter() - t_step
             if self.step_cost is not None:  # the backend's cost curve is learned from its own steps
                 self.step_cost.record(timed_step(len(tokens), len(prompt) + len(out), took, t_step - t_draft))
+            if pricing is not None:
+                saved += saved_by_step(pricing, len(tokens), len(path), len(prompt) + len(out))
             steps += 1
             drafted += len(tokens)
             accepted += len(path)
@@ -161,7 +169,7 @@ class LocalGenerator:
             text = self._before_stop(text, params.stop)
             finish = "stop"
         return GenerationResult(out, text, finish, len(prompt), len(out), steps, drafted, accepted, t1 - t0, t2 - t1,
-                                reuse.tokens if reuse else 0)
+                                reuse.tokens if reuse else 0, saved)
 
     def _cut(self, out: list[int], new: list[int], params: SamplingParams) -> tuple[list[int], str | None]:
         """Trims newly accepted tokens at EOS, max_tokens or a stop string."""
@@ -182,3 +190,11 @@ class LocalGenerator:
     def _before_stop(text: str, stops: list[str]) -> str:
         cut = min((text.find(s) for s in stops if s in text), default=len(text))
         return text[:cut]
+
+
+def saved_by_step(model: StepCostModel, drafted: int, accepted: int, context: int) -> float:
+    """What one verification step saved its request against plain decoding: the plain steps its
+    accepted tokens spared, less what its draft added to the step."""
+    plain = model.seconds(1.0, float(context), float(context), 1.0)
+    with_draft = model.seconds(1.0 + drafted, float(context), (1.0 + drafted) * context, 1.0)
+    return accepted * plain - (with_draft - plain)

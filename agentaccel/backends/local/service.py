@@ -18,7 +18,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
-from agentaccel.backends.base import CHAT, Backend, CallContext, SpecStats, seeded_counters
+from agentaccel.backends.base import (
+    CHAT,
+    Backend,
+    CallContext,
+    SpecStats,
+    follower_counters,
+    seeded_counters,
+    step_cost_state,
+)
 from agentaccel.backends.local.detokenize import TextDeltas
 from agentaccel.backends.local.generator import GenerationResult, LocalGenerator
 from agentaccel.backends.local.prefix_cache import DEFAULT_BUDGET_BYTES
@@ -82,8 +90,11 @@ class LocalBackend(Backend):
             self.step_cost = learned_cost(model, model_key(self.model_path), self.engine, db=self.policy_db,
                                           save=self.save_calibration, say=self.say)
             base = default_config(self.step_cost.model, curve=True)
+            pricing = lambda: self.step_cost.in_seconds  # noqa: E731
         else:
-            base = default_config(cost_profile(model, self.cost_profile, self.policy_db))
+            profile = cost_profile(model, self.cost_profile, self.policy_db)
+            base = default_config(profile)
+            pricing = lambda: None if profile.relative else profile.model  # noqa: E731
         policies, online = serving_policies(base, db=self.policy_db,
                                             spec_config=self.spec_config, say=self.say)
         policies.install(self.engine)
@@ -93,6 +104,7 @@ class LocalBackend(Backend):
         self.generator = LocalGenerator(model, tok, self.engine, online=self.calibration,
                                         prefix_cache_bytes=self.prefix_cache_bytes)
         self.generator.step_cost = self.step_cost
+        self.generator.pricing = pricing
         if self.on_ready is not None:  # it may return the store follower it started (shown in /health)
             self.follower = await asyncio.to_thread(self.on_ready, self.engine, tok)
         # what the trees hold before the first request, by stage (/metrics: agentaccel_seeded_*)
@@ -109,7 +121,14 @@ class LocalBackend(Backend):
         return policy_state(self.engine, self.calibration)
 
     def counters(self) -> list[tuple[str, str, str, dict[str, float]]]:
-        return seeded_counters(self.seeded)
+        follower = {"0": asdict(self.follower.stats)} if self.follower is not None and hasattr(
+            self.follower, "stats") else {}
+        return seeded_counters(self.seeded) + follower_counters(follower)
+
+    def drafter_state(self) -> dict:
+        """The step cost it drafts under, once it prices in seconds (learned: `--cost-profile auto`)."""
+        model = self.step_cost.in_seconds if self.step_cost is not None else None
+        return step_cost_state(model, self.step_cost.steps) if model is not None else {}
 
     async def models(self) -> list[str]:
         return [self.served_name]
@@ -164,7 +183,7 @@ class LocalBackend(Backend):
                                              cache_scope=ctx.cache_scope, spec_scope=ctx.spec_scope)
         except ValueError as e:  # bad parameters, context too long: this request alone fails
             raise bad_request(str(e)) from e
-        ctx.spec = SpecStats(result.steps, result.drafted, result.accepted)
+        ctx.spec = SpecStats(result.steps, result.drafted, result.accepted, result.saved_seconds)
         return result
 
     async def complete(self, endpoint: str, body: dict, ctx: CallContext) -> dict:

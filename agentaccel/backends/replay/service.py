@@ -121,7 +121,7 @@ class ReplayBackend(Backend):
         stats = ctx.spec = SpecStats()
         with contextlib.closing(self._steps(recorded, prompt, output, ctx, speculate)) as steps:
             for step in steps:
-                _count(stats, step)
+                _count(stats, step, self.step_seconds)
                 await asyncio.sleep(step.seconds)
         message = {"role": "assistant", "content": recorded.content}
         if recorded.tool_calls:
@@ -143,7 +143,7 @@ class ReplayBackend(Backend):
         # a client that goes away closes this generator, and the steps' finally frees the request
         with contextlib.closing(self._steps(recorded, prompt, output, ctx, speculate)) as steps:
             for step in steps:
-                _count(stats, step)
+                _count(stats, step, self.step_seconds)
                 await asyncio.sleep(step.seconds)
                 produced += step.tokens
                 # what the tokens so far spell, where it is the recorded text's beginning (the rest, at
@@ -161,10 +161,11 @@ class ReplayBackend(Backend):
             yield json.dumps({**head, "choices": [], "usage": _usage(prompt, output)}).encode()
 
 
-def _count(stats: SpecStats, step: Step) -> None:
+def _count(stats: SpecStats, step: Step, plain_seconds: float) -> None:
     stats.steps += 1
     stats.drafted += step.drafted
     stats.accepted += len(step.tokens) - 1
+    stats.saved_seconds += len(step.tokens) * plain_seconds - step.seconds  # its tokens, one plain step each
 
 
 def _finish(recorded: RecordedCall) -> str:

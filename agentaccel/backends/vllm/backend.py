@@ -14,7 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from agentaccel.backends.base import CallContext, seeded_counters
+from agentaccel.backends.base import CallContext, follower_counters, seeded_counters
 from agentaccel.backends.openai_compat import OpenAIBackend
 from agentaccel.backends.routing import SESSION_HEADER, data_parallel_size
 from agentaccel.backends.vllm import stats_files
@@ -176,10 +176,7 @@ class VLLMBackend(OpenAIBackend):
         out = [("agentaccel_rank_accepted_tokens", "Draft tokens accepted, per data-parallel rank of the vLLM server",
                 "rank", per_rank(lambda d: sum((s.get("accepted") or 0) for s in (d.get("stages") or {}).values())))]
         out += seeded_counters(stats_files.merged(ranks).get("seeded") or {})
-        if any(d.get("follower") for d in ranks.values()):
-            out.append(("agentaccel_followed_outputs", "Outputs other servers recorded into the shared trace store "
-                        "that this rank's trees learned (its own coming back are not counted)", "rank",
-                        per_rank(lambda d: (d.get("follower") or {}).get("learned", 0))))
+        out += follower_counters({str(rank): d["follower"] for rank, d in sorted(ranks.items()) if d.get("follower")})
         return out
 
     def stage_stats(self) -> dict[str, dict[str, int]]:

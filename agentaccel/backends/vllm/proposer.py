@@ -50,6 +50,7 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from agentaccel.backends.base import step_cost_state
 from agentaccel.backends.policies import policy_state, serving_policies, start_online
 from agentaccel.backends.step_costs import LearnedStepCost, stored_curves
 from agentaccel.backends.vllm import stats_files
@@ -381,6 +382,5 @@ class StatsWriter(threading.Thread):
         state = {"proposer_seconds": self.drafter.proposer_seconds, "steps": self.drafter.steps}
         cost = self.drafter.step_cost  # the learner's latest fit once there is one
         if cost is not None:
-            state["step_seconds"] = {str(t): float(cost.seconds(t)) for t in (1, 16, 64, 256)}
-            state["timed_steps"] = self.step_cost.steps if self.step_cost is not None else 0
+            state.update(step_cost_state(cost, self.step_cost.steps if self.step_cost is not None else 0))
         return state
