@@ -6,8 +6,8 @@ classify -> schema-link -> sql (N candidates) -> combine.
     agentaccel serve &                                  # the embedded model on 127.0.0.1:8000
     python examples/text2sql_pipeline.py --questions 3  # then watch per-stage acceptance grow
 
-Questions and schemas: examples/data/text2sql_questions.json (shipped), or Spider's dev set with
-`--spider DIR` (a folder holding Spider's dev.json and tables.json).
+Questions and schemas: the text-to-SQL questions agentaccel carries (its `bench vllm` workload),
+or Spider's dev set with `--spider DIR` (a folder holding Spider's dev.json and tables.json).
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ import json
 import re
 import sys
 import time
+from importlib.resources import files
 from pathlib import Path
 
 from openai import APIConnectionError, OpenAI
 
-BUNDLED = Path(__file__).resolve().parent / "data" / "text2sql_questions.json"
+BUNDLED = Path(str(files("agentaccel.bench") / "workloads" / "text2sql_questions.json"))
 
 
 def bundled_questions(path: Path) -> list[tuple[str, str]]:

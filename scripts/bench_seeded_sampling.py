@@ -27,11 +27,12 @@ sys.path.insert(0, str(ROOT / "tests"))
 from servers import free_port, wait_healthy  # noqa: E402
 
 from agentaccel.backends.local.model import default_model_folder  # noqa: E402
+from agentaccel.bench.vllm.sources import BUNDLED  # noqa: E402
 from agentaccel.processes import stop_group  # noqa: E402
 
 
 def prompts(n: int) -> list[str]:
-    data = json.loads((ROOT / "examples" / "data" / "text2sql_questions.json").read_text())
+    data = json.loads((BUNDLED / "text2sql_questions.json").read_text())
     schema = json.dumps(data["databases"])[:1500]
     return [f"Database schema: {schema}\nWrite one SQL query that answers: {q['question']}"
             for q in data["questions"][:n]]

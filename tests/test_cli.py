@@ -8,6 +8,8 @@ import sys
 
 from traces_fixtures import write_v0_logs
 
+from agentaccel.traces.store import TraceStore
+
 
 def agentaccel(*args, **kw):
     return subprocess.run([sys.executable, "-m", "agentaccel.cli.main", *args], capture_output=True, text=True, **kw)
@@ -114,8 +116,6 @@ def test_serve_rejects_bad_settings_with_a_clear_message(tmp_path):
 
     r = serve("--backend", "openai")
     assert r.returncode == 2 and "--upstream" in r.stderr
-    r = serve("--backend", "vllm")
-    assert r.returncode == 2 and "--model" in r.stderr
     r = serve("--stage-rule", "no-regex-here")
     assert r.returncode == 2 and "NAME=REGEX" in r.stderr
     bad = tmp_path / "stages.json"
@@ -134,3 +134,18 @@ def test_serve_rejects_bad_settings_with_a_clear_message(tmp_path):
     assert r.returncode == 2 and "2GiB" in r.stderr
     r = serve("--dtype", "float64")
     assert r.returncode == 2 and "--dtype" in r.stderr and "bfloat16" in r.stderr
+
+
+def test_a_figure_without_matplotlib_says_how_to_get_it(tmp_path):
+    """matplotlib is an extra (`agentaccel[bench]`): a command asked to draw without it says so
+    and stops before any work. (The missing package is played by one that fails to import.)"""
+    fake = tmp_path / "site" / "matplotlib"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('no matplotlib here')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), os.environ.get("PYTHONPATH", "")])}
+    db = tmp_path / "t.db"
+    TraceStore(db).close()
+    r = subprocess.run([sys.executable, "-m", "agentaccel.cli.main", "bench", "replay", "--db", str(db), "--plot",
+                        str(tmp_path / "figs")], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 2 and "pip install 'agentaccel[bench]'" in r.stderr, r.stderr[-1000:]
+    assert not (tmp_path / "figs").exists()

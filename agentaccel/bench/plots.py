@@ -1,10 +1,15 @@
-"""PNG figures for the replay benchmark (matplotlib, no display needed)."""
+"""PNG figures of the benchmarks (matplotlib, no display needed). matplotlib is an extra
+(`pip install 'agentaccel[bench]'`): importing this module without it says so."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+try:
+    import matplotlib
+except ImportError as e:  # a command with --plot names the way to get it
+    raise ImportError("drawing figures needs matplotlib, which is not installed: "
+                      "pip install 'agentaccel[bench]'") from e
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402

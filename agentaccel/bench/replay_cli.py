@@ -11,7 +11,6 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from agentaccel.bench import plots
 from agentaccel.bench import replay as rp
 from agentaccel.bench import speculators as sp
 from agentaccel.engine.cost import Server
@@ -132,6 +131,8 @@ def run_replay(console, err, store, tokenizer, *, stages, model, source, session
             bt.add_row("all" if stage == "*" else stage, r["speculator"], f"{r['mat']:.2f}", f"{r['est_speedup']:.2f}x")
         console.print(bt)
         result["best"] = {k: v["speculator"] for k, v in best.items()}
+    if plot:
+        from agentaccel.bench import plots
     if scaling and warm_calls:
         points = []
         base_name = sweep_base if sweep_base in names else next((n for n in names if n.startswith("agentaccel")), None)
@@ -268,6 +269,8 @@ def run_concurrency(console, err, store, tokenizer, *, stages, model, source, se
     if json_out:
         json_out.write_text(json.dumps(result, indent=2))
     if plot:
+        from agentaccel.bench import plots
+
         path = plot / "tokens_vs_concurrency.png" if plot.suffix != ".png" else plot
         written = plots.tokens_vs_concurrency([{**r, "workload": label, "concurrency": r["streams"]} for r in rows],
                                               path, f"simulated {profile.name}")
@@ -327,5 +330,7 @@ def run_replicas(console, err, store, tokenizer, *, stages, model, source, sessi
     if json_out:
         json_out.write_text(json.dumps(result, indent=2))
     if plot:
+        from agentaccel.bench import plots
+
         path = plot / "speedup_vs_replicas.png" if plot.suffix != ".png" else plot
         console.print(f"figure: {plots.speedup_vs_replicas(rows, path, f'{label}: replicas learning together')}")

@@ -24,6 +24,7 @@ from agentaccel.cli.common import (
     cost_spec,
     err,
     fail,
+    need_plots,
     open_store,
     open_tokenizer,
     store_location,
@@ -115,6 +116,7 @@ def bench_replay(
     """Replay calls from the trace store with a simulated verifier and compare speculators."""
     from agentaccel.bench.replay_cli import run_concurrency, run_policies, run_replay, run_replicas
 
+    need_plots(plot)
     if vllm_run is not None:
         _replay_vllm_run(vllm_run, tokenizer, json_out)
         return
@@ -435,6 +437,8 @@ def bench_vllm(
     from agentaccel.bench.vllm import plan as vplan
     from agentaccel.bench.vllm.servers import METHODS
     from agentaccel.bench.vllm.sources import WORKLOADS, workload_jobs
+
+    need_plots(plot)
 
     given = {p.name for p in ctx.command.params if ctx.get_parameter_source(p.name).name != "DEFAULT"}
     if quick:  # a preset: what was not given explicitly
@@ -773,6 +777,7 @@ def bench_agent(
     from agentaccel.adapters import sandbox
     from agentaccel.bench import agent
 
+    need_plots(plot)
     cost_spec(cost_profile, "--cost-profile", db)
     if not sandbox.available() and not unconfined:
         raise fail("no read-only sandbox can be made here (it needs root and `unshare`), and the agent's tools "

@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 console = Console(width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, soft_wrap=True)  # error lines stay whole (grep-able, copy-able)
@@ -54,9 +55,19 @@ def cost_spec(value: str, option: str, db: str | Path | None = None):
         raise fail(f"{option}: {e}") from e
 
 
+def need_plots(plot) -> None:
+    """A command asked to draw (`--plot`): matplotlib must be there (an extra), else a clear error."""
+    if plot is None:
+        return
+    try:
+        import agentaccel.bench.plots  # noqa: F401
+    except ImportError as e:
+        raise fail(f"--plot: {e}") from e
+
+
 def fail(message: str) -> typer.Exit:
     """Prints `error: message` and gives the exit to raise (status 2, as click's own usage errors)."""
-    err.print(f"[red]error:[/red] {message}", markup=True, highlight=False)
+    err.print(f"[red]error:[/red] {escape(message)}", markup=True, highlight=False)  # brackets in it are text
     return typer.Exit(2)
 
 

@@ -68,8 +68,9 @@ def serve(
     upstream_api_key: Annotated[str | None, typer.Option(envvar="AGENTACCEL_UPSTREAM_API_KEY",
                                                          help="Bearer key for the upstream (default: none sent).")]
     = None,
-    model: Annotated[str | None, typer.Option(help="local: an HF model folder (default SmolLM2-135M-Instruct); "
-                                                   "vllm: the model to serve.")] = None,
+    model: Annotated[str | None, typer.Option(help="The model to serve: local: an HF model folder; vllm: a folder or "
+                                                   "a model hub name (default, both: SmolLM2-135M-Instruct, the "
+                                                   "bundled model).")] = None,
     served_model_name: Annotated[str | None, typer.Option(help="Model name clients use (default: the model "
                                                                "folder's name).")] = None,
     api_key: Annotated[list[str] | None, typer.Option(envvar="AGENTACCEL_API_KEY",
@@ -199,9 +200,10 @@ def serve(
         impl = _replay_backend(location, "gpu" if cost_profile == "auto" else cost_profile, step_ms, speculation,
                                served_model_name, spec_config, budget, online_tuning)
     else:
-        if not model:
-            raise typer.BadParameter("the vllm backend needs --model", param_hint="--model")
         from agentaccel.backends.vllm.backend import VLLMBackend
+
+        if not model:  # the bundled model, as the embedded backend serves it
+            model, served_model_name = _bundled_model(), served_model_name or "SmolLM2-135M-Instruct"
 
         check_cost_profile(cost_profile, db)
         impl = VLLMBackend(model, served_name=served_model_name, extra_args=list(ctx.args), db_path=location,
@@ -228,6 +230,18 @@ def serve(
                 access_log=False, proxy_headers=False, http=app.http_protocol)
 
 
+def _bundled_model() -> str:
+    """The default model's folder (made from the bundled GGUF on first use), or a CLI error."""
+    from agentaccel.assets import MissingAsset
+
+    try:
+        from agentaccel.backends.local.model import default_model_folder
+
+        return str(default_model_folder())
+    except (MissingAsset, ImportError) as e:
+        raise fail(f"no --model given and no bundled model to serve: {e}") from e
+
+
 def _check_snapshot(snapshot: Path | None, backend: BackendKind, seed: bool, follow: bool) -> None:
     """`--snapshot` does something only where stage trees are seeded and followed: refused, saying
     why, where it would be ignored."""
@@ -250,8 +264,15 @@ def _check_snapshot(snapshot: Path | None, backend: BackendKind, seed: bool, fol
 
 def check_cost_profile(value: str, db=None) -> None:
     """`--cost-profile` is auto, off, or a cost spec (checked before the model loads)."""
-    if value not in ("auto", "off"):
-        cost_spec(value, "--cost-profile", db)
+    if value in ("auto", "off"):
+        return
+    from agentaccel.backends.step_costs import stored_curves
+    from agentaccel.engine.cost import parse
+
+    try:
+        parse(value, learned=stored_curves(store_location(db)))
+    except ValueError as e:
+        raise fail(f"--cost-profile: {e}; or auto (learned while serving), off (a fixed cost per draft token)") from e
 
 
 def _recorder(config):

@@ -18,7 +18,7 @@ from agentaccel.traces.database import Location
 from agentaccel.traces.records import digest
 
 WORKLOADS = ("sql", "agent", "chat")
-BUNDLED = Path(__file__).resolve().parents[3] / "examples" / "data"  # a clone's examples/data
+BUNDLED = Path(__file__).resolve().parents[1] / "workloads"  # questions and prompts the package carries
 BUNDLED_AGENT = Path(__file__).resolve().parents[1] / "agent_tasks" / "recorded.jsonl"  # OpenHands calls, recorded
 
 Generate = Callable[[list[dict], str, int], str]  # (messages, stage, max_tokens) -> text
