@@ -429,11 +429,18 @@ def bench_vllm(
                                                 "of `bench replay --concurrency`, on a profile learned from "
                                                 "agentaccel's server's own steps, and show predicted beside "
                                                 "measured.")] = True,
+    dtype: Annotated[str, typer.Option(help="The servers' precision: float32 (verifying several tokens at once "
+                                            "gives the very outputs of one at a time), or auto (vLLM's default: "
+                                            "bfloat16 on most hardware), bfloat16, float16: the report counts the "
+                                            "outputs that differ from plain decoding's.")] = "float32",
+    compiled: Annotated[bool, typer.Option("--compiled", help="Let vLLM compile the model and capture graphs (its "
+                                                              "default); without it: eager (--enforce-eager).")]
+    = False,
 ) -> None:
     """The same calls through vLLM per speculation method (plain, ngram, vLLM's suffix, agentaccel), the servers
     alive together and the methods taking turns, agentaccel starting from a trace store of earlier sessions.
-    Arguments after `--` go to every `vllm serve` (default on CPU: --dtype float32 --enforce-eager
-    --max-model-len 4096)."""
+    Arguments after `--` go to every `vllm serve`, after --dtype DTYPE [--enforce-eager] --max-model-len 4096
+    (where they name the same option, theirs win)."""
     from agentaccel.bench.vllm import plan as vplan
     from agentaccel.bench.vllm.servers import METHODS
     from agentaccel.bench.vllm.sources import WORKLOADS, workload_jobs
@@ -474,7 +481,11 @@ def bench_vllm(
 
     model_path = model or str(default_model_folder())
     tok = open_tokenizer(model_path if Path(model_path).exists() else None)
-    vllm_args = list(ctx.args) or ["--dtype", "float32", "--enforce-eager", "--max-model-len", "4096"]
+    if dtype not in ("float32", "auto", "bfloat16", "float16"):
+        raise fail(f"--dtype: {dtype!r}; choose float32, auto, bfloat16 or float16")
+    # arguments after `--` come last: where they name the same option, theirs win
+    vllm_args = ["--dtype", dtype, *([] if compiled else ["--enforce-eager"]), "--max-model-len", "4096",
+                 *ctx.args]
     keep_logs = logs is not None
     if keep_logs:
         logs.mkdir(parents=True, exist_ok=True)
@@ -575,8 +586,9 @@ def _run_vllm_bench(plan, tok, simulate: bool) -> dict:
 
 
 def _vllm_report(result: dict, json_out: Path | None, plot: Path | None) -> None:
-    table = Table(title="vLLM, the methods taking turns (tok/s: whole calls over the blocks' wall time; median and "
-                        "range over blocks; decode: after the first token)")
+    table = Table(title=f"vLLM ({' '.join(result['setup']['vllm_args'])}), the methods taking turns (differing: "
+                        "outputs not token for token plain decoding's; tok/s: whole calls over the blocks' wall "
+                        "time; median and range over blocks; decode: after the first token)")
     for col in ("workload", "conc", "phase", "stage", "method", "calls", "tokens", "tok/s", "blocks (median, range)",
                 "decode tok/s", "accept", "MAL", "draft/step", "differing"):
         table.add_column(col, justify="left" if col in ("workload", "stage", "method", "phase") else "right")
