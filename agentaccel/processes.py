@@ -94,6 +94,27 @@ def marked(mark: str, key: str = RUN_MARK) -> list[psutil.Process]:
     return found
 
 
+def group_alive(pgid: int) -> bool:
+    """Whether a process of the group still runs (zombies waiting for their reaper do not)."""
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, ProcessLookupError, PermissionError):
+            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                return True
+    return False
+
+
+def wait_group(pgid: int, timeout: float) -> bool:
+    """Until every process of the group has exited (its leader may go first while the others
+    still save what they hold: vLLM's API server exits before its engine and workers); whether
+    they all did within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while group_alive(pgid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
 def kill_group(pgid: int) -> None:
     """SIGKILL to every process of the group (none left: nothing happens)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -103,14 +124,17 @@ def kill_group(pgid: int) -> None:
 def stop_group(proc: subprocess.Popen, grace: float = 30.0) -> None:
     """SIGTERM to the child's process group (started with start_new_session), SIGKILL after
     `grace` seconds: servers such as vLLM start processes of their own."""
+    deadline = time.monotonic() + grace
     try:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(grace)
+        wait_group(proc.pid, deadline - time.monotonic())
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        pass
     except ProcessLookupError:
         pass
+    kill_group(proc.pid)
+    proc.wait()
 
 
 def stop_groups(procs: list[subprocess.Popen], grace: float = 10.0) -> None:
@@ -126,9 +150,10 @@ def stop_groups(procs: list[subprocess.Popen], grace: float = 10.0) -> None:
     for proc in alive:
         try:
             proc.wait(max(deadline - time.monotonic(), 0.0))
+            wait_group(proc.pid, deadline - time.monotonic())  # the leader may go first: its children finish
         except subprocess.TimeoutExpired:
             pass
-        kill_group(proc.pid)  # the leader may be gone while its children linger: the whole group
+        kill_group(proc.pid)  # what is left of the group
         proc.wait()
 
 

@@ -2,8 +2,8 @@
 tables (engine/cost/gpus/), one set for every GPU, and prints how far the fitted kernels are from
 each table: worst relative error in step time and in the price of drafts (a step's time over
 the same requests' 1-token step), from 8 requests up, rows whose attention the tables' note calls
-slower than a serving engine's left out. Also prints the same for the efficiencies in force and
-for the measured profiles themselves (the tables fitted by the one fitting routine).
+slower than a serving engine's left out. Also prints the same for the datasheet roofline (before
+calibration), the efficiencies in force and for the measured profiles themselves (the tables fitted by the one fitting routine).
 
 Minimises the largest error (a soft maximum), from a least-squares start; physical bounds: no
 efficiency above the datasheet. Needs scipy (not a dependency of agentaccel).
@@ -26,6 +26,12 @@ LOWER = {"layer_latency": 0, "weights": 0.1, "compute": 0.1, "hidden": 0.0, "kne
          "attention": 0.05, "request_latency": 0.0}
 UPPER = {"layer_latency": 200, "weights": 1.0, "compute": 1.0, "hidden": 1.0, "knee": 50.0, "kv": 1.0,
          "attention": 1.0, "request_latency": 10.0}
+
+
+# The roofline before calibration: 80 % of HBM bandwidth and 60 % of tensor FLOP/s, each part at
+# the slower of memory and compute (a knee this sharp is a max to within 1.4 %), no latency terms.
+DATASHEET = roofline.Efficiency(layer_latency=0.0, weights=0.8, compute=0.6, hidden=1.0, knee=50.0, kv=0.8,
+                                attention=0.6, request_latency=0.0)
 
 
 def tables() -> dict[str, list[tuple[int, int, int, float]]]:
@@ -80,6 +86,7 @@ def main() -> None:
                             options={"maxiter": 20000, "xatol": 1e-7, "fatol": 1e-10}).x, lo, hi)
     print("fitted:", ", ".join(f"{n}={v * SCALE.get(n, 1.0):.4g}" for n, v in zip(NAMES, best, strict=True)))
     report("fitted", errors(kernels(efficiency(best)), data))
+    report("datasheet (before calibration)", errors(kernels(DATASHEET), data))
     report("in force (roofline.CALIBRATED)", errors(kernels(roofline.CALIBRATED), data))
     report("measured profiles (the tables fitted, host work left out)",
            errors(lambda name: parse(name).model.with_overhead(-parse(name).overhead), data))

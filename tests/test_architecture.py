@@ -72,3 +72,37 @@ def test_what_a_step_costs_has_one_home():
             if called == "linear" and node.args and isinstance(node.args[0], ast.Constant):
                 wrong.append(f"{where}:{node.lineno} writes a seed again (linear({node.args[0].value}))")
     assert not wrong, "\n".join(wrong)
+
+
+def test_the_vllm_plugin_reads_its_settings_in_one_place():
+    """What the plugin is told comes as one PluginSettings (backends/vllm/settings.py): no other
+    module of the vLLM backend names an environment variable of ours or reads the environment
+    (the plugin's on/off switch, read by vLLM's plugin loader, aside)."""
+    folder = ROOT / "backends" / "vllm"
+    wrong = []
+    for path in sorted(folder.glob("*.py")):
+        if path.name in ("settings.py", "plugin.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            named = isinstance(node, ast.Constant) and isinstance(node.value, str) and \
+                node.value.startswith("AGENTACCEL_")
+            read = isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv") and \
+                isinstance(node.ctx, ast.Load) and path.name != "backend.py"  # backend.py hands its environment on
+            if named or read:
+                wrong.append(f"{path.name}:{node.lineno}")
+    assert not wrong, f"settings of the vLLM plugin read outside settings.py: {wrong}"
+
+
+def test_only_the_trace_store_runs_sql_on_it():
+    """Each table's queries live in traces/ (its own module, or store.py for the calls): nothing
+    else reaches the store's connection or runs a statement, on SQLite or PostgreSQL alike (both go
+    through the same Connection)."""
+    wrong = []
+    for path in sorted(ROOT.rglob("*.py")):
+        if path.relative_to(ROOT).parts[0] == "traces":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in ("conn", "execute", "executemany", "executescript",
+                                                                  "script"):
+                wrong.append(f"{path.relative_to(ROOT.parent)}:{node.lineno} .{node.attr}")
+    assert not wrong, f"SQL outside traces/: {wrong}"

@@ -102,6 +102,7 @@ def test_agentaccel_off_is_our_proposer_drafting_nothing(tmp_path):
     server pays for speculation being on (the proposer, vLLM's speculative path) and drafts
     nothing: the floor under what drafting itself adds."""
     from agentaccel.backends.policies import serving_policies
+    from agentaccel.backends.vllm.settings import PluginSettings
     from agentaccel.bench.vllm.servers import method_env
     from agentaccel.engine import SpecConfig, SuffixEngine
 
@@ -116,8 +117,10 @@ def test_agentaccel_off_is_our_proposer_drafting_nothing(tmp_path):
 
     off, on = method_env("agentaccel-off", None, tmp_path), method_env("agentaccel", None, tmp_path)
     assert off["AGENTACCEL_VLLM_PLUGIN"] == on["AGENTACCEL_VLLM_PLUGIN"] == "1"
-    assert drafted(off["AGENTACCEL_SPEC_CONFIG"]) == 0
-    assert drafted(on.get("AGENTACCEL_SPEC_CONFIG")) > 10
+    # what the plugin reads, as it reads it
+    off, on = PluginSettings.from_environ(off), PluginSettings.from_environ(on)
+    assert drafted(off.spec_config) == 0
+    assert drafted(on.spec_config) > 10
 
 
 def test_bench_vllm_says_what_is_missing(tmp_path):

@@ -49,6 +49,22 @@ def stored_calls(path):
 
 
 # ---------------------------------------------------------------------------- tagging
+def test_stage_header_bytes_are_read_as_utf8_else_latin1_and_utf16_is_refused():
+    """Header values arrive as their bytes read as Latin-1 (ASGI): UTF-8 bytes are UTF-8, Latin-1
+    bytes (Python's http.client sends a str so) stay Latin-1, a UTF-16 byte-order mark or a C1
+    control character is a 400 naming the header, not a stage."""
+    from agentaccel.errors import APIError
+
+    def stage(raw: bytes) -> str:
+        return resolve({"x-agentaccel-stage": raw.decode("latin-1")}, {}, []).stage
+
+    assert stage("sql-été".encode()) == stage("sql-été".encode("latin-1")) == "sql-été"
+    for bad in (b"\xff\xfesql", "sql".encode("utf-16"), b"sql\x85"):
+        with pytest.raises(APIError) as refused:
+            stage(bad)
+        assert refused.value.status == 400 and refused.value.param == "X-Agentaccel-Stage", bad
+
+
 def test_stage_resolution_order():
     rules = [StageRule.parse("sql=SQL expert")]
     body = {"messages": MESSAGES, "metadata": {"stage": "meta", "tags": ["agent:CodeActAgent"]},

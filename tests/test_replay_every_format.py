@@ -53,7 +53,7 @@ def test_every_format_has_a_fixture_that_is_read_as_that_format(every_format):
 
 def calls_with_keys(db):
     with TraceStore(db) as store:
-        keys = dict(store.conn.execute("SELECT id, key FROM sessions"))
+        keys = store.session_keys()
         return [(call, keys[call.session_id]) for call in store.iter_calls()]
 
 

@@ -3,7 +3,6 @@ answered; tenant B asks the same and accepts exactly what A accepted cold, in as
 A's second ask drafts its own answer. The tenant travels to the plugin with the request, as the
 stage does; a client's own `vllm_xargs.scope` cannot name another tenant's trees."""
 
-import os
 import subprocess
 import sys
 import time
@@ -33,15 +32,14 @@ def served(tmp_path_factory):
     log = open(tmp / "serve.log", "w+")
     # Drafts that depend on the trees alone: no step budget priced on measured step times, no
     # online calibration; then two asks that see the same trees draft the same.
-    env = {**os.environ, "AGENTACCEL_STEP_COST": "off"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "agentaccel.cli.main", "serve", "--backend", "vllm", "--model",
          str(default_model_folder()), "--served-model-name", "smol", "--port", str(port), "--db", str(tmp / "t.db"),
-         "--api-key", A, "--api-key", B, "--api-key", C, "--no-online-tuning", "--",
+         "--api-key", A, "--api-key", B, "--api-key", C, "--no-online-tuning", "--cost-profile", "off", "--",
          "--dtype", "float32", "--enforce-eager", "--max-model-len", "1024",
          "--speculative-config", '{"method": "suffix", "num_speculative_tokens": 16, '
                                  '"suffix_decoding_max_tree_depth": 64}'],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, proc, 600, ready=lambda health: health.get("state") == "ready")

@@ -7,12 +7,15 @@ state is saved back to the store every `SAVE_EVERY` seconds and at shutdown."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from agentaccel.backends.store_keeper import SAVE_EVERY, StoreKeeper
 from agentaccel.engine import SpecConfig, SuffixEngine
+from agentaccel.engine.batch import BatchDrafter
 from agentaccel.engine.online import OnlineCalibration
 from agentaccel.engine.policy import Policies, read_file, resolve
 from agentaccel.traces import stage_policies
@@ -78,6 +81,20 @@ def start_online(engine: SuffixEngine, online: Online, db: str | Path | None) ->
                                                                                      CalibrationKeeper]:
     calibration = resume_online(engine, online)
     return calibration, CalibrationKeeper(calibration, db)
+
+
+class CounterCalibration(threading.Thread):
+    """Feeds the online calibration from a batch drafter's per-stage counters every `interval`
+    seconds, off the step's path (the vLLM plugin: its steps are not seen one by one)."""
+
+    def __init__(self, drafter: BatchDrafter, calibration: OnlineCalibration, interval: float) -> None:
+        super().__init__(name="agentaccel-calibration", daemon=True)
+        self.drafter, self.calibration, self.interval = drafter, calibration, interval
+
+    def run(self) -> None:
+        while True:
+            time.sleep(self.interval)
+            self.calibration.observe_counters(self.drafter.stats())
 
 
 def resume_online(engine: SuffixEngine, online: Online) -> OnlineCalibration:

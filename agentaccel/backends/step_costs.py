@@ -14,7 +14,6 @@ from __future__ import annotations
 import collections
 import json
 import logging
-import sqlite3
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -23,7 +22,7 @@ from agentaccel.backends.store_keeper import SAVE_EVERY, StoreKeeper
 from agentaccel.engine.cost import StepCostLearner, StepCostModel, TimedStep
 from agentaccel.engine.cost.profiles import Lookup
 from agentaccel.traces import step_costs
-from agentaccel.traces.database import locate
+from agentaccel.traces.database import errors, locate
 from agentaccel.traces.store import StoreMissing, TraceStore
 
 log = logging.getLogger("agentaccel.step_cost")
@@ -41,7 +40,7 @@ def starting_cost(server: str, db: str | Path | None, seed: StepCostModel) -> tu
                 row = step_costs.read(store, server)
             if row is not None:
                 return StepCostModel.from_dict(row.curve), f"learned {row.updated_at} over {row.steps:,} steps"
-        except (ValueError, sqlite3.Error) as e:
+        except (ValueError, *errors()) as e:
             log.warning("agentaccel: stored step cost of %s not read: %s", server, e)
     return seed, "seed"
 
@@ -56,7 +55,7 @@ def stored_curves(db: str | Path | None) -> Lookup | None:
         try:
             with TraceStore(db, create=False) as store:
                 rows = step_costs.read_all(store)
-        except (StoreMissing, ValueError, sqlite3.Error) as e:
+        except (StoreMissing, ValueError, *errors()) as e:
             raise ValueError(f"no learned step cost: the trace store {db} cannot be read ({e})") from e
         if not rows:
             raise ValueError(f"the trace store {db} keeps no learned step cost yet: a server learns one as it serves")

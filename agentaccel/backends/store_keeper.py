@@ -5,10 +5,10 @@ away is logged, never raised: it must not take serving down."""
 from __future__ import annotations
 
 import logging
-import sqlite3
 import threading
 from pathlib import Path
 
+from agentaccel.traces.database import errors
 from agentaccel.traces.store import TraceStore
 
 SAVE_EVERY = 60.0  # seconds between saves
@@ -48,7 +48,7 @@ class StoreKeeper:
             with TraceStore(self.db) as store:
                 self.write(store, changes)
             self.saved(changes)
-        except (ValueError, OSError, sqlite3.Error) as e:
+        except (ValueError, OSError, *errors()) as e:
             logging.getLogger("agentaccel").warning("agentaccel: %s not saved: %s", self.what, e)
 
     def close(self) -> None:

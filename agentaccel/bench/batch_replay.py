@@ -122,7 +122,7 @@ class Drafter(Method):
         self._steps += 1
         if self.learner is not None:
             self._timed.append(step)
-        if self._steps % REFIT_EVERY == 0:  # as often as the plugin's stats thread, in steps
+        if self._steps % REFIT_EVERY == 0:  # as often as the plugin's calibration thread, in steps
             self.calibration.observe_counters(self.drafter.stats())
             if self.learner is not None:
                 self.learner.observe(self._timed)

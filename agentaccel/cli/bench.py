@@ -422,7 +422,7 @@ def bench_vllm(
     plot: Annotated[Path | None, typer.Option("--plot", help="Write a PNG of tokens/s per method here (default: "
                                                              "none).")] = None,
     logs: Annotated[Path | None, typer.Option("--logs", help="Keep every server's log and the proposer's step "
-                                                             "log (AGENTACCEL_STEP_LOG) in this folder (default: a "
+                                                             "log (steps-<method>.jsonl) in this folder (default: a "
                                                              "temporary one, kept only if something failed).")]
     = None,
     simulate: Annotated[bool, typer.Option(help="Afterwards, replay the same calls through the simulated server "

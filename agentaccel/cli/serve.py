@@ -209,7 +209,8 @@ def serve(
         impl = VLLMBackend(model, served_name=served_model_name, extra_args=list(ctx.args), db_path=location,
                            seed=seed, follow=follow, spec_config=spec_config, memory_budget_bytes=budget,
                            timeout=upstream_timeout, online=online_tuning, session_header=session_header or None,
-                           snapshot=snapshot, scoped=speculation_scope is Scope.key, step_cost=cost_profile)
+                           snapshot=snapshot, scoped=speculation_scope is Scope.key, step_cost=cost_profile,
+                           record=config.record)
     if not api_key and host not in ("127.0.0.1", "localhost", "::1"):
         err.print(f"[bold red]warning:[/bold red] serving on {host} without --api-key: anyone who can reach this "
                   "address can use the model and read /metrics")

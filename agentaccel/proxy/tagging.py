@@ -60,12 +60,15 @@ def check_stage(name: str, where: str) -> str:
     return name
 
 
-def _utf8_header(value: str, name: str) -> str:
-    """A header that names something (a stage): its bytes must be UTF-8, or the request is refused
-    (read as Latin-1, `\xff\xfe` would quietly be the stage "ÿþ")."""
+def _text_header(value: str, name: str) -> str:
+    """A header that names something (a stage), as text: its bytes read as UTF-8, else as Latin-1
+    (HTTP's historical charset, and what Python's http.client sends for a str value: `sql-été` from
+    `requests` arrives so). Bytes that start with a UTF-16 byte-order mark are neither: refused, not
+    quietly the stage "ÿþ…" (C1 controls, also not text, are refused as unprintable by check_stage)."""
     text = header_text(value)
-    if text is value and not value.isascii():  # header_text kept it as Latin-1: not UTF-8
-        raise bad_request(f"{name}: the header's bytes are not valid UTF-8", param=name, code="invalid_header")
+    if text is value and value.startswith(("\xff\xfe", "\xfe\xff")):  # kept as Latin-1, and UTF-16's mark
+        raise bad_request(f"{name}: the header's bytes are UTF-16 (they start with a byte-order mark); send the "
+                          "name as UTF-8", param=name, code="invalid_header")
     return text
 
 
@@ -82,7 +85,7 @@ def resolve(headers: Mapping[str, str], body: Mapping, rules: list[StageRule], f
         return Tags(stage, source, session)
 
     if headers.get(STAGE_HEADER):
-        return tags(check_stage(_utf8_header(headers[STAGE_HEADER], "X-Agentaccel-Stage"), "X-Agentaccel-Stage"),
+        return tags(check_stage(_text_header(headers[STAGE_HEADER], "X-Agentaccel-Stage"), "X-Agentaccel-Stage"),
                     "header")
     tagged = explicit_stage(metadata) or explicit_stage({"tags": body.get("tags")})
     if tagged:

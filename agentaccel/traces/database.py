@@ -13,6 +13,7 @@ import contextlib
 import os
 import re
 import sqlite3
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,6 +77,11 @@ def _without_password(url: str) -> str:
     if password:
         return url.replace(f":{password}@", ":***@", 1)
     return url
+
+
+def now() -> str:
+    """The time a side table's row was written, as it is stored (local time, to the second)."""
+    return time.strftime("%Y-%m-%d %H:%M:%S")
 
 
 def errors() -> tuple[type[BaseException], ...]:

@@ -12,7 +12,7 @@ from agentaccel.traces.store import TraceStore
 
 def export_calls(store: TraceStore, out: Path, stage: str | None = None, tenant: str | None = None) -> int:
     """`tenant`: one tenant's calls (tenants.BASE: the base's); each call's tenant travels along."""
-    keys = dict(store.conn.execute("SELECT id, key FROM sessions"))
+    keys = store.session_keys()
     tmp = out.with_suffix(out.suffix + ".tmp")
     n = 0
     with tmp.open("w", encoding="utf-8") as f:

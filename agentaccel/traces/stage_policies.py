@@ -5,11 +5,30 @@ factor that `serve` last had. Settings are kept as JSON field maps; the engine l
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from agentaccel.traces.store import TraceStore
+from agentaccel.traces.database import now
+
+if TYPE_CHECKING:
+    from agentaccel.traces.store import TraceStore
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS stage_policies (
+  stage TEXT PRIMARY KEY,
+  config TEXT,                       -- JSON: the tuned drafting settings (SpecConfig fields)
+  cost TEXT,                         -- the verification cost it was tuned under
+  calls {INT},                       -- recent calls of the stage it was tuned on
+  est_speedup {FLOAT},               -- replayed with the tuned settings...
+  default_speedup {FLOAT},           -- ...and with the defaults
+  tuned_at TEXT,
+  calibration {FLOAT},               -- accepted / predicted draft tokens under the tuned settings
+  online_trust {FLOAT},              -- online calibration: the factor in force when last saved
+  online_steps {INT},
+  online_at TEXT
+);
+"""
 
 
 @dataclass(frozen=True)
@@ -25,10 +44,6 @@ class StagePolicyRow:
     online_trust: float | None
     online_steps: int | None
     online_at: str | None
-
-
-def now() -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S")
 
 
 def read(store: TraceStore) -> dict[str, StagePolicyRow]:

@@ -6,9 +6,21 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from agentaccel.traces.stage_policies import now
-from agentaccel.traces.store import TraceStore
+from agentaccel.traces.database import now
+
+if TYPE_CHECKING:
+    from agentaccel.traces.store import TraceStore
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS step_costs (
+  server TEXT PRIMARY KEY,           -- what was timed: the model, the device, the parallelism
+  curve TEXT NOT NULL,               -- JSON: the learned step cost (engine/cost/model.py)
+  steps {INT},                       -- timed steps behind it
+  updated_at TEXT
+);
+"""
 
 
 @dataclass(frozen=True)

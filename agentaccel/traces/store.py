@@ -26,15 +26,16 @@ import numpy as np
 
 from agentaccel.text.messages import canonical_json
 from agentaccel.text.render import render_message
+from agentaccel.traces import stage_policies, step_costs, template_stages, templates
 from agentaccel.traces.database import Connection, Location, errors, locate
-from agentaccel.traces.records import Session, digest
+from agentaccel.traces.records import Call, Session, digest
 from agentaccel.traces.tenants import BASE, tenant_clause
 
 SCHEMA_VERSION = 1
 CALLS_CHANNEL = "agentaccel_calls"  # PostgreSQL NOTIFY channel: new calls were committed
 _VALUES_PER_STATEMENT = 900  # parameters of one bulk statement: well within SQLite's and PostgreSQL's limits
 
-SCHEMA = """
+CORE_SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 CREATE TABLE IF NOT EXISTS sessions (
   id {ID},
@@ -90,40 +91,25 @@ CREATE TABLE IF NOT EXISTS tokens (
   ids {BYTES} NOT NULL,
   PRIMARY KEY (kind, ref, tokenizer)
 ) {WITHOUT_ROWID};
-CREATE TABLE IF NOT EXISTS stage_policies (  -- traces/stage_policies.py
-  stage TEXT PRIMARY KEY,
-  config TEXT,                       -- JSON: the tuned drafting settings (SpecConfig fields)
-  cost TEXT,                         -- the verification cost it was tuned under
-  calls {INT},                       -- recent calls of the stage it was tuned on
-  est_speedup {FLOAT},               -- replayed with the tuned settings...
-  default_speedup {FLOAT},           -- ...and with the defaults
-  tuned_at TEXT,
-  calibration {FLOAT},               -- accepted / predicted draft tokens under the tuned settings
-  online_trust {FLOAT},              -- online calibration: the factor in force when last saved
-  online_steps {INT},
-  online_at TEXT
-);
-CREATE TABLE IF NOT EXISTS templates (  -- traces/templates.py
-  stage TEXT PRIMARY KEY,            -- the stage a discovered prompt template names (tmpl:...)
-  fixed TEXT NOT NULL,               -- JSON: its fixed lines in prompt order, digits masked
-  calls {INT} NOT NULL,              -- calls it matched
-  updated_at TEXT
-);
-CREATE TABLE IF NOT EXISTS template_stages (  -- traces/template_stages.py
-  template TEXT PRIMARY KEY,         -- a discovered template (tmpl:...)...
-  stage TEXT NOT NULL,               -- ...whose calls, imported, carry this stage: live ones get it too
-  updated_at TEXT
-);
-CREATE TABLE IF NOT EXISTS step_costs (  -- traces/step_costs.py
-  server TEXT PRIMARY KEY,           -- what was timed: the model, the device, the parallelism
-  curve TEXT NOT NULL,               -- JSON: the learned step cost (engine/cost/model.py)
-  steps {INT},                       -- timed steps behind it
-  updated_at TEXT
-);
 """
 
 
+# The tables other modules own, each declared beside its queries.
+SCHEMA = CORE_SCHEMA + "".join(m.SCHEMA for m in (stage_policies, templates, template_stages, step_costs))
 TABLES = set(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", SCHEMA))
+
+
+@dataclass(frozen=True)
+class _PlannedCall:
+    """A call of a batch being written, resolved: what its row in `calls` is made of."""
+
+    session: Session
+    call: Call
+    stage: str
+    position: int
+    messages: list[str]  # its messages' blob hashes, in order
+    tools: str | None  # its tool list's blob hash
+    content_hash: str  # its identity (call_identity)
 
 
 class StoreMissing(ValueError):
@@ -289,6 +275,12 @@ class TraceStore:
     def close(self) -> None:
         self.conn.close()
 
+    def checkpoint(self) -> None:
+        """SQLite: folds the write-ahead log into the file and empties it, so the file alone holds
+        every committed call (copied as it is). PostgreSQL: nothing to do."""
+        if self.conn.kind == "sqlite":
+            self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
     def __enter__(self) -> TraceStore:
         return self
 
@@ -312,72 +304,23 @@ class TraceStore:
         PostgreSQL server every statement is a round trip, and a recorder's batch of 64 calls
         must not wait for hundreds of them before other servers see it."""
         result = WriteResult()
-        now = time.time()
         conn = self.conn
         conn.begin()
         try:
             session_ids, new_sessions = self._session_rows(sessions, source_file)
-            # Agent prompts resend the whole history: every message object recurs in each later call
-            # of its session, so each is serialized and hashed once per write (keyed by identity).
-            memo: dict[int, str] = {}
             blobs: dict[str, tuple[str, object, bool]] = {}  # hash -> (json, value, a message: tokenized)
-            planned = []
-            for session in sessions:
-                counted: set[str] = set()
-                for position, call in enumerate(session.calls):
-                    stage = stage_of(session, call)
-                    if session.key in new_sessions and stage not in counted:
-                        result.stage(stage).sessions += 1
-                        counted.add(stage)
-                    position = call.metadata.get("position", position) if call.metadata else position
-                    hashes = [self._hashed(m, memo, blobs, True) for m in call.messages]
-                    tools = self._hashed(call.tools, memo, blobs, False) if call.tools else None
-                    planned.append((session, call, stage, position, hashes, tools,
-                                    call_identity(session.key, position, hashes, call)))
+            planned = self._plan_calls(sessions, stage_of, new_sessions, blobs, result)
             new_texts: list[tuple[str, int, str]] = []  # (kind, ref, text) to tokenize
             blob_ids = self._blob_rows(blobs, new_texts)
-            stored = {h for (h,) in self._rows_where("SELECT content_hash FROM calls WHERE content_hash IN ({})",
-                                                     [plan[-1] for plan in planned])}
-            rows, fresh = [], []
-            for session, call, stage, position, hashes, tools, content_hash in planned:
-                if content_hash in stored:
-                    result.stage(stage).duplicates += 1
-                    continue
-                stored.add(content_hash)
-                fresh.append((call, stage, content_hash))
-                rows.append((session_ids[session.key], position, stage, call.model or session.model, call.created_at,
-                             json.dumps([blob_ids[h] for h in hashes]), blob_ids[tools] if tools else None,
-                             call.response, _json_or_none(call.tool_calls), call.finish_reason, call.prompt_tokens,
-                             call.completion_tokens, call.latency, content_hash, source_file, call.source_offset,
-                             fmt, _json_or_none(call.metadata), now))
-            inserted = dict(self._insert_rows(
-                """INSERT INTO calls (session_id, position, stage, model, created_at, prompt, tools, response,
-                   tool_calls, finish_reason, prompt_tokens, completion_tokens, latency, content_hash,
-                   source_file, source_offset, format, metadata, imported_at)
-                   VALUES {} ON CONFLICT (content_hash) DO NOTHING RETURNING content_hash, id""", rows))
-            stage_of_response: dict[int, str] = {}
-            tenants, baselines = [], []
-            for call, stage, content_hash in fresh:
-                call_id = inserted.get(content_hash)
-                if call_id is None:  # another writer stored the same call meanwhile
-                    result.stage(stage).duplicates += 1
-                    continue
-                if call.tenant is not None:
-                    tenants.append((call_id, call.tenant))
-                if call.baseline:
-                    baselines.append((call_id,))
-                new_texts.append(("r", call_id, call.response))
-                stage_of_response[call_id] = stage
-                result.stage(stage).calls += 1
-            if tenants:
-                conn.executemany("INSERT INTO call_tenants (call_id, tenant) VALUES (?, ?)", tenants)
-            if baselines:
-                conn.executemany("INSERT INTO baseline_calls (call_id) VALUES (?)", baselines)
+            fresh = self._not_stored(planned, result)
+            inserted = self._insert_calls(fresh, session_ids, blob_ids, source_file, fmt)
+            stage_of_response = self._mark_inserted(fresh, inserted, result)
+            new_texts += [("r", call_id, p.call.response) for call_id, p in stage_of_response.items()]
             if tokenize is not None and new_texts:
                 lengths = self._store_tokens(new_texts, tokenize)
                 for (kind, ref, _), n in zip(new_texts, lengths, strict=True):
                     if kind == "r":
-                        result.stage(stage_of_response[ref]).output_tokens += n
+                        result.stage(stage_of_response[ref].stage).output_tokens += n
             if stage_of_response:
                 conn.notify(CALLS_CHANNEL)
             conn.commit()
@@ -385,6 +328,79 @@ class TraceStore:
             conn.rollback()
             raise
         return result
+
+    def _plan_calls(self, sessions: list[Session], stage_of, new_sessions: set[str],
+                    blobs: dict[str, tuple[str, object, bool]], result: WriteResult) -> list[_PlannedCall]:
+        """Every call of the batch with its stage, position, message and tool hashes and identity;
+        the blobs they need collected in `blobs`; new sessions counted per stage."""
+        # Agent prompts resend the whole history: every message object recurs in each later call
+        # of its session, so each is serialized and hashed once per write (keyed by identity).
+        memo: dict[int, str] = {}
+        planned = []
+        for session in sessions:
+            counted: set[str] = set()
+            for position, call in enumerate(session.calls):
+                stage = stage_of(session, call)
+                if session.key in new_sessions and stage not in counted:
+                    result.stage(stage).sessions += 1
+                    counted.add(stage)
+                position = call.metadata.get("position", position) if call.metadata else position
+                hashes = [self._hashed(m, memo, blobs, True) for m in call.messages]
+                tools = self._hashed(call.tools, memo, blobs, False) if call.tools else None
+                planned.append(_PlannedCall(session, call, stage, position, hashes, tools,
+                                            call_identity(session.key, position, hashes, call)))
+        return planned
+
+    def _not_stored(self, planned: list[_PlannedCall], result: WriteResult) -> list[_PlannedCall]:
+        """The planned calls the store does not hold yet (each once); the others counted as duplicates."""
+        stored = {h for (h,) in self._rows_where("SELECT content_hash FROM calls WHERE content_hash IN ({})",
+                                                 [p.content_hash for p in planned])}
+        fresh = []
+        for p in planned:
+            if p.content_hash in stored:
+                result.stage(p.stage).duplicates += 1
+                continue
+            stored.add(p.content_hash)
+            fresh.append(p)
+        return fresh
+
+    def _insert_calls(self, fresh: list[_PlannedCall], session_ids: dict[str, int], blob_ids: dict[str, int],
+                      source_file: str, fmt: str) -> dict[str, int]:
+        """{content hash: id} of the calls this write inserted (one another writer stored first: absent)."""
+        now = time.time()
+        rows = [(session_ids[p.session.key], p.position, p.stage, p.call.model or p.session.model, p.call.created_at,
+                 json.dumps([blob_ids[h] for h in p.messages]), blob_ids[p.tools] if p.tools else None,
+                 p.call.response, _json_or_none(p.call.tool_calls), p.call.finish_reason, p.call.prompt_tokens,
+                 p.call.completion_tokens, p.call.latency, p.content_hash, source_file, p.call.source_offset,
+                 fmt, _json_or_none(p.call.metadata), now) for p in fresh]
+        return dict(self._insert_rows(
+            """INSERT INTO calls (session_id, position, stage, model, created_at, prompt, tools, response,
+               tool_calls, finish_reason, prompt_tokens, completion_tokens, latency, content_hash,
+               source_file, source_offset, format, metadata, imported_at)
+               VALUES {} ON CONFLICT (content_hash) DO NOTHING RETURNING content_hash, id""", rows))
+
+    def _mark_inserted(self, fresh: list[_PlannedCall], inserted: dict[str, int],
+                       result: WriteResult) -> dict[int, _PlannedCall]:
+        """Counts the inserted calls and stores whose each was (call_tenants) and which were
+        baselines (baseline_calls); {call id: its plan} of the inserted ones."""
+        by_id: dict[int, _PlannedCall] = {}
+        tenants, baselines = [], []
+        for p in fresh:
+            call_id = inserted.get(p.content_hash)
+            if call_id is None:  # another writer stored the same call meanwhile
+                result.stage(p.stage).duplicates += 1
+                continue
+            if p.call.tenant is not None:
+                tenants.append((call_id, p.call.tenant))
+            if p.call.baseline:
+                baselines.append((call_id,))
+            by_id[call_id] = p
+            result.stage(p.stage).calls += 1
+        if tenants:
+            self.conn.executemany("INSERT INTO call_tenants (call_id, tenant) VALUES (?, ?)", tenants)
+        if baselines:
+            self.conn.executemany("INSERT INTO baseline_calls (call_id) VALUES (?)", baselines)
+        return by_id
 
     def _session_rows(self, sessions: list[Session], source_file: str) -> tuple[dict[str, int], set[str]]:
         """({key: id} of every session of the batch, the keys this write created)."""
@@ -579,6 +595,10 @@ class TraceStore:
         q = f"SELECT ref, ids FROM tokens WHERE kind='b' AND tokenizer=? AND ref IN ({','.join('?' * len(ids))})"
         segments = {ref: unpack_ids(blob) for ref, blob in self.conn.execute(q, [tokenizer_fingerprint, *ids])}
         return np.concatenate([segments[i] for i in ids])
+
+    def session_keys(self) -> dict[int, str]:
+        """Every session's id and its key (content-derived identity)."""
+        return dict(self.conn.execute("SELECT id, key FROM sessions"))
 
     def counts_by_stage(self, tenant: str | None = None) -> dict[str, dict[str, int]]:
         where, args = _where(*_tenant_filter(tenant))

@@ -14,12 +14,23 @@ calls it recorded under the template's own name before are moved to the stage wi
 from __future__ import annotations
 
 from collections import Counter
+from typing import TYPE_CHECKING
 
 from agentaccel.traces import templates
-from agentaccel.traces.stage_policies import now
+from agentaccel.traces.database import now
 from agentaccel.traces.stages import DEFAULT_STAGE
-from agentaccel.traces.store import TraceStore
 from agentaccel.traces.template_miner import PREFIX, TemplateMiner
+
+if TYPE_CHECKING:
+    from agentaccel.traces.store import TraceStore
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS template_stages (
+  template TEXT PRIMARY KEY,         -- a discovered template (tmpl:...)...
+  stage TEXT NOT NULL,               -- ...whose calls, imported, carry this stage: live ones get it too
+  updated_at TEXT
+);
+"""
 
 
 def read(store: TraceStore) -> dict[str, str]:

@@ -6,10 +6,22 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from agentaccel.traces.stage_policies import now
-from agentaccel.traces.store import TraceStore
+from agentaccel.traces.database import now
 from agentaccel.traces.template_miner import PREFIX, Template, line_set, same_template
+
+if TYPE_CHECKING:
+    from agentaccel.traces.store import TraceStore
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS templates (
+  stage TEXT PRIMARY KEY,            -- the stage a discovered prompt template names (tmpl:...)
+  fixed TEXT NOT NULL,               -- JSON: its fixed lines in prompt order, digits masked
+  calls {INT} NOT NULL,              -- calls it matched
+  updated_at TEXT
+);
+"""
 
 
 @dataclass(frozen=True)

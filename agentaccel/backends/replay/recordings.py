@@ -68,7 +68,7 @@ class Recordings:
         self.by_prompt: dict[str, list[RecordedCall]] = {}
         self.by_turn: dict[tuple[str, int], list[RecordedCall]] = {}
         sessions: set[int] = set()
-        keys = dict(store.conn.execute("SELECT id, key FROM sessions"))
+        keys = store.session_keys()
         for call in store.iter_calls():
             recorded = RecordedCall(call.session_id, turn_of(call.messages), call.stage, call.response,
                                     call.tool_calls, keys.get(call.session_id, ""), call.model)

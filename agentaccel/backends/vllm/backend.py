@@ -18,6 +18,7 @@ from agentaccel.backends.base import CallContext, follower_counters, seeded_coun
 from agentaccel.backends.openai_compat import OpenAIBackend
 from agentaccel.backends.routing import SESSION_HEADER, data_parallel_size
 from agentaccel.backends.vllm import stats_files
+from agentaccel.backends.vllm.settings import PluginSettings
 from agentaccel.backends.vllm.supervisor import Supervisor
 from agentaccel.errors import APIError, bad_request
 from agentaccel.processes import free_port
@@ -33,6 +34,12 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
+# Seconds a stopping vLLM gives its requests and workers to finish. vLLM's default, 0, kills the
+# workers at once: what the plugin learned since its last save (step cost, calibration, the
+# snapshot) would be lost.
+SHUTDOWN_SECONDS = 10
+
+
 def launch_command(model: str, port: int, *, served_name: str, extra_args: list[str],
                    speculative_config: dict | None = DEFAULT_SPECULATIVE_CONFIG,
                    env: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
@@ -45,6 +52,8 @@ def launch_command(model: str, port: int, *, served_name: str, extra_args: list[
     if spec is None and speculative_config is not None:
         spec = json.dumps(speculative_config)
         argv += [flag, spec]
+    if "--shutdown-timeout" not in extra_args:
+        argv += ["--shutdown-timeout", str(SHUTDOWN_SECONDS)]
     cpu = not _has_cuda()
     if cpu and "--gpu-memory-utilization" not in extra_args:
         # On CPU this flag is the share of the NUMA node's memory vLLM reserves; its 0.92
@@ -77,10 +86,12 @@ class VLLMBackend(OpenAIBackend):
                  memory_budget_bytes: int = 0, timeout: float = 600.0, start_timeout: float = 900.0,
                  port: int | None = None, echo=None, online: bool = True,
                  session_header: str | None = SESSION_HEADER, snapshot: str | Path | None = None,
-                 scoped: bool = True, step_cost: str = "auto") -> None:
+                 scoped: bool = True, step_cost: str = "auto", record: bool = True) -> None:
         """`scoped`: each tenant's recorded answers join its own trees (serve --speculation-scope key).
         `step_cost`: auto (learned from the server's own steps), off (each request sizes its own
-        draft), or a cost spec the learning starts from (the plugin's AGENTACCEL_STEP_COST)."""
+        draft), or a cost spec the learning starts from. `record` off (serve --no-record): the
+        plugin writes nothing to the trace store (its calibration and step cost stay in memory).
+        All of it reaches the plugin as one PluginSettings."""
         self.port = port or free_port()
         super().__init__(f"http://127.0.0.1:{self.port}", timeout=timeout, session_header=session_header)
         self.model = model
@@ -92,17 +103,14 @@ class VLLMBackend(OpenAIBackend):
         from agentaccel.traces.store import default_db_path
 
         db = default_db_path() if db_path is None else locate(db_path)
-        ours = {"AGENTACCEL_VLLM_STATS": str(self.stats_path), "AGENTACCEL_SEED": "1" if seed else "0",
-                "AGENTACCEL_FOLLOW": "1" if follow else "0",
-                "AGENTACCEL_MEMORY_BUDGET": str(memory_budget_bytes), "AGENTACCEL_DB": db.spec,
-                "AGENTACCEL_ONLINE": "1" if online else "0", "AGENTACCEL_SCOPED": "1" if scoped else "0"}
-        if snapshot is not None:
-            ours["AGENTACCEL_SNAPSHOT"] = str(Path(snapshot).expanduser().resolve())
-        if spec_config is not None:
-            ours["AGENTACCEL_SPEC_CONFIG"] = str(Path(spec_config).resolve())
-        if step_cost != "auto":
-            spec = Path(step_cost).expanduser()
-            ours["AGENTACCEL_STEP_COST"] = str(spec.resolve()) if spec.is_file() else step_cost
+        step_spec = Path(step_cost).expanduser()
+        settings = PluginSettings(
+            db=db.spec, seed=seed, follow=follow, scoped=scoped, online=online, save=record,
+            snapshot=str(Path(snapshot).expanduser().resolve()) if snapshot is not None else None,
+            spec_config=str(Path(spec_config).resolve()) if spec_config is not None else None,
+            memory_budget=memory_budget_bytes, stats=str(self.stats_path),
+            step_cost="" if step_cost == "auto" else str(step_spec.resolve()) if step_spec.is_file() else step_cost)
+        ours = settings.environ()
         argv, env = launch_command(model, self.port, served_name=self.served_name, extra_args=extra, env=ours)
         self.supervisor = Supervisor(argv, env, f"http://127.0.0.1:{self.port}/health",
                                      start_timeout=start_timeout, echo=echo)

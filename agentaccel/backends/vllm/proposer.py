@@ -3,30 +3,13 @@
 Read once at start: vLLM's speculative config (`num_speculative_tokens` caps a draft,
 `suffix_decoding_max_tree_depth` is the engine depth, `suffix_decoding_max_spec_factor` alpha —
 read by the paper mode only: the default mode sizes drafts by their verification cost —,
-`suffix_decoding_min_token_prob` min-prob) and the environment the managed launcher sets:
-
-* `AGENTACCEL_DB`: the trace store; its stages' tuned drafting settings are read at start, and
-  the online calibration is saved there; with `AGENTACCEL_SEED=1` it also seeds the stage trees
-  (`AGENTACCEL_SCOPED=1`: each tenant's recorded answers into that tenant's own trees),
-  and with `AGENTACCEL_FOLLOW=1` every call recorded there later (by any server) is added too;
-* `AGENTACCEL_SNAPSHOT`: a file where the stage trees are saved with the store cursor they
-  cover, and loaded from at the next start (then only later calls are read from the store);
-* `AGENTACCEL_SPEC_CONFIG`: per-stage drafting settings (JSON, see engine.policy), winning over
-  the tuned ones;
-* `AGENTACCEL_ONLINE=0`: no online calibration of the stages' policies;
-* `AGENTACCEL_MEMORY_BUDGET`: bytes for the global trees;
-* `AGENTACCEL_VLLM_STATS`: a JSON file where a thread writes per-stage draft statistics every
-  STATS_INTERVAL seconds (the proxy's /metrics reads it);
-* `AGENTACCEL_STEP_LOG`: a file where every timed step is appended as a JSON line (tokens
-  computed, context, seconds, the proposer's own seconds): a profile of the server's steps (kept
-  while the step cost is learned, i.e. unless `AGENTACCEL_STEP_COST=off`);
-* `AGENTACCEL_DRAFT_THREADS`: drafting threads (see `_draft_threads`);
-* `AGENTACCEL_STEP_COST`: how each step's drafts are sized. Unset: one budget for the whole
-  batch, under a step cost learned from this server's own steps (seeded with the curve the trace
-  store kept for this server, else with the calibrated roofline of the model on this GPU, else the
-  GPU or CPU seed); any cost spec (engine/cost/profiles.py: `llama-3.1-8b@h100`, `c=0.05`, a
-  file, `learned:<server>`): that seed; `off`: every request sizes its own draft alone (before the
-  budget).
+`suffix_decoding_min_token_prob` min-prob) and the settings its starter wrote (settings.py,
+`PluginSettings`: the trace store and what to do with it, the statistics file, how each step's
+drafts are sized). The step cost: unless `step_cost` is "off" (every request sizes its own draft
+alone, as before the budget), one budget for the whole batch under a step cost learned from this
+server's own steps, starting from the curve the trace store kept for this server, else `step_cost`
+when it is a cost spec, else the calibrated roofline of the model on this GPU, else the GPU or CPU
+seed (engine/cost).
 
 Each step drafts for the whole batch in one native call (`engine.batch.BatchDrafter`).
 
@@ -40,10 +23,10 @@ output repeats. vLLM verifies a chain of draft tokens, so drafts are linear.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import json
 import logging
+import multiprocessing.util
 import os
 import threading
 import time
@@ -51,9 +34,10 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from agentaccel.backends.base import step_cost_state
-from agentaccel.backends.policies import policy_state, serving_policies, start_online
+from agentaccel.backends.policies import CounterCalibration, policy_state, serving_policies, start_online
 from agentaccel.backends.step_costs import LearnedStepCost, stored_curves
 from agentaccel.backends.vllm import stats_files
+from agentaccel.backends.vllm.settings import PluginSettings
 from agentaccel.engine import SuffixEngine
 from agentaccel.engine.batch import BatchDrafter
 from agentaccel.engine.cost import StepCostModel, parse, roofline, seed
@@ -151,11 +135,11 @@ def _capture_scheduled() -> None:
     GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids
 
 
-def _draft_threads() -> int:
-    """`AGENTACCEL_DRAFT_THREADS`, else one on CPU (vLLM's worker already runs on every core),
-    else a quarter of the cores up to 4 (a GPU host's cores are idle while the proposer runs)."""
-    if os.environ.get("AGENTACCEL_DRAFT_THREADS"):
-        return max(1, int(os.environ["AGENTACCEL_DRAFT_THREADS"]))
+def _draft_threads(given: int) -> int:
+    """`given` (the settings' draft_threads), else one on CPU (vLLM's worker already runs on every
+    core), else a quarter of the cores up to 4 (a GPU host's cores are idle while the proposer runs)."""
+    if given > 0:
+        return given
     from vllm.platforms import current_platform
 
     if current_platform.is_cpu():
@@ -210,6 +194,13 @@ def data_parallel_rank(vllm_config) -> int:
     return getattr(parallel, "data_parallel_index", parallel.data_parallel_rank)
 
 
+def at_exit(close) -> None:
+    """`close` when this worker exits cleanly. vLLM's workers are multiprocessing children, which
+    leave through os._exit (no atexit handlers run): multiprocessing's own finalizers do run there,
+    and in a main process at interpreter exit."""
+    multiprocessing.util.Finalize(None, close, exitpriority=10)
+
+
 def server_key(vllm_config) -> str:
     """What a learned step cost belongs to: the model, the device, tensor parallelism."""
     from vllm.platforms import current_platform
@@ -224,7 +215,7 @@ def server_key(vllm_config) -> str:
 
 
 def seed_cost(vllm_config, mode: str, db: str | None = None) -> StepCostModel:
-    """Where the step cost starts before this server's steps say more (see AGENTACCEL_STEP_COST)."""
+    """Where the step cost starts before this server's steps say more (`mode`: the settings' step_cost)."""
     if mode:
         return parse(mode, learned=stored_curves(db)).model
     from vllm.platforms import current_platform
@@ -257,46 +248,40 @@ class AgentaccelProposer:
         # are vLLM's own settings
         base = replace(default_config(parse("gpu"), tree=False), max_tokens=self.num_speculative_tokens,
                        alpha=config.suffix_decoding_max_spec_factor, min_prob=config.suffix_decoding_min_token_prob)
-        db = os.environ.get("AGENTACCEL_DB")
-        policies, online = serving_policies(base, db=db, spec_config=os.environ.get("AGENTACCEL_SPEC_CONFIG"),
+        self.settings = settings = PluginSettings.from_environ()
+        db = settings.db
+        policies, online = serving_policies(base, db=db, spec_config=settings.spec_config,
                                             say=lambda line: log.info("agentaccel: %s", line))
-        budget = int(os.environ.get("AGENTACCEL_MEMORY_BUDGET", "0"))
-        self.engine = SuffixEngine(max_depth=config.suffix_decoding_max_tree_depth, memory_budget_bytes=budget,
-                                   config=policies.default)
+        self.engine = SuffixEngine(max_depth=config.suffix_decoding_max_tree_depth,
+                                   memory_budget_bytes=settings.memory_budget, config=policies.default)
         policies.install(self.engine)
         # before the drafter is built on the engine: a snapshot replaces the engine's trees
         self.follower = None
         self.seeded: dict[str, dict[str, int]] = {}  # per stage: documents and tokens the trees started with
-        seed, follow = os.environ.get("AGENTACCEL_SEED") == "1", os.environ.get("AGENTACCEL_FOLLOW") == "1"
-        if (seed or follow) and os.environ.get("AGENTACCEL_DB"):
-            self._seed(vllm_config, seed, follow)
+        if (settings.seed or settings.follow) and db:
+            self._seed(vllm_config, settings)
+        self.drafter = _DRAFTER = BatchDrafter(self.engine, threads=_draft_threads(settings.draft_threads))
         self.calibration = self.keeper = None
-        if os.environ.get("AGENTACCEL_ONLINE", "1") != "0":
-            self.calibration, self.keeper = start_online(self.engine, online, db)
-        self.drafter = _DRAFTER = BatchDrafter(self.engine, threads=_draft_threads())
+        if settings.online:  # --no-record: calibrated in memory, never saved
+            self.calibration, self.keeper = start_online(self.engine, online, db if settings.save else None)
+            CounterCalibration(self.drafter, self.calibration, STATS_INTERVAL).start()
         _capture_stages()
         self.step_cost = None
-        mode = os.environ.get("AGENTACCEL_STEP_COST", "").strip()
-        if mode != "off":
+        if settings.step_cost != "off":
             _capture_scheduled()
-            save = os.environ.get("AGENTACCEL_ONLINE", "1") != "0"  # --no-record saves nothing
-            step_log = os.environ.get("AGENTACCEL_STEP_LOG")
             self.step_cost = LearnedStepCost.starting(
-                server_key(vllm_config), db, seed_cost(vllm_config, mode, db), save=save,
+                server_key(vllm_config), db, seed_cost(vllm_config, settings.step_cost, db), save=settings.save,
                 say=lambda line: log.info("agentaccel: one draft budget per step; %s", line),
                 apply=self.drafter.set_step_cost, drain=self.drafter.drain_timings, every=STATS_INTERVAL,
-                step_log=Path(step_log) if step_log else None)
+                step_log=Path(settings.step_log) if settings.step_log else None)
         for keeper in (self.keeper, self.step_cost):  # what was learned since the last save, at a clean exit
             if keeper is not None:
-                atexit.register(keeper.close)
-        path = os.environ.get("AGENTACCEL_VLLM_STATS")
-        if path:  # each data-parallel rank writes a file of its own
-            path = stats_files.rank_path(Path(path), data_parallel_rank(vllm_config))
+                at_exit(keeper.close)
+        if settings.stats:  # each data-parallel rank writes a file of its own
+            path = stats_files.rank_path(Path(settings.stats), data_parallel_rank(vllm_config))
             StatsWriter(self.drafter, path, self.calibration, self.step_cost, self.follower, self.seeded).start()
-        elif self.calibration is not None:
-            StatsWriter(self.drafter, None, self.calibration).start()
 
-    def _seed(self, vllm_config, seed: bool, follow: bool) -> None:
+    def _seed(self, vllm_config, settings: PluginSettings) -> None:
         from agentaccel.backends.follower import StoreFollower, seed_then_follow
         from agentaccel.text.tokenization import load_tokenizer
 
@@ -305,12 +290,12 @@ class AgentaccelProposer:
         except ValueError as e:
             log.warning("agentaccel: not seeding, no usable tokenizer (%s)", e)
             return
-        db = os.environ["AGENTACCEL_DB"]
-        scoped = os.environ.get("AGENTACCEL_SCOPED") == "1"
-        if seed:
+        db, scoped = settings.db, settings.scoped
+        if settings.seed:
             # every data-parallel rank learns the same calls: rank 0 alone keeps the snapshot
-            snapshot = os.environ.get("AGENTACCEL_SNAPSHOT") or None
-            report, self.follower = seed_then_follow(self.engine, db, tokenizer, follow=follow, snapshot=snapshot,
+            snapshot = settings.snapshot
+            report, self.follower = seed_then_follow(self.engine, db, tokenizer, follow=settings.follow,
+                                                     snapshot=snapshot,
                                                      save_snapshot=data_parallel_rank(vllm_config) == 0,
                                                      scoped=scoped)
             # what the trees hold before the first request, by stage: shown in /metrics (agentaccel_seeded_*)
@@ -326,7 +311,7 @@ class AgentaccelProposer:
         else:
             self.follower = StoreFollower(self.engine, db, tokenizer, scoped=scoped).start()
         if self.follower is not None:
-            atexit.register(self.follower.close)
+            at_exit(self.follower.close)
 
     def propose(self, num_speculative_tokens, input_batch, sampled_token_ids, slot_mappings=None) -> list[list[int]]:
         if not self.drafts:
@@ -340,13 +325,13 @@ class AgentaccelProposer:
 
 
 class StatsWriter(threading.Thread):
-    """Every `interval` seconds, off the step's path: hands each stage's new drafted steps to the
-    online calibration, and writes the drafter's per-stage statistics, its live request count, the
-    stages' policies and the step cost to a JSON file when they changed (the proxy's /metrics and
-    /health read it; no file write per step). The step cost is learned by its own service
+    """Every `interval` seconds, off the step's path: writes the drafter's per-stage statistics, its
+    live request count, the stages' policies and the step cost to a JSON file when they changed (the
+    proxy's /metrics and /health read it; no file write per step). It only reads: the calibration
+    is fed by its own thread (CounterCalibration), the step cost learned by its own service
     (backends/step_costs.py)."""
 
-    def __init__(self, drafter: BatchDrafter, path: Path | None, calibration: OnlineCalibration | None = None,
+    def __init__(self, drafter: BatchDrafter, path: Path, calibration: OnlineCalibration | None = None,
                  step_cost: LearnedStepCost | None = None, follower=None, seeded: dict | None = None,
                  interval: float = STATS_INTERVAL) -> None:
         super().__init__(name="agentaccel-stats", daemon=True)
@@ -357,12 +342,7 @@ class StatsWriter(threading.Thread):
         last = None
         while True:
             time.sleep(self.interval)
-            stages = self.drafter.stats()
-            if self.calibration is not None:
-                self.calibration.observe_counters(stages)
-            if self.path is None:
-                continue
-            stats = {"stages": stages, "requests": self.drafter.tracked,
+            stats = {"stages": self.drafter.stats(), "requests": self.drafter.tracked,
                      "pending_outputs": self.drafter.pending_outputs,
                      "policies": policy_state(self.drafter.engine, self.calibration),
                      "drafter": self._drafter_state()}

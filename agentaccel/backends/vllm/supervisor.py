@@ -15,6 +15,8 @@ import time
 
 import httpx
 
+from agentaccel.processes import kill_group, wait_group
+
 log = logging.getLogger("agentaccel.vllm")
 
 
@@ -105,13 +107,14 @@ class Supervisor:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGTERM if grace else signal.SIGKILL)
         if grace:
+            deadline = time.monotonic() + grace
             try:
                 await asyncio.wait_for(self.process.wait(), grace)
+                # vLLM's API server exits first; its engine and workers save what they learned on their way out
+                await asyncio.to_thread(wait_group, self.process.pid, deadline - time.monotonic())
             except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.process.pid, signal.SIGKILL)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGKILL)  # stragglers of the group
+                pass
+        kill_group(self.process.pid)  # what is left of the group
 
     async def close(self) -> None:
         self._closing = True

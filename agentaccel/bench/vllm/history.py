@@ -75,7 +75,7 @@ def _make(plan: Plan, jobs: dict[str, list[Job]], layouts: dict[str, Layout], to
     finally:
         server.stop()
     with TraceStore(path) as store:  # one file, no write-ahead log beside it: copied as it is
-        store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        store.checkpoint()
 
 
 def store_for(method: str, history: Path | None, log_dir: Path) -> Path:

@@ -104,7 +104,7 @@ def stage_profile(path: Path) -> dict:
 
 
 def step_profile(path: Path) -> dict | None:
-    """What the proposer's step log says (AGENTACCEL_STEP_LOG): the timed steps, by requests in the
+    """What the proposer's step log says (PluginSettings.step_log): the timed steps, by requests in the
     step: mean step time (without the proposer), mean proposer time, tokens computed."""
     if not path.is_file():
         return None

