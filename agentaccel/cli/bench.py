@@ -39,8 +39,36 @@ bench_app = typer.Typer(help="Benchmarks: replay your recorded calls, the engine
                              "(results: docs/BENCHMARKS.md).", no_args_is_help=True)
 
 
+# `bench replay`'s programs: the switch that selects each, and the options it reads (any other
+# option given is refused: it would do nothing there).
+_SELECTION = {"db", "stage", "model", "source", "sessions", "limit", "warm", "tenant", "tokenizer", "json_out"}
+_REPLAY_PROGRAMS = (
+    ("vllm_run", {"vllm_run", "tokenizer", "json_out"}),
+    ("replicas", _SELECTION | {"replicas", "server", "share_delay", "streams", "plot"}),
+    ("concurrency", _SELECTION | {"concurrency", "speculators", "server", "max_context", "plot"}),
+    ("policies", _SELECTION | {"policies", "cost", "online_stage", "online_calls"}),
+    (None, _SELECTION | {"tenants", "speculators", "cost", "sweep", "sweep_base", "scaling", "plot"}),
+)
+
+
+def _refuse_unread(ctx: typer.Context, programs) -> None:
+    """The program the given switches select (the first in `programs` given); an option given that
+    it does not read is refused, naming both."""
+    given = {p.name: p for p in ctx.command.params if ctx.get_parameter_source(p.name).name != "DEFAULT"}
+    switch, reads = next((name, reads) for name, reads in programs if name is None or name in given)
+
+    def flag(name: str) -> str:
+        return given[name].opts[0]
+
+    unread = sorted(flag(name) for name in given if name not in reads)
+    if unread:
+        where = f"with {flag(switch)}" if switch else "when comparing speculators (no mode switch given)"
+        raise fail(f"{', '.join(unread)}: not read {where}; drop {'it' if len(unread) == 1 else 'them'}")
+
+
 @bench_app.command("replay")
 def bench_replay(
+    ctx: typer.Context,
     db: DbOption = None,
     stage: Annotated[list[str] | None, typer.Option("--stage", help="Only these stages (repeatable; default: "
                                                                     "all).")] = None,
@@ -116,15 +144,13 @@ def bench_replay(
     """Replay calls from the trace store with a simulated verifier and compare speculators."""
     from agentaccel.bench.replay_cli import run_concurrency, run_policies, run_replay, run_replicas
 
+    _refuse_unread(ctx, _REPLAY_PROGRAMS)
     need_plots(plot)
     if vllm_run is not None:
         _replay_vllm_run(vllm_run, tokenizer, json_out)
         return
 
     store, tok = open_store(db, must_exist=True), open_tokenizer(tokenizer)
-    if tenants and (replicas is not None or concurrency is not None or policies):
-        raise typer.BadParameter("--tenants compares speculators: not with --replicas, --concurrency or --policies",
-                                 param_hint="--tenants")
     if replicas is not None or concurrency is not None:
         priced = cost_spec(server, "--server", db)
         if replicas is not None:
