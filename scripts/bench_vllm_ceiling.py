@@ -1,5 +1,5 @@
 """The ceiling of a kept `agentaccel bench vllm --logs DIR` run: the simulated server learned from
-that run (as `bench replay --vllm-run DIR`) replays every block once more with `oracle`
+that run (as `bench simulate-vllm DIR`) replays every block once more with `oracle`
 (bench/batch_replay.py: agentaccel's candidates, from its history and its trees, cut to exactly what
 is accepted and allocated with the true step cost), beside the simulated `suffix` and agentaccel.
 Prints, per workload and level (and restart phase, for a `--restart` run), the medians over

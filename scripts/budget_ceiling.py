@@ -1,5 +1,5 @@
 """How close any step budget can come to the oracle with agentaccel's candidates: the batched
-server of `bench replay --concurrency`, the same calls, four ways of allocating each step's drafts.
+server of `bench server --concurrency`, the same calls, four ways of allocating each step's drafts.
 
 - `oracle`: the candidates cut to exactly what the model accepts (bench/batch_replay.py);
 - `agentaccel-known`: the plugin's budget, priced with the server's true step cost;

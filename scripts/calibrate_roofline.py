@@ -3,7 +3,8 @@ tables (engine/cost/gpus/), one set for every GPU, and prints how far the fitted
 each table: worst relative error in step time and in the price of drafts (a step's time over
 the same requests' 1-token step), from 8 requests up, rows whose attention the tables' note calls
 slower than a serving engine's left out. Also prints the same for the datasheet roofline (before
-calibration), the efficiencies in force and for the measured profiles themselves (the tables fitted by the one fitting routine).
+calibration), the efficiencies in force and the measured profiles themselves (the tables fitted
+by the one fitting routine).
 
 Minimises the largest error (a soft maximum), from a least-squares start; physical bounds: no
 efficiency above the datasheet. Needs scipy (not a dependency of agentaccel).

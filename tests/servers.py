@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import uvicorn
 
-from agentaccel.processes import free_port, wait_healthy  # noqa: F401 - one definition, re-exported for tests
+from agentaccel.processes import free_port, stop_group, wait_healthy  # noqa: F401 - one definition, re-exported
 
 
 def metric(url: str, name: str, stage: str, key: str | None = None) -> float:
@@ -57,3 +59,22 @@ def start_serve(args: list[str], log: Path) -> tuple[str, subprocess.Popen]:
     proc = subprocess.Popen([sys.executable, "-m", "agentaccel.cli.main", "serve", "--port", str(port), *args],
                             stdout=subprocess.DEVNULL, stderr=open(log, "w"), start_new_session=True)
     return f"http://127.0.0.1:{port}", proc
+
+
+@contextlib.contextmanager
+def serving(args: list[str], log_path: Path, env: dict | None = None, tail: int = 3000) -> Iterator[str]:
+    """`agentaccel serve ARGS` on a free port for the block: its URL once /health says ready (vLLM
+    up, for the vllm backend); afterwards its whole process group stopped and the end of its log
+    (`log_path`) printed."""
+    port = free_port()
+    with open(log_path, "w+") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "agentaccel.cli.main", "serve", "--port", str(port), *args],
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            wait_healthy(url, proc, 600, ready=lambda health: health.get("state", "ready") == "ready")
+            yield url
+        finally:
+            stop_group(proc, 60)
+            log.seek(0)
+            print(log.read()[-tail:])

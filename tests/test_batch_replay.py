@@ -1,4 +1,4 @@
-"""The simulated batching server of `bench replay --concurrency` (bench/batch_replay.py) schedules
+"""The simulated batching server of `bench server --concurrency` (bench/batch_replay.py) schedules
 as vLLM does: prefills chunked to the step's token budget, a prefix cache shared by every request
 (blocks of the server's size), clients that take their time between calls."""
 

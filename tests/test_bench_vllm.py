@@ -72,8 +72,8 @@ def test_bench_vllm_compares_methods_on_bundled_workloads(tmp_path):
         {(m, w, c) for m in ("none", "suffix", "agentaccel") for w in ("sql", "agent") for c in (1, 2)}
     assert all(x["predicted_tokens_per_s"] > 0 for x in checked["rows"])
     assert (tmp_path / "bench.png").stat().st_size > 0
-    # and again from the kept run: `bench replay --vllm-run`
-    again = subprocess.run([sys.executable, "-m", "agentaccel.cli.main", "bench", "replay", "--vllm-run", str(logs)],
+    # and again from the kept run: `bench simulate-vllm`
+    again = subprocess.run([sys.executable, "-m", "agentaccel.cli.main", "bench", "simulate-vllm", str(logs)],
                            capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and "simulated vs measured" in again.stdout, again.stderr[-2000:]
 

@@ -149,15 +149,3 @@ def test_a_figure_without_matplotlib_says_how_to_get_it(tmp_path):
                         str(tmp_path / "figs")], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 2 and "pip install 'agentaccel[bench]'" in r.stderr, r.stderr[-1000:]
     assert not (tmp_path / "figs").exists()
-
-
-def test_bench_replay_refuses_an_option_its_program_does_not_read(tmp_path):
-    """Each mode switch of `bench replay` selects one program; an option that program would ignore
-    is refused, naming it and the switch (before the store is opened)."""
-    for args, named, switch in ((["--concurrency", "1", "--sweep", "max_tokens=4,8"], "--sweep", "--concurrency"),
-                                (["--replicas", "2", "--concurrency", "1"], "--concurrency", "--replicas"),
-                                (["--policies", "--tenants", "2"], "--tenants", "--policies"),
-                                (["--online-calls", "3"], "--online-calls", "comparing speculators")):
-        out = agentaccel("bench", "replay", "--db", str(tmp_path / "none.db"), *args)
-        assert out.returncode == 2 and named in out.stderr and switch in out.stderr, (args, out.stderr)
-    assert not (tmp_path / "none.db").exists()

@@ -1,4 +1,4 @@
-"""`bench replay --replicas`: a fleet that shares its outputs at once drafts exactly as one
+"""`bench fleet --replicas`: a fleet that shares its outputs at once drafts exactly as one
 server seeing all traffic; siloed replicas draft worse when sessions repeat each other."""
 
 import numpy as np

@@ -132,8 +132,8 @@ def test_a_bad_cost_is_refused_with_one_message_everywhere(spec, tmp_path):
     db = tmp_path / "t.db"
     TraceStore(db).close()
     commands = [["bench", "replay", "--db", str(db), "--cost", spec],
-                ["bench", "replay", "--db", str(db), "--concurrency", "1", "--server", spec],
-                ["bench", "replay", "--db", str(db), "--replicas", "2", "--server", spec],
+                ["bench", "server", "--db", str(db), "--concurrency", "1", "--server", spec],
+                ["bench", "fleet", "--db", str(db), "--replicas", "2", "--server", spec],
                 ["tune", "--db", str(db), "--cost", spec, "--dry-run"],
                 ["serve", "--backend", "replay", "--db", str(db), "--cost-profile", spec],
                 ["serve", "--db", str(db), "--cost-profile", spec, "--port", "1"]]
@@ -149,7 +149,7 @@ def test_a_relative_cost_cannot_time_a_fleet(tmp_path):
 
     db = tmp_path / "t.db"
     TraceStore(db).close()
-    run = subprocess.run([sys.executable, "-m", "agentaccel.cli.main", "bench", "replay", "--db", str(db),
+    run = subprocess.run([sys.executable, "-m", "agentaccel.cli.main", "bench", "fleet", "--db", str(db),
                           "--replicas", "2", "--server", "gpu"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and "plain steps" in run.stderr
 

@@ -5,8 +5,6 @@ speculation; drafts are accepted; stages are routed; a killed vLLM is restarted.
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 import urllib.parse
 
@@ -20,10 +18,9 @@ from agentaccel.traces.store import TraceStore
 pytest.importorskip("vllm")
 pytest.importorskip("torch")
 
-from servers import free_port, wait_healthy  # noqa: E402
+from servers import serving  # noqa: E402
 
 from agentaccel.backends.vllm.proposer import STATS_INTERVAL  # noqa: E402
-from agentaccel.processes import stop_group  # noqa: E402
 
 MAX_MODEL_LEN = 1024
 KEPT_STEP_COST = StepCostModel(tuple(0.0123 + 0.0001 * t for t in range(8193)))
@@ -36,31 +33,20 @@ def served(tmp_path_factory):
     from agentaccel.backends.local.model import default_model_folder
 
     folder = default_model_folder()
-    port = free_port()
     db = tmp_path_factory.mktemp("vllm") / "traces.db"
     with TraceStore(db) as store:  # a stage tuned by `agentaccel tune`: the plugin drafts with it
         stage_policies.write_tuned(store, "tuned", {"max_tokens": 2}, cost="gpu", calls=300, est_speedup=2.0,
                                    default_speedup=1.9, calibration=0.8)
         # the step cost an earlier server on this model and device learned: this one starts from it
         step_costs.write(store, f"{folder.name}|cpu|tp1", KEPT_STEP_COST.as_dict(), 5000)
-    log = open(tmp_path_factory.mktemp("vllm-log") / "serve.log", "w+")
     # float32 keeps verification of k tokens at once bit-comparable with one-at-a-time decoding
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agentaccel.cli.main", "serve", "--backend", "vllm", "--model", str(folder),
-         "--served-model-name", "smol", "--port", str(port), "--db", str(db), "--",
-         "--dtype", "float32", "--enforce-eager", "--max-model-len", str(MAX_MODEL_LEN), "--enable-auto-tool-choice",
-         "--tool-call-parser", "hermes",
-         "--speculative-config", '{"method": "suffix", "num_speculative_tokens": 16, '
-                                 '"suffix_decoding_max_tree_depth": 64}'],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url, proc, 600, ready=lambda health: health.get("state") == "ready")
+    with serving(["--backend", "vllm", "--model", str(folder), "--served-model-name", "smol", "--db", str(db), "--",
+                  "--dtype", "float32", "--enforce-eager", "--max-model-len", str(MAX_MODEL_LEN),
+                  "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+                  "--speculative-config", '{"method": "suffix", "num_speculative_tokens": 16, '
+                                          '"suffix_decoding_max_tree_depth": 64}'],
+                 tmp_path_factory.mktemp("vllm-log") / "serve.log", tail=4000) as url:
         yield url, db
-    finally:
-        stop_group(proc, 60)
-        log.seek(0)
-        print(log.read()[-4000:])
 
 
 def chat(url, prompt, stage, speculate=True, stream=False):

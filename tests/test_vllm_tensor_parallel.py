@@ -6,8 +6,6 @@ and writes statistics: /metrics counters only grow, and the log says which worke
 import json
 import os
 import shutil
-import subprocess
-import sys
 import threading
 import time
 
@@ -17,9 +15,7 @@ import pytest
 pytest.importorskip("vllm")
 torch = pytest.importorskip("torch")
 
-from servers import free_port, wait_healthy  # noqa: E402
-
-from agentaccel.processes import stop_group  # noqa: E402
+from servers import serving  # noqa: E402
 
 PROMPTS = [f"Write SQL query number {i} for the users table." for i in range(8)]
 
@@ -45,25 +41,15 @@ def model_folder(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def served(model_folder, tmp_path_factory):
-    port = free_port()
-    folder = tmp_path_factory.mktemp("tp")
-    log = open(folder / "serve.log", "w+")
+    log = tmp_path_factory.mktemp("tp") / "serve.log"
     # vLLM on CPU binds each tensor-parallel rank's threads to its own cores ("0|1": rank 0 on core
     # 0, rank 1 on core 1); without it both ranks fight over every core (docs/SERVING.md)
     env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "0|1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agentaccel.cli.main", "serve", "--backend", "vllm", "--model", str(model_folder),
-         "--served-model-name", "smol", "--port", str(port), "--db", str(folder / "t.db"), "--",
-         "--tensor-parallel-size", "2", "--dtype", "float32", "--enforce-eager", "--max-model-len", "1024"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url, proc, 600, ready=lambda health: health.get("state") == "ready")
+    with serving(["--backend", "vllm", "--model", str(model_folder), "--served-model-name", "smol",
+                  "--db", str(log.parent / "t.db"), "--",
+                  "--tensor-parallel-size", "2", "--dtype", "float32", "--enforce-eager", "--max-model-len", "1024"],
+                 log, env) as url:
         yield url, log
-    finally:
-        stop_group(proc, 60)
-        log.seek(0)
-        print(log.read()[-3000:])
 
 
 def chat(url, prompt, speculate=True):
@@ -104,8 +90,7 @@ def test_speculation_on_equals_off_and_one_worker_drafts(served):
     accepted = [s.get("agentaccel_accepted_tokens_total", 0.0) for s in seen]
     assert drafted[-1] > 0 and accepted[-1] > 0
     assert drafted == sorted(drafted) and accepted == sorted(accepted), (drafted, accepted)
-    log.seek(0)
-    lines = [line for line in log.read().splitlines() if "agentaccel:" in line and "[dp0 tp" in line]
+    lines = [line for line in log.read_text().splitlines() if "agentaccel:" in line and "[dp0 tp" in line]
     assert any("[dp0 tp1] agentaccel: vLLM takes its drafts from another worker" in line for line in lines), lines
     assert not any("[dp0 tp1]" in line and ("seeded" in line or "step cost" in line) for line in lines), lines
     assert sum("[dp0 tp0]" in line and "step cost of" in line for line in lines) == 1, lines

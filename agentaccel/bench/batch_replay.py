@@ -1,4 +1,4 @@
-"""`bench replay --concurrency N`: recorded sessions as N concurrent streams through a simulated
+"""`bench server --concurrency N`: recorded sessions as N concurrent streams through a simulated
 batching server, to see what speculation gives under load before renting the hardware.
 
 Each stream replays recorded sessions one after another, a call at a time (the recorded prompt,

@@ -95,7 +95,7 @@ def agent_llm_time(runs: list[dict], out: Path) -> Path:
 
 def tokens_vs_concurrency(rows: list[dict], out: Path, title: str) -> Path:
     """Output tokens/s against requests in flight, one column per workload and a line per method
-    (`bench vllm`, `bench replay --concurrency`), and below each the same relative to plain
+    (`bench vllm`, `bench server --concurrency`), and below each the same relative to plain
     decoding (`none`) at each level; rows carry workload, concurrency, method, tokens_per_s. One
     PNG at `out`."""
     workloads = list(dict.fromkeys(r["workload"] for r in rows))
@@ -130,7 +130,7 @@ def tokens_vs_concurrency(rows: list[dict], out: Path, title: str) -> Path:
 
 def speedup_vs_replicas(rows: list[dict], out: Path, title: str) -> Path:
     """Estimated speedup and acceptance against the number of replicas, a line per way of
-    learning (`bench replay --replicas`); rows carry mode, replicas, est_speedup, acceptance_rate."""
+    learning (`bench fleet --replicas`); rows carry mode, replicas, est_speedup, acceptance_rate."""
     fig, axes = plt.subplots(1, 2, figsize=(10.5, 4.2))
     for mode in dict.fromkeys(r["mode"] for r in rows):
         points = sorted((r["replicas"], r["est_speedup"], r["acceptance_rate"]) for r in rows if r["mode"] == mode)

@@ -1,4 +1,4 @@
-"""`agentaccel bench replay --policies`: how good the tuned per-stage policies are, and how fast
+"""`agentaccel bench policies`: how good the tuned per-stage policies are, and how fast
 the online calibration recovers from a wrong one, on the selected calls (the replay simulator).
 
 1. Search against the exhaustive grid (same calls, same grid): the defaults; `agentaccel tune`'s

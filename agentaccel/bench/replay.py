@@ -4,7 +4,7 @@ proposes a draft, the longest draft path matching the next recorded tokens is ac
 bonus token, and those tokens are fed back. Calls are replayed in time order; after each call
 its output joins the speculator's global tree, exactly as in serving.
 
-This is the simulated server of `bench replay --concurrency` (bench/batch_replay.py) at its
+This is the simulated server of `bench server --concurrency` (bench/batch_replay.py) at its
 smallest scale: one request at a time, each step priced by the step cost model as that request's
 step alone relative to its plain step there (prefill and queueing left out: the speedup of
 decoding). The per-call replay runs every speculator on every call in the same order and tallies
@@ -74,6 +74,30 @@ class Tally:
             "est_speedup_by_profile": speedups,
             "est_speedup_sized_exactly": sized,
         }
+
+
+@dataclass(frozen=True)
+class CallSelection:
+    """Which recorded calls a replay or a simulation runs, in time order."""
+
+    stages: tuple[str, ...] = ()  # only these stages (none: all)
+    model: str | None = None  # only calls of this model
+    source: str | None = None  # only calls whose source file path contains this
+    sessions: int | None = None  # only the first N sessions
+    limit: int | None = None  # at most N calls, warm-up included
+    warm: int = 0  # the first N selected calls only seed the global trees
+    tenant: str | None = None  # one tenant's calls (traces/tenants.py)
+    tenants: int = 0  # the sessions dealt to N tenants in turn, in place of the stored ones
+
+    @property
+    def narrowed(self) -> bool:
+        """Whether it leaves out some of the store's calls by what they are."""
+        return bool(self.stages or self.model or self.source or self.tenant)
+
+    def load(self, store: TraceStore, tokenizer) -> list[ReplayCall]:
+        return load_calls(store, tokenizer, stages=list(self.stages) or None, model=self.model,
+                          source_like=self.source, sessions=self.sessions, limit=self.limit, tenant=self.tenant,
+                          tenants=self.tenants)
 
 
 def load_calls(store: TraceStore, tokenizer, *, stages: list[str] | None = None, model: str | None = None,

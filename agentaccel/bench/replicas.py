@@ -1,4 +1,4 @@
-"""`bench replay --replicas R,...`: what several servers gain from learning from each other.
+"""`bench fleet --replicas R,...`: what several servers gain from learning from each other.
 
 Recorded sessions run as `streams` concurrent streams across a fleet of R replicas; a router
 sends every call of a session to one replica (by a hash of the session, as consistent-hash and
@@ -15,7 +15,7 @@ session routers do), and each replica drafts from its own trees. Three ways of l
   building it would pay.
 
 Time is simulated: each verification step of a call takes what the server's step cost model
-says for that request's step (its draft and context; the same model `bench replay --concurrency`
+says for that request's step (its draft and context; the same model `bench server --concurrency`
 runs a batching server on, here at one request a step: the fleet's question is what each replica
 learns, not how its batch fills), so calls overlap as they would on servers, and an output
 becomes visible to the replica that produced it when its call ends, to the others `delay` later.

@@ -12,18 +12,18 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from agentaccel.bench.replicas import MEASURED_SHARE_DELAY
+from agentaccel.cli import replay
 from agentaccel.cli.common import (
     COST_FORMS,
     DbOption,
     JsonOption,
-    TenantOption,
     TokenizerOption,
     TracesOption,
     console,
     cost_spec,
     err,
     fail,
+    int_list,
     need_plots,
     open_store,
     open_tokenizer,
@@ -33,168 +33,14 @@ from agentaccel.cli.common import (
 from agentaccel.cli.serve import PREFIX_CACHE, Dtype, DtypeOption, check_cost_profile, parse_size
 from agentaccel.processes import sigterm_interrupts
 
-REPLAY_SPECULATORS = "none,pld,paper-linear,paper-tree,agentaccel"
-
 bench_app = typer.Typer(help="Benchmarks: replay your recorded calls, the engine, the embedded backend, the proxy "
                              "(results: docs/BENCHMARKS.md).", no_args_is_help=True)
-
-
-# `bench replay`'s programs: the switch that selects each, and the options it reads (any other
-# option given is refused: it would do nothing there).
-_SELECTION = {"db", "stage", "model", "source", "sessions", "limit", "warm", "tenant", "tokenizer", "json_out"}
-_REPLAY_PROGRAMS = (
-    ("vllm_run", {"vllm_run", "tokenizer", "json_out"}),
-    ("replicas", _SELECTION | {"replicas", "server", "share_delay", "streams", "plot"}),
-    ("concurrency", _SELECTION | {"concurrency", "speculators", "server", "max_context", "plot"}),
-    ("policies", _SELECTION | {"policies", "cost", "online_stage", "online_calls"}),
-    (None, _SELECTION | {"tenants", "speculators", "cost", "sweep", "sweep_base", "scaling", "plot"}),
-)
-
-
-def _refuse_unread(ctx: typer.Context, programs) -> None:
-    """The program the given switches select (the first in `programs` given); an option given that
-    it does not read is refused, naming both."""
-    given = {p.name: p for p in ctx.command.params if ctx.get_parameter_source(p.name).name != "DEFAULT"}
-    switch, reads = next((name, reads) for name, reads in programs if name is None or name in given)
-
-    def flag(name: str) -> str:
-        return given[name].opts[0]
-
-    unread = sorted(flag(name) for name in given if name not in reads)
-    if unread:
-        where = f"with {flag(switch)}" if switch else "when comparing speculators (no mode switch given)"
-        raise fail(f"{', '.join(unread)}: not read {where}; drop {'it' if len(unread) == 1 else 'them'}")
-
-
-@bench_app.command("replay")
-def bench_replay(
-    ctx: typer.Context,
-    db: DbOption = None,
-    stage: Annotated[list[str] | None, typer.Option("--stage", help="Only these stages (repeatable; default: "
-                                                                    "all).")] = None,
-    model: Annotated[str | None, typer.Option(help="Only calls of this model (default: any).")] = None,
-    source: Annotated[str | None, typer.Option(help="Only calls whose source file path contains this "
-                                                          "(default: any).")] = None,
-    sessions: Annotated[int | None, typer.Option(help="Only the first N sessions (default: all).")] = None,
-    limit: Annotated[int | None, typer.Option(help="At most N calls, warm-up included (default: all).")] = None,
-    warm: Annotated[int, typer.Option(help="The first N selected calls only seed the global trees.")] = 0,
-    tenant: TenantOption = None,
-    tenants: Annotated[int, typer.Option(help="Deal the sessions to N tenants in turn (in place of the tenants the "
-                                              "store knows) and compare agentaccel's trees shared by tenants with "
-                                              "trees kept per tenant, agentaccel-tenants (default: 0, off).",
-                                         min=0)] = 0,
-    speculators: Annotated[str, typer.Option(help="Comma-separated: none, pld, paper-linear, paper-tree, "
-                                                  "agentaccel, agentaccel-shared (one tree for every stage), "
-                                                  "agentaccel-tenants (trees kept per tenant); oracle-1, oracle-2 "
-                                                  "are "
-                                                  "ceilings (they know the output: the most any draft "
-                                                  "copied after a 1- or 2-token match could give).")]
-    = REPLAY_SPECULATORS,
-    cost: Annotated[list[str] | None, typer.Option("--cost", help="Step cost(s) each call's steps are priced by "
-                                                                 "(one request a step, relative to its plain "
-                                                                 "step): " + COST_FORMS + " (default: gpu and cpu). "
-                                                                 "The first drives est_speedup and agentaccel's "
-                                                                 "drafting.")] = None,
-    sweep: Annotated[list[str] | None, typer.Option("--sweep", help="Grid-search NAME=v1,v2 (repeatable) over "
-                                                                   "--sweep-base, per stage (default: no sweep).")]
-    = None,
-    sweep_base: Annotated[str, typer.Option(help="Speculator the sweep varies.")] = "agentaccel",
-    scaling: Annotated[bool, typer.Option(help="Also replay with 0-100% of the warm-up in the global tree.")]
-    = False,
-    tokenizer: TokenizerOption = None,
-    json_out: JsonOption = None,
-    plot: Annotated[Path | None, typer.Option("--plot", help="Write PNG figures into this folder (default: "
-                                                             "none).")] = None,
-    policies: Annotated[bool, typer.Option("--policies", help="Instead of comparing speculators: per-stage "
-                                                             "policies tuned as `agentaccel tune` does against "
-                                                             "an exhaustive grid, in and out of sample, and the "
-                                                             "online calibration's recovery (--online-stage; "
-                                                             "default: off).")]
-    = False,
-    online_stage: Annotated[str | None, typer.Option(help="--policies: the stage started from a wrong policy "
-                                                                "(default: none).")]
-    = None,
-    online_calls: Annotated[int, typer.Option(help="--policies: that stage's calls replayed online "
-                                                                 "(default: 200).", min=1)] = 200,
-    concurrency: Annotated[str | None, typer.Option(help="Instead: the sessions as N concurrent streams through a "
-                                                         "simulated batching server, for each N, e.g. 1,4,16,64,256; "
-                                                         "--speculators then names methods from none, none-async, "
-                                                         "ngram, suffix, agentaccel-request, agentaccel, oracle, "
-                                                         "agentaccel-seeded, agentaccel-known (default: off).")] = None,
-    server: Annotated[str, typer.Option(help="--concurrency and --replicas: the simulated server's step cost: "
-                                             + COST_FORMS + ".")]
-    = "llama-3.1-8b@h100",
-    max_context: Annotated[int, typer.Option(help="--concurrency: prompts keep their last N tokens.", min=16)]
-    = 16384,
-    replicas: Annotated[str | None, typer.Option(help="Instead: a fleet of R servers, sessions routed to them by "
-                                                      "session, for each R, e.g. 1,2,4,8: one replica seeing all, "
-                                                      "replicas siloed, replicas sharing through the store "
-                                                      "(default: off).")] = None,
-    share_delay: Annotated[float, typer.Option(help="--replicas: seconds from a call's end until the other "
-                                                    "replicas learn its output (default: the p99 measured from "
-                                                    "an answer to another server's trees, PostgreSQL, 64 "
-                                                    "streams).", min=0)] = MEASURED_SHARE_DELAY,
-    streams: Annotated[int, typer.Option(help="--replicas: sessions running at once across the fleet.", min=1)]
-    = 32,
-    vllm_run: Annotated[Path | None, typer.Option(help="Instead: the calls a `bench vllm --logs DIR` run sent, "
-                                                       "replayed through the simulated server on a profile "
-                                                       "learned from that server's own steps: predicted beside "
-                                                       "measured (default: off).")] = None,
-) -> None:
-    """Replay calls from the trace store with a simulated verifier and compare speculators."""
-    from agentaccel.bench.replay_cli import run_concurrency, run_policies, run_replay, run_replicas
-
-    _refuse_unread(ctx, _REPLAY_PROGRAMS)
-    need_plots(plot)
-    if vllm_run is not None:
-        _replay_vllm_run(vllm_run, tokenizer, json_out)
-        return
-
-    store, tok = open_store(db, must_exist=True), open_tokenizer(tokenizer)
-    if replicas is not None or concurrency is not None:
-        priced = cost_spec(server, "--server", db)
-        if replicas is not None:
-            if priced.relative:
-                raise fail(f"--server: {server} prices a step in plain steps, and --replicas times the fleet in "
-                           "seconds (against --share-delay): name a server (<model>@<gpu>, learned, a measured "
-                           "table)")
-            run_replicas(console, err, store, tok, stages=stage, model=model, source=source, sessions=sessions,
-                         limit=limit, warm=warm, replicas=_int_list(replicas, "--replicas"), streams=streams,
-                         delay=share_delay, server=priced, json_out=json_out, plot=plot, tenant=tenant)
-            return
-        given = speculators if speculators != REPLAY_SPECULATORS else None
-        run_concurrency(console, err, store, tok, stages=stage, model=model, source=source, sessions=sessions,
-                        limit=limit, warm=warm, methods=given, levels=_int_list(concurrency, "--concurrency"),
-                        server=priced, max_context=max_context, json_out=json_out, plot=plot, tenant=tenant)
-        return
-    costs = [cost_spec(c, "--cost", db) for c in cost or ["gpu", "cpu"]]
-    if policies:
-        run_policies(console, err, store, tok, stages=stage, model=model, source=source, sessions=sessions,
-                     limit=limit, warm=warm, cost=costs[0], online_stage=online_stage,
-                     online_calls=online_calls, json_out=json_out, tenant=tenant)
-        return
-    if tenants and speculators == REPLAY_SPECULATORS:
-        speculators = "none,agentaccel,agentaccel-tenants"
-    run_replay(console, err, store, tok, stages=stage, model=model, source=source, sessions=sessions, limit=limit,
-               warm=warm, speculators=speculators, costs=costs,
-               sweep=sweep or [], sweep_base=sweep_base, scaling=scaling, json_out=json_out, plot=plot,
-               tenant=tenant, tenants=tenants)
-
-
-def _replay_vllm_run(folder: Path, tokenizer: str | None, json_out: Path | None) -> None:
-    from agentaccel.bench.vllm import simulate as sim
-    from agentaccel.bench.vllm.runner import MEASUREMENT, Measurement
-
-    if not (folder / MEASUREMENT).is_file():
-        raise fail(f"{folder}: no {MEASUREMENT} (a `agentaccel bench vllm --logs {folder}` run writes one)")
-    methods = list(dict.fromkeys(b.method for b in Measurement.load(folder).blocks))
-    if "agentaccel" not in methods:
-        raise fail(f"{folder}: the run has no agentaccel server, whose steps the profile is learned from")
-    with console.status("simulating") as status:
-        checked = sim.check(folder, methods, open_tokenizer(tokenizer), status.update)
-    _simulator_report(checked)
-    if json_out:
-        json_out.write_text(json.dumps(checked, indent=2))
+# recorded calls run again offline, one program per command (cli/replay.py)
+bench_app.command("replay")(replay.bench_replay)
+bench_app.command("policies")(replay.bench_policies)
+bench_app.command("server")(replay.bench_server)
+bench_app.command("fleet")(replay.bench_fleet)
+bench_app.command("simulate-vllm")(replay.bench_simulate_vllm)
 
 
 @bench_app.command("engine")
@@ -218,7 +64,7 @@ def bench_engine(
                            f"{f}: no SWE-agent, OpenHands or AlpacaEval files")
     tok = open_tokenizer(None)
     if batch is not None:
-        _bench_engine_batch(folder, tok, _int_list(batch, "--batch"), _int_list(threads, "--threads"), max_depth,
+        _bench_engine_batch(folder, tok, int_list(batch, "--batch"), int_list(threads, "--threads"), max_depth,
                             json_out)
         return
     with console.status("tokenizing the corpus (cached after the first run)") as status:
@@ -250,16 +96,6 @@ def bench_engine(
     console.print(spec)
     if json_out:
         json_out.write_text(json.dumps(result, indent=2))
-
-
-def _int_list(text: str, option: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        values = []
-    if not values or min(values) < 1:
-        raise fail(f"{option} takes positive integers separated by commas, got {text!r}")
-    return values
 
 
 def _bench_engine_batch(folder: Path, tok, sizes: list[int], threads: list[int], max_depth: int,
@@ -452,7 +288,7 @@ def bench_vllm(
                                                              "temporary one, kept only if something failed).")]
     = None,
     simulate: Annotated[bool, typer.Option(help="Afterwards, replay the same calls through the simulated server "
-                                                "of `bench replay --concurrency`, on a profile learned from "
+                                                "of `bench server --concurrency`, on a profile learned from "
                                                 "agentaccel's server's own steps, and show predicted beside "
                                                 "measured.")] = True,
     dtype: Annotated[str, typer.Option(help="The servers' precision: float32 (verifying several tokens at once "
@@ -487,8 +323,8 @@ def bench_vllm(
         if unknown or not chosen:
             raise fail(f"{option}: unknown or none given ({', '.join(unknown) or '-'}); "
                        f"choose from {', '.join(known)}")
-    levels = _int_list(concurrency, "--concurrency")
-    per_level = ([vplan.auto_jobs(n) for n in levels] if calls.strip() == "auto" else _int_list(calls, "--calls"))
+    levels = int_list(concurrency, "--concurrency")
+    per_level = ([vplan.auto_jobs(n) for n in levels] if calls.strip() == "auto" else int_list(calls, "--calls"))
     if len(per_level) != len(levels):
         raise fail(f"--calls needs one count per --concurrency level ({len(levels)}), got {calls!r}")
     if restart and reps < 2:
@@ -645,7 +481,7 @@ def _vllm_report(result: dict, json_out: Path | None, plot: Path | None) -> None
                                       f"{s['seeded_outputs']}" for stage, s in stages.items()
                                       if s["accepted_per_predicted"] is not None))
     if result.get("simulator"):
-        _simulator_report(result["simulator"])
+        simulator_report(result["simulator"])
     for note in result["notes"]:
         console.print(f"note: {note}")
     if json_out:
@@ -659,7 +495,7 @@ def _vllm_report(result: dict, json_out: Path | None, plot: Path | None) -> None
         console.print(f"plot: {plot}")
 
 
-def _simulator_report(checked: dict) -> None:
+def simulator_report(checked: dict) -> None:
     """The simulated server beside the real one: tokens/s per cell, and agentaccel's ratios."""
     server = checked["server"]
     table = Table(title=f"simulated vs measured ({server['name']}; KV {server['kv_capacity']:,} tokens, "

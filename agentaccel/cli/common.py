@@ -55,6 +55,17 @@ def cost_spec(value: str, option: str, db: str | Path | None = None):
         raise fail(f"{option}: {e}") from e
 
 
+def int_list(text: str, option: str) -> list[int]:
+    """`1,4,16` as an option gives it, or a CLI error naming the option."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise fail(f"{option} takes positive integers separated by commas, got {text!r}")
+    return values
+
+
 def need_plots(plot) -> None:
     """A command asked to draw (`--plot`): matplotlib must be there (an extra), else a clear error."""
     if plot is None:

@@ -52,7 +52,7 @@ class Measurement:
     restarts: int = 0
 
     def save(self, folder: Path) -> Path:
-        """Everything the simulated server needs to replay the run (`bench replay --vllm-run`):
+        """Everything the simulated server needs to replay the run (`bench simulate-vllm`):
         blocks, the calls' timings, and each call's prompt and output token ids (the same for every
         method: they are checked equal)."""
         calls = {}

