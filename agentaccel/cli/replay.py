@@ -3,7 +3,10 @@ offline, one program per command (cli/replay_tables.py runs each and prints what
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -40,19 +43,34 @@ PlotOption = Annotated[Path | None, typer.Option("--plot", help="Write PNG figur
 ServerOption = Annotated[str, typer.Option(help="The simulated server's step cost: " + COST_FORMS + ".")]
 
 
-def selection(stage, model, source, sessions, limit, warm, tenant, tenants: int = 0) -> CallSelection:
-    return CallSelection(tuple(stage or ()), model, source, sessions, limit, warm, tenant, tenants)
+# name, annotation (its option), default: what selects the calls, on every command that reads them
+_SELECTION_OPTIONS = (("stage", StageOption, None), ("model", ModelOption, None), ("source", SourceOption, None),
+                      ("sessions", SessionsOption, None), ("limit", LimitOption, None), ("warm", WarmOption, 0),
+                      ("tenant", TenantOption, None))
 
 
+def selects_calls(command):
+    """`command` with the options that select recorded calls added to its own; it receives them as
+    one CallSelection, its `calls` argument."""
+    own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "calls"]
+    added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default)
+             for name, annotation, default in _SELECTION_OPTIONS]
+
+    @functools.wraps(command)
+    def with_selection(**options):
+        chosen = {name: options.pop(name) for name, _, _ in _SELECTION_OPTIONS}
+        chosen["stages"] = tuple(chosen.pop("stage") or ())
+        return command(calls=CallSelection(**chosen), **options)
+
+    with_selection.__signature__ = inspect.Signature(
+        [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + added)
+    return with_selection
+
+
+@selects_calls
 def bench_replay(
+    calls: CallSelection,
     db: DbOption = None,
-    stage: StageOption = None,
-    model: ModelOption = None,
-    source: SourceOption = None,
-    sessions: SessionsOption = None,
-    limit: LimitOption = None,
-    warm: WarmOption = 0,
-    tenant: TenantOption = None,
     tenants: Annotated[int, typer.Option(help="Deal the sessions to N tenants in turn (in place of the tenants the "
                                               "store knows) and compare agentaccel's trees shared by tenants with "
                                               "trees kept per tenant, agentaccel-tenants (default: 0, off).",
@@ -87,20 +105,15 @@ def bench_replay(
     store, tok = open_store(db, must_exist=True), open_tokenizer(tokenizer)
     if tenants and speculators == REPLAY_SPECULATORS:
         speculators = "none,agentaccel,agentaccel-tenants"
-    run_replay(store, tok, selection(stage, model, source, sessions, limit, warm, tenant, tenants),
+    run_replay(store, tok, replace(calls, tenants=tenants),
                speculators=speculators, costs=costs, sweep=sweep or [], sweep_base=sweep_base, scaling=scaling,
                json_out=json_out, plot=plot)
 
 
+@selects_calls
 def bench_policies(
+    calls: CallSelection,
     db: DbOption = None,
-    stage: StageOption = None,
-    model: ModelOption = None,
-    source: SourceOption = None,
-    sessions: SessionsOption = None,
-    limit: LimitOption = None,
-    warm: WarmOption = 0,
-    tenant: TenantOption = None,
     cost: Annotated[str, typer.Option("--cost", help="The step cost the policies are tuned under: "
                                                      + COST_FORMS + ".")] = "gpu",
     online_stage: Annotated[str | None, typer.Option(help="The stage started from a wrong policy, to show the "
@@ -115,21 +128,16 @@ def bench_policies(
 
     priced = cost_spec(cost, "--cost", db)
     store, tok = open_store(db, must_exist=True), open_tokenizer(tokenizer)
-    run_policies(store, tok, selection(stage, model, source, sessions, limit, warm, tenant), cost=priced,
+    run_policies(store, tok, calls, cost=priced,
                  online_stage=online_stage, online_calls=online_calls, json_out=json_out)
 
 
+@selects_calls
 def bench_server(
+    calls: CallSelection,
     concurrency: Annotated[str, typer.Option(help="Requests in flight, comma-separated: each level runs the "
                                                   "sessions as that many concurrent streams, e.g. 1,4,16,64,256.")],
     db: DbOption = None,
-    stage: StageOption = None,
-    model: ModelOption = None,
-    source: SourceOption = None,
-    sessions: SessionsOption = None,
-    limit: LimitOption = None,
-    warm: WarmOption = 0,
-    tenant: TenantOption = None,
     methods: Annotated[str | None, typer.Option(help="Comma-separated, from none, none-async, ngram, suffix, "
                                                      "agentaccel-request, agentaccel, oracle, agentaccel-seeded, "
                                                      "agentaccel-known (default: the first seven).")] = None,
@@ -147,22 +155,17 @@ def bench_server(
     levels = int_list(concurrency, "--concurrency")
     priced = cost_spec(server, "--server", db)
     store, tok = open_store(db, must_exist=True), open_tokenizer(tokenizer)
-    run_server(store, tok, selection(stage, model, source, sessions, limit, warm, tenant), methods=methods,
+    run_server(store, tok, calls, methods=methods,
                levels=levels, server=priced, max_context=max_context, json_out=json_out, plot=plot)
 
 
+@selects_calls
 def bench_fleet(
+    calls: CallSelection,
     replicas: Annotated[str, typer.Option(help="Fleet sizes, comma-separated, e.g. 1,2,4,8: sessions routed to R "
                                                "servers by session; one server seeing all, replicas siloed, "
                                                "replicas sharing through the store.")],
     db: DbOption = None,
-    stage: StageOption = None,
-    model: ModelOption = None,
-    source: SourceOption = None,
-    sessions: SessionsOption = None,
-    limit: LimitOption = None,
-    warm: WarmOption = 0,
-    tenant: TenantOption = None,
     share_delay: Annotated[float, typer.Option(help="Seconds from a call's end until the other replicas learn its "
                                                     "output (default: the p99 measured from an answer to another "
                                                     "server's trees, PostgreSQL, 64 streams).", min=0)]
@@ -184,7 +187,7 @@ def bench_fleet(
         raise fail(f"--server: {server} prices a step in plain steps, and the fleet is timed in seconds (against "
                    "--share-delay): name a server (<model>@<gpu>, learned, a measured table)")
     store, tok = open_store(db, must_exist=True), open_tokenizer(tokenizer)
-    run_fleet(store, tok, selection(stage, model, source, sessions, limit, warm, tenant), replicas=sizes,
+    run_fleet(store, tok, calls, replicas=sizes,
               streams=streams, delay=share_delay, server=priced, json_out=json_out, plot=plot)
 
 
