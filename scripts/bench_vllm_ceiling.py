@@ -1,6 +1,6 @@
 """The ceiling of a kept `agentaccel bench vllm --logs DIR` run: the simulated server learned from
 that run (as `bench simulate-vllm DIR`) replays every block once more with `oracle`
-(bench/batch_replay.py: agentaccel's candidates, from its history and its trees, cut to exactly what
+(simulation/batch_replay.py: agentaccel's candidates, from its history and its trees, cut to exactly what
 is accepted and allocated with the true step cost), beside the simulated `suffix` and agentaccel.
 Prints, per workload and level (and restart phase, for a `--restart` run), the medians over
 blocks of oracle ÷ suffix, agentaccel ÷ suffix, oracle ÷ agentaccel and oracle ÷ plain decoding.
@@ -16,11 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
-from agentaccel.bench import batch_replay as br
 from agentaccel.bench.vllm import simulate as sim
 from agentaccel.bench.vllm.runner import Measurement
 from agentaccel.engine.cost import parse
 from agentaccel.engine.policy import default_config
+from agentaccel.simulation import batch_replay as br
 from agentaccel.text.tokenization import load_tokenizer
 
 ORACLE = "agentaccel-oracle"  # an agentaccel-* name: the simulator seeds it with agentaccel's history

@@ -1,7 +1,7 @@
 """How close any step budget can come to the oracle with agentaccel's candidates: the batched
 server of `bench server --concurrency`, the same calls, four ways of allocating each step's drafts.
 
-- `oracle`: the candidates cut to exactly what the model accepts (bench/batch_replay.py);
+- `oracle`: the candidates cut to exactly what the model accepts (simulation/batch_replay.py);
 - `agentaccel-known`: the plugin's budget, priced with the server's true step cost;
 - `budget`: the same allocation done here in Python on the candidates the engine grows, each node
   valued at its estimate D (what the native budget does: a check of this script);
@@ -23,13 +23,13 @@ from dataclasses import replace
 
 import numpy as np
 
-from agentaccel.bench import batch_replay as br
-from agentaccel.bench import replay as rp
-from agentaccel.bench import speculators as sp
 from agentaccel.engine import SuffixEngine
 from agentaccel.engine.cost import parse
 from agentaccel.engine.policy import default_config
 from agentaccel.engine.suffix_engine import _core
+from agentaccel.simulation import batch_replay as br
+from agentaccel.simulation import replay as rp
+from agentaccel.simulation import speculators as sp
 from agentaccel.text.tokenization import load_tokenizer
 from agentaccel.traces.store import TraceStore
 

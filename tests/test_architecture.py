@@ -14,8 +14,9 @@ ALLOWED = {  # package -> what it may import of ours (besides itself)
     "backends": {"engine", "traces", "text"} | LEAVES,
     "proxy": {"backends", "traces", "text"} | LEAVES,
     "adapters": {"traces", "text"} | LEAVES,
-    "bench": {"adapters", "backends", "engine", "traces", "text"} | LEAVES,
-    "cli": {"adapters", "backends", "bench", "engine", "proxy", "traces", "text"} | LEAVES,
+    "simulation": {"backends", "engine", "traces", "text"} | LEAVES,
+    "bench": {"adapters", "backends", "engine", "simulation", "traces", "text"} | LEAVES,
+    "cli": {"adapters", "backends", "bench", "engine", "proxy", "simulation", "traces", "text"} | LEAVES,
 }
 
 

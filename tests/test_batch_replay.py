@@ -1,4 +1,4 @@
-"""The simulated batching server of `bench server --concurrency` (bench/batch_replay.py) schedules
+"""The simulated batching server of `bench server --concurrency` (simulation/batch_replay.py) schedules
 as vLLM does: prefills chunked to the step's token budget, a prefix cache shared by every request
 (blocks of the server's size), clients that take their time between calls."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from agentaccel.bench import batch_replay as br
-from agentaccel.bench.replay import ReplayCall
 from agentaccel.engine.cost import Server, StepCostModel
+from agentaccel.simulation import batch_replay as br
+from agentaccel.simulation.replay import ReplayCall
 
 
 def Flat(gap: float = 0.0) -> Server:  # noqa: N802 - reads as the server it makes

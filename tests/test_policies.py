@@ -14,13 +14,13 @@ from traces_fixtures import chat_store
 
 from agentaccel.backends.policies import CalibrationKeeper, serving_policies
 from agentaccel.backends.replay import ReplayBackend
-from agentaccel.bench import replay as rp
-from agentaccel.bench import speculators as sp
 from agentaccel.engine import SpecConfig, SuffixEngine
 from agentaccel.engine.cost import parse
 from agentaccel.engine.online import OnlineCalibration
 from agentaccel.engine.policy import default_config, read_file, resolve
 from agentaccel.proxy import ProxyConfig, create_app
+from agentaccel.simulation import replay as rp
+from agentaccel.simulation import speculators as sp
 from agentaccel.text.tokenization import load_tokenizer
 from agentaccel.traces import stage_policies
 from agentaccel.traces.store import TraceStore

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from traces_fixtures import chat_store
 
-from agentaccel.bench import replay as rp
-from agentaccel.bench import speculators as sp
 from agentaccel.engine.cost import Server, StepCostModel, parse
 from agentaccel.engine.policy import default_config
 from agentaccel.engine.verification import accepted_length
+from agentaccel.simulation import replay as rp
+from agentaccel.simulation import speculators as sp
 from agentaccel.text.tokenization import load_tokenizer
 from agentaccel.traces.store import TraceStore
 

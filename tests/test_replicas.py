@@ -3,10 +3,10 @@ server seeing all traffic; siloed replicas draft worse when sessions repeat each
 
 import numpy as np
 
-from agentaccel.bench.replay import ReplayCall
-from agentaccel.bench.replicas import replica_of, simulate
-from agentaccel.bench.speculators import agentaccel
 from agentaccel.engine.cost import linear, parse
+from agentaccel.simulation.replay import ReplayCall
+from agentaccel.simulation.replicas import replica_of, simulate
+from agentaccel.simulation.speculators import agentaccel
 
 
 def fleet_sessions(n_sessions=24, calls=3, seed=0):

@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 
 from agentaccel.bench.corpus import TokenCorpus
-from agentaccel.bench.speculators import PAPER_LINEAR, PAPER_TREE
 from agentaccel.engine import SpecConfig, SuffixEngine
 from agentaccel.engine.verification import accepted_length
+from agentaccel.simulation.speculators import PAPER_LINEAR, PAPER_TREE
 
 HOLD_OUT_EVERY = 50
 

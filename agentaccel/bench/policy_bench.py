@@ -19,12 +19,12 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from agentaccel.bench import replay as rp
-from agentaccel.bench import tune
-from agentaccel.bench.speculators import Suffix
 from agentaccel.engine import SpecConfig
 from agentaccel.engine.cost import Server
 from agentaccel.engine.policy import default_config
+from agentaccel.simulation import replay as rp
+from agentaccel.simulation import tune
+from agentaccel.simulation.speculators import Suffix
 
 BENCH_GRID: dict[str, tuple] = {k: tune.GRID[k] for k in ("min_score", "confidence", "tree", "max_tokens")}
 WRONG = {"min_score": 0.0, "confidence": 4.0, "min_prob": 0.01}

@@ -1,7 +1,7 @@
 """`agentaccel bench stages`: stage discovery (traces/template_miner.py) on labelled pipelines
 (bench/stage_sets): how well the stages it finds agree with the true ones (adjusted Rand index),
 how many it finds, what it costs per call, and what the stages are worth to speculation: each set
-replayed (bench/replay.py) with the true stages, with the discovered ones (as a server assigns
+replayed (simulation/replay.py) with the true stages, with the discovered ones (as a server assigns
 them online: a template's first call goes to `default`) and with today's fingerprint of the
 system prompt."""
 
@@ -19,13 +19,13 @@ from pathlib import Path
 import numpy as np
 
 from agentaccel.bench.proxy_bench import schema_slot
-from agentaccel.bench.replay import ReplayCall, replay
-from agentaccel.bench.speculators import build
 from agentaccel.bench.stage_sets.agents import AGENTS
 from agentaccel.bench.stage_sets.openhands_classic import openhands_classic_live
 from agentaccel.bench.stage_sets.openhands_sdk import openhands_sdk
 from agentaccel.bench.stage_sets.pipelines import TEXT2SQL, LabelledCall
 from agentaccel.engine.cost import Server
+from agentaccel.simulation.replay import ReplayCall, replay
+from agentaccel.simulation.speculators import build
 from agentaccel.text.messages import message_text
 from agentaccel.traces.stages import DEFAULT_STAGE, system_fingerprint, system_prompt
 from agentaccel.traces.template_miner import TemplateMiner, template_text

@@ -12,8 +12,6 @@ from typing import Annotated
 
 import typer
 
-from agentaccel.bench.replay import CallSelection
-from agentaccel.bench.replicas import MEASURED_SHARE_DELAY
 from agentaccel.cli.common import (
     COST_FORMS,
     DbOption,
@@ -28,6 +26,8 @@ from agentaccel.cli.common import (
     open_store,
     open_tokenizer,
 )
+from agentaccel.simulation.replay import CallSelection
+from agentaccel.simulation.replicas import MEASURED_SHARE_DELAY
 
 REPLAY_SPECULATORS = "none,pld,paper-linear,paper-tree,agentaccel"
 

@@ -11,11 +11,11 @@ from pathlib import Path
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from agentaccel.bench import replay as rp
-from agentaccel.bench import speculators as sp
-from agentaccel.bench.replay import CallSelection
 from agentaccel.cli.common import console, err, fail
 from agentaccel.engine.cost import Server
+from agentaccel.simulation import replay as rp
+from agentaccel.simulation import speculators as sp
+from agentaccel.simulation.replay import CallSelection
 
 
 def parse_sweep(items: list[str]) -> dict[str, list]:
@@ -208,9 +208,9 @@ def run_policies(store, tokenizer, selection: CallSelection, *, cost: Server, on
 
 def run_server(store, tokenizer, selection: CallSelection, *, methods: str | None, levels: list[int], server: Server,
                max_context: int, json_out: Path | None, plot: Path | None) -> None:
-    """`bench server --concurrency N,...` (bench/batch_replay.py): the recorded sessions as N
+    """`bench server --concurrency N,...` (simulation/batch_replay.py): the recorded sessions as N
     concurrent streams through a simulated batching server, per method."""
-    from agentaccel.bench import batch_replay as br
+    from agentaccel.simulation import batch_replay as br
 
     profile, stages, warm = server, selection.stages, selection.warm
     try:
@@ -271,10 +271,10 @@ def run_server(store, tokenizer, selection: CallSelection, *, methods: str | Non
 
 def run_fleet(store, tokenizer, selection: CallSelection, *, replicas: list[int], streams: int, delay: float,
               server: Server, json_out: Path | None, plot: Path | None) -> None:
-    """`bench fleet --replicas R,...` (bench/replicas.py): the fleet learning as one, siloed, or
+    """`bench fleet --replicas R,...` (simulation/replicas.py): the fleet learning as one, siloed, or
     sharing through the store with a delay."""
-    from agentaccel.bench import batch_replay as br
-    from agentaccel.bench import replicas as rc
+    from agentaccel.simulation import batch_replay as br
+    from agentaccel.simulation import replicas as rc
 
     profile, stages = server, selection.stages
     warm_calls, measured = selected_calls(store, tokenizer, selection)

@@ -1,4 +1,4 @@
-"""`agentaccel tune`: per-stage drafting policies from the trace store (bench/tune.py searches,
+"""`agentaccel tune`: per-stage drafting policies from the trace store (simulation/tune.py searches,
 traces/stage_policies.py keeps the result; `serve` and the vLLM plugin read it at start)."""
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ def tune_cmd(
 ) -> None:
     """Tune each stage's drafting policy on its recent calls (replayed with the simulated verifier) and store it
     for `agentaccel serve`."""
-    from agentaccel.bench import tune
     from agentaccel.engine.policy import default_config
+    from agentaccel.simulation import tune
     from agentaccel.traces import stage_policies
 
     profile = cost_spec(cost, "--cost", db)

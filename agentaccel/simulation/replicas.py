@@ -31,9 +31,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from agentaccel.backends.routing import session_rank
-from agentaccel.bench.replay import ReplayCall, Tally, run_call
-from agentaccel.bench.speculators import Speculator
 from agentaccel.engine.cost import Server
+from agentaccel.simulation.replay import ReplayCall, Tally, run_call
+from agentaccel.simulation.speculators import Speculator
 
 MODES = ("one", "siloed", "shared", "partial")
 

@@ -13,7 +13,7 @@ native code the vLLM plugin runs (`BatchDrafter`, one call per step), or from a 
 takes what the server's step cost model says for what it computed (engine/cost: tokens, KV read,
 attention work, requests; a drafter that learns the step cost sees each step stray from it by
 `noise`); the drafting's own time is measured and shown, not added (it is this machine's, not a
-GPU host's). The per-call replay (bench/replay.py), the replicas fleet (bench/replicas.py) and
+GPU host's). The per-call replay (simulation/replay.py), the replicas fleet (simulation/replicas.py) and
 `bench vllm`'s re-simulation (bench/vllm/simulate.py) price their steps with the same model.
 
 Methods:
@@ -44,14 +44,14 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from agentaccel.bench.replay import ReplayCall
-from agentaccel.bench.speculators import PAPER_LINEAR
 from agentaccel.engine import SpecConfig, SuffixEngine
 from agentaccel.engine.batch import BatchDrafter
 from agentaccel.engine.cost import Server, StepCostLearner, StepCostModel, TimedStep, parse, roofline, seed
 from agentaccel.engine.online import OnlineCalibration
 from agentaccel.engine.policy import default_config
 from agentaccel.engine.verification import accepted_length
+from agentaccel.simulation.replay import ReplayCall
+from agentaccel.simulation.speculators import PAPER_LINEAR
 
 METHODS = ("none", "none-async", "ngram", "suffix", "agentaccel-request", "agentaccel", "oracle")
 REFIT_EVERY = 32  # simulated steps between fits of the learned step cost

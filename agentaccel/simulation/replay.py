@@ -4,7 +4,7 @@ proposes a draft, the longest draft path matching the next recorded tokens is ac
 bonus token, and those tokens are fed back. Calls are replayed in time order; after each call
 its output joins the speculator's global tree, exactly as in serving.
 
-This is the simulated server of `bench server --concurrency` (bench/batch_replay.py) at its
+This is the simulated server of `bench server --concurrency` (simulation/batch_replay.py) at its
 smallest scale: one request at a time, each step priced by the step cost model as that request's
 step alone relative to its plain step there (prefill and queueing left out: the speedup of
 decoding). The per-call replay runs every speculator on every call in the same order and tallies
@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agentaccel.bench.speculators import Speculator
 from agentaccel.engine.cost import Server
 from agentaccel.engine.verification import accepted_length
+from agentaccel.simulation.speculators import Speculator
 from agentaccel.traces.store import TraceStore
 
 

@@ -1,6 +1,6 @@
 """Per-stage drafting policies tuned on the trace store (`agentaccel tune`).
 
-Each stage's most recent calls are replayed with the simulated verifier (bench/replay.py) under
+Each stage's most recent calls are replayed with the simulated verifier (simulation/replay.py) under
 the backend's verification cost, the stage's earlier outputs warming its tree as seeding does
 when serving. A stage's drafting policy changes only its own drafts, never what the trees learn
 (they learn the recorded outputs), so one replay of all stages, each with its own candidate,
@@ -21,10 +21,10 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from agentaccel.bench import replay as rp
-from agentaccel.bench.speculators import Suffix
 from agentaccel.engine import SpecConfig
 from agentaccel.engine.cost import Server
+from agentaccel.simulation import replay as rp
+from agentaccel.simulation.speculators import Suffix
 from agentaccel.traces.store import TraceStore
 
 # The settings that matter and the values tried (docs/ENGINE.md, "Drafting policy"): tau, how far
