@@ -30,7 +30,7 @@ def make_method(name: str) -> br.Method:
     if name != ORACLE:
         return _simulated(name)
     # the plugin's drafting configuration (simulate.make_method), its candidates kept whole
-    oracle = br.Oracle(replace(default_config(parse("gpu"), tree=False), max_tokens=32, alpha=1.0,
+    oracle = br.AllocationOracle(replace(default_config(parse("gpu"), tree=False), max_tokens=32, alpha=1.0,
                                min_prob=0.1))
     oracle.name = ORACLE
     return oracle

@@ -107,3 +107,42 @@ def test_only_the_trace_store_runs_sql_on_it():
                                                                   "script"):
                 wrong.append(f"{path.relative_to(ROOT.parent)}:{node.lineno} .{node.attr}")
     assert not wrong, f"SQL outside traces/: {wrong}"
+
+
+def _modules_used_by_the_product() -> set[str]:
+    """Dotted names of our modules that the package itself, its entry points, scripts/ or
+    examples/ import or run (`python -m`, vLLM's plugin entry point)."""
+    repo = ROOT.parent
+    used: set[str] = set()
+    sources = [*ROOT.rglob("*.py"), *(repo / "scripts").rglob("*.py"), *(repo / "examples").rglob("*.py")]
+    for path in sources:
+        text = path.read_text()
+        here = ".".join(path.relative_to(repo).with_suffix("").parts) if path.is_relative_to(ROOT) else ""
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Import):
+                used |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: from the importing module's package
+                    base = ".".join([*here.split(".")[: -node.level], *([base] if base else [])])
+                used |= {base} | {f"{base}.{a.name}" for a in node.names}
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                used |= {word.split(":")[0] for word in node.value.split() if word.startswith("agentaccel.")}
+    words = [word.strip('"') for word in (repo / "pyproject.toml").read_text().split()]  # entry points
+    used |= {word.split(":")[0] for word in words if word.startswith("agentaccel.")}
+    return used
+
+
+def test_no_module_in_the_package_serves_only_the_tests():
+    """Code that only tests use lives under tests/: every module of the package is imported (or
+    run) by the product, its scripts or its examples."""
+    used = _modules_used_by_the_product()
+    repo = ROOT.parent
+    orphans = []
+    for path in sorted(ROOT.rglob("*.py")):
+        name = ".".join(path.relative_to(repo).with_suffix("").parts)
+        if path.name in ("__init__.py", "__main__.py") or "agent_tasks" in path.parts:  # agent_tasks: task data
+            continue
+        if name not in used:
+            orphans.append(str(path.relative_to(repo)))
+    assert not orphans, "imported by tests only (move them under tests/): " + ", ".join(orphans)

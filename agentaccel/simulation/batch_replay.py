@@ -51,7 +51,7 @@ from agentaccel.engine.online import OnlineCalibration
 from agentaccel.engine.policy import default_config
 from agentaccel.engine.verification import accepted_length
 from agentaccel.simulation.replay import ReplayCall
-from agentaccel.simulation.speculators import PAPER_LINEAR
+from agentaccel.simulation.speculators import PAPER_LINEAR, PromptLookup, Speculator
 
 METHODS = ("none", "none-async", "ngram", "suffix", "agentaccel-request", "agentaccel", "oracle")
 REFIT_EVERY = 32  # simulated steps between fits of the learned step cost
@@ -130,14 +130,19 @@ class Drafter(Method):
                 self.drafter.set_step_cost(self.learner.fit().model)
 
 
-class Ngram(Method):
-    """vLLM's ngram proposer: the tokens after the latest earlier occurrence of the context's last
-    `n` tokens (min_n..max_n), `k` of them."""
+class PerRequest(Method):
+    """A per-call speculator of the replay (simulation/speculators.py) in the batched server: a
+    request is begun when it first shows in a step, advanced by the tokens each step gave it,
+    drafted for alone, and ended once it leaves the batch. Its drafts must be chains (the
+    simulated server verifies one path per request)."""
 
-    def __init__(self, k: int = 5, min_n: int = 5, max_n: int = 5) -> None:
-        self.name, self.k, self.min_n, self.max_n = "ngram", k, min_n, max_n
-        self.engine = SuffixEngine(config=SpecConfig(recency=0.0))
-        self.live: set[str] = set()
+    def __init__(self, speculator: Speculator, name: str | None = None) -> None:
+        self.speculator, self.name = speculator, name or speculator.name
+        self._stage: dict[str, str] = {}
+        self._live: set[str] = set()
+
+    def admit(self, rid, stage, max_total):
+        self._stage[rid] = stage
 
     def propose(self, rids, rows, num_tokens, sampled, max_len):
         out = []
@@ -146,21 +151,32 @@ class Ngram(Method):
                 out.append([])
                 continue
             n = int(num_tokens[i])
-            if rid not in self.live:
-                self.engine.start_request(rid, rows[i, : n - len(sampled[i])].astype(np.uint32))
-                self.live.add(rid)
-            self.engine.extend(rid, sampled[i])
-            k = min(self.k, max_len - n - 1)
-            out.append(list(self.engine.prompt_lookup(rid, self.min_n, self.max_n, k).token_ids) if k > 0 else [])
-        for rid in self.live - set(rids):
-            self.engine.finish_request(rid, keep_output=False)
-            self.live.discard(rid)
+            if rid not in self._live:
+                self.speculator.begin(rid, rows[i, : n - len(sampled[i])].astype(np.uint32),
+                                      self._stage.get(rid, "default"), None)
+                self._live.add(rid)
+            self.speculator.advance(rid, np.asarray(sampled[i], dtype=np.uint32))
+            room = max_len - n - 1  # the draft and the step's own token fit in the request's row
+            out.append(list(self.speculator.propose(rid).token_ids)[:room] if room > 0 else [])
+        for rid in self._live - set(rids):
+            self.speculator.end(rid)
+            self._live.discard(rid)
+            self._stage.pop(rid, None)
         return out
 
 
-class Oracle(Drafter):
+def ngram(k: int = 5, min_n: int = 5, max_n: int = 5, name: str = "ngram") -> Method:
+    """vLLM's ngram proposer: the `k` tokens after the latest earlier occurrence of the context's
+    last `n` tokens (n = max_n..min_n), the replay's prompt lookup run in the batch."""
+    return PerRequest(PromptLookup(k, min_n, max_n), name)
+
+
+class AllocationOracle(Drafter):
     """agentaccel's candidates grown as far as the trees go; the simulator cuts them to what is
-    accepted and allocates them with the true step cost (`best_allocation`)."""
+    accepted and allocates them with the true step cost (`best_allocation`). A ceiling on how the
+    step's draft budget is spent, given these candidates; the replay's `TreeOracle` is the other
+    ceiling, on the candidates themselves (what the trees hold). At one request in flight this
+    one is the replay's `est_speedup_sized_exactly`."""
 
     oracle = True
 
@@ -176,11 +192,11 @@ def build(names: Sequence[str], server: Server | None = None) -> list[Method]:
     factories: dict[str, Callable[[], Method]] = {
         "none": lambda: _named(Method(), "none"),
         "none-async": _async_plain,
-        "ngram": Ngram,
+        "ngram": ngram,
         "suffix": lambda: Drafter("suffix", replace(PAPER_LINEAR, max_tokens=24), depth=24, max_tokens=24),
         "agentaccel-request": lambda: Drafter("agentaccel-request", gpu),
         "agentaccel": lambda: Drafter("agentaccel", gpu, learn_from=seed("gpu")),
-        "oracle": lambda: Oracle(gpu),
+        "oracle": lambda: AllocationOracle(gpu),
     }
     if server is not None:
         factories["agentaccel-known"] = lambda: Drafter("agentaccel-known", gpu, cost=server.model)
@@ -287,11 +303,13 @@ class _Stream:
     ready_at: float = 0.0  # when it sends its next call (the client's time between its calls)
 
 
-class PrefixCache:
-    """vLLM's automatic prefix caching: full blocks of `block` tokens, each known by a hash of its
-    tokens and of every block before it, kept while the KV cache has room (least recently used
-    first out). A prompt's cached part is its leading blocks the cache holds, from any earlier
-    request of any stream."""
+class BlockPrefixCache:
+    """vLLM's automatic prefix caching, as the simulated server counts it: full blocks of `block`
+    tokens, each known by a hash of its tokens and of every block before it, kept while the KV
+    cache has room (least recently used first out). A prompt's cached part is its leading blocks
+    the cache holds, from any earlier request of any stream. It counts tokens and holds no KV
+    entries; the embedded backend's cache (backends/local/prefix_cache.py) holds real ones and
+    reuses any shared prefix, not only whole blocks, so the two answer different questions."""
 
     def __init__(self, block: int, capacity_blocks: int) -> None:
         self.block, self.capacity = max(block, 1), max(capacity_blocks, 1)
@@ -324,14 +342,14 @@ class PrefixCache:
 _SERIAL = itertools.count(1)  # request ids, unique across runs (a caller may replay several on one method)
 
 
-def server_cache(server: Server) -> PrefixCache:
+def server_cache(server: Server) -> BlockPrefixCache:
     """An empty prefix cache of the server's block size, as large as its KV cache."""
-    return PrefixCache(server.block_size, min(server.kv_capacity // server.block_size, 1 << 24))
+    return BlockPrefixCache(server.block_size, min(server.kv_capacity // server.block_size, 1 << 24))
 
 
 def simulate(sessions: Sequence[Sequence[ReplayCall]], method: Method, server: Server, streams: int, *,
              max_context: int = 16384, noise: float = 0.03, seed: int = 0, proposer_time: bool = False,
-             cache: PrefixCache | None = None, progress: Callable[[int], None] | None = None) -> Result:
+             cache: BlockPrefixCache | None = None, progress: Callable[[int], None] | None = None) -> Result:
     """Replays `sessions` as `streams` concurrent streams through the simulated server.
 
     As vLLM's scheduler runs a step: the decoding requests first (each its token and its draft),

@@ -157,7 +157,7 @@ class Suffix(_EngineBacked):
                       scoped=self.scoped)
 
 
-class Oracle(_EngineBacked):
+class TreeOracle(_EngineBacked):
     """Not a drafter but a ceiling: it knows the recorded output and drafts exactly the longest
     part of it that the request tree or a global tree holds right after the context's last `k`
     tokens (at most `max_tokens`). Taking the longest such jump every step is optimal (what is
@@ -220,8 +220,8 @@ def build(names: list[str], cost: Server) -> list[Speculator]:
         "agentaccel": lambda: agentaccel(cost),
         "agentaccel-shared": lambda: agentaccel(cost, shared=True),
         "agentaccel-tenants": lambda: agentaccel(cost, scoped=True),
-        "oracle-1": lambda: Oracle(1),
-        "oracle-2": lambda: Oracle(2),
+        "oracle-1": lambda: TreeOracle(1),
+        "oracle-2": lambda: TreeOracle(2),
     }
     unknown = [n for n in names if n not in factories]
     if unknown:

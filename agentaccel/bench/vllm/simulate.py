@@ -125,8 +125,7 @@ def make_method(name: str) -> br.Method:
     if name in ("none", "agentaccel-off"):  # agentaccel-off: speculation on, nothing drafted
         return br._named(br.Method(), name)
     if name.startswith("ngram"):
-        method = br.Ngram(k, int(config.get("prompt_lookup_min", 5)), int(config.get("prompt_lookup_max", 5)))
-        return br._named(method, name)
+        return br.ngram(k, int(config.get("prompt_lookup_min", 5)), int(config.get("prompt_lookup_max", 5)), name)
     if name == "suffix":  # the paper's algorithm with vLLM's defaults (spec factor 1, min prob 0.1)
         return _OneTree("suffix", replace(PAPER_LINEAR, max_tokens=k), depth=depth, max_tokens=k)
     # the plugin's: one chain priced per token as on a GPU, vLLM's longest draft, alpha and min-prob
@@ -159,7 +158,7 @@ def _jobs(m: Measurement, tag: str) -> list[list[ReplayCall]]:
 
 
 def _run(jobs: list[list[ReplayCall]], method: br.Method, server: Server, level: int,
-         cache: br.PrefixCache) -> br.Result:
+         cache: br.BlockPrefixCache) -> br.Result:
     """The jobs through the simulated server (prompts as sent: the bench truncated them already;
     the drafting's own time, measured here on the same kind of machine, included)."""
     longest = max((len(c.prompt) for job in jobs for c in job), default=1)

