@@ -6,7 +6,8 @@ A ridge regression over hat functions of T (at `model.knots`) plus C, A and R, p
 seed where the server has not been measured (a prior worth `prior_steps` steps; the context,
 attention and request terms, which move together with T in most steps, CONTEXT_PRIOR times more
 firmly), older steps weighing less (`half_life` steps), a step far off the recent ones less still
-(`outlier`); the fitted base is kept non-decreasing. The regression keeps only its sufficient
+(`outlier`; the first steps, before there are recent ones, against their median); the fitted base
+is kept non-decreasing. The regression keeps only its sufficient
 statistics, so observing and fitting cost the same however long the server has run. Offline,
 every step counts fully and none is forgotten (`half_life` and `outlier` infinite).
 """
@@ -24,6 +25,7 @@ from agentaccel.engine.cost.model import MAX_TOKENS, StepCostModel, knots, linea
 
 OUTLIER = 4.0  # a step this many times slower (or faster) than the recent ones weighs 1/OUTLIER as much, and so on
 DRIFT_RATE = 0.2  # how fast "the recent steps" follow (per step)
+FIRST_STEPS_FALLOFF = 3.0  # among the first steps, one OUTLIER x k off their median weighs 1/k**3
 CONTEXT_PRIOR = 30.0  # the context, attention and request terms' prior, relative to a knot's
 EXTRA = 3  # terms beside the knots: context, attention, requests
 
@@ -120,7 +122,8 @@ class StepCostLearner:
         if not rows:
             return 0
         with self._lock:
-            if self._units is None:
+            first = self._units is None  # the steps held back, judged against each other below
+            if first:
                 self._first += rows
                 if len(self._first) < self.first_steps:
                     return len(rows)
@@ -138,10 +141,18 @@ class StepCostLearner:
             n = len(seconds)
             trust = np.ones(n)
             if math.isfinite(self.outlier):
-                for i, off in enumerate(np.log(seconds / expected)):
+                offs = np.log(seconds / expected)
+                for i, off in enumerate(offs):
                     if self._weight > 0 or i > 0:
                         trust[i] = min(1.0, self.outlier / math.exp(abs(off - self._drift)))
                     self._drift += (off - self._drift) * DRIFT_RATE
+                if first:
+                    # "The recent steps" start from the seed's scale, which may be far from this
+                    # server's, so a compile among the first steps can look normal: judged against
+                    # the first steps' median instead, a step far off it weighs next to nothing
+                    # (taken whole, one compile once priced every larger step out for good).
+                    off_median = np.exp(np.abs(offs - np.median(offs))) / self.outlier
+                    trust = np.minimum(trust, np.minimum(1.0, 1.0 / off_median) ** FIRST_STEPS_FALLOFF)
             age = self.keep ** np.arange(n - 1, -1, -1) * weight  # the newest weighs 1
             w = age * trust
             fade = self.keep ** n
