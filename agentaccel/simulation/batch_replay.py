@@ -175,8 +175,8 @@ class AllocationOracle(Drafter):
     """agentaccel's candidates grown as far as the trees go; the simulator cuts them to what is
     accepted and allocates them with the true step cost (`best_allocation`). A ceiling on how the
     step's draft budget is spent, given these candidates; the replay's `TreeOracle` is the other
-    ceiling, on the candidates themselves (what the trees hold). At one request in flight this
-    one is the replay's `est_speedup_sized_exactly`."""
+    ceiling, on the candidates themselves (what the trees hold). The replay's
+    `est_speedup_sized_exactly` asks the same question of one request at a time."""
 
     oracle = True
 
