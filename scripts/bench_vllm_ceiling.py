@@ -20,20 +20,19 @@ from agentaccel.bench.vllm import simulate as sim
 from agentaccel.bench.vllm.runner import Measurement
 from agentaccel.engine.cost import parse
 from agentaccel.engine.policy import default_config
-from agentaccel.simulation import batch_replay as br
+from agentaccel.simulation.speculator import Speculator
+from agentaccel.simulation.speculators import AllocationOracle
 from agentaccel.text.tokenization import load_tokenizer
 
 ORACLE = "agentaccel-oracle"  # an agentaccel-* name: the simulator seeds it with agentaccel's history
 
 
-def make_method(name: str) -> br.Method:
+def make_method(name: str) -> Speculator:
     if name != ORACLE:
         return _simulated(name)
     # the plugin's drafting configuration (simulate.make_method), its candidates kept whole
-    oracle = br.AllocationOracle(replace(default_config(parse("gpu"), tree=False), max_tokens=32, alpha=1.0,
-                               min_prob=0.1))
-    oracle.name = ORACLE
-    return oracle
+    return AllocationOracle(replace(default_config(parse("gpu"), tree=False), max_tokens=32, alpha=1.0, min_prob=0.1),
+                            ORACLE)
 
 
 _simulated = sim.make_method

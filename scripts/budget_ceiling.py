@@ -30,6 +30,7 @@ from agentaccel.engine.suffix_engine import _core
 from agentaccel.simulation import batch_replay as br
 from agentaccel.simulation import replay as rp
 from agentaccel.simulation import speculators as sp
+from agentaccel.simulation.speculator import EMPTY, Chain, Speculator
 from agentaccel.text.tokenization import load_tokenizer
 from agentaccel.traces.store import TraceStore
 
@@ -66,50 +67,51 @@ def measure_calibration(calls: list[rp.ReplayCall]) -> dict[int, tuple[np.ndarra
     return out
 
 
-class PythonBudget(br.Method):
+class PythonBudget(Speculator):
     """The step budget over the engine's candidates, each node valued by `value(D, depth)`."""
 
     def __init__(self, name: str, server, value=lambda d, depth: d) -> None:
         self.name, self.cost, self.value = name, server.model.to_native(), value
         self.engine = SuffixEngine(max_depth=64, config=candidate_config())
-        self.live: dict[str, int] = {}
-        self.admitted: dict[str, tuple[str, int]] = {}
+        self.limit: dict[str, int] = {}
+        self.leaving: list[str] = []
 
-    def admit(self, rid, stage, max_total):
-        self.admitted[rid] = (stage, max_total)
+    def begin(self, key, prompt, stage, previous=None, tenant=None, max_total=None):
+        self.engine.start_request(key, np.asarray(prompt, dtype=np.uint32), stage=stage)
+        self.limit[key] = max_total
 
-    def propose(self, rids, rows, num_tokens, sampled, max_len):
-        out = [[] for _ in rids]
+    def end(self, key):
+        self.leaving.append(key)  # finished after the next step's drafts, as the native drafter retires it
+
+    def step(self, batch):
+        out = [EMPTY] * len(batch.keys)
         candidates, contexts = [], []
         decoding, context, attention, listed = 0, 0.0, 0.0, 0
-        for i, rid in enumerate(rids):
-            if rid is None:
+        for i, key in enumerate(batch.keys):
+            if key is None:
                 continue
-            n = int(num_tokens[i])
+            n = int(batch.num_tokens[i])
             context += n
             listed += 1
-            if not sampled[i]:
+            if not batch.sampled[i]:
                 continue
             decoding += 1
             attention += n
-            if rid not in self.live:
-                stage, limit = self.admitted[rid]
-                self.engine.start_request(rid, rows[i, : n - len(sampled[i])].astype(np.uint32), stage=stage)
-                self.live[rid] = limit
-            self.engine.extend(rid, sampled[i])
-            k = min(32, max_len - n - 1, self.live[rid] - n - 1)
-            draft = self.engine.speculate(rid, k) if k > 0 else None
+            self.engine.extend(key, batch.sampled[i])
+            k = min(32, batch.max_len - n - 1, self.limit[key] - n - 1)
+            draft = self.engine.speculate(key, k) if k > 0 else None
             if draft is not None and draft.token_ids:
                 candidates.append((i, list(draft.token_ids), [self.value(d, j) for j, d in enumerate(draft.probs)]))
                 contexts.append(float(n))
-        for rid in [r for r in self.live if r not in rids]:
-            self.engine.finish_request(rid, keep_output=True)
-            del self.live[rid]
+        for key in self.leaving:
+            self.engine.finish_request(key, keep_output=True)
+            del self.limit[key]
+        self.leaving.clear()
         if candidates:
             keep = _core.allocate_budget([c[2] for c in candidates], [1.0] * len(candidates), contexts, decoding,
                                          context, attention, listed, self.cost)
             for (i, tokens, _), k in zip(candidates, keep, strict=True):
-                out[i] = tokens[:k]
+                out[i] = Chain(tokens[:k])
         return out
 
 

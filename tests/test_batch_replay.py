@@ -9,6 +9,7 @@ import numpy as np
 from agentaccel.engine.cost import Server, StepCostModel
 from agentaccel.simulation import batch_replay as br
 from agentaccel.simulation.replay import ReplayCall
+from agentaccel.simulation.speculators import NoSpeculation
 
 
 def Flat(gap: float = 0.0) -> Server:  # noqa: N802 - reads as the server it makes
@@ -20,8 +21,8 @@ def call(n: int, prompt: np.ndarray, output_len: int = 4) -> ReplayCall:
     return ReplayCall(n, n, "s", prompt.astype(np.int32), np.arange(1000, 1000 + output_len, dtype=np.int32))
 
 
-def plain() -> br.Method:
-    return br._named(br.Method(), "none")
+def plain() -> NoSpeculation:
+    return NoSpeculation()
 
 
 def test_a_long_prefill_is_chunked_to_the_steps_budget():

@@ -6,7 +6,7 @@ import sys
 
 import numpy as np
 import pytest
-from traces_fixtures import chat_store
+from traces_fixtures import repetitive_store
 
 from agentaccel.engine.cost import Server, StepCostModel, parse
 from agentaccel.engine.policy import default_config
@@ -39,19 +39,6 @@ def test_cost_profiles(tmp_path):
     f.write_text("{}")
     with pytest.raises(ValueError, match="draft_tokens"):
         parse(str(f))
-
-
-def repetitive_store(tmp_path, n=30):
-    """Chat calls whose outputs repeat with small changes (what agents do), in two stages."""
-    rng = np.random.default_rng(0)
-    words = ["SELECT", "name", "FROM", "users", "WHERE", "id", "=", "ORDER", "BY", "LIMIT"]
-    rows = []
-    for i in range(n):
-        q = f"question {i} about table t{i % 3}"
-        sql = " ".join(words[:6]) + f" = {i} " + " ".join(words[6:]) + f" {rng.integers(1, 9)}"
-        rows.append({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": sql}],
-                     "stage": "sql" if i % 2 else "other", "metadata": {"created_at": 1000.0 + i}})
-    return chat_store(tmp_path, rows)
 
 
 def test_replay_metrics_behave(tmp_path):

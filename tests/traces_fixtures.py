@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
 SYSTEM = {"role": "system", "content": "You are OpenHands agent, a helpful AI assistant."}
 
 
@@ -193,3 +195,16 @@ def chat_store(folder: Path, rows: list[dict]) -> Path:
     with TraceStore(db) as store:
         import_traces([folder / "calls.jsonl"], store, tokenizer=load_tokenizer())
     return db
+
+
+def repetitive_store(tmp_path, n=30):
+    """Chat calls whose outputs repeat with small changes (what agents do), in two stages."""
+    rng = np.random.default_rng(0)
+    words = ["SELECT", "name", "FROM", "users", "WHERE", "id", "=", "ORDER", "BY", "LIMIT"]
+    rows = []
+    for i in range(n):
+        q = f"question {i} about table t{i % 3}"
+        sql = " ".join(words[:6]) + f" = {i} " + " ".join(words[6:]) + f" {rng.integers(1, 9)}"
+        rows.append({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": sql}],
+                     "stage": "sql" if i % 2 else "other", "metadata": {"created_at": 1000.0 + i}})
+    return chat_store(tmp_path, rows)

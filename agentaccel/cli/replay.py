@@ -140,7 +140,8 @@ def bench_server(
     db: DbOption = None,
     methods: Annotated[str | None, typer.Option(help="Comma-separated, from none, none-async, ngram, suffix, "
                                                      "agentaccel-request, agentaccel, oracle, agentaccel-seeded, "
-                                                     "agentaccel-known (default: the first seven).")] = None,
+                                                     "agentaccel-known, oracle-1, oracle-2 (the replay's tree "
+                                                     "oracles; default: the first seven).")] = None,
     server: ServerOption = "llama-3.1-8b@h100",
     max_context: Annotated[int, typer.Option(help="Prompts keep their last N tokens.", min=16)] = 16384,
     tokenizer: TokenizerOption = None,

@@ -16,6 +16,7 @@ from agentaccel.engine.cost import Server
 from agentaccel.simulation import replay as rp
 from agentaccel.simulation import speculators as sp
 from agentaccel.simulation.replay import CallSelection
+from agentaccel.simulation.speculator import Speculator
 
 
 def parse_sweep(items: list[str]) -> dict[str, list]:
@@ -280,7 +281,7 @@ def run_fleet(store, tokenizer, selection: CallSelection, *, replicas: list[int]
     warm_calls, measured = selected_calls(store, tokenizer, selection)
     sessions_list = br.sessions_of(measured)
 
-    def make() -> sp.Speculator:
+    def make() -> Speculator:
         (spec,) = sp.build(["agentaccel"], profile)
         for call in warm_calls:
             spec.warm(call.output, call.stage)

@@ -8,8 +8,10 @@ prefix cache does not hold: the longest common prefix with the previous call of 
 gives its first output token; every later step verifies the draft proposed for it after the
 previous step, accepts the longest matching prefix plus one token. A call starts only when the
 server's KV cache holds it whole (prompt and recorded output) beside the calls in flight, as
-vLLM's scheduler admits requests: streams beyond what the memory holds wait. Drafts come from the same
-native code the vLLM plugin runs (`BatchDrafter`, one call per step), or from a baseline. A step
+vLLM's scheduler admits requests: streams beyond what the memory holds wait. Every speculator of
+simulation/speculators.py runs here, through the interface the per-call replay drives too
+(simulation/speculator.py): the vLLM plugin's own native `BatchDrafter` (one call per step), the
+per-request drafters, the oracles and the baselines. A step
 takes what the server's step cost model says for what it computed (engine/cost: tokens, KV read,
 attention work, requests; a drafter that learns the step cost sees each step stray from it by
 `noise`); the drafting's own time is measured and shown, not added (it is this machine's, not a
@@ -32,6 +34,9 @@ Methods:
 * `oracle`: not a drafter but a ceiling: agentaccel's candidates, each cut to exactly what the
   model will accept, given to the requests that pay most under the true step cost (the best
   per-step allocation given the true acceptance).
+* `oracle-1`, `oracle-2`: the replay's other ceiling (`TreeOracle`), on the candidates: each
+  request drafts exactly the longest part of its recorded output the trees hold after its last 1
+  or 2 tokens.
 """
 
 from __future__ import annotations
@@ -44,17 +49,21 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from agentaccel.engine import SpecConfig, SuffixEngine
-from agentaccel.engine.batch import BatchDrafter
-from agentaccel.engine.cost import Server, StepCostLearner, StepCostModel, TimedStep, parse, roofline, seed
-from agentaccel.engine.online import OnlineCalibration
+from agentaccel.engine.cost import Server, StepCostModel, TimedStep, parse, roofline, seed
 from agentaccel.engine.policy import default_config
 from agentaccel.engine.verification import accepted_length
 from agentaccel.simulation.replay import ReplayCall
-from agentaccel.simulation.speculators import PAPER_LINEAR, PromptLookup, Speculator
+from agentaccel.simulation.speculator import EMPTY, Batch, Chain, Speculator
+from agentaccel.simulation.speculators import (
+    PAPER_LINEAR,
+    AllocationOracle,
+    Drafter,
+    NoSpeculation,
+    PromptLookup,
+    TreeOracle,
+)
 
 METHODS = ("none", "none-async", "ngram", "suffix", "agentaccel-request", "agentaccel", "oracle")
-REFIT_EVERY = 32  # simulated steps between fits of the learned step cost
 
 
 def sessions_of(calls: Sequence[ReplayCall]) -> list[list[ReplayCall]]:
@@ -80,123 +89,25 @@ def _continues(before: ReplayCall, call: ReplayCall) -> bool:
     return shared >= 0.5 * len(before.prompt)
 
 
-class Method:
-    """One way of drafting, called as vLLM calls its proposer: after each step, for the batch."""
-
-    name: str
-    oracle = False
-    overlapped = False  # async scheduling: the step's CPU work hides behind the GPU's (plain decoding only)
-
-    def admit(self, rid: str, stage: str, max_total: int) -> None: ...
-
-    def propose(self, rids: list[str | None], rows: np.ndarray, num_tokens: np.ndarray, sampled: list[list[int]],
-                max_len: int) -> list[list[int]]:
-        return [[] for _ in rids]
-
-    def observe(self, step: TimedStep) -> None:
-        """The step that just ran and its (simulated) time: a learning drafter learns from it."""
+def ngram(k: int = 5, min_n: int = 5, max_n: int = 5, name: str = "ngram") -> Speculator:
+    """vLLM's ngram proposer: the replay's prompt lookup, as vLLM configures it by default."""
+    return PromptLookup(k, min_n, max_n, name)
 
 
-class Drafter(Method):
-    """The plugin's BatchDrafter: per-request policies, or the step budget (learned or fixed)."""
-
-    def __init__(self, name: str, config: SpecConfig, *, depth: int = 64, max_tokens: int = 32,
-                 cost: StepCostModel | None = None, learn_from: StepCostModel | None = None) -> None:
-        self.name, self.max_tokens = name, max_tokens
-        self.engine = SuffixEngine(max_depth=depth, config=config)
-        self.drafter = BatchDrafter(self.engine)
-        self.learner = StepCostLearner(learn_from) if learn_from is not None else None
-        if cost is not None or learn_from is not None:
-            self.drafter.set_step_cost(cost or learn_from)
-        self.calibration = OnlineCalibration(self.engine)  # as the plugin's stats thread runs it
-        self._steps = 0
-        self._timed: list[TimedStep] = []
-
-    def admit(self, rid, stage, max_total):
-        self.drafter.admit(rid, stage, max_total_tokens=max_total)
-
-    def propose(self, rids, rows, num_tokens, sampled, max_len):
-        return self.drafter.step(rids, rows, num_tokens, sampled, self.max_tokens, max_len)
-
-    def observe(self, step):
-        self._steps += 1
-        if self.learner is not None:
-            self._timed.append(step)
-        if self._steps % REFIT_EVERY == 0:  # as often as the plugin's calibration thread, in steps
-            self.calibration.observe_counters(self.drafter.stats())
-            if self.learner is not None:
-                self.learner.observe(self._timed)
-                self._timed.clear()
-                self.drafter.set_step_cost(self.learner.fit().model)
-
-
-class PerRequest(Method):
-    """A per-call speculator of the replay (simulation/speculators.py) in the batched server: a
-    request is begun when it first shows in a step, advanced by the tokens each step gave it,
-    drafted for alone, and ended once it leaves the batch. Its drafts must be chains (the
-    simulated server verifies one path per request)."""
-
-    def __init__(self, speculator: Speculator, name: str | None = None) -> None:
-        self.speculator, self.name = speculator, name or speculator.name
-        self._stage: dict[str, str] = {}
-        self._live: set[str] = set()
-
-    def admit(self, rid, stage, max_total):
-        self._stage[rid] = stage
-
-    def propose(self, rids, rows, num_tokens, sampled, max_len):
-        out = []
-        for i, rid in enumerate(rids):
-            if rid is None or not sampled[i]:
-                out.append([])
-                continue
-            n = int(num_tokens[i])
-            if rid not in self._live:
-                self.speculator.begin(rid, rows[i, : n - len(sampled[i])].astype(np.uint32),
-                                      self._stage.get(rid, "default"), None)
-                self._live.add(rid)
-            self.speculator.advance(rid, np.asarray(sampled[i], dtype=np.uint32))
-            room = max_len - n - 1  # the draft and the step's own token fit in the request's row
-            out.append(list(self.speculator.propose(rid).token_ids)[:room] if room > 0 else [])
-        for rid in self._live - set(rids):
-            self.speculator.end(rid)
-            self._live.discard(rid)
-            self._stage.pop(rid, None)
-        return out
-
-
-def ngram(k: int = 5, min_n: int = 5, max_n: int = 5, name: str = "ngram") -> Method:
-    """vLLM's ngram proposer: the `k` tokens after the latest earlier occurrence of the context's
-    last `n` tokens (n = max_n..min_n), the replay's prompt lookup run in the batch."""
-    return PerRequest(PromptLookup(k, min_n, max_n), name)
-
-
-class AllocationOracle(Drafter):
-    """agentaccel's candidates grown as far as the trees go; the simulator cuts them to what is
-    accepted and allocates them with the true step cost (`best_allocation`). A ceiling on how the
-    step's draft budget is spent, given these candidates; the replay's `TreeOracle` is the other
-    ceiling, on the candidates themselves (what the trees hold). The replay's
-    `est_speedup_sized_exactly` asks the same question of one request at a time."""
-
-    oracle = True
-
-    def __init__(self, config: SpecConfig) -> None:
-        # a flat cost: every candidate is kept whole, to be cut by the truth
-        super().__init__("oracle", config, cost=StepCostModel((1.0, 1.0)))
-
-
-def build(names: Sequence[str], server: Server | None = None) -> list[Method]:
+def build(names: Sequence[str], server: Server | None = None) -> list[Speculator]:
     """The methods by name; `agentaccel-known` (the budget priced with the simulated server's own
     step cost instead of learning it) and `agentaccel-seeded` need `server`."""
     gpu = default_config(parse("gpu"), tree=False)
-    factories: dict[str, Callable[[], Method]] = {
-        "none": lambda: _named(Method(), "none"),
-        "none-async": _async_plain,
+    factories: dict[str, Callable[[], Speculator]] = {
+        "none": NoSpeculation,
+        "none-async": lambda: NoSpeculation("none-async", overlapped=True),
         "ngram": ngram,
         "suffix": lambda: Drafter("suffix", replace(PAPER_LINEAR, max_tokens=24), depth=24, max_tokens=24),
         "agentaccel-request": lambda: Drafter("agentaccel-request", gpu),
         "agentaccel": lambda: Drafter("agentaccel", gpu, learn_from=seed("gpu")),
         "oracle": lambda: AllocationOracle(gpu),
+        "oracle-1": lambda: TreeOracle(1),
+        "oracle-2": lambda: TreeOracle(2),
     }
     if server is not None:
         factories["agentaccel-known"] = lambda: Drafter("agentaccel-known", gpu, cost=server.model)
@@ -214,19 +125,6 @@ def calibrated_seed(server: Server) -> StepCostModel:
         return roofline.profile(server.name).model_cost()
     except ValueError:
         return seed("gpu")
-
-
-def _named(method: Method, name: str) -> Method:
-    method.name = name
-    return method
-
-
-def _async_plain() -> Method:
-    """Plain decoding with vLLM's async scheduling, which speculation turns off: each step's CPU
-    work (scheduling, sampling: the profile's overhead) overlaps the GPU's instead of adding to it."""
-    method = _named(Method(), "none-async")
-    method.overlapped = True
-    return method
 
 
 def best_allocation(accepted: Sequence[int], contexts: Sequence[float], decoding: int, tokens: float, context: float,
@@ -347,7 +245,7 @@ def server_cache(server: Server) -> BlockPrefixCache:
     return BlockPrefixCache(server.block_size, min(server.kv_capacity // server.block_size, 1 << 24))
 
 
-def simulate(sessions: Sequence[Sequence[ReplayCall]], method: Method, server: Server, streams: int, *,
+def simulate(sessions: Sequence[Sequence[ReplayCall]], method: Speculator, server: Server, streams: int, *,
              max_context: int = 16384, noise: float = 0.03, seed: int = 0, proposer_time: bool = False,
              cache: BlockPrefixCache | None = None, progress: Callable[[int], None] | None = None) -> Result:
     """Replays `sessions` as `streams` concurrent streams through the simulated server.
@@ -369,11 +267,10 @@ def simulate(sessions: Sequence[Sequence[ReplayCall]], method: Method, server: S
     queue = deque(sessions)
     longest = max((len(c.output) for s in sessions for c in s), default=1)
     stride = max_context + longest + 2
-    rows = np.zeros((streams, stride), dtype=np.int32)
-    num_tokens = np.zeros(streams, dtype=np.int32)
-    rids: list[str | None] = [None] * streams
+    batch = Batch.empty(streams, stride)
+    rows, num_tokens, rids = batch.rows, batch.num_tokens, batch.keys
     lanes = [_Stream() for _ in range(streams)]
-    drafts: list[list[int]] = [[] for _ in range(streams)]
+    drafts: list = [EMPTY] * streams
     result = Result(method.name, streams)
     held = 0  # KV tokens the calls in flight will hold at their end
     arrival: list[int] = []  # lanes in the order their requests came (prefills are scheduled in it)
@@ -397,23 +294,25 @@ def simulate(sessions: Sequence[Sequence[ReplayCall]], method: Method, server: S
             rows[i, : len(prompt)] = prompt
             num_tokens[i] = len(prompt)
             rids[i] = lane.request.rid
-            drafts[i] = []
+            drafts[i] = EMPTY
             arrival.append(i)
             # a drafter knows how far a request may go (its max_tokens), not where its output will end
-            method.admit(lane.request.rid, call.stage, len(prompt) + (call.max_new or len(call.output)))
+            method.begin(lane.request.rid, prompt, call.stage, tenant=call.tenant,
+                         max_total=len(prompt) + (call.max_new or len(call.output)))
+            method.foresee(lane.request.rid, call.output)
         active = [i for i in range(streams) if lanes[i].request is not None]
         if not active:
             waiting = [lane.ready_at for lane in lanes if lane.calls or queue]
             if not waiting:
                 # as a server's next step would: the drafter sees the last requests gone (their
                 # outputs join the trees before whatever the caller replays next on this method)
-                method.propose([None] * streams, rows, num_tokens, [[] for _ in range(streams)], stride)
+                method.step(Batch.empty(streams, stride))
                 break
             result.seconds = max(result.seconds, min(waiting))  # the server idles until a client sends
             continue
         # one step of the server: decoding requests verify their drafts, then prefill chunks
         tokens = decode_tokens = context = attention = requests = 0.0
-        sampled: list[list[int]] = [[] for _ in range(streams)]
+        sampled = batch.sampled = [None] * streams  # rows still prefilling (or empty) get nothing
         if method.oracle:
             drafts = _oracle_cut(drafts, lanes, num_tokens, server)
         decoding = [i for i in active if lanes[i].request.started]
@@ -422,16 +321,18 @@ def simulate(sessions: Sequence[Sequence[ReplayCall]], method: Method, server: S
             out = r.call.output
             ctx = float(num_tokens[i])
             d = drafts[i]
-            acc = accepted_length(d, range(-1, len(d) - 1), out[r.pos:]) if d else 0
+            drafted = len(d)
+            acc = accepted_length(d.token_ids, d.parents, out[r.pos:]) if drafted else 0
+            method.accepted(r.rid, d, acc)
             take = out[r.pos : r.pos + acc + 1]
             context += ctx
-            tokens += 1 + len(d)
-            decode_tokens += 1 + len(d)
-            attention += (1 + len(d)) * ctx
+            tokens += 1 + drafted
+            decode_tokens += 1 + drafted
+            attention += (1 + drafted) * ctx
             requests += 1
             result.request_steps += 1
-            result.drafted += len(d)
-            result.drafted_steps += bool(d)
+            result.drafted += drafted
+            result.drafted_steps += drafted > 0
             result.accepted += min(acc, len(take) - 1)
             _advance(rows, num_tokens, sampled, i, r, take)
             result.tokens += len(take)
@@ -460,8 +361,10 @@ def simulate(sessions: Sequence[Sequence[ReplayCall]], method: Method, server: S
         # (`noise`); the wall time counts the profile's expected time (the noise averages out)
         method.observe(TimedStep(tokens, decode_tokens, context, attention, seconds * float(rng.lognormal(0.0, noise)),
                                  requests=requests))
+        batch.done = [lanes[i].request is not None and lanes[i].request.started
+                      and lanes[i].request.pos >= len(lanes[i].request.call.output) for i in range(streams)]
         t0 = time.perf_counter()
-        drafts = method.propose(rids, rows, num_tokens, sampled, stride)
+        drafts = method.step(batch)
         spent = time.perf_counter() - t0
         result.proposer_seconds += spent
         result.seconds += seconds + (spent if proposer_time else 0.0)
@@ -476,8 +379,9 @@ def simulate(sessions: Sequence[Sequence[ReplayCall]], method: Method, server: S
                 lane.request = None
                 lane.ready_at = result.seconds + gap
                 arrival.remove(i)
+                method.end(r.rid)
                 rids[i] = None
-                drafts[i] = []
+                drafts[i] = EMPTY
                 result.calls += 1
                 if progress:
                     progress(1)
@@ -493,7 +397,7 @@ def _advance(rows, num_tokens, sampled, i: int, r: _Request, take) -> None:
     sampled[i] = [int(t) for t in take]
 
 
-def _oracle_cut(drafts, lanes, num_tokens, server: Server) -> list[list[int]]:
+def _oracle_cut(drafts, lanes, num_tokens, server: Server) -> list:
     """Each candidate cut to what the model will accept, kept where the true step cost pays for it."""
     decoding, accepted, contexts = 0, [], []
     context = decode_attention = prefill_attention = prefill = requests = 0.0
@@ -515,13 +419,13 @@ def _oracle_cut(drafts, lanes, num_tokens, server: Server) -> list[list[int]]:
             continue
         decoding += 1
         decode_attention += ctx
-        accepted.append(accepted_length(d, range(-1, len(d) - 1), r.call.output[r.pos:]) if d else 0)
+        accepted.append(accepted_length(d.token_ids, d.parents, r.call.output[r.pos:]) if len(d.token_ids) else 0)
     attention = decode_attention + prefill_attention
     seconds = lambda t, c, a: float(server.seconds(t, c, a, requests))  # noqa: E731
     prefill_seconds = seconds(decoding + prefill, context, attention) - seconds(decoding, context, decode_attention)
     keep = best_allocation(accepted, contexts, decoding, float(decoding + prefill), context, attention, seconds,
                            prefill_seconds)
-    return [d[: keep[i]] for i, d in enumerate(drafts)]
+    return [Chain(list(d.token_ids)[: keep[i]]) for i, d in enumerate(drafts)]
 
 
 def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:

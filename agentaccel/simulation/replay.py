@@ -21,7 +21,7 @@ import numpy as np
 
 from agentaccel.engine.cost import Server
 from agentaccel.engine.verification import accepted_length
-from agentaccel.simulation.speculators import Speculator
+from agentaccel.simulation.speculator import Batch, Chain, Speculator
 from agentaccel.traces.store import TraceStore
 
 
@@ -168,30 +168,40 @@ def replay(calls: list[ReplayCall], speculators: list[Speculator], *, warm: list
 
 def run_call(spec: Speculator, key: str, call: ReplayCall, t: Tally, previous: str | None) -> int:
     """Replays one call on `spec` (its request continuing `previous`, the session's last call),
-    counting into `t`; returns the steps it took."""
+    counting into `t`; returns the steps it took. The call is a batch of one row; its first step
+    is its prefill, which verifies a draft too (the draft made from the prompt alone)."""
     out = call.output
-    spec.begin(key, call.prompt, call.stage, previous, call.tenant)
+    n = len(call.prompt)
+    spec.begin(key, call.prompt, call.stage, previous, call.tenant, n + (call.max_new or len(out)))
     spec.foresee(key, out)
     t.calls += 1
+    row = np.concatenate([call.prompt, out]).astype(np.int32)[None, :]
+    batch = Batch([key], row, np.array([n], dtype=np.int32), [()], [False], 1 << 30)
     pos, steps = 0, 0
     while pos < len(out):
         t0 = time.perf_counter_ns()
-        draft = spec.propose(key)
+        draft = spec.step(batch)[0]
         t.spec_ns += time.perf_counter_ns() - t0
         ids = draft.token_ids
-        acc = accepted_length(ids, draft.parents, out[pos:]) if ids else 0
+        acc = accepted_length(ids, draft.parents, out[pos:]) if len(ids) else 0
+        if spec.oracle:  # a ceiling: its draft cut to exactly the path the model accepts
+            draft = Chain(out[pos : pos + acc].tolist(), draft.match_len)
+            ids = draft.token_ids
         spec.accepted(key, draft, acc)
         step = min(acc + 1, len(out) - pos)
-        t.context_per_step.append(len(call.prompt) + pos)
-        spec.advance(key, out[pos : pos + step])
+        t.context_per_step.append(n + pos)
+        batch.sampled[0] = out[pos : pos + step]
         pos += step
+        batch.num_tokens[0] = n + pos
         steps += 1
         t.drafted += len(ids)
         t.accepted += min(acc, step)
-        t.predicted += getattr(draft, "score", 0.0)
+        t.predicted += draft.score
         t.drafted_per_step.append(len(ids))
         t.match_len.append(draft.match_len)
         t.accepted_per_step.append(acc)
+    batch.done[0] = True
+    spec.step(batch)  # the last tokens in, no draft wanted
     t.steps += steps
     t.tokens += len(out)
     spec.end(key)

@@ -33,7 +33,7 @@ import numpy as np
 from agentaccel.backends.routing import session_rank
 from agentaccel.engine.cost import Server
 from agentaccel.simulation.replay import ReplayCall, Tally, run_call
-from agentaccel.simulation.speculators import Speculator
+from agentaccel.simulation.speculator import Speculator
 
 MODES = ("one", "siloed", "shared", "partial")
 

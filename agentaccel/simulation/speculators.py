@@ -1,5 +1,8 @@
-"""The speculators the replay benchmark compares. Each owns its own engine, so every one of
-them sees the same history and learns online exactly as it would when serving."""
+"""Every drafter the simulations compare, each behind the one interface (simulation/speculator.py),
+so that the per-call replay and the batched server run any of them. Each owns its own engine, so
+every one of them sees the same history and learns online exactly as it would when serving:
+`PromptLookup`, `Suffix` and `TreeOracle` draft for each request alone, as the embedded backend
+does; `Drafter` drafts for the whole batch in one native call, as the vLLM plugin does."""
 
 from __future__ import annotations
 
@@ -8,54 +11,20 @@ from dataclasses import replace
 import numpy as np
 
 from agentaccel.engine import SpecConfig, SuffixEngine
-from agentaccel.engine.cost import Server
+from agentaccel.engine.batch import BatchDrafter
+from agentaccel.engine.cost import Server, StepCostLearner, StepCostModel
 from agentaccel.engine.online import OnlineCalibration
 from agentaccel.engine.policy import default_config
+from agentaccel.simulation.speculator import Batch, Chain, PerRequest, Speculator
 
-
-class Empty:
-    token_ids: list[int] = []
-    parents: list[int] = []
-    match_len = 0
-
-
-class Linear:
-    """A single-path draft of given tokens."""
-
-    def __init__(self, token_ids: list[int], match_len: int) -> None:
-        self.token_ids, self.match_len = token_ids, match_len
-        self.parents = list(range(-1, len(token_ids) - 1))
-
-
-class Speculator:
-    """Interface: begin a request, propose drafts, advance by accepted tokens, end it."""
-
-    name: str
-
-    def warm(self, output: np.ndarray, stage: str, tenant: str | None = None) -> None: ...
-
-    def begin(self, key: str, prompt: np.ndarray, stage: str, previous: str | None,
-              tenant: str | None = None) -> None: ...
-
-    def foresee(self, key: str, output: np.ndarray) -> None:
-        """The call's recorded output, handed over before its first step: only an oracle reads it."""
-
-    def propose(self, key: str):
-        return Empty
-
-    def advance(self, key: str, tokens: np.ndarray) -> None: ...
-
-    def accepted(self, key: str, draft, accepted: int) -> None:
-        """How many of the draft's tokens the step accepted (an online policy learns from it)."""
-
-    def end(self, key: str) -> None: ...
-
-    def tree_tokens(self) -> int:
-        return 0
+REFIT_EVERY = 32  # steps between fits of a learned step cost, and between calibrations from the counters
 
 
 class NoSpeculation(Speculator):
-    name = "none"
+    """Plain decoding (`overlapped`: with vLLM's async scheduling, which speculation turns off)."""
+
+    def __init__(self, name: str = "none", overlapped: bool = False) -> None:
+        self.name, self.overlapped = name, overlapped
 
 
 # Speculators that never draft with the engine's mixture (prompt lookup, the oracles): their
@@ -63,7 +32,7 @@ class NoSpeculation(Speculator):
 _NO_MIXTURE = SpecConfig(recency=0.0)
 
 
-class _EngineBacked(Speculator):
+class _EngineBacked(PerRequest):
     # Whether a finished call's output joins the global trees at once (False: the caller adds it
     # with `warm` when it should become visible, as the replicas replay does)
     keep_outputs = True
@@ -74,9 +43,9 @@ class _EngineBacked(Speculator):
     def __init__(self, max_depth: int = 64, config: SpecConfig = _NO_MIXTURE) -> None:
         self.engine = SuffixEngine(max_depth=max_depth, config=config)
 
-    def begin(self, key, prompt, stage, previous, tenant=None):
-        self.engine.start_request(key, prompt, stage=self._stage(stage), continue_from=previous,
-                                  scope=tenant if self.scoped else None)
+    def begin(self, key, prompt, stage, previous=None, tenant=None, max_total=None):
+        self.engine.start_request(key, np.asarray(prompt, dtype=np.uint32), stage=self._stage(stage),
+                                  continue_from=previous, scope=tenant if self.scoped else None)
 
     def advance(self, key, tokens):
         self.engine.extend(key, tokens)
@@ -96,12 +65,13 @@ class _EngineBacked(Speculator):
 
 
 class PromptLookup(_EngineBacked):
-    """vLLM-style n-gram proposer over the request's own context (n = min_n..max_n, k tokens)."""
+    """vLLM-style n-gram proposer over the request's own context (n = min_n..max_n, k tokens):
+    the `k` tokens after the latest earlier occurrence of the context's last n tokens."""
 
-    def __init__(self, k: int = 8, min_n: int = 2, max_n: int = 5) -> None:
+    def __init__(self, k: int = 8, min_n: int = 2, max_n: int = 5, name: str | None = None) -> None:
         super().__init__()
         self.k, self.min_n, self.max_n = k, min_n, max_n
-        self.name = "pld" if (k, min_n, max_n) == (8, 2, 5) else f"pld[k={k},n={min_n}..{max_n}]"
+        self.name = name or ("pld" if (k, min_n, max_n) == (8, 2, 5) else f"pld[k={k},n={min_n}..{max_n}]")
 
     def propose(self, key):
         return self.engine.prompt_lookup(key, self.min_n, self.max_n, self.k)
@@ -130,7 +100,7 @@ class Suffix(_EngineBacked):
             self.online.set_reference(self._stage(stage), ratio)
         self._stage_of: dict[str, str] = {}
 
-    def begin(self, key, prompt, stage, previous, tenant=None):
+    def begin(self, key, prompt, stage, previous=None, tenant=None, max_total=None):
         super().begin(key, prompt, stage, previous, tenant)
         self._stage_of[key] = self._stage(stage)
 
@@ -139,8 +109,8 @@ class Suffix(_EngineBacked):
         return draft
 
     def accepted(self, key, draft, accepted: int) -> None:
-        if self.online is not None and draft.token_ids:
-            self.online.observe(self._stage_of[key], draft.score, accepted, len(draft.token_ids))
+        if self.online is not None and len(draft):
+            self.online.observe(self._stage_of[key], draft.score, accepted, len(draft))
 
     def end(self, key):
         super().end(key)
@@ -163,7 +133,10 @@ class TreeOracle(_EngineBacked):
     tokens (at most `max_tokens`). Taking the longest such jump every step is optimal (what is
     held at position i is still held, one shorter, at i + 1), so no drafter that copies from the
     trees after matching at least k tokens finishes a call in fewer steps, and none drafts fewer
-    tokens than it gets accepted: its estimated speedup bounds theirs, even perfectly sized."""
+    tokens than it gets accepted: its estimated speedup bounds theirs, even perfectly sized. In
+    the batched server, as every oracle, its drafts go to the requests the true step cost favours."""
+
+    oracle = True
 
     def __init__(self, k: int, max_tokens: int = 32) -> None:
         super().__init__()
@@ -178,7 +151,7 @@ class TreeOracle(_EngineBacked):
         pos = self._pos[key]
         ahead = self._output[key][pos : pos + self.max_tokens]
         n = self.engine.longest_continuation(key, ahead, self.k)
-        return Linear(ahead[:n].tolist(), self.k if n else 0)
+        return Chain(ahead[:n].tolist(), self.k if n else 0)
 
     def advance(self, key, tokens):
         super().advance(key, tokens)
@@ -187,6 +160,69 @@ class TreeOracle(_EngineBacked):
     def end(self, key):
         super().end(key)
         del self._output[key], self._pos[key]
+
+
+class Drafter(Speculator):
+    """The vLLM plugin's `BatchDrafter`: one native call drafts for the whole batch, with each
+    stage's policy per request, or with the step budget (`cost`: a fixed step cost; `learn_from`:
+    a seed the step cost is learned from, refitted every `REFIT_EVERY` steps as the plugin's
+    calibration thread does). As vLLM's proposer it knows neither sessions nor tenants, and it
+    drafts nothing before a request's first token."""
+
+    def __init__(self, name: str, config: SpecConfig, *, depth: int = 64, max_tokens: int = 32,
+                 cost: StepCostModel | None = None, learn_from: StepCostModel | None = None) -> None:
+        self.name, self.max_tokens = name, max_tokens
+        self.engine = SuffixEngine(max_depth=depth, config=config)
+        self.drafter = BatchDrafter(self.engine)
+        self.learner = StepCostLearner(learn_from) if learn_from is not None else None
+        if cost is not None or learn_from is not None:
+            self.drafter.set_step_cost(cost or learn_from)
+        self.calibration = OnlineCalibration(self.engine)  # as the plugin's stats thread runs it
+        self._steps = 0
+        self._timed: list = []
+
+    def warm(self, output, stage, tenant=None):
+        self.engine.add_document(output, stage=stage)
+
+    def begin(self, key, prompt, stage, previous=None, tenant=None, max_total=None):
+        self.drafter.admit(key, stage, max_total_tokens=max_total)  # its prompt is read from its row
+
+    def step(self, batch: Batch) -> list:
+        sampled = [() if s is None else s.tolist() if isinstance(s, np.ndarray) else s for s in batch.sampled]
+        drafts = self.drafter.step(batch.keys, batch.rows, batch.num_tokens, sampled, self.max_tokens, batch.max_len)
+        return [Chain(d) for d in drafts]
+
+    def observe(self, step):
+        self._steps += 1
+        if self.learner is not None:
+            self._timed.append(step)
+        if self._steps % REFIT_EVERY == 0:
+            self.calibration.observe_counters(self.drafter.stats())
+            if self.learner is not None:
+                self.learner.observe(self._timed)
+                self._timed.clear()
+                self.drafter.set_step_cost(self.learner.fit().model)
+
+    # end: nothing to do; the next step, which no longer lists the request, retires it (its
+    # output joins its stage tree then), as the plugin learns that a request left
+
+    def tree_tokens(self) -> int:
+        return self.engine.stats()["tokens"]
+
+
+class AllocationOracle(Drafter):
+    """Not a drafter but a ceiling on how a step's draft budget is spent: agentaccel's candidates
+    grown as far as the trees go, which the batched server cuts to what the model accepts and
+    allocates with the true step cost (`batch_replay.best_allocation`). `TreeOracle` is the other
+    ceiling, on the candidates themselves (what the trees hold); the per-call replay's
+    `est_speedup_sized_exactly` asks this one's question of one request at a time (and run there,
+    this oracle gets exactly that)."""
+
+    oracle = True
+
+    def __init__(self, config: SpecConfig, name: str = "oracle") -> None:
+        # a flat cost: every candidate is kept whole, to be cut by the truth
+        super().__init__(name, config, cost=StepCostModel((1.0, 1.0)))
 
 
 PAPER_TREES = ("request", "stage")  # the paper: the request tree and the (per-stage) global tree

@@ -31,7 +31,8 @@ from agentaccel.engine.cost import Server, StepCostModel, TimedStep, fit_steps, 
 from agentaccel.engine.policy import default_config
 from agentaccel.simulation import batch_replay as br
 from agentaccel.simulation.replay import ReplayCall
-from agentaccel.simulation.speculators import PAPER_LINEAR
+from agentaccel.simulation.speculator import Speculator
+from agentaccel.simulation.speculators import PAPER_LINEAR, Drafter, NoSpeculation
 
 CPU_BUDGET = 2048  # vLLM's max_num_batched_tokens for an API server on CPU
 CPU_BLOCK = 128  # vLLM's KV block size on CPU
@@ -110,20 +111,20 @@ def learned_server(log_dir: Path, m: Measurement, method: str = "agentaccel") ->
                   prefill_attention=False, noise=noise, origin="this server's own timed steps")
 
 
-class _OneTree(br.Drafter):
+class _OneTree(Drafter):
     """vLLM's `suffix`: ArcticInference keeps one global tree for every request (no stages)."""
 
-    def admit(self, rid, stage, max_total):
-        super().admit(rid, "all", max_total)
+    def begin(self, key, prompt, stage, previous=None, tenant=None, max_total=None):
+        super().begin(key, prompt, "all", max_total=max_total)
 
 
-def make_method(name: str) -> br.Method:
+def make_method(name: str) -> Speculator:
     """A simulated drafter set up as the bench's server of that method is."""
     config = METHODS[name] or {}
     k = int(config.get("num_speculative_tokens", 32))
     depth = int(config.get("suffix_decoding_max_tree_depth", 64))
     if name in ("none", "agentaccel-off"):  # agentaccel-off: speculation on, nothing drafted
-        return br._named(br.Method(), name)
+        return NoSpeculation(name)
     if name.startswith("ngram"):
         return br.ngram(k, int(config.get("prompt_lookup_min", 5)), int(config.get("prompt_lookup_max", 5)), name)
     if name == "suffix":  # the paper's algorithm with vLLM's defaults (spec factor 1, min prob 0.1)
@@ -131,8 +132,8 @@ def make_method(name: str) -> br.Method:
     # the plugin's: one chain priced per token as on a GPU, vLLM's longest draft, alpha and min-prob
     base = replace(default_config(parse("gpu"), tree=False), max_tokens=k, alpha=1.0, min_prob=0.1)
     if name == "agentaccel-request":
-        return br.Drafter(name, base, depth=depth, max_tokens=k)
-    return br.Drafter(name, base, depth=depth, max_tokens=k, learn_from=seed("cpu"))
+        return Drafter(name, base, depth=depth, max_tokens=k)
+    return Drafter(name, base, depth=depth, max_tokens=k, learn_from=seed("cpu"))
 
 
 def _history(m: Measurement, tok) -> list[tuple[str, np.ndarray]]:
@@ -157,7 +158,7 @@ def _jobs(m: Measurement, tag: str) -> list[list[ReplayCall]]:
     return [[c for _, c in sorted(calls, key=lambda x: x[0])] for _, calls in sorted(by_job.items())]
 
 
-def _run(jobs: list[list[ReplayCall]], method: br.Method, server: Server, level: int,
+def _run(jobs: list[list[ReplayCall]], method: Speculator, server: Server, level: int,
          cache: br.BlockPrefixCache) -> br.Result:
     """The jobs through the simulated server (prompts as sent: the bench truncated them already;
     the drafting's own time, measured here on the same kind of machine, included)."""
@@ -181,9 +182,9 @@ def predict(m: Measurement, server: Server, methods: list[str], tok,
         for b in blocks:
             if method is None or b.phase != phase:  # a start: vLLM's methods and every prefix cache from nothing
                 method, cache = make_method(name), br.server_cache(server)
-                if isinstance(method, br.Drafter) and name.startswith("agentaccel"):
+                if name.startswith("agentaccel"):
                     for stage, output in history + learned:
-                        method.engine.add_document(output, stage)
+                        method.warm(output, stage)
                 phase = b.phase
             if b.workload not in warmed:  # the workload's warm-up, as every server ran it
                 warmed.add(b.workload)

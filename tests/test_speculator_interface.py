@@ -1,0 +1,149 @@
+"""One speculator interface (simulation/speculator.py): the per-call replay and the batched
+server drive every drafter, the per-request ones and the vLLM plugin's batch drafter alike."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from traces_fixtures import repetitive_store
+
+from agentaccel.engine.cost import parse
+from agentaccel.simulation import batch_replay as br
+from agentaccel.simulation import replay as rp
+from agentaccel.simulation import speculators as sp
+from agentaccel.simulation.speculator import Batch, Chain, PerRequest, Speculator
+from agentaccel.text.tokenization import load_tokenizer
+from agentaccel.traces.store import TraceStore
+
+GPU = parse("gpu")
+H100 = parse("llama-3.1-8b@h100")
+
+
+@pytest.fixture(scope="module")
+def calls(tmp_path_factory):
+    db = repetitive_store(tmp_path_factory.mktemp("store"), n=40)
+    with TraceStore(db) as store:
+        return rp.load_calls(store, load_tokenizer())
+
+
+def every_kind():
+    """Per-request drafters (chains and trees), the tree oracle, the plugin's batch drafter (with
+    and without the step budget) and the allocation oracle."""
+    batch = br.build(["agentaccel-request", "agentaccel", "oracle"], H100)
+    for drafter in batch:
+        drafter.name = f"batch-{drafter.name}"  # apart from the per-request `agentaccel`
+    return [*sp.build(["none", "pld", "paper-tree", "agentaccel", "oracle-1"], GPU), *batch]
+
+
+def test_every_speculator_runs_in_the_per_call_replay_and_in_the_batched_server(calls):
+    output_tokens = sum(len(c.output) for c in calls)
+    per_call = rp.replay(calls, every_kind())
+    batched = {s.name: br.simulate(br.sessions_of(calls), s, H100, 4, noise=0.0) for s in every_kind()}
+    for name, result in batched.items():
+        t = per_call[name]["*"]
+        assert t.tokens == output_tokens and result.tokens == output_tokens, name
+        assert t.calls == result.calls == len(calls), name
+        assert t.accepted <= t.drafted and result.accepted <= result.drafted, name
+        if name in ("oracle-1", "batch-oracle"):  # the two ceilings draft only what is accepted, per call too
+            assert t.accepted == t.drafted
+        if name == "none":
+            assert t.drafted == result.drafted == 0
+        else:  # the outputs repeat: every drafter gets tokens accepted, whichever drives it
+            assert t.accepted > 0 and result.accepted > 0, name
+
+
+def test_the_tree_oracle_bounds_every_drafter_in_the_batched_server_too(calls):
+    """oracle-1 drafts only what will be accepted, the longest continuation the trees hold: run
+    in the batched server one stream at a time, no drafter takes fewer decoding steps."""
+    sessions = br.sessions_of(calls)
+    oracle = br.simulate(sessions, sp.TreeOracle(1), H100, 1, noise=0.0)
+    # every draft token is right; the server counts a call's last token as its step's own, not as accepted
+    assert oracle.accepted > 0 and oracle.drafted - oracle.accepted <= oracle.calls
+    for drafter in [sp.agentaccel(GPU), *br.build(["agentaccel-request", "agentaccel"], H100)]:
+        result = br.simulate(sessions, drafter, H100, 1, noise=0.0)
+        assert oracle.request_steps <= result.request_steps, drafter.name
+        assert result.tokens == oracle.tokens
+
+
+def test_the_per_call_replay_drives_the_plugins_drafter_as_vllm_does(calls):
+    """vLLM asks its proposer for nothing before a request's first token: the batch drafter's
+    first step of every call drafts nothing, later ones draft from the earlier calls' outputs."""
+    def first_steps(spec) -> tuple[list[int], rp.Tally]:
+        tally, firsts = rp.Tally(), []
+        for call in calls:
+            firsts.append(len(tally.drafted_per_step))
+            rp.run_call(spec, f"c{call.call_id}", call, tally, None)
+        return [tally.drafted_per_step[i] for i in firsts], tally
+
+    drafts, tally = first_steps(br.build(["agentaccel-request"], H100)[0])
+    assert drafts == [0] * len(calls)
+    assert sum(tally.drafted_per_step) > 0 and tally.accepted > 0
+    drafts, _ = first_steps(sp.agentaccel(GPU))  # the per-call replay's own drafters draft at the prefill
+    assert sum(drafts) > 0
+
+
+class Recorder(PerRequest):
+    """What a per-request speculator is told, in order."""
+
+    name = "recorder"
+
+    def __init__(self) -> None:
+        self.events: list[tuple] = []
+
+    def begin(self, key, prompt, stage, previous=None, tenant=None, max_total=None):
+        self.events.append(("begin", key, len(prompt), max_total))
+
+    def advance(self, key, tokens):
+        self.events.append(("advance", key, tokens.tolist()))
+
+    def propose(self, key):
+        self.events.append(("propose", key))
+        return super().propose(key)
+
+    def end(self, key):
+        self.events.append(("end", key))
+
+
+def test_a_per_request_speculator_is_told_each_requests_tokens_once_and_asked_only_when_a_draft_is_wanted():
+    call = rp.ReplayCall(1, 1, "s", np.arange(10, dtype=np.uint32), np.arange(100, 105, dtype=np.uint32))
+    rec = Recorder()
+    rp.run_call(rec, "a", call, rp.Tally(), None)
+    advanced = [t for e in rec.events if e[0] == "advance" for t in e[2]]
+    assert advanced == list(range(100, 105))  # every output token once, the last ones before `end`
+    assert rec.events[0] == ("begin", "a", 10, 15) and rec.events[-1] == ("end", "a")
+    assert [e[0] for e in rec.events[1:3]] == ["propose", "advance"]  # the prefill's draft, from the prompt alone
+    assert rec.events[-2][0] == "advance"  # the last tokens in: no draft asked for
+
+    rec = Recorder()
+    result = br.simulate([[call]], rec, H100, 2, noise=0.0)
+    advanced = [t for e in rec.events if e[0] == "advance" for t in e[2]]
+    assert advanced == list(range(100, 105)) and result.tokens == 5
+    kinds = [e[0] for e in rec.events]
+    assert kinds[0] == "begin" and kinds[1] == "advance"  # the server drafts after the first token, not at prefill
+    assert kinds[-1] == "end" and kinds[-2] == "advance"
+
+
+def test_a_draft_longer_than_the_row_allows_is_cut_and_stays_a_tree():
+    class Wide(PerRequest):
+        name = "wide"
+
+        def propose(self, key):
+            return Chain(list(range(20)))
+
+    batch = Batch.empty(1, 16)
+    batch.keys[0], batch.num_tokens[0], batch.sampled[0] = "a", 10, [5]
+    (draft,) = Wide().step(batch)
+    assert list(draft.token_ids) == list(range(5)) and list(draft.parents) == [-1, 0, 1, 2, 3]
+    batch.done[0] = True
+    assert list(Wide().step(batch)[0].token_ids) == []
+
+
+def test_every_named_drafter_of_either_command_is_a_speculator():
+    replay_names = ["none", "pld", "paper-linear", "paper-tree", "agentaccel", "agentaccel-shared",
+                    "agentaccel-tenants", "oracle-1", "oracle-2"]
+    server_names = [*br.METHODS, "agentaccel-seeded", "agentaccel-known", "oracle-1", "oracle-2"]
+    built = [*sp.build(replay_names, GPU), *br.build(server_names, H100)]
+    assert all(isinstance(s, Speculator) for s in built)
+    assert [s.name for s in built] == replay_names + server_names
+    with pytest.raises(ValueError, match="unknown method"):
+        br.build(["pld-batched"], H100)
