@@ -312,7 +312,8 @@ def simulate(sessions: Sequence[Sequence[ReplayCall]], method: Speculator, serve
             continue
         # one step of the server: decoding requests verify their drafts, then prefill chunks
         tokens = decode_tokens = context = attention = requests = 0.0
-        sampled = batch.sampled = [None] * streams  # rows still prefilling (or empty) get nothing
+        batch.sampled = [None] * streams  # rows still prefilling (or empty) get nothing
+        batch.done = [False] * streams
         if method.oracle:
             drafts = _oracle_cut(drafts, lanes, num_tokens, server)
         decoding = [i for i in active if lanes[i].request.started]
@@ -334,7 +335,7 @@ def simulate(sessions: Sequence[Sequence[ReplayCall]], method: Speculator, serve
             result.drafted += drafted
             result.drafted_steps += drafted > 0
             result.accepted += min(acc, len(take) - 1)
-            _advance(rows, num_tokens, sampled, i, r, take)
+            _advance(batch, i, r, take)
             result.tokens += len(take)
         left = budget - tokens
         for i in [i for i in arrival if not lanes[i].request.started]:
@@ -352,7 +353,7 @@ def simulate(sessions: Sequence[Sequence[ReplayCall]], method: Speculator, serve
                 attention += chunk * (done_before + chunk / 2)
             if r.started:  # its last chunk: it gives its first token
                 cache.add(r.prompt)
-                _advance(rows, num_tokens, sampled, i, r, r.call.output[:1])
+                _advance(batch, i, r, r.call.output[:1])
                 result.tokens += 1
         seconds = float(server.seconds(tokens, context, attention, requests))
         if method.overlapped:
@@ -361,8 +362,6 @@ def simulate(sessions: Sequence[Sequence[ReplayCall]], method: Speculator, serve
         # (`noise`); the wall time counts the profile's expected time (the noise averages out)
         method.observe(TimedStep(tokens, decode_tokens, context, attention, seconds * float(rng.lognormal(0.0, noise)),
                                  requests=requests))
-        batch.done = [lanes[i].request is not None and lanes[i].request.started
-                      and lanes[i].request.pos >= len(lanes[i].request.call.output) for i in range(streams)]
         t0 = time.perf_counter()
         drafts = method.step(batch)
         spent = time.perf_counter() - t0
@@ -388,13 +387,15 @@ def simulate(sessions: Sequence[Sequence[ReplayCall]], method: Speculator, serve
     return result
 
 
-def _advance(rows, num_tokens, sampled, i: int, r: _Request, take) -> None:
-    """The request's new tokens: into its row, and what the drafter is told it sampled."""
-    n = int(num_tokens[i])
-    rows[i, n : n + len(take)] = take
-    num_tokens[i] = n + len(take)
+def _advance(batch: Batch, i: int, r: _Request, take) -> None:
+    """The request's new tokens: into its row, what the drafter is told it sampled, and whether
+    they were its last."""
+    n = int(batch.num_tokens[i])
+    batch.rows[i, n : n + len(take)] = take
+    batch.num_tokens[i] = n + len(take)
     r.pos += len(take)
-    sampled[i] = [int(t) for t in take]
+    batch.sampled[i] = [int(t) for t in take]
+    batch.done[i] = r.pos >= len(r.call.output)
 
 
 def _oracle_cut(drafts, lanes, num_tokens, server: Server) -> list:

@@ -63,9 +63,10 @@ class Batch:
     max_len: int  # no draft makes a request's tokens outgrow this (the server's max_model_len)
 
     @classmethod
-    def empty(cls, size: int, width: int, max_len: int | None = None) -> Batch:
+    def empty(cls, size: int, width: int) -> Batch:
+        """`size` empty rows of `width` tokens (drafts may fill a row)."""
         return cls([None] * size, np.zeros((size, width), dtype=np.int32), np.zeros(size, dtype=np.int32),
-                   [None] * size, [False] * size, width if max_len is None else max_len)
+                   [None] * size, [False] * size, width)
 
 
 class Speculator:
