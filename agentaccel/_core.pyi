@@ -91,6 +91,7 @@ class StepCost:
     per_request: float
     prefill_tokens: float
     prefill_share: float
+    in_seconds: bool
     def __init__(self) -> None: ...
     def at(self, tokens: float) -> float: ...
 

@@ -152,9 +152,10 @@ std::vector<std::vector<uint32_t>> BatchDrafter::step(const BatchStep& s) {
   }
   timed.tokens = s.scheduled >= 0 ? double(s.scheduled) : timed.decode_tokens;
   if (continued) record_timing(timed, started);
-  if (cost && !verified.empty()) {
+  if (cost && cost->in_seconds && !verified.empty()) {
     // Each request waited the step with drafts; plain decoding would have taken a step without them
-    // for each of its tokens. Prefill is left out of both: it is there either way.
+    // for each of its tokens. Prefill is left out of both: it is there either way. A relative
+    // seed's "seconds" are plain steps: nothing is counted until the curve is in seconds.
     auto step = [&](double tokens, double attention) {
       return cost->at(tokens) + cost->per_context * timed.context + cost->per_attention * attention +
              cost->per_request * double(timed.requests);

@@ -147,6 +147,7 @@ NB_MODULE(_core, m) {
       .def_rw("per_request", &agentaccel::StepCost::per_request)
       .def_rw("prefill_tokens", &agentaccel::StepCost::prefill_tokens)
       .def_rw("prefill_share", &agentaccel::StepCost::prefill_share)
+      .def_rw("in_seconds", &agentaccel::StepCost::in_seconds)
       .def("at", &agentaccel::StepCost::at, "tokens"_a);
 
   nb::class_<agentaccel::StepTiming>(m, "StepTiming")

@@ -22,6 +22,7 @@ struct StepCost {
   double per_request = 0.0;     // seconds per request in the step
   double prefill_tokens = 0.0;  // tokens of a step's prefill chunks, in the steps that carry some
   double prefill_share = 0.0;   // the share of steps that carry prefill (whether the next one will is not known)
+  bool in_seconds = true;       // false: a relative seed (1.0 = one plain step), which prices no saved seconds
 
   bool empty() const { return base.size() < 2; }
   double at(double tokens) const;  // base(T), linear between integer points

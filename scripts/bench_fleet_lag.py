@@ -2,7 +2,7 @@
 (`agentaccel serve --backend openai` in front of a fast scripted upstream) answers N concurrent
 streams and records every call into the trace store; server B (`agentaccel serve`, the embedded
 model, following the same store) adds each call to its stage trees. B logs every output it adds
-(AGENTACCEL_FOLLOW_LOG) with when it was answered, when A's writer began storing it, when B's
+(serve --follow-log) with when it was answered, when A's writer began storing it, when B's
 tail read it and when it joined B's trees: p50/p99 of the whole path and of each part, per level.
 
     python scripts/bench_fleet_lag.py --db postgresql://user@127.0.0.1:5432/db   # or a SQLite file
@@ -79,8 +79,8 @@ def main() -> None:
     rows = []
     with Upstream(tokens=16, token_delay=0.02) as upstream:
         a_url, a = serve(["--backend", "openai", "--upstream", upstream.url, "--db", args.db], folder / "a.log")
-        b_url, b = serve(["--backend", "local", "--db", args.db, "--cost-profile", "off"], folder / "b.log",
-                         {"AGENTACCEL_FOLLOW_LOG": str(follow_log)})
+        b_url, b = serve(["--backend", "local", "--db", args.db, "--cost-profile", "off", "--follow-log",
+                          str(follow_log)], folder / "b.log")
         try:
             wait_healthy(a_url, a, 120)
             wait_healthy(b_url, b, 300)

@@ -232,7 +232,7 @@ def test_the_step_cost_is_learned_from_served_steps_and_kept_in_the_store(tmp_pa
     def start() -> LearnedStepCost:
         return LearnedStepCost.starting(server_key("tiny", "cpu"), db, seed("cpu"), say=said.append,
                                         min_steps=MIN_STEPS,
-                                        apply=lambda model: engine.set_cost_curve(relative_curve(model)))
+                                        apply=lambda model, _in_seconds: engine.set_cost_curve(relative_curve(model)))
 
     learned = start()
     assert "seed" in said[0] and engine.policy().cost_curve == relative_curve(seed("cpu"))  # nothing timed first

@@ -2,7 +2,8 @@
 prompt template found while serving, no online calibration, no learned step cost is written, while
 the server does each of those things in memory (shown by its /metrics). The store is compared as a
 full SQL dump before and after a server that drafted, calibrated and timed steps, stopped cleanly
-(SIGTERM: every keeper's last save runs then)."""
+(SIGTERM: every keeper's last save runs then). The same traffic with recording on writes each of
+those, so every half of the comparison can fail."""
 
 import json
 import sqlite3
@@ -12,6 +13,7 @@ import httpx
 import pytest
 from servers import metric, start_serve, wait_healthy
 
+from agentaccel.backends.local.cost_curve import MIN_STEPS
 from agentaccel.bench.upstream import MODEL, Upstream
 from agentaccel.processes import stop_group
 from agentaccel.text.tokenization import load_tokenizer
@@ -52,8 +54,10 @@ def dump(db) -> list[str]:
         conn.close()
 
 
-def ask(url: str, model: str, messages: list[dict], stage: str | None) -> None:
-    body = {"model": model, "messages": messages, "max_tokens": 24, "temperature": 0}
+def ask(url: str, model: str, messages: list[dict], stage: str | None, max_tokens: int = 24,
+        speculate: bool = True) -> None:
+    body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
+            "vllm_xargs": {"speculate": speculate}}
     headers = {"X-Agentaccel-Stage": stage} if stage else {}
     r = httpx.post(url + "/v1/chat/completions", json=body, headers=headers, timeout=300)
     assert r.status_code == 200, r.text
@@ -74,14 +78,38 @@ def untagged(k: int) -> list[dict]:
             {"role": "user", "content": f"Table orders_{k} has columns id, total.\nQuestion: the largest total?"}]
 
 
-@pytest.mark.parametrize("backend", ["local", "vllm", "replay", "openai"])
-def test_a_no_record_server_leaves_the_store_as_it_found_it(recorded, backend, tmp_path):
-    if backend == "vllm":
-        pytest.importorskip("vllm")
-    db = tmp_path / "traces.db"
-    db.write_bytes(recorded)
-    before = dump(db)
-    args, model = ["--backend", backend, "--db", str(db), "--no-record"], "smol"
+def saved_seconds_are_seconds(url: str, model: str) -> None:
+    """On a server whose step cost is still its relative seed (1.0 = one plain step: nothing timed
+    yet, no curve kept), what speculation saved is not counted in those units as seconds. The
+    request's own tokens are drafted from its prompt from the first step; a token saves at most a
+    plain step, and a plain step takes at most the request's time over its steps."""
+    text = "The quick brown fox jumps over the lazy dog while the cat sleeps on the warm red carpet."
+    t0 = time.perf_counter()
+    ask(url, model, [{"role": "user", "content": f"Repeat this sentence exactly, nothing else: {text}"}], "echo",
+        max_tokens=14)
+    took = time.perf_counter() - t0
+    time.sleep(1.5)  # the plugin's statistics file is rewritten every half second
+    accepted = metric(url, "agentaccel_accepted_tokens_total", "echo")
+    steps = metric(url, "agentaccel_spec_steps_total", "echo")
+    saved = metric(url, "agentaccel_speculation_saved_seconds_total", "echo")
+    assert accepted > 0, "nothing was accepted: the check below would say nothing"
+    assert saved <= accepted * took / (steps + 1), (saved, accepted, took, steps)
+
+
+def dump_tables(db) -> dict[str, list[str]]:
+    """The dump's INSERT lines by table."""
+    out: dict[str, list[str]] = {}
+    for line in dump(db):
+        if line.startswith('INSERT INTO "'):
+            out.setdefault(line.split('"')[1], []).append(line)
+    return out
+
+
+def exercise(backend: str, db, tmp_path, record: bool) -> None:
+    """A server of `backend` on `db` that discovers a template, drafts, calibrates and times more
+    steps than the embedded backend's keeper needs before it writes a curve (cost_curve.MIN_STEPS),
+    stopped cleanly (every keeper's last save runs)."""
+    args, model = ["--backend", backend, "--db", str(db)] + ([] if record else ["--no-record"]), "smol"
     upstream = None
     if backend == "openai":
         upstream = Upstream(tokens=8).__enter__()  # scripted replies: plumbing, no speed claim
@@ -93,6 +121,8 @@ def test_a_no_record_server_leaves_the_store_as_it_found_it(recorded, backend, t
     url, proc = start_serve(args + (VLLM_ARGS if backend == "vllm" else []), tmp_path / "serve.log")
     try:
         wait_healthy(url, proc, 600, ready=lambda health: health.get("state", "ready") == "ready")
+        if backend == "vllm":  # its store keeps no step cost: a fresh server's first steps
+            saved_seconds_are_seconds(url, model)
         for _ in range(2):  # the second round drafts what the first answered (and what was seeded)
             for q in QUESTIONS:
                 ask(url, model, [{"role": "user", "content": q}], "sql")
@@ -105,11 +135,36 @@ def test_a_no_record_server_leaves_the_store_as_it_found_it(recorded, backend, t
             assert metric(url, "agentaccel_spec_steps_total", "sql") > 0
             assert metric(url, "agentaccel_policy_mean_draft_tokens", "sql") > 0  # the calibration saw drafts
         if backend in ("local", "vllm"):  # and timed its steps, learning a step cost
-            assert unlabelled(url, "agentaccel_step_cost_timed_steps") > 0
+            for k in range(3):  # plain steps, enough of them for the embedded backend's keeper to write
+                ask(url, model, [{"role": "user", "content": f"Count from {k} to 900, separated by commas."}],
+                    "story", max_tokens=MIN_STEPS // 3 + 8, speculate=False)
+            assert unlabelled(url, "agentaccel_step_cost_timed_steps") > MIN_STEPS
     finally:
         stop_group(proc, 90)
         if upstream is not None:
             upstream.__exit__(None, None, None)
     assert proc.returncode == 0, (tmp_path / "serve.log").read_text()[-3000:]
+
+
+@pytest.mark.parametrize("backend", ["local", "vllm", "replay", "openai"])
+def test_a_no_record_server_leaves_the_store_as_it_found_it(recorded, backend, tmp_path):
+    if backend == "vllm":
+        pytest.importorskip("vllm")
+    db = tmp_path / "traces.db"
+    db.write_bytes(recorded)
+    before = dump(db)
+    exercise(backend, db, tmp_path, record=False)
     after = dump(db)
     assert after == before, sorted(set(after) - set(before))[:5]
+
+
+def test_the_same_traffic_recorded_writes_every_table_the_no_record_test_guards(recorded, tmp_path):
+    """The embedded backend with recording on, same traffic: the calls, the template found, the
+    calibration and the learned step cost all reach the store, so the test above would see each."""
+    db = tmp_path / "traces.db"
+    db.write_bytes(recorded)
+    before = dump_tables(db)
+    exercise("local", db, tmp_path, record=True)
+    after = dump_tables(db)
+    changed = {table for table in set(before) | set(after) if before.get(table) != after.get(table)}
+    assert {"calls", "templates", "stage_policies", "step_costs"} <= changed, changed

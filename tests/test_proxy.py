@@ -257,6 +257,46 @@ def test_an_abandoned_answer_is_cancelled_upstream_and_counted_as_the_clients_le
     assert len(stored_calls(tmp_path / "traces.db")) == 1  # the answered call only
 
 
+def test_a_backend_failing_as_its_abandoned_request_is_cancelled_is_logged_not_swallowed(tmp_path, caplog):
+    """What a cancelled answer is expected to raise (its cancellation, an API error) is taken as
+    the end of it; anything else is logged with its traceback, and the proxy serves on. The fault
+    is injected: a real backend does not fail so on purpose."""
+    import asyncio
+    import logging
+
+    from agentaccel.backends.base import Backend
+
+    class FailsWhenCancelled(Backend):
+        async def models(self):
+            return [MODEL]
+
+        async def complete(self, endpoint, body, ctx):
+            try:
+                await asyncio.sleep(0 if body.get("max_tokens") == 1 else 30)
+            except asyncio.CancelledError:
+                raise RuntimeError("cleanup after cancel failed") from None
+            return {"id": "x", "object": "chat.completion", "created": 0, "model": MODEL,
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
+                                 "finish_reason": "stop"}]}
+
+        def stream(self, endpoint, body, ctx):
+            raise NotImplementedError
+
+    caplog.set_level(logging.ERROR, logger="agentaccel.proxy")
+    with ServerThread(create_app(ProxyConfig(), FailsWhenCancelled())) as proxy:
+        body = {"model": MODEL, "messages": MESSAGES}
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(proxy.url + "/v1/chat/completions", json=body, timeout=0.5)
+        deadline = time.monotonic() + 10
+        while not any("cancelled" in r.getMessage() for r in caplog.records):
+            assert time.monotonic() < deadline, "the failure was swallowed"
+            time.sleep(0.05)
+        (record,) = [r for r in caplog.records if "cancelled" in r.getMessage()]
+        assert record.exc_info and record.exc_info[0] is RuntimeError
+        assert httpx.post(proxy.url + "/v1/chat/completions", json={**body, "max_tokens": 1}).status_code == 200
+        assert 'status="499"' in httpx.get(proxy.url + "/metrics").text
+
+
 # ---------------------------------------------------------------------------- recording
 def test_redacted_recording_keeps_no_text(upstream, tmp_path):
     proxy, recorder = make_proxy(upstream.url, tmp_path, redact=True)

@@ -181,6 +181,37 @@ def test_an_abandoned_non_streamed_answer_stops_local_generation(local):
     assert ok.status_code == 200
 
 
+def test_a_generation_failing_as_it_is_cancelled_is_logged_not_swallowed(local, monkeypatch, caplog):
+    """The cancel path takes what stopping a generation raises as its end and logs anything else
+    (injected here: the generator does not fail so by itself)."""
+    import logging
+    import time
+
+    from agentaccel.backends.local import service
+
+    server, backend, _, _ = local
+    run = backend._run
+
+    def fails_once_stopped(endpoint, body, params, ctx, on_tokens=None):
+        try:
+            return run(endpoint, body, params, ctx, on_tokens)
+        except service._Cancelled:
+            raise OSError("freeing the request failed") from None
+
+    monkeypatch.setattr(backend, "_run", fails_once_stopped)
+    caplog.set_level(logging.ERROR, logger="agentaccel.local")
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Write a long story about a dragon."}],
+            "max_tokens": 1000, "temperature": 0}
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(server.url + "/v1/chat/completions", json=body, timeout=1.0)
+    deadline = time.monotonic() + 20
+    while not any(r.exc_info and r.exc_info[0] is OSError for r in caplog.records):
+        assert time.monotonic() < deadline, "the failure was swallowed"
+        time.sleep(0.1)
+    ok = httpx.post(server.url + "/v1/chat/completions", json={**body, "max_tokens": 4}, timeout=60)
+    assert ok.status_code == 200
+
+
 def test_seeded_sampling_repeats_with_speculation_on(local):
     """The same sampled request with the same seed gives the same output, however much the trees
     learned in between, and the same as plain decoding with that seed."""

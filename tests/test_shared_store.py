@@ -263,11 +263,36 @@ def test_a_baseline_call_is_kept_but_no_server_learns_from_it(db, tok):
     finally:
         follower.close()
     with TraceStore(db) as store:
-        assert len(list(store.iter_calls())) == 2  # both kept
+        # both kept, flagged; the readers that learn (tune, replay, discovery) read past the baseline
+        assert {c.response: c.baseline for c in store.iter_calls(baselines=True)} == {baseline: True,
+                                                                                       learned: False}
+        assert [c.response for c in store.iter_calls()] == [learned]
         assert [stage for _, stage, _, _ in store.output_lengths(tok.fingerprint)] == ["sql"]
     fresh = SuffixEngine()
     seeded, follower = seed_then_follow(fresh, db, tok, follow=False)
     assert seeded.calls == 1 and len(fresh.document_ids("sql")) == 1
+
+
+def test_an_exported_baseline_stays_a_baseline_when_imported_again(tmp_path, tok):
+    """export-traces carries the flag, import-traces reads it: an export and re-import learns no baseline."""
+    from agentaccel.traces.export import export_calls
+    from agentaccel.traces.importer import import_traces
+
+    source, copy, out = tmp_path / "a.db", tmp_path / "b.db", tmp_path / "calls.jsonl"
+    write(source, Session(key="baseline", framework="test", calls=[
+        Call(messages=[{"role": "user", "content": "singers by age"}], response="SELECT 1;", stage="sql",
+             baseline=True)]), session("plain", "SELECT 2;", stage="sql"))
+    with TraceStore(source) as store:
+        assert export_calls(store, out) == 2
+    assert sum('"baseline": true' in line for line in out.read_text().splitlines()) == 1
+    with TraceStore(copy) as store:
+        import_traces([out], store, tokenizer=tok)
+        assert {c.response: c.baseline for c in store.iter_calls(baselines=True)} == {"SELECT 1;": True,
+                                                                                       "SELECT 2;": False}
+        assert [stage for _, stage, _, _ in store.output_lengths(tok.fingerprint)] == ["sql"]
+    fresh = SuffixEngine()
+    seeded, _ = seed_then_follow(fresh, copy, tok, follow=False)
+    assert seeded.calls == 1
 
 
 def wait_for(condition, seconds: float = 10.0) -> bool:

@@ -121,6 +121,56 @@ def test_one_compile_among_the_first_steps_does_not_price_drafts_out():
         assert float(fit.seconds(*step(tokens))) < 1.5 * float(truth.seconds(*step(tokens))), tokens
 
 
+def late_steps(truth: StepCostModel, sizes, n: int, rng, slower: float = 1.0) -> list[TimedStep]:
+    return [TimedStep(t, t, 20, 20 * t, slower * float(truth.seconds(t, 20, 20 * t)) * rng.lognormal(0, 0.05))
+            for t in (float(rng.choice(sizes)) for _ in range(n))]
+
+
+def test_a_late_stall_at_a_new_size_does_not_price_that_size_out():
+    """After the first steps, one stall (a compile of a shape the server had not run: 0.86 s where
+    that size takes 80 ms) used to be trusted about 4/15; at a size with no other evidence that
+    priced it and its neighbours out (24 tokens at 9.8x, 16 at 2.3x the truth), the budget stopped
+    drafting them, and nothing came to correct it (still 8.9x after 4,096 steps). Held until a step
+    of its size says which it was, it moves nothing; the budget drafts that size again, and the
+    next step there settles it as a stall."""
+    truth = StepCostModel(tuple(0.030 + 0.002 * np.arange(8193)))
+    rng = np.random.default_rng(0)
+    learner = StepCostLearner(seed("cpu"))
+    steps = late_steps(truth, range(1, 17), 300, rng)
+    for start in range(0, len(steps), 32):
+        learner.observe(steps[start:start + 32])
+    learner.observe([TimedStep(24, 24, 20, 480, 0.864)])
+
+    def ratio(tokens):
+        step = (tokens, 20, 20 * tokens)
+        return float(learner.fit().model.seconds(*step)) / float(truth.seconds(*step))
+
+    sizes = (8, 16, 24, 32)
+    assert all(ratio(t) < 1.1 for t in sizes), [ratio(t) for t in sizes]
+    assert learner.stalls == 0  # not settled yet: no step of its size came
+    learner.observe(late_steps(truth, (23, 24, 25), 1, rng))
+    assert learner.stalls == 1 and ratio(24) < 1.1
+
+
+def test_a_server_that_got_slower_is_followed_at_every_size():
+    """The steps all move (the server got 5x slower): the far-off steps are real, as the recent
+    steps and the next steps of each size say, so the fit moves as if every step were trusted
+    whole (how fast: the half-life's business)."""
+    truth = StepCostModel(tuple(0.030 + 0.002 * np.arange(8193)))
+    rng = np.random.default_rng(1)
+    judging, trusting = StepCostLearner(seed("cpu")), StepCostLearner(seed("cpu"), outlier=float("inf"))
+    for steps in (late_steps(truth, range(1, 17), 320, rng), late_steps(truth, range(1, 17), 128, rng, 5.0)):
+        for start in range(0, len(steps), 32):
+            judging.observe(steps[start:start + 32])
+            trusting.observe(steps[start:start + 32])
+    for tokens in (2, 8, 16):
+        step = (tokens, 20, 20 * tokens)
+        moved = float(judging.fit().model.seconds(*step)) / float(truth.seconds(*step))
+        assert moved > 1.8 and moved == pytest.approx(float(trusting.fit().model.seconds(*step)) /
+                                                      float(truth.seconds(*step)), rel=0.05), tokens
+    assert judging.stalls == 0
+
+
 def test_every_named_profile_and_form_parses(tmp_path):
     assert parse("gpu").model.per_token == pytest.approx(0.02) and parse("gpu").relative
     assert parse("cpu").model.per_token == parse("cpu-smollm2").model.per_token == pytest.approx(0.06)

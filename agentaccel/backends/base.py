@@ -43,6 +43,16 @@ class CallContext:
     tenant: str | None = None  # whose call this is (traces/tenants.py; None: a server without keys)
     cache_scope: str | None = None  # prompt caches are kept apart by it (None: one cache for all)
     spec_scope: str | None = None  # speculation trees are kept apart by it (None: the base's, for all)
+    # answered without speculation at the client's request (vllm_xargs.speculate=false), as the
+    # backend decided in `prepare`: stored as a baseline, which no server learns from
+    baseline: bool = False
+
+
+def asks_no_speculation(body: dict) -> bool:
+    """Whether the request asks to be answered without speculation (`vllm_xargs.speculate` false:
+    a baseline, measured side by side with speculated calls on the same server)."""
+    xargs = body.get("vllm_xargs")
+    return isinstance(xargs, dict) and xargs.get("speculate") is False
 
 
 class Backend(ABC):
@@ -59,7 +69,10 @@ class Backend(ABC):
         """Model names this backend serves."""
 
     def prepare(self, body: dict, ctx: CallContext) -> dict:
-        """The body to send on (after the proxy stripped its own fields)."""
+        """The body to send on (after the proxy stripped its own fields). Decides whether the call
+        is a baseline (`ctx.baseline`), which the backend then answers without drafts and without
+        learning its output; a backend that cannot honour `speculate=false` must refuse the call."""
+        ctx.baseline = asks_no_speculation(body)
         return body
 
     @abstractmethod

@@ -10,7 +10,6 @@ import collections
 import contextlib
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -49,16 +48,16 @@ class FollowStats:
 
 class StoreFollower:
     def __init__(self, engine: SuffixEngine, db: str | Location, tokenizer, *, after: int | None = None,
-                 wait_seconds: float = WAIT_SECONDS, scoped: bool = False) -> None:
-        """`scoped`: a tenant's calls join that tenant's trees (else every call joins the base's)."""
+                 wait_seconds: float = WAIT_SECONDS, scoped: bool = False, log_path: str | Path | None = None) -> None:
+        """`scoped`: a tenant's calls join that tenant's trees (else every call joins the base's).
+        `log_path`: every other server's output is appended there as it joins the trees, with its
+        times (a JSON line each: scripts/bench_fleet_lag.py reads them)."""
         self.engine, self.db, self.tokenizer, self.wait_seconds = engine, db, tokenizer, wait_seconds
         self.scoped = scoped
         self.store_name = str(locate(db))
         self.stats = FollowStats()
         self._lags: collections.deque[float] = collections.deque(maxlen=LAG_WINDOW)
-        # AGENTACCEL_FOLLOW_LOG: every other server's output as it joins the trees, with its times
-        log = os.environ.get("AGENTACCEL_FOLLOW_LOG")
-        self._log = open(log, "a", buffering=1) if log else None  # noqa: SIM115 - open while following
+        self._log = open(log_path, "a", buffering=1) if log_path else None  # noqa: SIM115 - open while following
         self.keeper: snapshots.SnapshotKeeper | None = None  # saves the trees now and then, when set
         self._after = after
         self._tail: CallTail | None = None
@@ -164,12 +163,13 @@ class StoreFollower:
 
 def seed_then_follow(engine: SuffixEngine, db: str | Location, tokenizer, *, follow: bool = True,
                      progress=None, snapshot: str | Path | None = None, save_snapshot: bool = True,
-                     scoped: bool = False) -> tuple[SeedReport, StoreFollower | None]:
+                     scoped: bool = False,
+                     log_path: str | Path | None = None) -> tuple[SeedReport, StoreFollower | None]:
     """Fills the trees with the store's calls up to its newest one now, then (`follow`) tails every
     call after it: nothing is missed between the two and nothing read twice. With `snapshot`: the
     trees come from that snapshot when it fits (backends/snapshots.py) and only the calls after
     it are read, before this returns; while following, the snapshot is saved now and then
-    (`save_snapshot`). `scoped`: each tenant's calls join its own trees (see StoreFollower)."""
+    (`save_snapshot`). `scoped`, `log_path`: see StoreFollower."""
     with TraceStore(db) as store:
         info, refused = (snapshots.load(engine, Path(snapshot), store, tokenizer, scoped) if snapshot
                          else (None, ""))
@@ -181,7 +181,7 @@ def seed_then_follow(engine: SuffixEngine, db: str | Location, tokenizer, *, fol
             report.snapshot_refused = refused
     if info is None and not follow:
         return report, None
-    follower = StoreFollower(engine, db, tokenizer, after=cursor, scoped=scoped).open()
+    follower = StoreFollower(engine, db, tokenizer, after=cursor, scoped=scoped, log_path=log_path).open()
     if info is not None:  # the calls recorded after the snapshot join the trees before the first request
         while follower.step():
             pass

@@ -28,7 +28,23 @@ from agentaccel.traces.store import StoreMissing, TraceStore
 log = logging.getLogger("agentaccel.step_cost")
 
 REFIT_SECONDS = 2.0  # how often the curve is refitted to the steps timed since
+# a step log's line: a timed step's fields as JSON (written here, read by read_step_log)
 TIMING_FIELDS = ("tokens", "decode_tokens", "context", "attention", "seconds", "proposer_seconds", "requests")
+
+
+def append_step_log(path: Path, steps: list) -> None:
+    """Appends timed steps (TimedStep's fields) to a step log, a JSON line each."""
+    with path.open("a") as f:
+        f.writelines(json.dumps({k: getattr(s, k) for k in TIMING_FIELDS}) + "\n" for s in steps)
+
+
+def read_step_log(path: Path) -> list[TimedStep]:
+    """The steps a step log holds (PluginSettings.step_log); none for a missing file. A field a
+    line lacks is 0 (`requests`: 1, as logs written before it was counted)."""
+    if not path.is_file():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [TimedStep(**{k: float(r.get(k, 1.0 if k == "requests" else 0.0)) for k in TIMING_FIELDS}) for r in rows]
 
 
 def starting_cost(server: str, db: str | Path | None, seed: StepCostModel) -> tuple[StepCostModel, str]:
@@ -93,14 +109,20 @@ class StepCostKeeper(StoreKeeper):
 
 
 class LearnedStepCost:
-    """Learns `server`'s step cost from `seed` on; see the module docstring. `save_to`: the trace
-    store it is kept in (None: memory only); `step_log`: a file every timed step is appended to
-    as a JSON line (a profile of the server's steps, `bench vllm`'s simulator reads it)."""
+    """Learns `server`'s step cost from `seed` on; see the module docstring. `seed_in_seconds`: the
+    seed prices in seconds (a calibrated profile of this model and GPU), not in plain steps (a
+    relative seed). `apply(model, in_seconds)` is handed every fit, and whether it prices in
+    seconds yet. `save_to`: the trace store it is kept in (None: memory only); `step_log`: a file
+    every timed step is appended to as a JSON line (a profile of the server's steps, `bench vllm`'s
+    simulator reads it)."""
 
-    def __init__(self, seed: StepCostModel, *, server: str, apply: Callable[[StepCostModel], None] | None = None,
+    def __init__(self, seed: StepCostModel, *, server: str,
+                 apply: Callable[[StepCostModel, bool], None] | None = None,
                  drain: Callable[[], list] | None = None, save_to: str | Path | None = None, min_steps: int = 0,
-                 every: float = REFIT_SECONDS, step_log: Path | None = None, origin: str = "seed") -> None:
+                 every: float = REFIT_SECONDS, step_log: Path | None = None, origin: str = "seed",
+                 seed_in_seconds: bool = False) -> None:
         self.server, self.apply, self.every, self.step_log, self.origin = server, apply, every, step_log, origin
+        self.seed_in_seconds = seed_in_seconds
         self.learner = StepCostLearner(seed)
         self.model = seed
         self._recorded: collections.deque[TimedStep] = collections.deque()
@@ -108,7 +130,7 @@ class LearnedStepCost:
         self.keeper = StepCostKeeper(self.learner, save_to, server, min_steps=min_steps) if save_to else None
         self._stop = threading.Event()
         if apply is not None:
-            apply(seed)
+            apply(seed, self.in_seconds is not None)
         self._thread = threading.Thread(target=self._run, name="agentaccel-step-cost", daemon=True)
         self._thread.start()
 
@@ -135,13 +157,12 @@ class LearnedStepCost:
         """Fits the curve to the steps timed since the last call and hands it on; whether it changed."""
         steps = self._drain()
         if self.step_log is not None and steps:
-            with self.step_log.open("a") as f:
-                f.writelines(json.dumps({k: getattr(s, k) for k in TIMING_FIELDS}) + "\n" for s in steps)
+            append_step_log(self.step_log, steps)
         if not steps or not self.learner.observe(steps):
             return False
         self.model = self.learner.fit().model
         if self.apply is not None:
-            self.apply(self.model)
+            self.apply(self.model, self.in_seconds is not None)
         return True
 
     @property
@@ -150,9 +171,11 @@ class LearnedStepCost:
 
     @property
     def in_seconds(self) -> StepCostModel | None:
-        """The curve when it prices in seconds (a stored one, or a fit to this server's steps), else
-        None (a relative seed, in plain steps)."""
-        return self.model if self.origin != "seed" or self.learner.steps >= self.learner.first_steps else None
+        """The curve when it prices in seconds (a stored one, a seed in seconds, or a fit to this
+        server's steps: the learner fits none before its first steps), else None (a relative seed,
+        in plain steps)."""
+        measured = self.origin != "seed" or self.seed_in_seconds or self.learner.steps >= self.learner.first_steps
+        return self.model if measured else None
 
     def _run(self) -> None:
         while not self._stop.wait(self.every):

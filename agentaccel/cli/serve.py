@@ -110,6 +110,11 @@ def serve(
     follow: Annotated[bool, typer.Option(help="While serving, add to the stage trees every call any server "
                                               "records into the same trace store (replicas sharing one "
                                               "PostgreSQL store learn from each other).")] = True,
+    follow_log: Annotated[Path | None, typer.Option(help="local, vllm: append every output another server "
+                                                         "recorded to this file as it joins the trees, a JSON "
+                                                         "line with when it was answered, stored, read and "
+                                                         "added (how fast a fleet shares: "
+                                                         "scripts/bench_fleet_lag.py; default: none).")] = None,
     stage_rule: Annotated[list[str] | None, typer.Option(help="NAME=REGEX: requests whose system prompt matches "
                                                               "go to stage NAME (repeatable, first match wins; "
                                                               "default: none).")]
@@ -195,7 +200,7 @@ def serve(
         check_cost_profile(cost_profile, db)
         impl = _local_backend(model, served_model_name, device, dtype.value, spec_config, budget,
                               location, seed, follow, snapshot, recorder, cost_profile, parse_size(prefix_cache),
-                              online_tuning, speculation_scope is Scope.key)
+                              online_tuning, speculation_scope is Scope.key, follow_log)
     elif backend is BackendKind.replay:
         impl = _replay_backend(location, "gpu" if cost_profile == "auto" else cost_profile, step_ms, speculation,
                                served_model_name, spec_config, budget, online_tuning)
@@ -210,7 +215,7 @@ def serve(
                            seed=seed, follow=follow, spec_config=spec_config, memory_budget_bytes=budget,
                            timeout=upstream_timeout, online=online_tuning, session_header=session_header or None,
                            snapshot=snapshot, scoped=speculation_scope is Scope.key, step_cost=cost_profile,
-                           record=config.record)
+                           record=config.record, follow_log=follow_log)
     if not api_key and host not in ("127.0.0.1", "localhost", "::1"):
         err.print(f"[bold red]warning:[/bold red] serving on {host} without --api-key: anyone who can reach this "
                   "address can use the model and read /metrics")
@@ -327,7 +332,7 @@ def _replay_backend(db, cost_profile, step_ms, speculation, served_name, spec_co
 
 
 def _local_backend(model, served_name, device, dtype, spec_config, budget, db, seed, follow, snapshot, recorder,
-                   cost_profile, prefix_cache_bytes, online, scoped):
+                   cost_profile, prefix_cache_bytes, online, scoped, follow_log=None):
     from agentaccel.backends.local.service import LocalBackend
     from agentaccel.engine import SuffixEngine
 
@@ -336,7 +341,8 @@ def _local_backend(model, served_name, device, dtype, spec_config, budget, db, s
     def on_ready(engine, tokenizer):
         if recorder is not None:
             recorder.set_tokenizer((tokenizer.fingerprint, tokenizer.encode_batch))
-        return seed_engine(engine, db, tokenizer, seed, follow, snapshot, scoped) if seed or follow else None
+        return seed_engine(engine, db, tokenizer, seed, follow, snapshot, scoped, follow_log) if seed or follow \
+            else None
 
     return LocalBackend(engine, model_path=model, device=device, dtype=dtype, served_name=served_name,
                         spec_config=spec_config, policy_db=db, online=online,
@@ -344,10 +350,11 @@ def _local_backend(model, served_name, device, dtype, spec_config, budget, db, s
                         cost_profile=cost_profile, prefix_cache_bytes=prefix_cache_bytes, say=_say)
 
 
-def seed_engine(engine, db, tokenizer, seed: bool, follow: bool, snapshot: Path | None = None, scoped: bool = True):
+def seed_engine(engine, db, tokenizer, seed: bool, follow: bool, snapshot: Path | None = None, scoped: bool = True,
+                follow_log: Path | None = None):
     """Seeds the engine from the trace store, with a progress bar, then (`follow`) keeps adding the
     calls any server records there while this one serves; returns the follower (None: not following).
-    `scoped`: each tenant's calls join its own trees."""
+    `scoped`: each tenant's calls join its own trees; `follow_log`: backends/follower.StoreFollower's."""
     from rich.progress import Progress
 
     from agentaccel.backends.follower import StoreFollower, seed_then_follow
@@ -357,7 +364,7 @@ def seed_engine(engine, db, tokenizer, seed: bool, follow: bool, snapshot: Path 
         with Progress(console=err, transient=True) as progress:
             task = progress.add_task("seeding stage trees from the trace store", total=None)
             report, follower = seed_then_follow(
-                engine, db, tokenizer, follow=follow, snapshot=snapshot, scoped=scoped,
+                engine, db, tokenizer, follow=follow, snapshot=snapshot, scoped=scoped, log_path=follow_log,
                 progress=lambda done, total: progress.update(task, completed=done, total=total))
         if report.snapshot is not None:
             err.print(f"agentaccel: stage trees from the snapshot {snapshot} (calls up to {report.snapshot.cursor}), "
@@ -368,7 +375,7 @@ def seed_engine(engine, db, tokenizer, seed: bool, follow: bool, snapshot: Path 
             err.print(f"agentaccel: seeded {report.calls} outputs ({report.tokens} tokens, {report.stages} stages) "
                       f"from {db}")
     elif follow:
-        follower = StoreFollower(engine, db, tokenizer, scoped=scoped).start()
+        follower = StoreFollower(engine, db, tokenizer, scoped=scoped, log_path=follow_log).start()
     if follower is not None:
         atexit.register(follower.close)
         err.print(f"agentaccel: learning from every call recorded into {db} from now on")

@@ -27,11 +27,15 @@ class BatchDrafter:
         self.step = self._native.step
         self.step_cost: StepCostModel | None = None
 
-    def set_step_cost(self, model: StepCostModel | None) -> None:
+    def set_step_cost(self, model: StepCostModel | None, in_seconds: bool = True) -> None:
         """Drafts for each step's batch as a whole under this step cost (the budget); None: each
-        request's policy sizes its own draft."""
-        self._native.set_step_cost(model.to_native() if model is not None else _core.StepCost())
-        self.step_cost = model
+        request's policy sizes its own draft. `in_seconds` False: the model is relative (a seed,
+        1.0 = one plain step): it sizes drafts, but prices no `saved_seconds` and is no step cost
+        to show (`step_cost` is None)."""
+        native = model.to_native() if model is not None else _core.StepCost()
+        native.in_seconds = in_seconds
+        self._native.set_step_cost(native)
+        self.step_cost = model if in_seconds else None
 
     def drain_timings(self) -> list:
         """The steps timed since the last call: tokens computed, context, attention work, seconds

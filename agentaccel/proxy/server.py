@@ -302,8 +302,9 @@ class Proxy:
             completion_tokens=summary.output_tokens or None, latency=time.perf_counter() - t0,
             metadata={"endpoint": endpoint, "spec": ctx.spec.as_dict() if ctx.spec else None},
             call_id=ctx.request_id, tenant=ctx.tenant,
-            # a baseline (the client asked for no speculation) is kept, and no server learns from it
-            baseline=(body.get("vllm_xargs") or {}).get("speculate") is False))
+            # a baseline (answered without speculation, as the client asked and the backend decided)
+            # is kept, and no server learns from it
+            baseline=ctx.baseline))
 
     async def _served(self, request: Request, render) -> Response:
         try:
@@ -384,8 +385,15 @@ async def _unless_gone(request: Request, work):
         if task.done():
             return task.result()
         task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
+        try:
             await task
+        except asyncio.CancelledError:
+            if asyncio.current_task().cancelling():  # this handler itself was cancelled: that goes on up
+                raise
+        except APIError:  # the backend's answer to the cancellation: there is no one to tell
+            pass
+        except Exception:  # noqa: BLE001 - not expected here: logged, and the client is gone anyway
+            log.exception("agentaccel: a backend failed while a request its client left was cancelled")
         raise ClientGone()
     finally:
         gone.cancel()

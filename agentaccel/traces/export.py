@@ -1,5 +1,6 @@
 """`agentaccel export-traces`: calls as OpenAI-style chat JSONL that `import-traces` reads back
-(same session keys, positions and live calls' ids, so re-importing into the same store adds nothing)."""
+(same session keys, positions and live calls' ids, so re-importing into the same store adds nothing;
+baseline calls keep their flag, so no reader learns them after an export and re-import either)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ def export_calls(store: TraceStore, out: Path, stage: str | None = None, tenant:
     tmp = out.with_suffix(out.suffix + ".tmp")
     n = 0
     with tmp.open("w", encoding="utf-8") as f:
-        for call in store.iter_calls(stage=stage, tenant=tenant):
+        for call in store.iter_calls(stage=stage, tenant=tenant, baselines=True):
             reply = {"role": "assistant", "content": reply_content(call.response, call.tool_calls)}
             if call.tool_calls:
                 reply["tool_calls"] = call.tool_calls
@@ -24,6 +25,7 @@ def export_calls(store: TraceStore, out: Path, stage: str | None = None, tenant:
                                     metadata={"session": keys[call.session_id], "position": call.position,
                                               "created_at": call.created_at, "source": call.source_file,
                                               **({"tenant": call.tenant} if call.tenant else {}),
+                                              **({"baseline": True} if call.baseline else {}),
                                               **_identity(call)}))
             n += 1
     tmp.replace(out)

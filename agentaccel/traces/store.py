@@ -136,6 +136,7 @@ class StoredCall:
     source_file: str | None
     metadata: dict | None = None  # what the source said of the call (`approximate`: what a rebuild could not know)
     tenant: str | None = None  # whose call it was (traces/tenants.py); None: the base (imported, or keyless)
+    baseline: bool = False  # answered without speculation on the client's request: kept, never learned from
 
 
 @dataclass
@@ -519,10 +520,13 @@ class TraceStore:
         newest_first: bool = False,
         limit: int | None = None,
         tenant: str | None = None,
+        baselines: bool = False,
     ) -> Iterator[StoredCall]:
         """Calls in time order (recorded time, then import order), filtered as asked (`tenant`: one
-        tenant's calls, or the base's with tenants.BASE)."""
-        clauses, args = [], []
+        tenant's calls, or the base's with tenants.BASE). Baseline calls (answered without
+        speculation on the client's request) are left out, as every reader that learns must: only
+        `baselines=True` (an export, the replay backend's recordings) reads them too."""
+        clauses, args = [] if baselines else ["bc.call_id IS NULL"], []
         for column, value in (("stage", stage), ("session_id", session_id), ("model", model)):
             if value is not None:
                 clauses.append(f"c.{column} = ?")
@@ -539,8 +543,9 @@ class TraceStore:
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
         order = "DESC" if newest_first else "ASC"
         sql = ("SELECT c.id, c.session_id, c.position, c.stage, c.model, c.created_at, c.prompt, c.response, "
-               "c.tool_calls, c.finish_reason, c.source_file, c.metadata, ct.tenant "
-               f"FROM calls c LEFT JOIN call_tenants ct ON ct.call_id = c.id {where} "
+               "c.tool_calls, c.finish_reason, c.source_file, c.metadata, ct.tenant, bc.call_id IS NOT NULL "
+               "FROM calls c LEFT JOIN call_tenants ct ON ct.call_id = c.id "
+               f"LEFT JOIN baseline_calls bc ON bc.call_id = c.id {where} "
                f"ORDER BY COALESCE(c.created_at, 0) {order}, c.session_id {order}, c.position {order}, c.id {order}")
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
@@ -549,7 +554,7 @@ class TraceStore:
             prompt_ids = json.loads(row[6])
             yield StoredCall(row[0], row[1], row[2], row[3], row[4], row[5], self._messages(prompt_ids, blob_cache),
                              row[7], json.loads(row[8]) if row[8] else None, row[9], row[10],
-                             json.loads(row[11]) if row[11] else None, row[12])
+                             json.loads(row[11]) if row[11] else None, row[12], bool(row[13]))
 
     def _messages(self, ids: list[int], cache: dict[int, dict]) -> list[dict]:
         missing = [i for i in ids if i not in cache]

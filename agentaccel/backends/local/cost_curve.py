@@ -142,7 +142,9 @@ def learned_cost(model, model_name: str, engine, *, db: str | Path | None, save:
     seed; every refit is handed to `engine` as the curve its drafts are cut on."""
     param = next(model.parameters())
     contexts = curve_contexts(model)
-    apply = (lambda m: engine.set_cost_curve(relative_curve(m, contexts))) if engine is not None else None
+    # the curve's shape cuts drafts, in seconds or not: what is saved is priced by `in_seconds` alone
+    apply = (lambda m, _in_seconds: engine.set_cost_curve(relative_curve(m, contexts))) if engine is not None \
+        else None
     return LearnedStepCost.starting(server_key(model_name, device_tag(model)), db, seed(param.device.type),
                                     save=save, say=say, apply=apply, min_steps=MIN_STEPS)
 

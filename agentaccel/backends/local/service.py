@@ -8,8 +8,8 @@ asyncio queue. A client that goes away cancels its generation at the next step.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
+import logging
 import threading
 import time
 import uuid
@@ -38,6 +38,8 @@ from agentaccel.errors import APIError, bad_request
 from agentaccel.text.render import render_prompt
 
 DEFAULT_MAX_TOKENS = 1024
+
+log = logging.getLogger("agentaccel.local")
 
 
 class _Cancelled(Exception):
@@ -179,7 +181,8 @@ class LocalBackend(Backend):
              on_tokens=None) -> GenerationResult:
         try:
             result = self.generator.generate(self._prompt(endpoint, body), params, stage=ctx.stage,
-                                             on_tokens=on_tokens, request_id=ctx.request_id,
+                                             speculate=not ctx.baseline, on_tokens=on_tokens,
+                                             request_id=ctx.request_id,
                                              cache_scope=ctx.cache_scope, spec_scope=ctx.spec_scope)
         except ValueError as e:  # bad parameters, context too long: this request alone fails
             raise bad_request(str(e)) from e
@@ -200,8 +203,12 @@ class LocalBackend(Backend):
             r = await asyncio.shield(work)
         except asyncio.CancelledError:
             cancel.set()
-            with contextlib.suppress(BaseException):
+            try:  # the worker stops at its next step (the request tree is freed there)
                 await work
+            except (_Cancelled, APIError, asyncio.CancelledError):  # what stopping it, or a bad request, raises
+                pass
+            except Exception:  # noqa: BLE001 - not expected: logged, and the cancellation goes on
+                log.exception("agentaccel: generation failed while its request was being cancelled")
             raise
         except APIError:
             raise

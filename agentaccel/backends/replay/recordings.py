@@ -69,7 +69,7 @@ class Recordings:
         self.by_turn: dict[tuple[str, int], list[RecordedCall]] = {}
         sessions: set[int] = set()
         keys = store.session_keys()
-        for call in store.iter_calls():
+        for call in store.iter_calls(baselines=True):  # a baseline is an answer like any other
             recorded = RecordedCall(call.session_id, turn_of(call.messages), call.stage, call.response,
                                     call.tool_calls, keys.get(call.session_id, ""), call.model)
             self.by_prompt.setdefault(prompt_key(call.messages), []).append(recorded)

@@ -113,8 +113,7 @@ class ReplayBackend(Backend):
         prompt = self.tokenizer.encode(render_prompt(body["messages"], self.tokenizer.chat_template,
                                                      body.get("tools")))
         output = self.tokenizer.encode(recorded.response)
-        xargs = body.get("vllm_xargs") if isinstance(body.get("vllm_xargs"), dict) else {}
-        return recorded, prompt, output, self.speculate and xargs.get("speculate", True) is not False
+        return recorded, prompt, output, self.speculate and not ctx.baseline
 
     async def complete(self, endpoint: str, body: dict, ctx: CallContext) -> dict:
         recorded, prompt, output, speculate = self._call(endpoint, body, ctx)

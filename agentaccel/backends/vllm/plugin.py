@@ -10,14 +10,15 @@
 from __future__ import annotations
 
 import logging
-import os
 import sys
 
 log = logging.getLogger("agentaccel.vllm")
 
 
 def register() -> None:
-    if os.environ.get("AGENTACCEL_VLLM_PLUGIN", "1") == "0":
+    from agentaccel.backends.vllm.settings import plugin_enabled
+
+    if not plugin_enabled():
         return
     _show_our_log()
     import vllm

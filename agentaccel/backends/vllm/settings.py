@@ -1,16 +1,24 @@
 """What the vLLM plugin is told, in one place: written by whoever starts `vllm serve` (the managed
 backend of `agentaccel serve`, `bench vllm`) as one environment variable, read once by the
-proposer when vLLM builds it. (`AGENTACCEL_VLLM_PLUGIN=0`, read by plugin.register, keeps the
-plugin out altogether.)"""
+proposer when vLLM builds it, every value checked against its field's type. (`AGENTACCEL_VLLM_PLUGIN=0`,
+read here for plugin.register, keeps the plugin out altogether.)"""
 
 from __future__ import annotations
 
 import json
 import os
+import types
+import typing
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 
 ENV = "AGENTACCEL_VLLM_SETTINGS"
+SWITCH = "AGENTACCEL_VLLM_PLUGIN"  # "0": vLLM runs without the plugin (a `vllm serve` started by hand)
+
+
+def plugin_enabled(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the plugin patches vLLM in this process (vLLM's plugin loader asks, in every process)."""
+    return (os.environ if environ is None else environ).get(SWITCH, "1") != "0"
 
 
 @dataclass(frozen=True)
@@ -28,6 +36,7 @@ class PluginSettings:
     stats: str | None = None  # JSON file of per-stage statistics the proxy's /metrics and /health read
     step_log: str | None = None  # every timed step appended here as a JSON line (bench vllm's simulator)
     draft_threads: int = 0  # drafting threads (0: one on CPU, up to four on a GPU host)
+    follow_log: str | None = None  # every other server's output appended here as it joins the trees, with its times
 
     def environ(self) -> dict[str, str]:
         """The environment variable that carries these settings to vLLM's worker processes."""
@@ -48,4 +57,25 @@ class PluginSettings:
         known = {f.name for f in fields(cls)}
         if not isinstance(given, dict) or set(given) - known:
             raise ValueError(f"{ENV} must be an object of {sorted(known)}, got {text[:200]!r}")
+        hints = typing.get_type_hints(cls)
+        wrong = [f"{name} must be {_described(hints[name])}, got {value!r}" for name, value in given.items()
+                 if not _is(value, hints[name])]
+        if wrong:
+            raise ValueError(f"{ENV}: " + "; ".join(wrong))
         return cls(**given)
+
+
+def _allowed(hint) -> tuple[type, ...]:
+    """The types a field takes (`str | None` -> str, NoneType)."""
+    return typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+
+
+def _is(value, hint) -> bool:
+    """Whether `value` is of the field's type, as JSON gives it: a bool is no int, and "false" no bool."""
+    return any(value is None if t is type(None) else
+               isinstance(value, t) and not (t is int and isinstance(value, bool)) for t in _allowed(hint))
+
+
+def _described(hint) -> str:
+    names = {bool: "true or false", int: "an integer", str: "a string", type(None): "null"}
+    return " or ".join(names.get(t, t.__name__) for t in _allowed(hint))

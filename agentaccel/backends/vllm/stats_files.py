@@ -1,7 +1,9 @@
 """The statistics files the plugin's proposers write and the managed backend reads (for /metrics
 and /health). With vLLM data parallelism each rank's engine core runs a proposer of its own: each
 writes its own file (`spec_stats.rank1.json` beside rank 0's `spec_stats.json`), and the backend reads
-them all, sums them and keeps each rank's apart."""
+them all, sums them and keeps each rank's apart. Each file names the worker that wrote it; a
+worker of another tensor-parallel rank would write a file of its own (`spec_stats.rank0.tp1.json`),
+which no count reads: only the worker whose drafts vLLM takes drafts, and `workers` shows which did."""
 
 from __future__ import annotations
 
@@ -12,24 +14,40 @@ from pathlib import Path
 _RANK = re.compile(r"\.rank(\d+)$")
 
 
-def rank_path(path: Path, rank: int) -> Path:
-    """Where the proposer of data-parallel `rank` writes: rank 0 (and a server without data
-    parallelism) `path` itself."""
+def rank_path(path: Path, rank: int, tp_rank: int = 0) -> Path:
+    """Where the proposer of data-parallel `rank`, tensor-parallel `tp_rank` writes: rank 0 (and a
+    server without data parallelism) `path` itself."""
+    if tp_rank > 0:
+        return path.with_name(f"{path.stem}.rank{rank}.tp{tp_rank}{path.suffix}")
     return path if rank <= 0 else path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
 
 
+def _read(file: Path) -> dict | None:
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def read_ranks(path: Path) -> dict[int, dict]:
-    """Every rank's last statistics, by rank (0 for the file of a server without data parallelism)."""
+    """Every data-parallel rank's last statistics, by rank (0 for the file of a server without
+    data parallelism)."""
     out: dict[int, dict] = {}
     for file in [path, *sorted(path.parent.glob(f"{path.stem}.rank*{path.suffix}"))]:
         match = _RANK.search(file.stem)
-        try:
-            data = json.loads(file.read_text())
-        except (OSError, ValueError):
+        if file != path and match is None:  # another tensor-parallel rank's: not counted
             continue
-        if isinstance(data, dict):
+        data = _read(file)
+        if data is not None:
             out[int(match.group(1)) if match else 0] = data
     return out
+
+
+def workers(path: Path) -> list[str]:
+    """The workers that wrote statistics (`dp0 tp0`, ...): the ones that drafted."""
+    files = [path, *sorted(path.parent.glob(f"{path.stem}.rank*{path.suffix}"))]
+    return sorted({str(data.get("worker")) for data in map(_read, files) if data is not None})
 
 
 def merged(ranks: dict[int, dict]) -> dict:

@@ -92,7 +92,7 @@ class Sources:
             from agentaccel.traces.store import TraceStore
 
             with TraceStore(self.db, create=False) as store:
-                for call in store.iter_calls():
+                for call in store.iter_calls(baselines=True):  # calls to send: a baseline's prompt too
                     if call.response:
                         yield f"store:{call.session_id}", call.messages, call.stage, call.response
             return

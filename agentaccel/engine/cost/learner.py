@@ -28,6 +28,8 @@ DRIFT_RATE = 0.2  # how fast "the recent steps" follow (per step)
 FIRST_STEPS_FALLOFF = 3.0  # among the first steps, one OUTLIER x k off their median weighs 1/k**3
 CONTEXT_PRIOR = 30.0  # the context, attention and request terms' prior, relative to a knot's
 EXTRA = 3  # terms beside the knots: context, attention, requests
+SAME_SIZE = math.log(1.25)  # steps computing within 25 % as many tokens tell about the same size
+MAX_HELD = 256  # far-off steps held at once, waiting for a step of their size
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,8 @@ class StepCostLearner:
         self._first: list[tuple] = []  # steps held until the units are known
         self._model: StepCostModel | None = None  # the last fit
         self._drift = 0.0  # running mean of log(seconds / the model's seconds) over recent steps
+        self._held: list[tuple[tuple, int]] = []  # steps far off the recent ones, and when, until settled (_judge)
+        self.stalls = 0  # steps settled as stalls or compiles, left out of the fit
         self._proposer = 0.0  # proposer seconds per step, recent steps weighing more
         self._steps = 0
         self._lock = threading.Lock()
@@ -140,12 +144,17 @@ class StepCostLearner:
                         else predicted * self.scale())
             n = len(seconds)
             trust = np.ones(n)
+            admitted: list[tuple[tuple, int]] = []  # held steps that turned out to be the server's, and when
             if math.isfinite(self.outlier):
                 offs = np.log(seconds / expected)
                 for i, off in enumerate(offs):
-                    if self._weight > 0 or i > 0:
-                        trust[i] = min(1.0, self.outlier / math.exp(abs(off - self._drift)))
+                    if first:
+                        if self._weight > 0 or i > 0:
+                            trust[i] = min(1.0, self.outlier / math.exp(abs(off - self._drift)))
+                    elif self._weight > 0 or i > 0:
+                        trust[i] = self._judge(rows[i], float(off), self._steps + i, admitted)
                     self._drift += (off - self._drift) * DRIFT_RATE
+                    admitted += self._confirmed_by_drift()
                 if first:
                     # "The recent steps" start from the seed's scale, which may be far from this
                     # server's, so a compile among the first steps can look normal: judged against
@@ -153,9 +162,20 @@ class StepCostLearner:
                     # (taken whole, one compile once priced every larger step out for good).
                     off_median = np.exp(np.abs(offs - np.median(offs))) / self.outlier
                     trust = np.minimum(trust, np.minimum(1.0, 1.0 / off_median) ** FIRST_STEPS_FALLOFF)
-            age = self.keep ** np.arange(n - 1, -1, -1) * weight  # the newest weighs 1
+                    # and the recent steps are where these were, against the seed at their scale
+                    # (what the first fit is), not against the seed's own seconds
+                    self._drift -= float(np.median(offs))
+            ago = np.arange(n - 1, -1, -1, dtype=float)  # steps since each (the newest weighs 1)
+            if admitted:  # fully trusted, as old as they are
+                data = np.vstack([data, np.asarray([row for row, _ in admitted], dtype=float)])
+                tokens, decode, context, attention, requests, seconds, proposer, weight = data.T
+                predicted = self.seed.seconds(tokens, context, attention, requests)
+                trust = np.concatenate([trust, np.ones(len(admitted))])
+                ago = np.concatenate([ago, [self._steps + n - 1 - at for _, at in admitted]])
+                n = len(seconds)
+            age = self.keep ** ago * weight
             w = age * trust
-            fade = self.keep ** n
+            fade = self.keep ** len(rows)  # every earlier step ages by the new ones
             x = self._features(tokens, context, attention, requests)
             self._xx = self._xx * fade + (x * w[:, None]).T @ x
             self._xy = self._xy * fade + (x * w[:, None]).T @ seconds
@@ -166,8 +186,54 @@ class StepCostLearner:
             self._log_scale = self._log_scale * fade + (w * np.log(seconds / predicted)).sum()
             self._sum_w = self._sum_w * fade + w.sum()
             self._proposer = self._proposer * fade + (w * proposer).sum()
-            self._steps += n
-            return n
+            self._steps += len(rows)
+            return len(rows)
+
+    def _judge(self, row: tuple, off: float, at: int, admitted: list[tuple[tuple, int]]) -> float:
+        """A step's trust after the first steps (`off`: its log-ratio to the model). One far off the
+        recent steps is held: a stall or a compile if a later step of its size comes out as the
+        recent ones did, the server's own cost if one comes out as far off the same way or the
+        recent steps move to where it was (a server that got slower). Counted in part at once, as
+        before, it priced its size out, the budget stopped drafting that size, and nothing came to
+        correct it. `at`: its index among all steps. Returns its trust now (0: held); the held
+        steps it settles as real go to `admitted`."""
+        band = math.log(self.outlier)
+        gap = off - self._drift
+        tokens = row[0]
+        confirmed = False
+        for held in list(self._held):
+            if abs(math.log(tokens / held[0][0])) > SAME_SIZE:
+                continue
+            self._held.remove(held)
+            if abs(off - self._off(held[0])) <= band:  # its size costs that again: the server's own cost
+                admitted.append(held)
+                confirmed = True
+            else:  # its size costs far less (or more) this time: the held step was a stall
+                self.stalls += 1
+        if abs(gap) <= band or confirmed:
+            return 1.0
+        self._held.append((row, at))
+        if len(self._held) > MAX_HELD:  # never settled: left out
+            self._held.pop(0)
+            self.stalls += 1
+        return 0.0
+
+    def _off(self, row: tuple) -> float:
+        """A step's log-ratio to the model as it is now (what `observe` judges steps by)."""
+        tokens, _, context, attention, requests, seconds = row[:6]
+        expected = (self._model.seconds(tokens, context, attention, requests) if self._model is not None
+                    else self.seed.seconds(tokens, context, attention, requests) * self.scale())
+        return math.log(seconds / float(expected))
+
+    def _confirmed_by_drift(self) -> list[tuple[tuple, int]]:
+        """The held steps the recent steps have moved to: the server's speed changed, they were real."""
+        if not self._held:
+            return []
+        band = math.log(self.outlier)
+        confirmed = [held for held in self._held if abs(self._off(held[0]) - self._drift) <= band]
+        for held in confirmed:
+            self._held.remove(held)
+        return confirmed
 
     def scale(self) -> float:
         """How much slower (> 1) or faster than the seed this server's steps are."""

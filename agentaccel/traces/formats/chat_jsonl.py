@@ -1,7 +1,8 @@
 """OpenAI-style chat JSONL: one call per line, `{"messages": [..., {"role": "assistant", ...}]}`,
 optionally with `stage`, `model`, `tools` and `metadata` ({session, position, created_at, tags,
-tenant}). This is also what `agentaccel export-traces` writes; a tenant's calls exported keep their
-tenant when imported again (a call without one is the base's: every tenant drafts from it)."""
+tenant, baseline}). This is also what `agentaccel export-traces` writes; a tenant's calls exported keep their
+tenant when imported again (a call without one is the base's: every tenant drafts from it), and a
+baseline call (`"baseline": true`: answered without speculation on request) stays one."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ def parse_chat_jsonl(path: Path) -> list[Session]:
             stage=row.get("stage") or explicit_stage(meta), model=row.get("model") or meta.get("model"),
             created_at=meta.get("created_at"), source_offset=lineno, metadata=meta,
             tenant=meta["tenant"] if is_tenant(meta.get("tenant")) else None,
+            baseline=meta.get("baseline") is True,
         ))
     return list(sessions.values())
 
