@@ -16,10 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
+from agentaccel.backends.vllm.drafting import plugin_drafting
 from agentaccel.bench.vllm import simulate as sim
 from agentaccel.bench.vllm.runner import Measurement
-from agentaccel.engine.cost import parse
-from agentaccel.engine.policy import default_config
 from agentaccel.simulation.speculator import Speculator
 from agentaccel.simulation.speculators import AllocationOracle
 from agentaccel.text.tokenization import load_tokenizer
@@ -28,22 +27,17 @@ ORACLE = "agentaccel-oracle"  # an agentaccel-* name: the simulator seeds it wit
 
 
 def make_method(name: str) -> Speculator:
+    """The simulated methods, and the oracle under a name the simulator seeds with agentaccel's history."""
     if name != ORACLE:
-        return _simulated(name)
-    # the plugin's drafting configuration (simulate.make_method), its candidates kept whole
-    return AllocationOracle(replace(default_config(parse("gpu"), tree=False), max_tokens=32, alpha=1.0, min_prob=0.1),
-                            ORACLE)
-
-
-_simulated = sim.make_method
+        return sim.make_method(name)
+    return AllocationOracle(plugin_drafting().config, ORACLE)  # the plugin's candidates, kept whole
 
 
 def main(folder: Path) -> None:
     m = Measurement.load(folder)
     server = sim.learned_server(folder, m)
     m.blocks += [replace(b, method=ORACLE) for b in m.blocks if b.method == "agentaccel"]
-    sim.make_method = make_method
-    predicted = sim.predict(m, server, ["none", "suffix", "agentaccel", ORACLE], load_tokenizer())
+    predicted = sim.predict(m, server, ["none", "suffix", "agentaccel", ORACLE], load_tokenizer(), make=make_method)
     phase = {(b.workload, b.level, b.rep): b.phase for b in m.blocks}
     for workload, level, when in sorted({(w, n, phase[(w, n, r)]) for (_, w, n, r) in predicted}):
         reps = sorted({r for (_, w, n, r) in predicted if (w, n) == (workload, level) and phase[(w, n, r)] == when})

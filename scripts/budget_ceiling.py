@@ -23,11 +23,12 @@ from dataclasses import replace
 
 import numpy as np
 
+from agentaccel.backends.vllm.drafting import plugin_drafting
 from agentaccel.engine import SuffixEngine
 from agentaccel.engine.cost import parse
-from agentaccel.engine.policy import default_config
 from agentaccel.engine.suffix_engine import _core
 from agentaccel.simulation import batch_replay as br
+from agentaccel.simulation import methods
 from agentaccel.simulation import replay as rp
 from agentaccel.simulation import speculators as sp
 from agentaccel.simulation.speculator import EMPTY, Chain, Speculator
@@ -40,7 +41,7 @@ DEPTHS = ((0, 0), (1, 2), (3, 6), (7, 14), (15, 63))
 
 def candidate_config():
     """The plugin's drafting configuration, grown as far as the trees go (the budget cuts)."""
-    return replace(default_config(parse("gpu"), tree=False), cost=0.0)
+    return replace(plugin_drafting().config, cost=0.0)
 
 
 def measure_calibration(calls: list[rp.ReplayCall]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
@@ -140,9 +141,9 @@ def main() -> None:
     streams = br.sessions_of(calls)
     print(f"{len(calls):,} calls, {len(streams):,} streams, on {server.name} ({server.origin})")
     for n in (int(x) for x in args.concurrency.split(",")):
-        methods = [*br.build(["oracle", "agentaccel-known"], server), PythonBudget("budget", server),
-                   PythonBudget("budget-calibrated", server, calibrated(table))]
-        rows = {m.name: br.simulate(streams, m, server, n).row() for m in methods}
+        built = [*methods.build(["oracle", "agentaccel-known"], server), PythonBudget("budget", server),
+                 PythonBudget("budget-calibrated", server, calibrated(table))]
+        rows = {m.name: br.simulate(streams, m, server, n).row() for m in built}
         oracle = rows["oracle"]["tokens_per_s"]
         print(f"N={n:4d} " + "  ".join(f"{name} {r['tokens_per_s'] / oracle:.3f} (MAT {r['mat']:.2f}, "
                                           f"{r['draft_tokens_per_step']:.2f} drafted)"

@@ -9,6 +9,7 @@ from traces_fixtures import repetitive_store
 
 from agentaccel.engine.cost import parse
 from agentaccel.simulation import batch_replay as br
+from agentaccel.simulation import methods
 from agentaccel.simulation import replay as rp
 from agentaccel.simulation import speculators as sp
 from agentaccel.simulation.speculator import Batch, Chain, PerRequest, Speculator
@@ -29,7 +30,7 @@ def calls(tmp_path_factory):
 def every_kind():
     """Per-request drafters (chains and trees), the tree oracle, the plugin's batch drafter (with
     and without the step budget) and the allocation oracle."""
-    batch = br.build(["agentaccel-request", "agentaccel", "oracle"], H100)
+    batch = methods.build(["agentaccel-request", "agentaccel", "oracle"], H100)
     for drafter in batch:
         drafter.name = f"batch-{drafter.name}"  # apart from the per-request `agentaccel`
     return [*sp.build(["none", "pld", "paper-tree", "agentaccel", "oracle-1"], GPU), *batch]
@@ -59,7 +60,7 @@ def test_the_tree_oracle_bounds_every_drafter_in_the_batched_server_too(calls):
     oracle = br.simulate(sessions, sp.TreeOracle(1), H100, 1, noise=0.0)
     # every draft token is right; the server counts a call's last token as its step's own, not as accepted
     assert oracle.accepted > 0 and oracle.drafted - oracle.accepted <= oracle.calls
-    for drafter in [sp.agentaccel(GPU), *br.build(["agentaccel-request", "agentaccel"], H100)]:
+    for drafter in [sp.agentaccel(GPU), *methods.build(["agentaccel-request", "agentaccel"], H100)]:
         result = br.simulate(sessions, drafter, H100, 1, noise=0.0)
         assert oracle.request_steps <= result.request_steps, drafter.name
         assert result.tokens == oracle.tokens
@@ -75,7 +76,7 @@ def test_the_per_call_replay_drives_the_plugins_drafter_as_vllm_does(calls):
             rp.run_call(spec, f"c{call.call_id}", call, tally, None)
         return [tally.drafted_per_step[i] for i in firsts], tally
 
-    drafts, tally = first_steps(br.build(["agentaccel-request"], H100)[0])
+    drafts, tally = first_steps(methods.build(["agentaccel-request"], H100)[0])
     assert drafts == [0] * len(calls)
     assert sum(tally.drafted_per_step) > 0 and tally.accepted > 0
     drafts, _ = first_steps(sp.agentaccel(GPU))  # the per-call replay's own drafters draft at the prefill
@@ -141,9 +142,10 @@ def test_a_draft_longer_than_the_row_allows_is_cut_and_stays_a_tree():
 def test_every_named_drafter_of_either_command_is_a_speculator():
     replay_names = ["none", "pld", "paper-linear", "paper-tree", "agentaccel", "agentaccel-shared",
                     "agentaccel-tenants", "oracle-1", "oracle-2"]
-    server_names = [*br.METHODS, "agentaccel-seeded", "agentaccel-known", "oracle-1", "oracle-2"]
-    built = [*sp.build(replay_names, GPU), *br.build(server_names, H100)]
+    server_names = [*methods.DEFAULT, "agentaccel-seeded", "agentaccel-known", "agentaccel-off", "ngram-tuned",
+                    "oracle-1", "oracle-2"]
+    built = [*sp.build(replay_names, GPU), *methods.build(server_names, H100)]
     assert all(isinstance(s, Speculator) for s in built)
     assert [s.name for s in built] == replay_names + server_names
     with pytest.raises(ValueError, match="unknown method"):
-        br.build(["pld-batched"], H100)
+        methods.build(["pld-batched"], H100)

@@ -22,11 +22,11 @@ import numpy as np
 from agentaccel.bench.corpus import TokenCorpus
 from agentaccel.engine import SpecConfig, SuffixEngine
 from agentaccel.engine.batch import BatchDrafter
-from agentaccel.engine.cost import parse
+from agentaccel.engine.cost import parse, seed
 from agentaccel.engine.verification import accepted_length
 
 # vLLM's suffix method defaults: max_spec_factor 1, min_token_prob 0.1; its chains are linear.
-VLLM_SPEC = SpecConfig(tree=False, alpha=1.0, min_prob=0.1, cost=0.02)
+VLLM_SPEC = SpecConfig(tree=False, alpha=1.0, min_prob=0.1, cost=seed("gpu").per_token)
 
 
 @dataclass

@@ -140,8 +140,11 @@ def bench_server(
     db: DbOption = None,
     methods: Annotated[str | None, typer.Option(help="Comma-separated, from none, none-async, ngram, suffix, "
                                                      "agentaccel-request, agentaccel, oracle, agentaccel-seeded, "
-                                                     "agentaccel-known, oracle-1, oracle-2 (the replay's tree "
-                                                     "oracles; default: the first seven).")] = None,
+                                                     "agentaccel-known, agentaccel-off, ngram-tuned, oracle-1, "
+                                                     "oracle-2 (the replay's tree oracles; default: the first "
+                                                     "seven). Each as simulation/methods.py says; the vLLM "
+                                                     "methods with `serve --backend vllm`'s speculative config.")]
+    = None,
     server: ServerOption = "llama-3.1-8b@h100",
     max_context: Annotated[int, typer.Option(help="Prompts keep their last N tokens.", min=16)] = 16384,
     tokenizer: TokenizerOption = None,
@@ -201,7 +204,7 @@ def bench_simulate_vllm(
     from that server's own steps: predicted beside measured."""
     from agentaccel.bench.vllm import simulate as sim
     from agentaccel.bench.vllm.runner import MEASUREMENT, Measurement
-    from agentaccel.cli.bench import simulator_report
+    from agentaccel.cli.bench_vllm import simulator_report
 
     if not (folder / MEASUREMENT).is_file():
         raise fail(f"{folder}: no {MEASUREMENT} (a `agentaccel bench vllm --logs {folder}` run writes one)")

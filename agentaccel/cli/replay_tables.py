@@ -212,11 +212,13 @@ def run_server(store, tokenizer, selection: CallSelection, *, methods: str | Non
     """`bench server --concurrency N,...` (simulation/batch_replay.py): the recorded sessions as N
     concurrent streams through a simulated batching server, per method."""
     from agentaccel.simulation import batch_replay as br
+    from agentaccel.simulation import methods as registry
+    from agentaccel.simulation.speculators import Drafter
 
     profile, stages, warm = server, selection.stages, selection.warm
     try:
-        names = [n.strip() for n in methods.split(",") if n.strip()] if methods else list(br.METHODS)
-        br.build(names, profile)  # unknown names fail here, before loading anything
+        names = [n.strip() for n in methods.split(",") if n.strip()] if methods else list(registry.DEFAULT)
+        registry.build(names, profile)  # unknown names fail here, before loading anything
     except ValueError as e:
         raise fail(f"--methods: {e}") from e
     warm_calls, measured = selected_calls(store, tokenizer, selection)
@@ -227,9 +229,9 @@ def run_server(store, tokenizer, selection: CallSelection, *, methods: str | Non
     with progress:
         task = progress.add_task("", total=len(levels) * len(names) * (len(measured)))
         for n in levels:
-            for method in br.build(names, profile):
+            for method in registry.build(names, profile):
                 progress.update(task, description=f"{method.name}, {n} in flight")
-                if isinstance(method, br.Drafter):
+                if isinstance(method, Drafter):
                     for call in warm_calls:
                         method.engine.add_document(call.output, call.stage)
                 result = br.simulate(streams, method, profile, n, max_context=max_context,

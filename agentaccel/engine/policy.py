@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agentaccel.engine.cost import Server, StepCostModel, relative_curve
+from agentaccel.engine.cost import Server, StepCostModel, relative_curve, seed
 from agentaccel.engine.suffix_engine import SpecConfig, SuffixEngine
 
 FIELDS = {f.name for f in dataclasses.fields(SpecConfig)}
@@ -36,7 +36,8 @@ def default_config(cost: Server | StepCostModel | None = None, *, tree: bool = T
     per_token = model.per_token
     if per_token is not None and not curve:
         return SpecConfig(cost=per_token, tree=tree)
-    return SpecConfig(cost=0.02, min_score=0.5, cost_curve=relative_curve(model), tree=tree)
+    # growth at the GPU seed's price per token: far enough for the curve to cut (tuned, above)
+    return SpecConfig(cost=seed("gpu").per_token, min_score=0.5, cost_curve=relative_curve(model), tree=tree)
 
 
 @dataclass

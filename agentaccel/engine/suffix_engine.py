@@ -30,7 +30,7 @@ from typing import Literal
 import numpy as np
 
 from agentaccel._native import load_core
-from agentaccel.engine.cost import CostCurve
+from agentaccel.engine.cost import SEEDS, CostCurve
 from agentaccel.engine.tokens import as_token_array
 
 _core = load_core()
@@ -76,7 +76,8 @@ class SpecConfig:
     # paper mode: the best tree wins; mixture: all are mixed (the union then adds the *other* stages)
     trees: tuple[TreeChoice, ...] = ("request", "stage", "union")
     # mixture mode:
-    cost: float = 0.02  # verification cost of one draft token, in steps: growth stops when a node no longer pays it
+    # verification cost of one draft token, in steps: growth stops when a node no longer pays it
+    cost: float = SEEDS["gpu"]
     cost_curve: CostCurve | None = None  # a measured cost: the grown draft is cut to its best-rate prefix
     confidence: float = 1.0  # how far D is trusted in every decision (tuned per stage, offline and online)
     max_sources: int = 2  # suffix lengths per tree mixed into one draft

@@ -18,25 +18,7 @@ attention work, requests; a drafter that learns the step cost sees each step str
 GPU host's). The per-call replay (simulation/replay.py), the replicas fleet (simulation/replicas.py) and
 `bench vllm`'s re-simulation (bench/vllm/simulate.py) price their steps with the same model.
 
-Methods:
-* `none`: plain decoding, as vLLM runs it with speculation configured (no async scheduling);
-* `none-async`: plain decoding with vLLM's async scheduling (its default without speculation):
-  each step's CPU work overlaps the GPU's (the profile's per-step overhead no longer adds up);
-* `ngram`: vLLM's `ngram` as documented (5-token matches in the request's own context, 5 tokens);
-* `suffix`: vLLM's `suffix` defaults, ArcticInference's per-request rule (the paper's algorithm,
-  depth 24, alpha 1, min-prob 0.1, up to 24 tokens);
-* `agentaccel-request`: agentaccel as it drafted before the step budget (each request alone,
-  priced at the GPU's linear 0.02 per token);
-* `agentaccel`: the step budget (the default), its cost curve learned from the simulated steps it
-  sees, starting from the generic linear GPU seed (a GPU the plugin does not know);
-* `agentaccel-seeded`: the same, starting from the calibrated roofline of the simulated server's
-  model and GPU, as the plugin does on a GPU it knows;
-* `oracle`: not a drafter but a ceiling: agentaccel's candidates, each cut to exactly what the
-  model will accept, given to the requests that pay most under the true step cost (the best
-  per-step allocation given the true acceptance).
-* `oracle-1`, `oracle-2`: the replay's other ceiling (`TreeOracle`), on the candidates: each
-  request drafts exactly the longest part of its recorded output the trees hold after its last 1
-  or 2 tokens.
+The methods it runs, by name: simulation/methods.py.
 """
 
 from __future__ import annotations
@@ -45,25 +27,14 @@ import itertools
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from agentaccel.engine.cost import Server, StepCostModel, TimedStep, parse, roofline, seed
-from agentaccel.engine.policy import default_config
+from agentaccel.engine.cost import Server, TimedStep
 from agentaccel.engine.verification import accepted_length
 from agentaccel.simulation.replay import ReplayCall
 from agentaccel.simulation.speculator import EMPTY, Batch, Chain, Speculator
-from agentaccel.simulation.speculators import (
-    PAPER_LINEAR,
-    AllocationOracle,
-    Drafter,
-    NoSpeculation,
-    PromptLookup,
-    TreeOracle,
-)
-
-METHODS = ("none", "none-async", "ngram", "suffix", "agentaccel-request", "agentaccel", "oracle")
 
 
 def sessions_of(calls: Sequence[ReplayCall]) -> list[list[ReplayCall]]:
@@ -89,66 +60,60 @@ def _continues(before: ReplayCall, call: ReplayCall) -> bool:
     return shared >= 0.5 * len(before.prompt)
 
 
-def ngram(k: int = 5, min_n: int = 5, max_n: int = 5, name: str = "ngram") -> Speculator:
-    """vLLM's ngram proposer: the replay's prompt lookup, as vLLM configures it by default."""
-    return PromptLookup(k, min_n, max_n, name)
-
-
-def build(names: Sequence[str], server: Server | None = None) -> list[Speculator]:
-    """The methods by name; `agentaccel-known` (the budget priced with the simulated server's own
-    step cost instead of learning it) and `agentaccel-seeded` need `server`."""
-    gpu = default_config(parse("gpu"), tree=False)
-    factories: dict[str, Callable[[], Speculator]] = {
-        "none": NoSpeculation,
-        "none-async": lambda: NoSpeculation("none-async", overlapped=True),
-        "ngram": ngram,
-        "suffix": lambda: Drafter("suffix", replace(PAPER_LINEAR, max_tokens=24), depth=24, max_tokens=24),
-        "agentaccel-request": lambda: Drafter("agentaccel-request", gpu),
-        "agentaccel": lambda: Drafter("agentaccel", gpu, learn_from=seed("gpu")),
-        "oracle": lambda: AllocationOracle(gpu),
-        "oracle-1": lambda: TreeOracle(1),
-        "oracle-2": lambda: TreeOracle(2),
-    }
-    if server is not None:
-        factories["agentaccel-known"] = lambda: Drafter("agentaccel-known", gpu, cost=server.model)
-        factories["agentaccel-seeded"] = lambda: Drafter("agentaccel-seeded", gpu, learn_from=calibrated_seed(server))
-    unknown = [n for n in names if n not in factories]
-    if unknown:
-        raise ValueError(f"unknown method(s) {', '.join(unknown)}; known: {', '.join(factories)}")
-    return [factories[n]() for n in names]
-
-
-def calibrated_seed(server: Server) -> StepCostModel:
-    """What the plugin seeds from on this server's GPU: the calibrated roofline of its model and
-    GPU when the server names them (`<model>@<gpu>`), else the GPU seed."""
-    try:
-        return roofline.profile(server.name).model_cost()
-    except ValueError:
-        return seed("gpu")
-
-
-def best_allocation(accepted: Sequence[int], contexts: Sequence[float], decoding: int, tokens: float, context: float,
-                    attention: float, seconds: Callable[[float, float, float], float],
-                    prefill: float = 0.0) -> list[int]:
-    """(`seconds(tokens, context, attention)`: the step's time, its requests fixed.)"""
+def best_allocation(accepted: Sequence[int], contexts: Sequence[float], decoding: int,
+                    price: Callable[[float, float], tuple[float, float]]) -> list[int]:
     """The oracle's drafts: each request gets either exactly its accepted tokens or none, those
     with the cheapest tokens (shortest context) first, as many as the true step cost rewards (the
-    rate of decoding, `prefill` seconds of the step left out, as the budget counts it)."""
+    rate of decoding, the step's prefill seconds left out, as the budget counts it). `price(draft
+    tokens, their attention)`: the step's seconds with that much drafted, and its prefill's share."""
     order = sorted((i for i, a in enumerate(accepted) if a > 0), key=lambda i: contexts[i])
     keep = [0] * len(accepted)
-    best = decoding / (seconds(tokens, context, attention) - prefill)
+    seconds, prefill = price(0.0, 0.0)
+    best = decoding / (seconds - prefill)
+    tokens = attention = 0.0
     gained, chosen, best_n = 0, [], 0
     for i in order:
         tokens += accepted[i]
         attention += accepted[i] * contexts[i]
         gained += accepted[i]
         chosen.append(i)
-        rate = (decoding + gained) / (seconds(tokens, context, attention) - prefill)
+        seconds, prefill = price(tokens, attention)
+        rate = (decoding + gained) / (seconds - prefill)
         if rate > best:
             best, best_n = rate, len(chosen)
     for i in chosen[:best_n]:
         keep[i] = accepted[i]
     return keep
+
+
+@dataclass
+class Work:
+    """What a step computes, as the step cost model reads it."""
+
+    tokens: float = 0.0
+    decode_tokens: float = 0.0
+    context: float = 0.0
+    attention: float = 0.0
+    requests: float = 0.0
+
+    def add_decoding(self, drafted: int, context: float) -> None:
+        """A request verifying `drafted` draft tokens over `context` tokens (its 1 + draft computed)."""
+        self.tokens += 1 + drafted
+        self.decode_tokens += 1 + drafted
+        self.context += context
+        self.attention += (1 + drafted) * context
+        self.requests += 1
+
+    def add_prefill(self, chunk: int, before: int, attention: bool) -> None:
+        """A prefill chunk over the `before` tokens already in the cache (its attention work
+        priced apart only where the profile was fitted with it: Server.prefill_attention)."""
+        self.tokens += chunk
+        self.context += before
+        self.attention += chunk * (before + chunk / 2) if attention else 0.0
+        self.requests += 1
+
+    def seconds(self, server: Server) -> float:
+        return float(server.seconds(self.tokens, self.context, self.attention, self.requests))
 
 
 @dataclass
@@ -245,6 +210,23 @@ def server_cache(server: Server) -> BlockPrefixCache:
     return BlockPrefixCache(server.block_size, min(server.kv_capacity // server.block_size, 1 << 24))
 
 
+def prefill_chunks(lanes: list, arrival: list[int], left: float) -> list[tuple[int, int, int]]:
+    """(row, tokens, tokens already cached) of each prefill chunk a step carries with `left` tokens of
+    its budget after the decoding requests, as vLLM's scheduler fills it: prefilling requests in the
+    order they came, each chunk as long as the budget allows."""
+    out = []
+    for i in arrival:
+        r = lanes[i].request
+        if r.started:
+            continue
+        if left <= 0:
+            break
+        chunk = int(min(r.prefill - r.prefilled, left))
+        out.append((i, chunk, len(r.prompt) - r.prefill + r.prefilled))
+        left -= chunk
+    return out
+
+
 def simulate(sessions: Sequence[Sequence[ReplayCall]], method: Speculator, server: Server, streams: int, *,
              max_context: int = 16384, noise: float = 0.03, seed: int = 0, proposer_time: bool = False,
              cache: BlockPrefixCache | None = None, progress: Callable[[int], None] | None = None) -> Result:
@@ -258,133 +240,139 @@ def simulate(sessions: Sequence[Sequence[ReplayCall]], method: Speculator, serve
     `server.gap` seconds after its last one ended (the client's own time); the server idles when
     nothing is in flight. `Result.seconds` is the wall time: steps, idle time and, with
     `proposer_time`, the drafting measured here."""
+    run = _Run(sessions, method, server, streams, max_context, cache or server_cache(server))
     rng = np.random.default_rng(seed)
-    budget = server.max_batched_tokens or 1 << 62
-    gap = server.gap
-    prefill_attention = server.prefill_attention  # a profile fitted without it prices it in
-    if cache is None:
-        cache = server_cache(server)
-    queue = deque(sessions)
-    longest = max((len(c.output) for s in sessions for c in s), default=1)
-    stride = max_context + longest + 2
-    batch = Batch.empty(streams, stride)
-    rows, num_tokens, rids = batch.rows, batch.num_tokens, batch.keys
-    lanes = [_Stream() for _ in range(streams)]
-    drafts: list = [EMPTY] * streams
-    result = Result(method.name, streams)
-    held = 0  # KV tokens the calls in flight will hold at their end
-    arrival: list[int] = []  # lanes in the order their requests came (prefills are scheduled in it)
+    result = run.result
     while True:
-        for i, lane in enumerate(lanes):  # idle streams take their next call, or a new session
-            if lane.request is not None or lane.ready_at > result.seconds:
-                continue
-            if not lane.calls and queue:
-                lane.calls = deque(queue.popleft())
-            if not lane.calls:
-                rids[i] = None
-                continue
-            need = min(len(lane.calls[0].prompt), max_context) + len(lane.calls[0].output)
-            if held and held + need > server.kv_capacity:  # the server's memory is full: it waits
-                continue
-            held += need
-            call = lane.calls.popleft()
-            prompt = call.prompt[-max_context:]
-            cached = min(cache.cached(prompt), len(prompt) - 1)  # the last prompt token is always computed
-            lane.request = _Request(f"r{next(_SERIAL)}", call, prompt, len(prompt) - cached)
-            rows[i, : len(prompt)] = prompt
-            num_tokens[i] = len(prompt)
-            rids[i] = lane.request.rid
-            drafts[i] = EMPTY
-            arrival.append(i)
-            # a drafter knows how far a request may go (its max_tokens), not where its output will end
-            method.begin(lane.request.rid, prompt, call.stage, tenant=call.tenant,
-                         max_total=len(prompt) + (call.max_new or len(call.output)))
-            method.foresee(lane.request.rid, call.output)
-        active = [i for i in range(streams) if lanes[i].request is not None]
+        run.admit()
+        active = [i for i, lane in enumerate(run.lanes) if lane.request is not None]
         if not active:
-            waiting = [lane.ready_at for lane in lanes if lane.calls or queue]
+            waiting = [lane.ready_at for lane in run.lanes if lane.calls or run.queue]
             if not waiting:
                 # as a server's next step would: the drafter sees the last requests gone (their
                 # outputs join the trees before whatever the caller replays next on this method)
-                method.step(Batch.empty(streams, stride))
-                break
+                method.step(Batch.empty(streams, run.batch.rows.shape[1]))
+                return result
             result.seconds = max(result.seconds, min(waiting))  # the server idles until a client sends
             continue
-        # one step of the server: decoding requests verify their drafts, then prefill chunks
-        tokens = decode_tokens = context = attention = requests = 0.0
-        batch.sampled = [None] * streams  # rows still prefilling (or empty) get nothing
-        batch.done = [False] * streams
-        if method.oracle:
-            drafts = _oracle_cut(drafts, lanes, num_tokens, server)
-        decoding = [i for i in active if lanes[i].request.started]
-        for i in decoding:
+        work = run.compute(active)
+        seconds = work.seconds(server)
+        if method.overlapped:
+            seconds = max(seconds - server.overhead, server.overhead)
+        # a drafter that learns the step cost sees steps stray from the profile as real ones do
+        # (`noise`); the wall time counts the profile's expected time (the noise averages out)
+        method.observe(TimedStep(work.tokens, work.decode_tokens, work.context, work.attention,
+                                 seconds * float(rng.lognormal(0.0, noise)), requests=work.requests))
+        t0 = time.perf_counter()
+        run.drafts = method.step(run.batch)
+        spent = time.perf_counter() - t0
+        result.proposer_seconds += spent
+        result.seconds += seconds + (spent if proposer_time else 0.0)
+        result.steps += 1
+        result.in_flight += len(active)
+        finished = run.retire(active)
+        if progress and finished:
+            progress(finished)
+
+
+class _Run:
+    """One `simulate` call's server: its streams, the batch the drafter reads, what is in flight."""
+
+    def __init__(self, sessions, method: Speculator, server: Server, streams: int, max_context: int,
+                 cache: BlockPrefixCache) -> None:
+        self.method, self.server, self.max_context, self.cache = method, server, max_context, cache
+        self.queue = deque(sessions)
+        longest = max((len(c.output) for s in sessions for c in s), default=1)
+        self.batch = Batch.empty(streams, max_context + longest + 2)
+        self.lanes = [_Stream() for _ in range(streams)]
+        self.drafts: list = [EMPTY] * streams
+        self.result = Result(method.name, streams)
+        self.held = 0  # KV tokens the calls in flight will hold at their end
+        self.arrival: list[int] = []  # lanes in the order their requests came (prefills are scheduled in it)
+
+    def admit(self) -> None:
+        """Idle streams take their next call, or a new session, while the KV cache holds it whole."""
+        batch = self.batch
+        for i, lane in enumerate(self.lanes):
+            if lane.request is not None or lane.ready_at > self.result.seconds:
+                continue
+            if not lane.calls and self.queue:
+                lane.calls = deque(self.queue.popleft())
+            if not lane.calls:
+                batch.keys[i] = None
+                continue
+            need = min(len(lane.calls[0].prompt), self.max_context) + len(lane.calls[0].output)
+            if self.held and self.held + need > self.server.kv_capacity:  # the server's memory is full: it waits
+                continue
+            self.held += need
+            call = lane.calls.popleft()
+            prompt = call.prompt[-self.max_context:]
+            cached = min(self.cache.cached(prompt), len(prompt) - 1)  # the last prompt token is always computed
+            lane.request = _Request(f"r{next(_SERIAL)}", call, prompt, len(prompt) - cached)
+            batch.rows[i, : len(prompt)] = prompt
+            batch.num_tokens[i] = len(prompt)
+            batch.keys[i] = lane.request.rid
+            self.drafts[i] = EMPTY
+            self.arrival.append(i)
+            # a drafter knows how far a request may go (its max_tokens), not where its output will end
+            self.method.begin(lane.request.rid, prompt, call.stage, tenant=call.tenant,
+                              max_total=len(prompt) + (call.max_new or len(call.output)))
+            self.method.foresee(lane.request.rid, call.output)
+
+    def compute(self, active: list[int]) -> Work:
+        """One step of the server: decoding requests verify their drafts, then prefill chunks fill
+        what is left of the token budget (a request whose last chunk is in it gives its first token)."""
+        batch, result, lanes = self.batch, self.result, self.lanes
+        work = Work()
+        batch.sampled = [None] * len(lanes)  # rows still prefilling (or empty) get nothing
+        batch.done = [False] * len(lanes)
+        if self.method.oracle:
+            self.drafts = _oracle_cut(self.drafts, lanes, self.arrival, batch.num_tokens, self.server)
+        for i in (i for i in active if lanes[i].request.started):
             r = lanes[i].request
             out = r.call.output
-            ctx = float(num_tokens[i])
-            d = drafts[i]
+            d = self.drafts[i]
             drafted = len(d)
             acc = accepted_length(d.token_ids, d.parents, out[r.pos:]) if drafted else 0
-            method.accepted(r.rid, d, acc)
+            self.method.accepted(r.rid, d, acc)
             take = out[r.pos : r.pos + acc + 1]
-            context += ctx
-            tokens += 1 + drafted
-            decode_tokens += 1 + drafted
-            attention += (1 + drafted) * ctx
-            requests += 1
+            work.add_decoding(drafted, float(batch.num_tokens[i]))
             result.request_steps += 1
             result.drafted += drafted
             result.drafted_steps += drafted > 0
             result.accepted += min(acc, len(take) - 1)
             _advance(batch, i, r, take)
             result.tokens += len(take)
-        left = budget - tokens
-        for i in [i for i in arrival if not lanes[i].request.started]:
-            if left <= 0:
-                break
+        budget = self.server.max_batched_tokens or 1 << 62
+        for i, chunk, before in prefill_chunks(lanes, self.arrival, budget - work.tokens):
             r = lanes[i].request
-            chunk = int(min(r.prefill - r.prefilled, left))
-            done_before = len(r.prompt) - r.prefill + r.prefilled  # tokens it attends over besides the chunk
             r.prefilled += chunk
-            left -= chunk
-            tokens += chunk
-            requests += 1
-            context += done_before
-            if prefill_attention:
-                attention += chunk * (done_before + chunk / 2)
-            if r.started:  # its last chunk: it gives its first token
-                cache.add(r.prompt)
+            # a profile fitted without prefill attention prices it in its tokens
+            work.add_prefill(chunk, before, self.server.prefill_attention)
+            if r.started:
+                self.cache.add(r.prompt)
                 _advance(batch, i, r, r.call.output[:1])
                 result.tokens += 1
-        seconds = float(server.seconds(tokens, context, attention, requests))
-        if method.overlapped:
-            seconds = max(seconds - server.overhead, server.overhead)
-        # a drafter that learns the step cost sees steps stray from the profile as real ones do
-        # (`noise`); the wall time counts the profile's expected time (the noise averages out)
-        method.observe(TimedStep(tokens, decode_tokens, context, attention, seconds * float(rng.lognormal(0.0, noise)),
-                                 requests=requests))
-        t0 = time.perf_counter()
-        drafts = method.step(batch)
-        spent = time.perf_counter() - t0
-        result.proposer_seconds += spent
-        result.seconds += seconds + (spent if proposer_time else 0.0)
-        result.steps += 1
-        result.in_flight += len(active)
-        for i in active:  # finished calls leave; their stream sends its next call `gap` later
-            lane = lanes[i]
+        return work
+
+    def retire(self, active: list[int]) -> int:
+        """Finished calls leave (their stream sends its next call `server.gap` later); how many."""
+        finished = 0
+        for i in active:
+            lane = self.lanes[i]
             r = lane.request
             if r.started and r.pos >= len(r.call.output):
-                held -= len(r.prompt) + len(r.call.output)
-                cache.add(np.concatenate([r.prompt, r.call.output]))
+                self.held -= len(r.prompt) + len(r.call.output)
+                self.cache.add(np.concatenate([r.prompt, r.call.output]))
                 lane.request = None
-                lane.ready_at = result.seconds + gap
-                arrival.remove(i)
-                method.end(r.rid)
-                rids[i] = None
-                drafts[i] = EMPTY
-                result.calls += 1
-                if progress:
-                    progress(1)
-    return result
+                lane.ready_at = self.result.seconds + self.server.gap
+                self.arrival.remove(i)
+                self.method.end(r.rid)
+                self.batch.keys[i] = None
+                self.drafts[i] = EMPTY
+                self.result.calls += 1
+                finished += 1
+        return finished
 
 
 def _advance(batch: Batch, i: int, r: _Request, take) -> None:
@@ -398,34 +386,31 @@ def _advance(batch: Batch, i: int, r: _Request, take) -> None:
     batch.done[i] = r.pos >= len(r.call.output)
 
 
-def _oracle_cut(drafts, lanes, num_tokens, server: Server) -> list:
-    """Each candidate cut to what the model will accept, kept where the true step cost pays for it."""
-    decoding, accepted, contexts = 0, [], []
-    context = decode_attention = prefill_attention = prefill = requests = 0.0
+def _oracle_cut(drafts, lanes, arrival: list[int], num_tokens, server: Server) -> list:
+    """Each candidate cut to what the model will accept, kept where the true step cost pays for it:
+    every allocation priced as the step that runs would be (the same Work, the prefill chunks the
+    budget then leaves room for)."""
+    budget = server.max_batched_tokens or 1 << 62
+    decoding, accepted, contexts = Work(), [], []
     for i, lane in enumerate(lanes):
-        r = lane.request
-        d = drafts[i]
-        ctx = float(num_tokens[i])
-        contexts.append(ctx)
-        if r is None:
-            accepted.append(0)
-            continue
-        context += ctx
-        requests += 1
-        if not r.started:  # its prefill (the next chunk of it) is in this step, whatever the drafts
-            accepted.append(0)
-            chunk = r.prefill - r.prefilled
-            prefill += chunk
-            prefill_attention += chunk * (ctx - chunk / 2)
-            continue
-        decoding += 1
-        decode_attention += ctx
-        accepted.append(accepted_length(d.token_ids, d.parents, r.call.output[r.pos:]) if len(d.token_ids) else 0)
-    attention = decode_attention + prefill_attention
-    seconds = lambda t, c, a: float(server.seconds(t, c, a, requests))  # noqa: E731
-    prefill_seconds = seconds(decoding + prefill, context, attention) - seconds(decoding, context, decode_attention)
-    keep = best_allocation(accepted, contexts, decoding, float(decoding + prefill), context, attention, seconds,
-                           prefill_seconds)
+        r, d = lane.request, drafts[i]
+        contexts.append(float(num_tokens[i]))
+        started = r is not None and r.started
+        accepted.append(accepted_length(d.token_ids, d.parents, r.call.output[r.pos:])
+                        if started and len(d.token_ids) else 0)
+        if started:
+            decoding.add_decoding(0, contexts[i])
+
+    def price(tokens: float, attention: float) -> tuple[float, float]:
+        work = Work(decoding.tokens + tokens, decoding.decode_tokens + tokens, decoding.context,
+                    decoding.attention + attention, decoding.requests)
+        without_prefill = work.seconds(server)
+        for _, chunk, before in prefill_chunks(lanes, arrival, budget - work.tokens):
+            work.add_prefill(chunk, before, server.prefill_attention)
+        seconds = work.seconds(server)
+        return seconds, seconds - without_prefill
+
+    keep = best_allocation(accepted, contexts, int(decoding.requests), price)
     return [Chain(list(d.token_ids)[: keep[i]]) for i, d in enumerate(drafts)]
 
 

@@ -7,12 +7,8 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from agentaccel.traces.database import now
-
-if TYPE_CHECKING:
-    from agentaccel.traces.store import TraceStore
+from agentaccel.traces.database import OpenStore, now
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS stage_policies (
@@ -46,14 +42,14 @@ class StagePolicyRow:
     online_at: str | None
 
 
-def read(store: TraceStore) -> dict[str, StagePolicyRow]:
+def read(store: OpenStore) -> dict[str, StagePolicyRow]:
     rows = store.conn.execute(
         "SELECT stage, config, cost, calls, est_speedup, default_speedup, tuned_at, calibration, online_trust, "
         "online_steps, online_at FROM stage_policies ORDER BY stage").fetchall()
     return {r[0]: StagePolicyRow(r[0], json.loads(r[1]) if r[1] else None, *r[2:]) for r in rows}
 
 
-def write_tuned(store: TraceStore, stage: str, config: Mapping, *, cost: str, calls: int, est_speedup: float,
+def write_tuned(store: OpenStore, stage: str, config: Mapping, *, cost: str, calls: int, est_speedup: float,
                 default_speedup: float, calibration: float) -> None:
     """Replaces the stage's tuned settings (its online factor restarts: it calibrated the old ones)."""
     store.conn.execute(
@@ -67,11 +63,11 @@ def write_tuned(store: TraceStore, stage: str, config: Mapping, *, cost: str, ca
          calibration))
 
 
-def clear_tuned(store: TraceStore, stage: str) -> None:
+def clear_tuned(store: OpenStore, stage: str) -> None:
     store.conn.execute("DELETE FROM stage_policies WHERE stage=?", (stage,))
 
 
-def write_online(store: TraceStore, state: Mapping[str, Mapping]) -> None:
+def write_online(store: OpenStore, state: Mapping[str, Mapping]) -> None:
     """Saves each stage's online factor (`OnlineCalibration.state()`), in one transaction."""
     stamp = now()
     with store.conn.transaction():

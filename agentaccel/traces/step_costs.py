@@ -6,12 +6,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from agentaccel.traces.database import now
-
-if TYPE_CHECKING:
-    from agentaccel.traces.store import TraceStore
+from agentaccel.traces.database import OpenStore, now
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS step_costs (
@@ -31,7 +27,7 @@ class StepCostRow:
     updated_at: str
 
 
-def read(store: TraceStore, server: str) -> StepCostRow | None:
+def read(store: OpenStore, server: str) -> StepCostRow | None:
     row = store.conn.execute("SELECT server, curve, steps, updated_at FROM step_costs WHERE server=?",
                              (server,)).fetchone()
     if row is None:
@@ -43,13 +39,13 @@ def read(store: TraceStore, server: str) -> StepCostRow | None:
     return StepCostRow(row[0], curve, int(row[2] or 0), row[3]) if isinstance(curve, dict) else None
 
 
-def read_all(store: TraceStore) -> list[StepCostRow]:
+def read_all(store: OpenStore) -> list[StepCostRow]:
     """Every server's curve, the most recently updated first (unreadable ones left out)."""
     rows = store.conn.execute("SELECT server FROM step_costs ORDER BY updated_at DESC, server").fetchall()
     return [row for (server,) in rows if (row := read(store, server)) is not None]
 
 
-def write(store: TraceStore, server: str, curve: dict, steps: int) -> None:
+def write(store: OpenStore, server: str, curve: dict, steps: int) -> None:
     store.conn.execute(
         """INSERT INTO step_costs (server, curve, steps, updated_at) VALUES (?, ?, ?, ?)
            ON CONFLICT(server) DO UPDATE SET curve=excluded.curve, steps=excluded.steps,

@@ -14,15 +14,11 @@ calls it recorded under the template's own name before are moved to the stage wi
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING
 
 from agentaccel.traces import templates
-from agentaccel.traces.database import now
+from agentaccel.traces.database import OpenStore, now
 from agentaccel.traces.stages import DEFAULT_STAGE
 from agentaccel.traces.template_miner import PREFIX, TemplateMiner
-
-if TYPE_CHECKING:
-    from agentaccel.traces.store import TraceStore
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS template_stages (
@@ -33,7 +29,7 @@ CREATE TABLE IF NOT EXISTS template_stages (
 """
 
 
-def read(store: TraceStore) -> dict[str, str]:
+def read(store: OpenStore) -> dict[str, str]:
     """template -> the stage its calls are served as."""
     return {t: s for t, s in store.conn.execute("SELECT template, stage FROM template_stages").fetchall()
             if isinstance(t, str) and isinstance(s, str) and s}
@@ -44,7 +40,7 @@ class ImportedTemplates:
     observed one by one as they are read (an import of any size holds one miner, not its texts);
     `save` keeps the result."""
 
-    def __init__(self, store: TraceStore) -> None:
+    def __init__(self, store: OpenStore) -> None:
         self.miner = TemplateMiner(track_merges=True)
         saved = templates.read(store)
         self.miner.restore([(t.stage, t.fixed, t.calls) for t in saved])
@@ -59,7 +55,7 @@ class ImportedTemplates:
             self.votes.setdefault(id(template), Counter())[stage] += 1
             self.templates[id(template)] = template
 
-    def save(self, store: TraceStore) -> dict[str, str]:
+    def save(self, store: OpenStore) -> dict[str, str]:
         """Keeps, in one transaction, the templates and the stage each is served as from now on
         (the most common among its calls). Returns the new mapping (template -> stage)."""
         chosen: dict[str, Counter] = {}

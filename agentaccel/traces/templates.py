@@ -6,13 +6,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from agentaccel.traces.database import now
+from agentaccel.traces.database import OpenStore, now
 from agentaccel.traces.template_miner import PREFIX, Template, line_set, same_template
-
-if TYPE_CHECKING:
-    from agentaccel.traces.store import TraceStore
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS templates (
@@ -37,7 +33,7 @@ class SavedTemplate:
         return cls(t.name or "", t.fixed_lines(), t.calls)
 
 
-def read(store: TraceStore) -> list[SavedTemplate]:
+def read(store: OpenStore) -> list[SavedTemplate]:
     """The kept templates; a row no agentaccel wrote (a stage that is not a `tmpl:` name, fixed
     text that is not a JSON list of lines, a call count that is not a count) is left out, the same
     for every reader (the proxy, `traces stages`): its stage is found again as calls arrive."""
@@ -51,7 +47,7 @@ def read(store: TraceStore) -> list[SavedTemplate]:
     return sorted(out, key=lambda t: t.stage)
 
 
-def write(store: TraceStore, templates: list[SavedTemplate], renamed: list[tuple[str, str]] = (),
+def write(store: OpenStore, templates: list[SavedTemplate], renamed: list[tuple[str, str]] = (),
           retired: list[str] = ()) -> None:
     """Saves templates and, in the same transaction, moves the calls of stages merged into another
     to that stage's name and drops the rows of names given up (see write_rows)."""
@@ -59,7 +55,7 @@ def write(store: TraceStore, templates: list[SavedTemplate], renamed: list[tuple
         write_rows(store, templates, renamed, retired)
 
 
-def write_rows(store: TraceStore, templates: list[SavedTemplate], renamed: list[tuple[str, str]] = (),
+def write_rows(store: OpenStore, templates: list[SavedTemplate], renamed: list[tuple[str, str]] = (),
                retired: list[str] = ()) -> list[str]:
     """`write` inside a transaction the caller holds. A name is one template's across a fleet: a
     row is inserted if the name is free, updated if the stored row is the same template (an

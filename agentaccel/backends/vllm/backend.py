@@ -18,12 +18,11 @@ from agentaccel.backends.base import CallContext, follower_counters, seeded_coun
 from agentaccel.backends.openai_compat import OpenAIBackend
 from agentaccel.backends.routing import SESSION_HEADER, data_parallel_size
 from agentaccel.backends.vllm import stats_files
+from agentaccel.backends.vllm.drafting import DEFAULT_SPECULATIVE_CONFIG
 from agentaccel.backends.vllm.settings import PluginSettings
 from agentaccel.backends.vllm.supervisor import Supervisor
 from agentaccel.errors import APIError, bad_request
 from agentaccel.processes import free_port
-
-DEFAULT_SPECULATIVE_CONFIG = {"method": "suffix", "num_speculative_tokens": 32, "suffix_decoding_max_tree_depth": 64}
 
 
 def _has_cuda() -> bool:
@@ -86,11 +85,13 @@ class VLLMBackend(OpenAIBackend):
                  memory_budget_bytes: int = 0, timeout: float = 600.0, start_timeout: float = 900.0,
                  port: int | None = None, echo=None, online: bool = True,
                  session_header: str | None = SESSION_HEADER, snapshot: str | Path | None = None,
-                 scoped: bool = True, step_cost: str = "auto", record: bool = True) -> None:
+                 scoped: bool = True, step_cost: str = "auto", record: bool = True,
+                 follow_log: str | Path | None = None) -> None:
         """`scoped`: each tenant's recorded answers join its own trees (serve --speculation-scope key).
         `step_cost`: auto (learned from the server's own steps), off (each request sizes its own
         draft), or a cost spec the learning starts from. `record` off (serve --no-record): the
         plugin writes nothing to the trace store (its calibration and step cost stay in memory).
+        `follow_log`: a file the follower appends every other server's output to (with its times).
         All of it reaches the plugin as one PluginSettings."""
         self.port = port or free_port()
         super().__init__(f"http://127.0.0.1:{self.port}", timeout=timeout, session_header=session_header)
@@ -109,6 +110,7 @@ class VLLMBackend(OpenAIBackend):
             snapshot=str(Path(snapshot).expanduser().resolve()) if snapshot is not None else None,
             spec_config=str(Path(spec_config).resolve()) if spec_config is not None else None,
             memory_budget=memory_budget_bytes, stats=str(self.stats_path),
+            follow_log=str(Path(follow_log).expanduser().resolve()) if follow_log is not None else None,
             step_cost="" if step_cost == "auto" else str(step_spec.resolve()) if step_spec.is_file() else step_cost)
         ours = settings.environ()
         argv, env = launch_command(model, self.port, served_name=self.served_name, extra_args=extra, env=ours)
@@ -132,6 +134,7 @@ class VLLMBackend(OpenAIBackend):
                               "without speculative decoding", param=unsupported, code="unsupported_with_speculation")
         # The scope is always set by the proxy (a client's own "scope" is dropped): no key can draft
         # from another tenant's trees by naming them.
+        body = super().prepare(body, ctx)  # a baseline: the plugin neither drafts for it nor learns it
         xargs = {k: v for k, v in (body.get("vllm_xargs") or {}).items() if k != "scope"}
         xargs["stage"] = ctx.stage
         if ctx.spec_scope is not None:
@@ -165,7 +168,9 @@ class VLLMBackend(OpenAIBackend):
                 "restarts": self.supervisor.restarts,
                 # requests the plugin holds a tree for, and outputs waiting to join their stage trees
                 "draft_requests": drafter.get("requests"), "pending_outputs": drafter.get("pending_outputs"),
-                "follower": drafter.get("follower")}
+                "follower": drafter.get("follower"),
+                # the vLLM workers that drafted (one per data-parallel rank: the one whose drafts vLLM takes)
+                "drafting_workers": stats_files.workers(self.stats_path)}
 
     def _drafter_stats(self) -> dict:
         """What the plugin last wrote (every STATS_INTERVAL seconds), every data-parallel rank's

@@ -30,19 +30,19 @@ import multiprocessing.util
 import os
 import threading
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 from agentaccel.backends.base import step_cost_state
 from agentaccel.backends.policies import CounterCalibration, policy_state, serving_policies, start_online
 from agentaccel.backends.step_costs import LearnedStepCost, stored_curves
 from agentaccel.backends.vllm import stats_files
+from agentaccel.backends.vllm.drafting import plugin_drafting
 from agentaccel.backends.vllm.settings import PluginSettings
 from agentaccel.engine import SuffixEngine
 from agentaccel.engine.batch import BatchDrafter
 from agentaccel.engine.cost import StepCostModel, parse, roofline, seed
 from agentaccel.engine.online import OnlineCalibration
-from agentaccel.engine.policy import default_config
 from agentaccel.traces.database import locate
 
 
@@ -176,15 +176,19 @@ def drafts_are_taken(vllm_config) -> bool:
     return first
 
 
-def rank_label(vllm_config) -> str:
-    """dp<data-parallel rank> tp<tensor-parallel rank> (what log lines carry)."""
+def tensor_parallel_rank() -> int:
     tp = 0
     with contextlib.suppress(ImportError, AssertionError, AttributeError):
         from vllm.distributed import parallel_state as ps
 
         if ps.model_parallel_is_initialized():
             tp = ps.get_tp_group().rank_in_group
-    return f"dp{data_parallel_rank(vllm_config)} tp{tp}"
+    return tp
+
+
+def rank_label(vllm_config) -> str:
+    """dp<data-parallel rank> tp<tensor-parallel rank> (what log lines and statistics files carry)."""
+    return f"dp{data_parallel_rank(vllm_config)} tp{tensor_parallel_rank()}"
 
 
 def data_parallel_rank(vllm_config) -> int:
@@ -214,19 +218,21 @@ def server_key(vllm_config) -> str:
     return f"{model}|{device}|tp{vllm_config.parallel_config.tensor_parallel_size}"
 
 
-def seed_cost(vllm_config, mode: str, db: str | None = None) -> StepCostModel:
-    """Where the step cost starts before this server's steps say more (`mode`: the settings' step_cost)."""
+def seed_cost(vllm_config, mode: str, db: str | None = None) -> tuple[StepCostModel, bool]:
+    """Where the step cost starts before this server's steps say more (`mode`: the settings'
+    step_cost), and whether it prices in seconds (a relative seed does not: 1.0 is a plain step)."""
     if mode:
-        return parse(mode, learned=stored_curves(db)).model
+        server = parse(mode, learned=stored_curves(db))
+        return server.model, not server.relative
     from vllm.platforms import current_platform
 
     if current_platform.is_cpu():
-        return seed("cpu")
+        return seed("cpu"), False
     import torch
 
     found = roofline.from_config(vllm_config.model_config.hf_config, torch.cuda.get_device_name(),
                                  vllm_config.parallel_config.tensor_parallel_size)
-    return found.model_cost() if found is not None else seed("gpu")
+    return (found.model_cost(), True) if found is not None else (seed("gpu"), False)
 
 
 class AgentaccelProposer:
@@ -236,7 +242,8 @@ class AgentaccelProposer:
 
         log.extra["rank"] = rank_label(vllm_config)
         config = vllm_config.speculative_config
-        self.num_speculative_tokens = config.num_speculative_tokens
+        drafting = plugin_drafting(config)
+        self.num_speculative_tokens = drafting.max_tokens
         self.max_model_len = vllm_config.model_config.max_model_len
         self.drafts = drafts_are_taken(vllm_config)
         if not self.drafts:  # no trees, follower, calibration, learning or statistics: nothing it did would count
@@ -244,16 +251,12 @@ class AgentaccelProposer:
             return
         for problem in compat.problems():
             log.warning("agentaccel: this vLLM differs from what the plugin expects: %s", problem)
-        # vLLM verifies one chain, priced per token as on a GPU; the longest draft, alpha and min-prob
-        # are vLLM's own settings
-        base = replace(default_config(parse("gpu"), tree=False), max_tokens=self.num_speculative_tokens,
-                       alpha=config.suffix_decoding_max_spec_factor, min_prob=config.suffix_decoding_min_token_prob)
         self.settings = settings = PluginSettings.from_environ()
         db = settings.db
-        policies, online = serving_policies(base, db=db, spec_config=settings.spec_config,
+        policies, online = serving_policies(drafting.config, db=db, spec_config=settings.spec_config,
                                             say=lambda line: log.info("agentaccel: %s", line))
-        self.engine = SuffixEngine(max_depth=config.suffix_decoding_max_tree_depth,
-                                   memory_budget_bytes=settings.memory_budget, config=policies.default)
+        self.engine = SuffixEngine(max_depth=drafting.depth, memory_budget_bytes=settings.memory_budget,
+                                   config=policies.default)
         policies.install(self.engine)
         # before the drafter is built on the engine: a snapshot replaces the engine's trees
         self.follower = None
@@ -269,8 +272,9 @@ class AgentaccelProposer:
         self.step_cost = None
         if settings.step_cost != "off":
             _capture_scheduled()
+            start, in_seconds = seed_cost(vllm_config, settings.step_cost, db)
             self.step_cost = LearnedStepCost.starting(
-                server_key(vllm_config), db, seed_cost(vllm_config, settings.step_cost, db), save=settings.save,
+                server_key(vllm_config), db, start, seed_in_seconds=in_seconds, save=settings.save,
                 say=lambda line: log.info("agentaccel: one draft budget per step; %s", line),
                 apply=self.drafter.set_step_cost, drain=self.drafter.drain_timings, every=STATS_INTERVAL,
                 step_log=Path(settings.step_log) if settings.step_log else None)
@@ -278,8 +282,9 @@ class AgentaccelProposer:
             if keeper is not None:
                 at_exit(keeper.close)
         if settings.stats:  # each data-parallel rank writes a file of its own
-            path = stats_files.rank_path(Path(settings.stats), data_parallel_rank(vllm_config))
-            StatsWriter(self.drafter, path, self.calibration, self.step_cost, self.follower, self.seeded).start()
+            path = stats_files.rank_path(Path(settings.stats), data_parallel_rank(vllm_config), tensor_parallel_rank())
+            StatsWriter(self.drafter, path, self.calibration, self.step_cost, self.follower, self.seeded,
+                        worker=log.extra["rank"]).start()
 
     def _seed(self, vllm_config, settings: PluginSettings) -> None:
         from agentaccel.backends.follower import StoreFollower, seed_then_follow
@@ -297,7 +302,7 @@ class AgentaccelProposer:
             report, self.follower = seed_then_follow(self.engine, db, tokenizer, follow=settings.follow,
                                                      snapshot=snapshot,
                                                      save_snapshot=data_parallel_rank(vllm_config) == 0,
-                                                     scoped=scoped)
+                                                     scoped=scoped, log_path=settings.follow_log)
             # what the trees hold before the first request, by stage: shown in /metrics (agentaccel_seeded_*)
             self.seeded = {stage: {"documents": s["documents"], "tokens": s["tokens"]}
                            for stage, s in self.engine.stats()["stages"].items() if s["documents"]}
@@ -309,7 +314,8 @@ class AgentaccelProposer:
                 len(self.seeded), where, locate(db), ", ".join(
                     f"{stage} {s['documents']}" for stage, s in sorted(self.seeded.items())[:12]) or "nothing")
         else:
-            self.follower = StoreFollower(self.engine, db, tokenizer, scoped=scoped).start()
+            self.follower = StoreFollower(self.engine, db, tokenizer, scoped=scoped,
+                                          log_path=settings.follow_log).start()
         if self.follower is not None:
             at_exit(self.follower.close)
 
@@ -333,16 +339,16 @@ class StatsWriter(threading.Thread):
 
     def __init__(self, drafter: BatchDrafter, path: Path, calibration: OnlineCalibration | None = None,
                  step_cost: LearnedStepCost | None = None, follower=None, seeded: dict | None = None,
-                 interval: float = STATS_INTERVAL) -> None:
+                 interval: float = STATS_INTERVAL, worker: str = "dp0 tp0") -> None:
         super().__init__(name="agentaccel-stats", daemon=True)
         self.drafter, self.path, self.calibration, self.interval = drafter, path, calibration, interval
-        self.step_cost, self.follower, self.seeded = step_cost, follower, seeded or {}
+        self.step_cost, self.follower, self.seeded, self.worker = step_cost, follower, seeded or {}, worker
 
     def run(self) -> None:
         last = None
         while True:
             time.sleep(self.interval)
-            stats = {"stages": self.drafter.stats(), "requests": self.drafter.tracked,
+            stats = {"worker": self.worker, "stages": self.drafter.stats(), "requests": self.drafter.tracked,
                      "pending_outputs": self.drafter.pending_outputs,
                      "policies": policy_state(self.drafter.engine, self.calibration),
                      "drafter": self._drafter_state()}
@@ -360,7 +366,7 @@ class StatsWriter(threading.Thread):
         """The proposer's own time, and the step cost it drafts under (seconds of a step computing
         that many tokens, without context)."""
         state = {"proposer_seconds": self.drafter.proposer_seconds, "steps": self.drafter.steps}
-        cost = self.drafter.step_cost  # the learner's latest fit once there is one
+        cost = self.drafter.step_cost  # the learner's latest fit, once it prices in seconds
         if cost is not None:
             state.update(step_cost_state(cost, self.step_cost.steps if self.step_cost is not None else 0))
         return state

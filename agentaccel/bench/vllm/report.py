@@ -9,6 +9,7 @@ import json
 import statistics
 from pathlib import Path
 
+from agentaccel.backends.step_costs import read_step_log
 from agentaccel.bench.vllm.client import SPEC_COUNTERS, CallRecord
 from agentaccel.bench.vllm.runner import Block, Measurement
 
@@ -106,19 +107,17 @@ def stage_profile(path: Path) -> dict:
 def step_profile(path: Path) -> dict | None:
     """What the proposer's step log says (PluginSettings.step_log): the timed steps, by requests in the
     step: mean step time (without the proposer), mean proposer time, tokens computed."""
-    if not path.is_file():
-        return None
-    steps = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    steps = read_step_log(path)
     if not steps:
         return None
     out = {}
     for label, lo, hi in (("all", 0, 1 << 30), ("1", 1, 1), ("2-4", 2, 4), ("5-8", 5, 8), ("9-16", 9, 16),
                           ("17+", 17, 1 << 30)):
-        sel = [s for s in steps if lo <= s["requests"] <= hi]
+        sel = [s for s in steps if lo <= s.requests <= hi]
         if sel:
             n = len(sel)
-            out[label] = {"steps": n, "step_ms": 1e3 * sum(s["seconds"] for s in sel) / n,
-                          "proposer_ms": 1e3 * sum(s["proposer_seconds"] for s in sel) / n,
-                          "tokens": sum(s["tokens"] for s in sel) / n,
-                          "decode_tokens": sum(s["decode_tokens"] for s in sel) / n}
+            out[label] = {"steps": n, "step_ms": 1e3 * sum(s.seconds for s in sel) / n,
+                          "proposer_ms": 1e3 * sum(s.proposer_seconds for s in sel) / n,
+                          "tokens": sum(s.tokens for s in sel) / n,
+                          "decode_tokens": sum(s.decode_tokens for s in sel) / n}
     return out

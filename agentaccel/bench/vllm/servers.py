@@ -21,7 +21,8 @@ from pathlib import Path
 
 import httpx
 
-from agentaccel.backends.vllm.backend import DEFAULT_SPECULATIVE_CONFIG, launch_command
+from agentaccel.backends.vllm.backend import launch_command
+from agentaccel.backends.vllm.drafting import DEFAULT_SPECULATIVE_CONFIG
 from agentaccel.backends.vllm.settings import PluginSettings
 from agentaccel.processes import free_port, run_group, stop_groups
 

