@@ -15,6 +15,16 @@ import uvicorn
 from agentaccel.processes import free_port, stop_group, wait_healthy  # noqa: F401 - one definition, re-exported
 
 
+def unlabelled_metric(url: str, name: str) -> float:
+    """A metric without labels from the proxy's /metrics (counters: their _total)."""
+    import httpx
+
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.split(" ")[0] in (name, name + "_total"):
+            return float(line.split()[-1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
 def metric(url: str, name: str, stage: str, key: str | None = None) -> float:
     """A per-stage value from a proxy's /metrics (0 when the stage has none yet); with `key`, the
     value of that key's tenant, read with that key."""

@@ -11,7 +11,7 @@ import time
 
 import httpx
 import pytest
-from servers import metric, start_serve, wait_healthy
+from servers import metric, start_serve, unlabelled_metric, wait_healthy
 
 from agentaccel.backends.local.cost_curve import MIN_STEPS
 from agentaccel.bench.upstream import MODEL, Upstream
@@ -61,14 +61,6 @@ def ask(url: str, model: str, messages: list[dict], stage: str | None, max_token
     headers = {"X-Agentaccel-Stage": stage} if stage else {}
     r = httpx.post(url + "/v1/chat/completions", json=body, headers=headers, timeout=300)
     assert r.status_code == 200, r.text
-
-
-def unlabelled(url: str, name: str) -> float:
-    """A metric without labels from the proxy's /metrics (counters: their _total)."""
-    for line in httpx.get(url + "/metrics").text.splitlines():
-        if line.split(" ")[0] in (name, name + "_total"):
-            return float(line.split()[-1])
-    raise AssertionError(f"{name} not in /metrics")
 
 
 def untagged(k: int) -> list[dict]:
@@ -129,7 +121,7 @@ def exercise(backend: str, db, tmp_path, record: bool) -> None:
         if backend != "replay":  # the replay backend answers recorded calls only
             for k in range(4):
                 ask(url, model, untagged(k), None)
-            assert unlabelled(url, "agentaccel_discovered_stages") >= 1
+            assert unlabelled_metric(url, "agentaccel_discovered_stages") >= 1
         if backend in ("local", "vllm", "replay"):  # our engine drafted and calibrated
             time.sleep(1.5)  # the vLLM plugin's statistics file is rewritten every half second
             assert metric(url, "agentaccel_spec_steps_total", "sql") > 0
@@ -138,7 +130,7 @@ def exercise(backend: str, db, tmp_path, record: bool) -> None:
             for k in range(3):  # plain steps, enough of them for the embedded backend's keeper to write
                 ask(url, model, [{"role": "user", "content": f"Count from {k} to 900, separated by commas."}],
                     "story", max_tokens=MIN_STEPS // 3 + 8, speculate=False)
-            assert unlabelled(url, "agentaccel_step_cost_timed_steps") > MIN_STEPS
+            assert unlabelled_metric(url, "agentaccel_step_cost_timed_steps") > MIN_STEPS
     finally:
         stop_group(proc, 90)
         if upstream is not None:

@@ -21,9 +21,10 @@ from agentaccel.cli.common import (
     err,
     int_list,
     open_tokenizer,
+    parse_size,
     traces_folder,
 )
-from agentaccel.cli.serve import PREFIX_CACHE, Dtype, DtypeOption, check_cost_profile, parse_size
+from agentaccel.cli.serve import PREFIX_CACHE, Dtype, DtypeOption, check_cost_profile
 
 bench_app = typer.Typer(help="Benchmarks: replay your recorded calls, the engine, the embedded backend, the proxy "
                              "(results: docs/BENCHMARKS.md).", no_args_is_help=True)

@@ -3,6 +3,7 @@ store, the tokenizer and the real-trace folder with a clear message instead of a
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +23,35 @@ TokenizerOption = Annotated[str | None, typer.Option("--tokenizer", help="tokeni
                                                                          "(default: SmolLM2's).")]
 JsonOption = Annotated[Path | None, typer.Option("--json", help="Also write the results as JSON here (default: not "
                                                               "written).")]
+def parse_size(text: str) -> int:
+    """'2GiB', '512MB', '1e9' -> bytes."""
+    m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([KMGT]?)(i?)B?\s*", text, re.IGNORECASE)
+    if not m:
+        raise typer.BadParameter(f"{text!r}: expected a size like 2GiB, 512MB or 1000000")
+    base = 1024 if m.group(3) or not m.group(2) else 1000
+    return int(float(m.group(1)) * base ** " KMGT".index(m.group(2).upper() or " "))
+
+
+StoreBudgetOption = Annotated[str | None, typer.Option(
+    "--store-budget", help="Keep the trace store under this size (e.g. 20GiB): the oldest calls go first, each tenant "
+                           "keeping an equal share, with whatever only they used (default: no budget).")]
+KeepDaysOption = Annotated[float | None, typer.Option(help="Keep calls this many days (default: no limit).", min=0)]
+PinSourceOption = Annotated[list[str] | None, typer.Option(
+    "--pin-source", help="Never prune calls whose source file contains this (e.g. an imported history; "
+                         "repeatable; default: none).")]
+
+
+def retention_of(store_budget: str | None, keep_days: float | None, pin_source: list[str] | None):
+    """The retention the options ask for (traces/retention.py), a size that does not read failing as a CLI error."""
+    from agentaccel.traces.retention import Retention
+
+    try:
+        budget = parse_size(store_budget) if store_budget is not None else None
+    except typer.BadParameter as e:
+        raise typer.BadParameter(str(e), param_hint="--store-budget") from None
+    return Retention(budget, keep_days, tuple(pin_source or ()))
+
+
 def _tenant(value: str | None) -> str | None:
     from agentaccel.traces.tenants import parse_tenant
 

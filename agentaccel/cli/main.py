@@ -7,7 +7,14 @@ import typer
 from agentaccel.cli.bench import bench_app
 from agentaccel.cli.openhands import openhands_config
 from agentaccel.cli.serve import serve
-from agentaccel.cli.traces import export_traces_cmd, import_traces_cmd, traces_app, traces_stages, traces_stats
+from agentaccel.cli.traces import (
+    export_traces_cmd,
+    import_traces_cmd,
+    traces_app,
+    traces_prune,
+    traces_stages,
+    traces_stats,
+)
 from agentaccel.cli.tune import tune_cmd
 
 app = typer.Typer(help="agentaccel: suffix speculation middleware that makes LLM agents faster without changing "
@@ -21,6 +28,7 @@ app.command("import-traces", rich_help_panel=TRACES)(import_traces_cmd)
 app.add_typer(traces_app, name="traces", rich_help_panel=TRACES)
 traces_app.command("stats")(traces_stats)
 traces_app.command("stages")(traces_stages)
+traces_app.command("prune")(traces_prune)
 app.command("export-traces", rich_help_panel=TRACES)(export_traces_cmd)
 app.command("tune", rich_help_panel=TRACES)(tune_cmd)
 app.add_typer(bench_app, name="bench", rich_help_panel=BENCH)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import re
 import signal
 import sys
 from enum import StrEnum
@@ -13,7 +12,20 @@ from typing import Annotated
 
 import typer
 
-from agentaccel.cli.common import DbOption, cost_spec, err, fail, open_store, open_tokenizer, store_location
+from agentaccel.cli.common import (
+    DbOption,
+    KeepDaysOption,
+    PinSourceOption,
+    StoreBudgetOption,
+    cost_spec,
+    err,
+    fail,
+    open_store,
+    open_tokenizer,
+    parse_size,
+    retention_of,
+    store_location,
+)
 
 
 class BackendKind(StrEnum):
@@ -42,15 +54,6 @@ DtypeOption = Annotated[Dtype, typer.Option(help="local: precision of the embedd
                                                  "large models on a GPU.")]
 
 
-def parse_size(text: str) -> int:
-    """'2GiB', '512MB', '1e9' -> bytes."""
-    m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([KMGT]?)(i?)B?\s*", text, re.IGNORECASE)
-    if not m:
-        raise typer.BadParameter(f"{text!r}: expected a size like 2GiB, 512MB or 1000000")
-    base = 1024 if m.group(3) or not m.group(2) else 1000
-    return int(float(m.group(1)) * base ** " KMGT".index(m.group(2).upper() or " "))
-
-
 PREFIX_CACHE = "512MiB"  # as prefix_cache.DEFAULT_BUDGET_BYTES (the CLI does not import torch to parse options)
 
 
@@ -58,8 +61,8 @@ def serve(
     ctx: typer.Context,
     backend: Annotated[BackendKind, typer.Option(help="local: embedded model (no GPU needed); openai: any "
                                                       "OpenAI-compatible upstream; vllm: a managed `vllm serve`; "
-                                                      "replay: recorded outputs from --db, generated through the "
-                                                      "engine at a simulated step time.")]
+                                                      "replay: recorded outputs from --db (or --recordings), "
+                                                      "generated through the engine at a simulated step time.")]
     = BackendKind.local,
     host: Annotated[str, typer.Option(help="Address to bind (loopback unless you mean otherwise).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
@@ -154,10 +157,20 @@ def serve(
     = "auto",
     step_ms: Annotated[float, typer.Option(help="replay: simulated time of a plain decoding step, in ms.", min=0)]
     = 20.0,
+    recordings: Annotated[str | None, typer.Option(help="replay: answer from the calls of this trace store, and "
+                                                        "use --db as a real server does (record into it, seed the "
+                                                        "trees from it and follow it, keep it within "
+                                                        "--store-budget/--keep-days); default: answer from --db, "
+                                                        "record nothing, trees start empty.")] = None,
     speculation: Annotated[bool, typer.Option(help="replay: draft and verify (off: one plain step per token, the "
                                                    "baseline).")] = True,
     prefix_cache: Annotated[str, typer.Option(help="local: memory for prompts' KV entries, reused by later "
                                                    "prompts that begin alike (0 turns it off).")] = PREFIX_CACHE,
+    store_budget: StoreBudgetOption = None,
+    keep_days: KeepDaysOption = None,
+    pin_source: PinSourceOption = None,
+    prune_every: Annotated[float, typer.Option(help="Seconds between checks of --store-budget and --keep-days.",
+                                               min=0.1)] = 60.0,
 ) -> None:
     """Run the OpenAI-compatible proxy. Arguments after `--` go to `vllm serve` (vllm backend)."""
     import uvicorn
@@ -173,7 +186,14 @@ def serve(
         if any(not k.strip() for k in keys or ()):  # an unset variable: "Bearer " alone would get in
             raise typer.BadParameter("an empty key (is the variable that should hold it set?)", param_hint=hint)
     location = store_location(db)  # a URL it cannot use fails here, before anything starts
-    _check_snapshot(snapshot, backend, seed, follow)
+    retention = retention_of(store_budget, keep_days, pin_source)
+    answers = store_location(recordings) if recordings is not None else None
+    replaying_db = backend is BackendKind.replay and answers is None  # --db holds the answers: kept as it is
+    if retention.active and replaying_db:
+        raise typer.BadParameter("the replay backend answers from the calls in its trace store: prune that store "
+                                 "with `agentaccel traces prune` instead (or answer from --recordings)",
+                                 param_hint="--store-budget/--keep-days")
+    _check_snapshot(snapshot, backend, seed, follow, replaying_db)
     config = ProxyConfig(host=host, port=port, api_keys=tuple(api_key or ()), admin_keys=tuple(admin_key or ()),
                          prefix_scope=prefix_cache_scope.value, speculation_scope=speculation_scope.value,
                          max_body_bytes=parse_size(max_body), record=record,
@@ -181,7 +201,7 @@ def serve(
                          fingerprint_system=fingerprint,
                          upstream_timeout=upstream_timeout, read_timeout=read_timeout,
                          max_connections=max_connections)
-    if backend is BackendKind.replay and record:
+    if replaying_db and record:
         # recording the replayed calls into the store they come from would feed later runs their own echo
         err.print("agentaccel: replay backend: calls are not recorded (their outputs are the recordings')")
         config.record = False
@@ -202,8 +222,15 @@ def serve(
                               location, seed, follow, snapshot, recorder, cost_profile, parse_size(prefix_cache),
                               online_tuning, speculation_scope is Scope.key, follow_log)
     elif backend is BackendKind.replay:
-        impl = _replay_backend(location, "gpu" if cost_profile == "auto" else cost_profile, step_ms, speculation,
-                               served_model_name, spec_config, budget, online_tuning)
+        impl = _replay_backend(answers or location, "gpu" if cost_profile == "auto" else cost_profile, step_ms,
+                               speculation, served_model_name, spec_config, budget, online_tuning)
+        if answers is not None:  # --db is this server's own store, as a real server's
+            tokenizer = open_tokenizer(None)
+            if recorder is not None:
+                recorder.set_tokenizer((tokenizer.fingerprint, tokenizer.encode_batch))
+            if seed or follow:
+                impl.follower = seed_engine(impl.engine, location, tokenizer, seed, follow, snapshot,
+                                            speculation_scope is Scope.key, follow_log)
     else:
         from agentaccel.backends.vllm.backend import VLLMBackend
 
@@ -220,7 +247,8 @@ def serve(
         err.print(f"[bold red]warning:[/bold red] serving on {host} without --api-key: anyone who can reach this "
                   "address can use the model and read /metrics")
     url = f"http://{host}:{port}/v1"
-    app = create_app(config, impl, recorder, on_started=lambda: err.print(f"agentaccel: ready on {url}"))
+    app = create_app(config, impl, recorder, on_started=lambda: err.print(f"agentaccel: ready on {url}"),
+                     pruner=_pruner(location, retention, prune_every))
     err.print(f"agentaccel: {backend.value} backend starting on {url} "
               f"(recording {'off' if recorder is None else 'to ' + str(recorder.location)})")
     # Background threads (the recorder's sender, the local backend's workers) must not hold the
@@ -236,6 +264,19 @@ def serve(
                 access_log=False, proxy_headers=False, http=app.http_protocol)
 
 
+def _pruner(location, retention, every: float):
+    """The store's keeper of its retention (traces/pruner.py), or None when nothing is to be pruned."""
+    if not retention.active:
+        return None
+    from agentaccel.traces.pruner import Pruner
+
+    def said(report) -> None:
+        err.print(f"agentaccel: pruned {report.calls:,} calls from the trace store ({report.bytes_before / 2**20:,.1f} "
+                  f"-> {report.bytes_after / 2**20:,.1f} MiB) in {report.seconds:.1f} s", highlight=False)
+
+    return Pruner(location, retention, every=every, on_report=said)
+
+
 def _bundled_model() -> str:
     """The default model's folder (made from the bundled GGUF on first use), or a CLI error."""
     from agentaccel.assets import MissingAsset
@@ -248,13 +289,14 @@ def _bundled_model() -> str:
         raise fail(f"no --model given and no bundled model to serve: {e}") from e
 
 
-def _check_snapshot(snapshot: Path | None, backend: BackendKind, seed: bool, follow: bool) -> None:
+def _check_snapshot(snapshot: Path | None, backend: BackendKind, seed: bool, follow: bool,
+                    replaying_db: bool = False) -> None:
     """`--snapshot` does something only where stage trees are seeded and followed: refused, saying
     why, where it would be ignored."""
     if snapshot is None:
         return
     why = None
-    if backend in (BackendKind.openai, BackendKind.replay):
+    if backend is BackendKind.openai or replaying_db:
         why = (f"the {backend.value} backend keeps no stage trees from the trace store (openai: the upstream drafts, "
                "if at all; replay: its trees start empty on purpose)")
     elif not seed:

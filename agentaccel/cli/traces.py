@@ -10,6 +10,9 @@ from rich.table import Table
 
 from agentaccel.cli.common import (
     DbOption,
+    KeepDaysOption,
+    PinSourceOption,
+    StoreBudgetOption,
     TenantOption,
     TokenizerOption,
     console,
@@ -17,10 +20,11 @@ from agentaccel.cli.common import (
     fail,
     open_store,
     open_tokenizer,
+    retention_of,
 )
 from agentaccel.traces.stages import DEFAULT_STAGE
 
-traces_app = typer.Typer(help="Inspect the trace store.", no_args_is_help=True)
+traces_app = typer.Typer(help="Inspect and prune the trace store.", no_args_is_help=True)
 
 
 def import_traces_cmd(
@@ -115,6 +119,46 @@ def traces_stats(
     _policies_table(store)
     _discovered_note(store)
     store.close()
+
+
+def traces_prune(
+    db: DbOption = None,
+    store_budget: StoreBudgetOption = None,
+    keep_days: KeepDaysOption = None,
+    pin_source: PinSourceOption = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would go; delete nothing.")] = False,
+) -> None:
+    """Prune the trace store once: calls past --keep-days go, then the oldest until the store is
+    under --store-budget (each tenant keeping an equal share), with whatever only they used. What
+    `serve --store-budget/--keep-days` does every minute while it serves."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from agentaccel.traces.retention import prune
+
+    retention = retention_of(store_budget, keep_days, pin_source)
+    if not retention.active:
+        raise fail("nothing to prune by: give --keep-days N and/or --store-budget SIZE")
+    store = open_store(db, must_exist=True)
+    with store:
+        planned = prune(store, retention, dry_run=True)
+        report = planned
+        if not dry_run and planned.calls:
+            with Progress(TextColumn("pruning"), BarColumn(), MofNCompleteColumn(), console=err,
+                          transient=True) as progress:
+                task = progress.add_task("", total=planned.calls)
+                report = prune(store, retention, progress=lambda n: progress.advance(task, n))
+    console.print(f"{'would prune' if dry_run else 'pruned'} from {store.name}:", highlight=False)
+    table = Table()
+    for col in ("tenant", "calls"):
+        table.add_column(col, justify="left" if col == "tenant" else "right")
+    for tenant, n in sorted(report.by_tenant.items(), key=lambda item: -item[1]):
+        table.add_row(tenant or "base", f"{n:,}")
+    console.print(table)
+    size = f"{report.bytes_before / 2**20:,.1f} MiB"
+    if not dry_run:
+        size += f" -> {report.bytes_after / 2**20:,.1f} MiB; {report.blobs:,} messages and {report.sessions:,} " \
+                f"sessions no call used any more went too"
+    console.print(f"{report.calls:,} calls; the store: {size}", highlight=False)
 
 
 def _tenants_table(store, selected: str | None) -> None:

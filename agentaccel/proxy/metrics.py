@@ -84,6 +84,17 @@ class Metrics:
                  "Times discovered templates could not be saved to the trace store", "save_errors")):
             self.registry.register(_ValueCollector(family, name, doc, lambda key=key: read()[key]))
 
+    def watch_retention(self, read: Callable[[], dict[str, float]]) -> None:
+        """The trace store's retention (traces/pruner.py), read at scrape time."""
+        for family, name, doc, key in (
+                (GaugeMetricFamily, "agentaccel_store_bytes",
+                 "The trace store's size as its budget counts it, at the last check", "bytes"),
+                (CounterMetricFamily, "agentaccel_store_pruned_calls",
+                 "Calls this server pruned from the trace store (past --keep-days or --store-budget)", "calls"),
+                (CounterMetricFamily, "agentaccel_store_prune_errors",
+                 "Checks of the trace store's retention that failed (the server serves on)", "errors")):
+            self.registry.register(_ValueCollector(family, name, doc, lambda key=key: read()[key]))
+
     def label(self, stage: str) -> str:
         """Stage names come from clients: past MAX_STAGES distinct ones, the rest share the label
         "other" (each label value is a time series in Prometheus; a client must not be able to

@@ -37,6 +37,7 @@ from agentaccel.proxy.event_stream import EventStream
 from agentaccel.proxy.guard import guarded_protocol
 from agentaccel.proxy.metrics import Metrics
 from agentaccel.proxy.validation import parse_json, validate
+from agentaccel.traces.pruner import Pruner
 from agentaccel.traces.recorder import RecordedCall, Recorder
 from agentaccel.traces.tenants import tenant_of
 
@@ -47,8 +48,9 @@ log = logging.getLogger("agentaccel.proxy")
 
 class Proxy:
     def __init__(self, config: ProxyConfig, backend: Backend, recorder: Recorder | None = None,
-                 on_started: Callable[[], None] | None = None) -> None:
+                 on_started: Callable[[], None] | None = None, pruner: Pruner | None = None) -> None:
         self.config = config
+        self.pruner = pruner  # keeps the trace store within its retention (started with the server)
         self.on_started = on_started  # told once the backend is up (the model loaded, vLLM healthy)
         self.backend = backend
         self.recorder = recorder
@@ -59,6 +61,8 @@ class Proxy:
                           if config.discover_stages else None)
         if self.discovery is not None:
             self.metrics.watch_discovery(self.discovery.metrics)
+        if pruner is not None:
+            self.metrics.watch_retention(pruner.metrics)
         self._models: list[str] = []
         # (key, tenant name): the name is a digest, so nothing downstream (caches, vLLM, the store) holds a key
         # (key, tenant, reads every tenant's /metrics): an operator's key is a tenant like any other
@@ -74,6 +78,8 @@ class Proxy:
     @contextlib.asynccontextmanager
     async def lifespan(self, _app):
         started = await self._start()  # False: stopped while starting (uvicorn then shuts down at once)
+        if started and self.pruner is not None:
+            self.pruner.start()
         if started and self.on_started is not None:
             self.on_started()
         # Everything loaded so far (modules, the model, seeded trees' Python side) lives as long as the
@@ -82,6 +88,8 @@ class Proxy:
         try:
             yield
         finally:
+            if self.pruner is not None:
+                await asyncio.to_thread(self.pruner.close)
             await self.backend.close()
             if self.discovery is not None:
                 await self.discovery.close()
@@ -231,7 +239,7 @@ class Proxy:
         summary = from_body(endpoint, reply)
         self._observe(endpoint, ctx, 200, t0, summary)
         self._record(endpoint, body, ctx, summary, t0)
-        return JSONResponse(reply, headers=_stage_header(ctx.stage))
+        return JSONResponse(reply, headers=_reply_headers(ctx))
 
     async def _stream(self, endpoint: str, body: dict, forward: dict, ctx: CallContext, t0: float) -> Response:
         want_usage = bool((body.get("stream_options") or {}).get("include_usage"))
@@ -279,7 +287,7 @@ class Proxy:
                     self._record(endpoint, body, ctx, summary, t0)
                 await chunks.aclose()
 
-        return EventStream(events(), _stage_header(ctx.stage), final=SSE_DONE)
+        return EventStream(events(), _reply_headers(ctx), final=SSE_DONE)
 
     def _observe(self, endpoint: str, ctx: CallContext, status: int, t0: float,
                  summary: Accumulated | None = None) -> None:
@@ -353,9 +361,11 @@ class Proxy:
 _UNREAD_BODY = frozenset({"body_timeout", "body_too_large"})
 
 
-def _stage_header(stage: str) -> dict[str, str]:
-    """The stage a reply was served as; a name beyond ASCII goes percent-encoded (HTTP headers are bytes)."""
-    return {"x-agentaccel-stage": stage if stage.isascii() else urllib.parse.quote(stage)}
+def _reply_headers(ctx: CallContext) -> dict[str, str]:
+    """The stage a reply was served as (a name beyond ASCII goes percent-encoded: HTTP headers are
+    bytes), and the id the trace store knows the call by (`metadata.call_id`)."""
+    return {"x-agentaccel-stage": ctx.stage if ctx.stage.isascii() else urllib.parse.quote(ctx.stage),
+            "x-agentaccel-call": ctx.request_id}
 
 
 def _error(e: APIError) -> JSONResponse:
@@ -437,8 +447,8 @@ class HotPath:
 
 
 def create_app(config: ProxyConfig, backend: Backend, recorder: Recorder | None = None,
-               on_started: Callable[[], None] | None = None) -> HotPath:
-    proxy = Proxy(config, backend, recorder, on_started)
+               on_started: Callable[[], None] | None = None, pruner: Pruner | None = None) -> HotPath:
+    proxy = Proxy(config, backend, recorder, on_started, pruner)
     completions = {"/chat/completions": proxy.chat, "/completions": proxy.completions}
     api = [Route(path, handler, methods=["POST"]) for path, handler in completions.items()] + [
         Route("/models", proxy.list_models, methods=["GET"]),

@@ -366,8 +366,9 @@ class _Writer:
 
 def _worth_retrying(error: Exception) -> str | None:
     """Why a failed batch may succeed if tried again (another SQLite writer holds the lock; a
-    PostgreSQL deadlock or serialization failure between concurrent proxies; a PostgreSQL server
-    that went away, e.g. restarting), or None."""
+    PostgreSQL deadlock or serialization failure between concurrent proxies, or a prune that took
+    a session or message the batch found and then used; a PostgreSQL server that went away, e.g.
+    restarting), or None."""
     if isinstance(error, sqlite3.OperationalError):
         return "locked by another writer" if "locked" in str(error) or "busy" in str(error) else None
     try:
@@ -376,6 +377,8 @@ def _worth_retrying(error: Exception) -> str | None:
         return None
     if isinstance(error, psycopg.errors.DeadlockDetected | psycopg.errors.SerializationFailure):
         return "in conflict with another writer"
+    if isinstance(error, psycopg.errors.ForeignKeyViolation):  # a prune took a session or message it was using
+        return "in conflict with a prune"
     reconnecting = isinstance(error, ValueError) and "cannot connect" in str(error)  # TraceStore() anew
     if isinstance(error, psycopg.OperationalError) or reconnecting:
         return "unreachable"

@@ -26,12 +26,12 @@ import numpy as np
 
 from agentaccel.text.messages import canonical_json
 from agentaccel.text.render import render_message
-from agentaccel.traces import stage_policies, step_costs, template_stages, templates
+from agentaccel.traces import retention, stage_policies, step_costs, template_stages, templates
 from agentaccel.traces.database import Connection, Location, errors, locate
 from agentaccel.traces.records import Call, Session, digest
 from agentaccel.traces.tenants import BASE, tenant_clause
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: every write counts the calls using each blob (blob_uses: retention.py)
 CALLS_CHANNEL = "agentaccel_calls"  # PostgreSQL NOTIFY channel: new calls were committed
 _VALUES_PER_STATEMENT = 900  # parameters of one bulk statement: well within SQLite's and PostgreSQL's limits
 
@@ -95,7 +95,7 @@ CREATE TABLE IF NOT EXISTS tokens (
 
 
 # The tables other modules own, each declared beside its queries.
-SCHEMA = CORE_SCHEMA + "".join(m.SCHEMA for m in (stage_policies, templates, template_stages, step_costs))
+SCHEMA = CORE_SCHEMA + "".join(m.SCHEMA for m in (stage_policies, templates, template_stages, step_costs, retention))
 TABLES = set(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", SCHEMA))
 
 
@@ -236,7 +236,13 @@ class TraceStore:
         except (TypeError, ValueError):
             raise ValueError(f"{self.name}: damaged trace store: schema version {version!r} in its meta table "
                              "is not a number") from None
-        if number != SCHEMA_VERSION:
+        if number == 1 and SCHEMA_VERSION == 2:  # made before blob_uses: counted once, then written as 2
+            try:
+                retention.count_every_use(self.conn)
+            except errors() as e:
+                raise ValueError(f"{self.name}: a trace store of schema 1, which this agentaccel brings to schema "
+                                 f"2 when it can write to it: {e}") from e
+        elif number != SCHEMA_VERSION:
             raise ValueError(f"{self.name}: trace store schema {version}, this agentaccel reads {SCHEMA_VERSION}")
         store_id = self._meta("store_id")
         if not store_id:
@@ -316,6 +322,9 @@ class TraceStore:
             fresh = self._not_stored(planned, result)
             inserted = self._insert_calls(fresh, session_ids, blob_ids, source_file, fmt)
             stage_of_response = self._mark_inserted(fresh, inserted, result)
+            # what each stored call uses, so that a prune knows which blobs only its calls used
+            retention.count_uses(conn, [blob_ids[h] for p in stage_of_response.values()
+                                        for h in [*p.messages, *([p.tools] if p.tools else [])]])
             new_texts += [("r", call_id, p.call.response) for call_id, p in stage_of_response.items()]
             if tokenize is not None and new_texts:
                 lengths = self._store_tokens(new_texts, tokenize)

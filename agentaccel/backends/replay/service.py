@@ -6,7 +6,10 @@ speculation off a step is one plain token. So real agents, tools, proxy and engi
 on real model outputs; only the model's step time is simulated (prefill is not modelled).
 
 The trees start empty and learn from the run itself: seeded from the recordings being replayed,
-they would hand the drafter the answers.
+they would hand the drafter the answers. With `serve --recordings` the answers come from one
+store and the server's own store (`--db`) is used as a real server's: recorded into, seeded from,
+followed and pruned (a server whose model costs nothing: what a long run of serving does to the
+store, its memory and its latency, `scripts/soak.py`).
 """
 
 from __future__ import annotations
@@ -17,9 +20,9 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
-from agentaccel.backends.base import CHAT, Backend, CallContext, SpecStats
+from agentaccel.backends.base import CHAT, Backend, CallContext, SpecStats, follower_counters
 from agentaccel.backends.policies import policy_state
 from agentaccel.backends.replay.recordings import RecordedCall, Recordings
 from agentaccel.engine import SuffixEngine
@@ -58,14 +61,16 @@ class ReplayBackend(Backend):
         self.step_seconds = step_ms / 1000.0
         self.cost = profile.model
         self.online = online
+        self.follower = None  # the store follower, when the trees learn from a store of this server's own
 
     def policy_state(self) -> dict[str, dict]:
         return policy_state(self.engine, self.online)
 
     def counters(self) -> list[tuple[str, str, str, dict[str, float]]]:
+        follower = {"0": asdict(self.follower.stats)} if self.follower is not None else {}
         return [("agentaccel_replay_lookups", "Requests by how a recording was found for them: exact (the same "
                  "prompt), fallback (the conversation's task and turn), none or ambiguous (refused with a 400)",
-                 "result", dict(self.recordings.counts))]
+                 "result", dict(self.recordings.counts)), *follower_counters(follower)]
 
     async def models(self) -> list[str]:
         """Its own name, and every recorded model's: a request may name the model whose recording
@@ -74,9 +79,12 @@ class ReplayBackend(Backend):
 
     def health(self) -> dict:
         stats = self.engine.stats()
-        return {"backend": self.name, "model": self.served_name, "recorded_sessions": len(self.recordings),
-                "speculation": self.speculate,
-                "engine": {"tokens": stats["tokens"], "documents": stats["documents"], "bytes": stats["bytes"]}}
+        out = {"backend": self.name, "model": self.served_name, "recorded_sessions": len(self.recordings),
+               "speculation": self.speculate,
+               "engine": {"tokens": stats["tokens"], "documents": stats["documents"], "bytes": stats["bytes"]}}
+        if self.follower is not None:
+            out["follower"] = asdict(self.follower.stats)
+        return out
 
     # ------------------------------------------------------------------ the simulated model
     def _steps(self, recorded: RecordedCall, prompt: list[int], output: list[int], ctx: CallContext,

@@ -1,0 +1,283 @@
+"""How much history a trace store keeps: `serve --store-budget SIZE --keep-days N` while serving,
+`agentaccel traces prune` once.
+
+The rule. Calls go oldest first (their recorded time, else when they were imported); a call whose
+source file contains a pinned pattern (`--pin-source`) never goes. Under a size budget each tenant
+(the base, keyless and imported calls, counts as one) is entitled to an equal share of the calls
+the budget holds: tenants over their share lose their oldest calls first, and a tenant under its
+share loses none while another is over (max-min fairness), so one tenant's traffic never prunes
+another's within its share. Baseline and imported calls follow the same rule as any other.
+
+What goes with a call: its tenant and baseline rows, its response's tokens; each blob (a message,
+a tool list) when no stored call uses it any more (`blob_uses` counts the calls using each blob,
+kept by every write), with its tokens; its session when none of its calls is left. Each batch is
+one short transaction, so a prune never holds the store from a recorder for long.
+
+The size. SQLite: the pages the file uses (freed pages are reused by later writes, so the file
+stops growing once the budget is reached). PostgreSQL: the live rows' bytes (`pg_column_size` of a
+sample of each table, times its rows): what the tables hold, not the space autovacuum keeps for
+reuse.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from agentaccel.traces.database import Connection, OpenStore
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS blob_uses (  -- how many stored calls use each blob (a blob at 0 may go)
+  blob_id {INT} PRIMARY KEY REFERENCES blobs(id),
+  calls {INT} NOT NULL
+);
+CREATE INDEX IF NOT EXISTS calls_age ON calls(COALESCE(created_at, imported_at), id);
+CREATE INDEX IF NOT EXISTS calls_tools ON calls(tools);  -- a blob deleted is checked against calls.tools
+"""
+
+BATCH = 256  # calls deleted in one transaction
+SAMPLE_ROWS = 20_000  # PostgreSQL: rows whose size stands for a larger table's
+LOW_WATER = 0.9  # a budget prune brings the store down to this share of the budget (not to its edge)
+_TABLES = ("calls", "blobs", "tokens", "sessions", "call_tenants", "baseline_calls", "blob_uses")
+
+
+@dataclass(frozen=True)
+class Retention:
+    budget_bytes: int | None = None  # the store's size is kept under this (None: no size budget)
+    keep_days: float | None = None  # calls older than this go (None: no age limit)
+    pinned: tuple[str, ...] = ()  # source-file patterns whose calls never go
+
+    @property
+    def active(self) -> bool:
+        return self.budget_bytes is not None or self.keep_days is not None
+
+
+@dataclass
+class PruneReport:
+    calls: int = 0
+    blobs: int = 0
+    sessions: int = 0
+    by_tenant: Counter = field(default_factory=Counter)  # calls pruned per tenant (None: the base)
+    bytes_before: int = 0
+    bytes_after: int = 0
+    seconds: float = 0.0
+
+
+def count_uses(conn: Connection, blob_ids: Iterable[int], sign: int = 1) -> None:
+    """Adds (`sign` -1: takes) one use per occurrence in `blob_ids` (the blobs of calls written or
+    deleted), in one statement per chunk; in blob order, so that concurrent writers lock alike."""
+    uses = Counter(blob_ids)
+    if not uses:
+        return
+    conn.executemany("INSERT INTO blob_uses (blob_id, calls) VALUES (?, ?) ON CONFLICT (blob_id) "
+                     "DO UPDATE SET calls = blob_uses.calls + excluded.calls",
+                     [(blob, sign * n) for blob, n in sorted(uses.items())])
+
+
+def blobs_of(prompt: str, tools: int | None) -> list[int]:
+    """The blob ids a call's row uses: its messages (a JSON list) and its tool list."""
+    ids = [int(b) for b in json.loads(prompt)]
+    return ids + [int(tools)] if tools is not None else ids
+
+
+def count_every_use(conn: Connection) -> None:
+    """A store of schema 1 (made before blob_uses): the uses of every call it holds counted once (one
+    statement on the server: seconds for a million calls), and the store marked schema 2, so that
+    an agentaccel that would write without counting no longer opens it."""
+    each = ("SELECT CAST(j.value AS INTEGER) AS blob FROM calls c, json_each(c.prompt) j"
+            if conn.kind == "sqlite" else
+            "SELECT CAST(j AS BIGINT) AS blob FROM calls c, jsonb_array_elements_text(c.prompt::jsonb) j")
+    with conn.transaction():
+        if conn.kind == "postgresql":
+            conn.execute("SELECT pg_advisory_xact_lock(72105)")  # one server migrates; the others wait, then see 2
+        if conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] != "1":
+            return
+        conn.execute("DELETE FROM blob_uses")
+        conn.execute(f"INSERT INTO blob_uses (blob_id, calls) SELECT blob, COUNT(*) FROM ({each} UNION ALL "
+                     "SELECT tools FROM calls WHERE tools IS NOT NULL) used GROUP BY blob")
+        conn.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+
+
+def used_bytes(store: OpenStore) -> int:
+    """The store's size as the budget counts it (see the module docstring)."""
+    conn = store.conn
+    if conn.kind == "sqlite":
+        pages, free, size = (conn.execute(f"PRAGMA {p}").fetchone()[0] for p in ("page_count", "freelist_count",
+                                                                                   "page_size"))
+        return int((pages - free) * size)
+    total = 0
+    for table in _TABLES:
+        rows = conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
+        if not rows:
+            continue
+        # every row of a small table; a repeatable sample of a large one's pages (about SAMPLE_ROWS rows)
+        sample = "" if rows <= SAMPLE_ROWS else \
+            f"TABLESAMPLE SYSTEM ({100.0 * SAMPLE_ROWS / rows:.6f}) REPEATABLE (0)"
+        mean = conn.execute(f"SELECT AVG(pg_column_size(t.*)) FROM {table} t {sample}").fetchone()[0]
+        if mean is None:  # the sample drew no page
+            mean = conn.execute(f"SELECT AVG(pg_column_size(t.*)) FROM (SELECT * FROM {table} LIMIT "
+                                f"{SAMPLE_ROWS}) t").fetchone()[0]
+        total += int(rows * float(mean or 0))
+    return total
+
+
+def prune(store: OpenStore, retention: Retention, *, now: float | None = None, batch: int = BATCH,
+          pause: float = 0.0, progress: Callable[[int], None] | None = None, dry_run: bool = False) -> PruneReport:
+    """Brings the store within `retention` (see the module docstring): the calls past the age limit
+    first, then, while the store is over its budget, rounds of the oldest calls of the tenants over
+    their share, each round sized by what a call has taken so far and the size measured again after
+    it (calls differ: an agent's late calls carry long histories). `pause` seconds between batches
+    leave the store to the writers that record. `dry_run`: only counts what would go (a budget's
+    share estimated from the size per call)."""
+    t0 = time.monotonic()
+    report = PruneReport()
+    if not retention.active:
+        return report
+    report.bytes_before = report.bytes_after = used_bytes(store)
+    pruning = _Pruning(store.conn, retention.pinned, batch, pause, progress, report)
+    if retention.keep_days is not None:
+        cutoff = (now if now is not None else time.time()) - retention.keep_days * 86400.0
+        for tenant, n in pruning.by_tenant("AND COALESCE(c.created_at, c.imported_at) < ?", (cutoff,)).items():
+            pruning.take(tenant, n, dry_run)
+    budget = retention.budget_bytes
+    if budget is not None and not dry_run:
+        report.bytes_after = used_bytes(store) if report.calls else report.bytes_before
+        per_call = None  # what a call frees: what the last round freed per call (the first round: a batch)
+        while report.bytes_after > LOW_WATER * budget:
+            held = pruning.by_tenant()
+            if not held:
+                break  # only pinned calls are left
+            # half the way at a time, so that a round of calls larger than those before overshoots little;
+            # the first round a sample: a batch, or a twentieth of a small store
+            least = max(1, min(batch, sum(held.values()) // 20))
+            want = least if per_call is None else \
+                math.ceil((report.bytes_after - LOW_WATER * budget) / max(per_call, 1.0) / 2)
+            taken = sum(pruning.take(tenant, n) for tenant, n in fair_cut(held, max(want, least)).items())
+            if not taken:
+                break
+            before, report.bytes_after = report.bytes_after, used_bytes(store)
+            freed = (before - report.bytes_after) / taken
+            mean = report.bytes_after / max(store.conn.execute("SELECT COUNT(*) FROM calls").fetchone()[0], 1)
+            # a round that freed nothing measurable (SQLite frees whole pages) is read as a mean call
+            per_call = freed if freed > 0 else per_call or mean
+    elif budget is not None and report.bytes_before > budget:
+        held = pruning.by_tenant()
+        per_call = report.bytes_before / max(store.conn.execute("SELECT COUNT(*) FROM calls").fetchone()[0], 1)
+        want = math.ceil((report.bytes_before - LOW_WATER * budget) / per_call)
+        for tenant, n in fair_cut({t: n - report.by_tenant[t] for t, n in held.items()}, want).items():
+            pruning.take(tenant, n, dry_run=True)
+    if report.calls and not dry_run:
+        report.bytes_after = used_bytes(store)
+    report.seconds = time.monotonic() - t0
+    return report
+
+
+class _Pruning:
+    """One prune's deletions: a tenant's oldest unpinned calls, a batch per transaction."""
+
+    def __init__(self, conn: Connection, pinned: tuple[str, ...], batch: int, pause: float,
+                 progress: Callable[[int], None] | None, report: PruneReport) -> None:
+        self.conn, self.batch, self.pause, self.progress, self.report = conn, batch, pause, progress, report
+        self.pinned_sql, self.pinned_args = _unpinned(pinned)
+
+    def by_tenant(self, where: str = "", args: tuple = ()) -> dict[str | None, int]:
+        """Unpinned calls per tenant (None: the base), of those `where` selects."""
+        return {t: int(n) for t, n in self.conn.execute(
+            f"SELECT ct.tenant, COUNT(*) FROM calls c LEFT JOIN call_tenants ct ON ct.call_id = c.id "
+            f"WHERE 1 = 1 {self.pinned_sql} {where} GROUP BY ct.tenant", (*self.pinned_args, *args))}
+
+    def take(self, tenant: str | None, n: int, dry_run: bool = False) -> int:
+        """Deletes the tenant's `n` oldest unpinned calls (counts them only, `dry_run`); how many went."""
+        report, taken = self.report, 0
+        if dry_run:
+            report.by_tenant[tenant] += n
+            report.calls += n
+            return n
+        while taken < n:
+            ids = [r[0] for r in self.conn.execute(
+                "SELECT c.id FROM calls c LEFT JOIN call_tenants ct ON ct.call_id = c.id WHERE "
+                + ("ct.tenant IS NULL" if tenant is None else "ct.tenant = ?") + f" {self.pinned_sql} "
+                "ORDER BY COALESCE(c.created_at, c.imported_at), c.id LIMIT ?",
+                (*(() if tenant is None else (tenant,)), *self.pinned_args, min(self.batch, n - taken))).fetchall()]
+            if not ids:
+                break
+            blobs, sessions = delete_calls(self.conn, ids)
+            taken += len(ids)
+            report.calls += len(ids)
+            report.blobs += blobs
+            report.sessions += sessions
+            report.by_tenant[tenant] += len(ids)
+            if self.progress:
+                self.progress(len(ids))
+            if self.pause:
+                time.sleep(self.pause)
+        return taken
+
+
+def fair_cut(counts: dict, remove: int) -> dict:
+    """How many of each holder's items go so that `remove` go in all, max-min fair: every holder
+    keeps min(its count, L) for one level L (the largest that removes enough), the remainder taken
+    one each from the largest holders."""
+    remove = min(max(remove, 0), sum(counts.values()))
+    if remove == 0:
+        return {}
+    keep = sum(counts.values()) - remove
+    sizes = sorted(counts.values())
+    level, below, held = 0, 0, len(sizes)  # the level, what holders under it keep, holders at or over it
+    for n in sizes:
+        if below + n * held >= keep:
+            level = (keep - below) // held
+            break
+        below += n
+        held -= 1
+    cut = {h: max(n - level, 0) for h, n in counts.items()}
+    extra = sum(cut.values()) - remove  # the level rounded down: give some back, largest holders first
+    for h in sorted((h for h in counts if cut[h] > 0), key=lambda h: -counts[h])[:extra]:
+        cut[h] -= 1
+    return {h: n for h, n in cut.items() if n}
+
+
+def delete_calls(conn: Connection, ids: list[int]) -> tuple[int, int]:
+    """Deletes these calls and whatever only they used, in one transaction; (blobs, sessions) gone."""
+    marks = ",".join("?" * len(ids))
+    with conn.transaction():
+        rows = conn.execute(f"SELECT prompt, tools, session_id FROM calls WHERE id IN ({marks})", ids).fetchall()
+        used = [b for prompt, tools, _ in rows for b in blobs_of(prompt, tools)]
+        sessions = sorted({s for _, _, s in rows})
+        for table, column in (("call_tenants", "call_id"), ("baseline_calls", "call_id")):
+            conn.execute(f"DELETE FROM {table} WHERE {column} IN ({marks})", ids)
+        conn.execute(f"DELETE FROM tokens WHERE kind = 'r' AND ref IN ({marks})", ids)
+        conn.execute(f"DELETE FROM calls WHERE id IN ({marks})", ids)
+        count_uses(conn, used, sign=-1)
+        touched = sorted(set(used))
+        gone: list[int] = []
+        for start in range(0, len(touched), 900):
+            chunk = touched[start:start + 900]
+            gone += [r[0] for r in conn.execute(
+                f"SELECT blob_id FROM blob_uses WHERE calls <= 0 AND blob_id IN ({','.join('?' * len(chunk))})",
+                chunk).fetchall()]
+        for start in range(0, len(gone), 900):
+            chunk = gone[start:start + 900]
+            marks_b = ",".join("?" * len(chunk))
+            conn.execute(f"DELETE FROM tokens WHERE kind = 'b' AND ref IN ({marks_b})", chunk)
+            conn.execute(f"DELETE FROM blob_uses WHERE blob_id IN ({marks_b})", chunk)
+            conn.execute(f"DELETE FROM blobs WHERE id IN ({marks_b})", chunk)
+        emptied = [s for s in sessions if conn.execute(
+            "SELECT 1 FROM calls WHERE session_id = ? LIMIT 1", (s,)).fetchone() is None]
+        if emptied:
+            conn.execute(f"DELETE FROM sessions WHERE id IN ({','.join('?' * len(emptied))})", emptied)
+    return len(gone), len(emptied)
+
+
+def _unpinned(patterns: tuple[str, ...]) -> tuple[str, list[str]]:
+    """The WHERE clause (and its arguments) that leaves out calls of a pinned source."""
+    if not patterns:
+        return "", []
+    escaped = ["%" + p.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%" for p in patterns]
+    clause = " OR ".join("COALESCE(c.source_file, '') LIKE ? ESCAPE '\\'" for _ in patterns)
+    return f"AND NOT ({clause})", escaped
+

@@ -1,0 +1,263 @@
+"""Retention (traces/retention.py) on a real SQLite file and a real PostgreSQL server: pruned calls
+are gone from every table that referred to them, what only they used goes with them, what stays is
+exactly what was imported, the store stays sound, tenants keep their share, pinned sources stay, a
+prune while a recorder writes loses nothing it did not mean to, and a restart seeds from what
+remains."""
+
+import sqlite3
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+from agentaccel.backends.seeding import seed_from_store
+from agentaccel.engine import SuffixEngine
+from agentaccel.text.tokenization import load_tokenizer
+from agentaccel.traces import retention
+from agentaccel.traces.recorder import RecordedCall, Recorder
+from agentaccel.traces.records import Call, Session
+from agentaccel.traces.retention import Retention, fair_cut, prune
+from agentaccel.traces.store import TraceStore
+
+DAY = 86400.0
+NOW = 1_800_000_000.0
+SYSTEM = {"role": "system", "content": "You are an SQL assistant. Answer with one query."}  # shared by every call
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db(request, tmp_path):
+    if request.param == "sqlite":
+        return str(tmp_path / "t.db")
+    return request.getfixturevalue("postgres").new_database()
+
+
+def session(key: str, days_old: float, calls: int, tenant: str | None = None, baseline: bool = False,
+            width: int = 0, now: float = NOW) -> Session:
+    """An agent-like session: each call's prompt is the history so far (its own messages, used by
+    its later calls only) after the shared system message; `width` characters of columns in each answer."""
+    history, out = [SYSTEM], []
+    columns = ", ".join(f"col_{k}" for k in range(width // 8))
+    for i in range(calls):
+        history = [*history, {"role": "user", "content": f"{key}: question {i}"}]
+        out.append(Call(messages=list(history), response=f"SELECT {i} {columns} FROM {key.replace('-', '_')};",
+                        stage="sql",
+                        created_at=now - days_old * DAY + i, tenant=tenant, baseline=baseline and i == 0))
+        history = [*history, {"role": "assistant", "content": out[-1].response}]
+    return Session(key=key, framework="test", calls=out)
+
+
+def write(db, sessions: list[Session], tok, source: str = "") -> None:
+    with TraceStore(db) as store:
+        store.write_sessions(sessions, stage_of=lambda _s, c: c.stage, source_file=source,
+                             tokenize=(tok.fingerprint, tok.encode_batch))
+
+
+def snapshot(store: TraceStore) -> dict[str, tuple]:
+    """Every stored call by its identity: what a reader gets of it."""
+    keys = store.session_keys()
+    return {f"{keys[c.session_id]}/{c.position}": (c.messages, c.response, c.tenant, c.baseline, c.created_at)
+            for c in store.iter_calls(baselines=True)}
+
+
+def sound(store: TraceStore) -> None:
+    """No row refers to anything gone, no blob or session is left that nothing uses, and the use
+    counts are the calls' own."""
+    conn = store.conn
+    if conn.kind == "sqlite":
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
+    used = Counter()
+    for prompt, tools in conn.execute("SELECT prompt, tools FROM calls").fetchall():
+        used.update(retention.blobs_of(prompt, tools))
+    assert dict(conn.execute("SELECT blob_id, calls FROM blob_uses").fetchall()) == dict(used)
+    assert {r[0] for r in conn.execute("SELECT id FROM blobs").fetchall()} == set(used)
+    assert {r[0] for r in conn.execute("SELECT ref FROM tokens WHERE kind = 'b'").fetchall()} <= set(used)
+    calls = {r[0] for r in conn.execute("SELECT id FROM calls").fetchall()}
+    for table in ("call_tenants", "baseline_calls"):
+        assert {r[0] for r in conn.execute(f"SELECT call_id FROM {table}").fetchall()} <= calls
+    assert {r[0] for r in conn.execute("SELECT ref FROM tokens WHERE kind = 'r'").fetchall()} <= calls
+    assert {r[0] for r in conn.execute("SELECT id FROM sessions").fetchall()} == \
+        {r[0] for r in conn.execute("SELECT DISTINCT session_id FROM calls").fetchall()}
+
+
+def test_fair_cut_takes_from_the_largest_holders_first():
+    assert fair_cut({"a": 100, "b": 10, "c": 50}, 60) == {"a": 55, "c": 5}
+    assert fair_cut({"a": 100, "b": 10, "c": 50}, 0) == {}
+    assert fair_cut({"a": 3, "b": 3}, 3) in ({"a": 2, "b": 1}, {"a": 1, "b": 2})
+    assert fair_cut({"a": 5}, 99) == {"a": 5}
+    cut = fair_cut({None: 40, "t1": 7, "t2": 33}, 30)
+    assert sum(cut.values()) == 30 and "t1" not in cut and abs((40 - cut[None]) - (33 - cut["t2"])) <= 1
+
+
+def test_calls_older_than_the_limit_go_with_all_that_only_they_used(db, tok):
+    old = [session(f"old-{k}", 40, 4, tenant="tA" if k == 0 else None, baseline=k == 1) for k in range(3)]
+    new = [session(f"new-{k}", 2, 4, tenant="tA" if k == 0 else None) for k in range(3)]
+    write(db, old + new, tok)
+    with TraceStore(db) as store:
+        before = snapshot(store)
+        report = prune(store, Retention(keep_days=30), now=NOW)
+        after = snapshot(store)
+        sound(store)
+        system_blob = store.conn.execute("SELECT COUNT(*) FROM blobs WHERE json LIKE ?",
+                                         ("%You are an SQL assistant%",)).fetchone()[0]
+    assert report.calls == 12 and report.sessions == 3 and report.by_tenant == Counter({None: 8, "tA": 4})
+    assert report.blobs > 0 and system_blob == 1  # every old message went; the shared one stays
+    assert set(after) == {k for k in before if k.startswith("new-")}
+    assert all(after[k] == before[k] for k in after)  # what stays is exactly as it was imported
+    with TraceStore(db) as store:  # nothing left to prune: a second run changes nothing
+        assert prune(store, Retention(keep_days=30), now=NOW).calls == 0
+
+
+def test_a_pinned_source_stays_and_a_size_budget_keeps_each_tenants_share(db, tok):
+    write(db, [session(f"history-{k}", 300, 3, width=800) for k in range(4)], tok, source="imported/history.jsonl")
+    write(db, [session(f"busy-{k}", 10 - k / 10, 6, tenant="busy", width=800) for k in range(24)], tok)
+    write(db, [session(f"quiet-{k}", 20, 3, tenant="quiet", width=800) for k in range(2)], tok)
+    with TraceStore(db) as store:
+        before = snapshot(store)
+        used = retention.used_bytes(store)
+        report = prune(store, Retention(budget_bytes=int(used * 0.7), pinned=("history",)), now=NOW)
+        after = snapshot(store)
+        sound(store)
+        assert retention.used_bytes(store) <= 0.7 * used
+    assert report.calls > 0 and set(report.by_tenant) == {"busy"}  # the quiet tenant is within its share
+    assert {k for k in before if not k.startswith("busy-")} <= set(after)  # pinned and quiet calls all stay
+    kept_busy = sorted(k for k in after if k.startswith("busy-"))
+    gone_busy = sorted(k for k in before if k.startswith("busy-") and k not in after)
+    oldest_kept = min(before[k][4] for k in kept_busy)
+    assert all(before[k][4] <= oldest_kept for k in gone_busy)  # the oldest went first
+    assert all(after[k] == before[k] for k in after)
+
+
+def test_a_store_of_schema_1_is_counted_once_and_brought_to_schema_2(tmp_path, tok):
+    """A store made before blob_uses: the first agentaccel that opens it counts every call's uses
+    and marks it schema 2, so that an older agentaccel, which would write without counting (and so
+    let a prune take blobs still in use), no longer opens it."""
+    db = tmp_path / "t.db"
+    write(db, [session("a", 40, 3), session("b", 1, 3)], tok)
+    conn = sqlite3.connect(db)
+    with conn:  # as a store made before blob_uses
+        conn.execute("DELETE FROM blob_uses")
+        conn.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+    conn.close()
+    with TraceStore(db) as store:
+        assert store.conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == "2"
+        sound(store)
+        assert prune(store, Retention(keep_days=30), now=NOW).calls == 3
+        sound(store)
+
+
+def test_a_prune_while_a_recorder_writes_loses_no_call_it_did_not_mean_to(db, tok):
+    """A real recorder (its writer process) records live calls while prunes run back to back,
+    each taking every call older than the newest few: no batch fails, every call recorded after
+    a prune's cutoff is there at the end, and the store is sound."""
+    recorder = Recorder(db, tokenize=(tok.fingerprint, tok.encode_batch))
+    stop, errors, prunes = threading.Event(), [], []
+
+    def prune_loop() -> None:
+        try:
+            with TraceStore(db) as store:
+                while not stop.is_set():
+                    # calls recorded more than 0.3 s ago go (keep_days in days)
+                    prunes.append(prune(store, Retention(keep_days=0.3 / DAY), batch=16))
+                    time.sleep(0.05)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    thread = threading.Thread(target=prune_loop)
+    sent: list[tuple[str, float]] = []
+    try:
+        for i in range(400):
+            if i == 20:
+                thread.start()
+            key = f"s{i % 7}"
+            recorder.submit(RecordedCall(stage="sql", session_id=key, model="m",
+                                         messages=[SYSTEM, {"role": "user", "content": f"{key} q{i}"}],
+                                         response=f"SELECT {i};", call_id=f"call-{i}"))
+            sent.append((f"call-{i}", time.time()))
+            time.sleep(0.004)
+        recorder.flush(30)
+    finally:
+        stop.set()
+        if thread.is_alive():
+            thread.join(30)
+    assert not errors, errors
+    assert recorder.failed == 0 and recorder.written == 400
+    recorder.close()
+    last_cutoff = time.time() - 0.3  # no prune ran after this
+    with TraceStore(db) as store:
+        stored = {(c.metadata or {}).get("call_id") for c in store.iter_calls()}
+        sound(store)
+    assert sum(p.calls for p in prunes) > 100  # the prunes did run during the recording
+    recent = {name for name, at in sent if at > last_cutoff + 1.0}
+    assert recent <= stored
+
+
+def test_a_restart_after_a_prune_seeds_from_what_remains(db, tok):
+    write(db, [session(f"old-{k}", 40, 3) for k in range(3)] + [session(f"new-{k}", 1, 3) for k in range(2)], tok)
+    with TraceStore(db) as store:
+        prune(store, Retention(keep_days=30), now=NOW)
+        engine = SuffixEngine()
+        report = seed_from_store(engine, store, tok)
+    assert report.calls == 6
+    assert len(engine.document_ids("sql")) == 6
+
+
+def test_a_serving_store_is_kept_within_its_age_limit_while_it_records(tmp_path):
+    """`serve --keep-days` (here two seconds) with `--prune-every`: the server records every call,
+    prunes what is older as it goes, counts it in /metrics, and the store is sound."""
+    import httpx
+    from servers import serving, unlabelled_metric
+
+    from agentaccel.bench.upstream import MODEL, Upstream
+
+    db = tmp_path / "t.db"
+    with Upstream(tokens=4) as upstream, serving(["--backend", "openai", "--upstream", upstream.url, "--db", str(db),
+                                                  "--keep-days", str(2 / DAY), "--prune-every", "0.5"],
+                                                 tmp_path / "serve.log") as url:
+        for i in range(60):
+            r = httpx.post(url + "/v1/chat/completions", json={"model": MODEL, "messages": [
+                {"role": "user", "content": f"question {i}"}]}, timeout=30)
+            assert r.status_code == 200
+            time.sleep(0.1)
+        last = time.time()
+        time.sleep(1.5)  # a check after the last call
+        pruned = unlabelled_metric(url, "agentaccel_store_pruned_calls")
+        assert unlabelled_metric(url, "agentaccel_store_prune_errors") == 0
+    with TraceStore(db) as store:
+        kept = [c.created_at for c in store.iter_calls()]
+        sound(store)
+    # every call was recorded; what went is what was older than the limit when a check ran (a
+    # check may have run after /metrics was read)
+    assert pruned >= 30 and len(kept) <= 60 - pruned, (len(kept), pruned)
+    assert kept and min(kept) >= last - 2.0 - 2.0, (min(kept), last)
+
+
+def test_traces_prune_says_what_it_would_prune_and_refuses_what_it_cannot_read(tmp_path, tok):
+    import subprocess
+    import sys
+
+    db = tmp_path / "t.db"
+    write(db, [session("old", 40, 3, now=time.time()), session("new", 1, 3, now=time.time())], tok)
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "agentaccel.cli.main", "traces", "prune", "--db", str(db), *args],
+                              capture_output=True, text=True, timeout=120)
+
+    dry = cli("--keep-days", "30", "--dry-run")
+    assert dry.returncode == 0 and "would prune" in dry.stdout and "3 calls" in dry.stdout, dry.stdout + dry.stderr
+    with TraceStore(db) as store:
+        assert store.total_calls() == 6  # a dry run deletes nothing
+    for args, said in ((["--store-budget", "lots"], "--store-budget"), ([], "--keep-days")):
+        out = cli(*args)
+        assert out.returncode == 2 and said in out.stderr and "Traceback" not in out.stderr, out.stderr
+    done = cli("--keep-days", "30")
+    assert done.returncode == 0 and "3 calls" in done.stdout
+    with TraceStore(db) as store:
+        assert store.total_calls() == 3
+        sound(store)
