@@ -58,6 +58,7 @@ PLAN = {
     "agentaccel bench vllm --restart --workloads agent": "bench",
     "agentaccel bench simulate-vllm runs/a": "bench",
     "agentaccel traces stats": "run",
+    "agentaccel traces prune --keep-days 30": "run",
     "agentaccel traces stages": "run",
     "agentaccel traces stages --discover --apply": "run",
     "agentaccel tune": "run",
