@@ -11,6 +11,7 @@ from traces_fixtures import repetitive_store
 from agentaccel.engine.cost import Server, StepCostModel, parse
 from agentaccel.engine.policy import default_config
 from agentaccel.engine.verification import accepted_length
+from agentaccel.simulation import methods
 from agentaccel.simulation import replay as rp
 from agentaccel.simulation import speculators as sp
 from agentaccel.text.tokenization import load_tokenizer
@@ -46,13 +47,13 @@ def test_replay_metrics_behave(tmp_path):
     with TraceStore(db) as store:
         calls = rp.load_calls(store, load_tokenizer())
     assert [c.stage for c in calls[:2]] == ["other", "sql"]  # time order
-    specs = sp.build(["none", "pld", "paper-linear", "agentaccel"], parse("gpu"))
+    specs = methods.build(["none", "ngram-tuned", "paper-linear", "agentaccel-embedded", "agentaccel"], parse("gpu"))
     profiles = [parse("gpu"), parse("cpu")]
     rows = {(r["speculator"], r["stage"]): r for r in rp.summarize(rp.replay(calls, specs), profiles)}
     none = rows[("none", "*")]
     assert none["mat"] == 1.0 and none["est_speedup"] == 1.0 and none["draft_tokens_per_step"] == 0
     tokens = none["output_tokens"]
-    for name in ("paper-linear", "agentaccel"):
+    for name in ("paper-linear", "agentaccel-embedded", "agentaccel"):
         r = rows[(name, "*")]
         assert r["output_tokens"] == tokens  # every speculator produces exactly the recorded output
         assert r["mat"] > 2.0 and r["est_speedup"] > 1.5  # the outputs repeat: long drafts get accepted
@@ -94,7 +95,7 @@ def test_bench_replay_cli_json_sweep_and_plots(tmp_path):
         assert (tmp_path / "fig" / png).stat().st_size > 10_000
     bad = subprocess.run([sys.executable, "-m", "agentaccel.cli.main", "bench", "replay", "--db", str(db),
                           "--speculators", "none,magic"], capture_output=True, text=True)
-    assert bad.returncode == 2 and "unknown speculator(s) magic" in bad.stderr
+    assert bad.returncode == 2 and "--speculators: unknown method(s) magic" in bad.stderr
 
 
 def test_a_measured_curve_cuts_agentaccel_drafts_to_their_best_size(tmp_path):
@@ -104,12 +105,12 @@ def test_a_measured_curve_cuts_agentaccel_drafts_to_their_best_size(tmp_path):
     # up to 3 draft tokens cost one plain step; from 4 on a step costs 4 or more: never worth it
     base = np.interp(np.arange(64), [0, 1, 4, 5, 33], [1.0, 1.0, 1.0, 4.0, 40.0], right=40.0)
     curve = Server("steps", StepCostModel(tuple(base.tolist())))
-    (whole,) = sp.build(["agentaccel"], parse("gpu"))
-    (cut,) = sp.build(["agentaccel"], curve)
+    (whole,) = methods.build(["agentaccel-embedded"], parse("gpu"))
+    (cut,) = methods.build(["agentaccel-embedded"], curve)
     assert cut.config == default_config(curve)  # drafting as the backend does with a curve
     cut.name = "agentaccel-cut"
     tallies = rp.replay(calls, [whole, cut])
-    w, c = tallies["agentaccel"]["*"], tallies["agentaccel-cut"]["*"]
+    w, c = tallies["agentaccel-embedded"]["*"], tallies["agentaccel-cut"]["*"]
     assert max(w.drafted_per_step) > 3  # uncut, the repetitive outputs get long drafts
     assert max(c.drafted_per_step) <= 3 and c.accepted > 0
     assert c.summary([curve])["est_speedup"] > w.summary([curve])["est_speedup"]
@@ -122,14 +123,15 @@ def test_oracles_bound_every_suffix_drafter(tmp_path):
     db = repetitive_store(tmp_path, n=40)
     with TraceStore(db) as store:
         calls = rp.load_calls(store, load_tokenizer())
-    specs = sp.build(["paper-linear", "paper-tree", "agentaccel", "oracle-1", "oracle-2"], parse("gpu"))
+    specs = methods.build(["paper-linear", "paper-tree", "agentaccel-embedded", "agentaccel", "oracle-1", "oracle-2"],
+                          parse("gpu"))
     tallies = rp.replay(calls, specs)
     rows = {r["speculator"]: r for r in rp.summarize(tallies, [parse("gpu")]) if r["stage"] == "*"}
     one, two = rows["oracle-1"], rows["oracle-2"]
     assert one["acceptance_rate"] == 1.0 and two["acceptance_rate"] == 1.0  # it drafts only what is accepted
     assert one["est_speedup"] == one["est_speedup_sized_exactly"]
     assert one["mat"] >= two["mat"] > 1.5
-    for name in ("paper-linear", "paper-tree", "agentaccel"):
+    for name in ("paper-linear", "paper-tree", "agentaccel-embedded", "agentaccel"):
         assert one["mat"] >= rows[name]["mat"], name
         assert one["est_speedup"] >= rows[name]["est_speedup_sized_exactly"], name
     with pytest.raises(ValueError, match="k must be at least 1"):
@@ -145,8 +147,8 @@ def test_bench_replay_tenants_compares_trees_shared_and_kept_per_tenant(tmp_path
                           "--tenants", "2", "--json", str(tmp_path / "t.json")], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     rows = {r["speculator"]: r for r in json.loads((tmp_path / "t.json").read_text())["rows"] if r["stage"] == "*"}
-    assert set(rows) == {"none", "agentaccel", "agentaccel-tenants"}
-    shared, apart = rows["agentaccel"], rows["agentaccel-tenants"]
+    assert set(rows) == {"none", "agentaccel-embedded", "agentaccel-embedded-tenants"}
+    shared, apart = rows["agentaccel-embedded"], rows["agentaccel-embedded-tenants"]
     assert apart["output_tokens"] == shared["output_tokens"] == rows["none"]["output_tokens"]
     assert 1.5 < apart["mat"] < shared["mat"]
     base = subprocess.run([sys.executable, "-m", "agentaccel.cli.main", "bench", "replay", "--db", str(db),

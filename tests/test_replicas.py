@@ -6,7 +6,7 @@ import numpy as np
 from agentaccel.engine.cost import linear, parse
 from agentaccel.simulation.replay import ReplayCall
 from agentaccel.simulation.replicas import replica_of, simulate
-from agentaccel.simulation.speculators import agentaccel
+from agentaccel.simulation.speculators import embedded
 
 
 def fleet_sessions(n_sessions=24, calls=3, seed=0):
@@ -27,7 +27,7 @@ def fleet_sessions(n_sessions=24, calls=3, seed=0):
 
 def run(mode, replicas, delay=1.0):
     profile = parse("gpu").with_model(linear(0.02).scaled(0.02))  # a 20 ms step, 2 % more per draft token
-    t = simulate(fleet_sessions(), lambda: agentaccel(profile), mode=mode, replicas=replicas, server=profile,
+    t = simulate(fleet_sessions(), lambda: embedded(profile), mode=mode, replicas=replicas, server=profile,
                  streams=8, delay=delay)
     summary = t.summary([profile])
     del summary["spec_us_per_step"]  # this machine's time, not the fleet's

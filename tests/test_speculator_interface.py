@@ -30,10 +30,8 @@ def calls(tmp_path_factory):
 def every_kind():
     """Per-request drafters (chains and trees), the tree oracle, the plugin's batch drafter (with
     and without the step budget) and the allocation oracle."""
-    batch = methods.build(["agentaccel-request", "agentaccel", "oracle"], H100)
-    for drafter in batch:
-        drafter.name = f"batch-{drafter.name}"  # apart from the per-request `agentaccel`
-    return [*sp.build(["none", "pld", "paper-tree", "agentaccel", "oracle-1"], GPU), *batch]
+    return [*methods.build(["none", "ngram-tuned", "paper-tree", "agentaccel-embedded", "oracle-1"], GPU),
+            *methods.build(["agentaccel-request", "agentaccel", "oracle"], H100)]
 
 
 def test_every_speculator_runs_in_the_per_call_replay_and_in_the_batched_server(calls):
@@ -45,7 +43,7 @@ def test_every_speculator_runs_in_the_per_call_replay_and_in_the_batched_server(
         assert t.tokens == output_tokens and result.tokens == output_tokens, name
         assert t.calls == result.calls == len(calls), name
         assert t.accepted <= t.drafted and result.accepted <= result.drafted, name
-        if name in ("oracle-1", "batch-oracle"):  # the two ceilings draft only what is accepted, per call too
+        if name in ("oracle-1", "oracle"):  # the two ceilings draft only what is accepted, per call too
             assert t.accepted == t.drafted
         if name == "none":
             assert t.drafted == result.drafted == 0
@@ -60,7 +58,7 @@ def test_the_tree_oracle_bounds_every_drafter_in_the_batched_server_too(calls):
     oracle = br.simulate(sessions, sp.TreeOracle(1), H100, 1, noise=0.0)
     # every draft token is right; the server counts a call's last token as its step's own, not as accepted
     assert oracle.accepted > 0 and oracle.drafted - oracle.accepted <= oracle.calls
-    for drafter in [sp.agentaccel(GPU), *methods.build(["agentaccel-request", "agentaccel"], H100)]:
+    for drafter in [sp.embedded(GPU), *methods.build(["agentaccel-request", "agentaccel"], H100)]:
         result = br.simulate(sessions, drafter, H100, 1, noise=0.0)
         assert oracle.request_steps <= result.request_steps, drafter.name
         assert result.tokens == oracle.tokens
@@ -79,7 +77,7 @@ def test_the_per_call_replay_drives_the_plugins_drafter_as_vllm_does(calls):
     drafts, tally = first_steps(methods.build(["agentaccel-request"], H100)[0])
     assert drafts == [0] * len(calls)
     assert sum(tally.drafted_per_step) > 0 and tally.accepted > 0
-    drafts, _ = first_steps(sp.agentaccel(GPU))  # the per-call replay's own drafters draft at the prefill
+    drafts, _ = first_steps(sp.embedded(GPU))  # the per-call replay's own drafters draft at the prefill
     assert sum(drafts) > 0
 
 
@@ -139,13 +137,20 @@ def test_a_draft_longer_than_the_row_allows_is_cut_and_stays_a_tree():
     assert list(Wide().step(batch)[0].token_ids) == []
 
 
-def test_every_named_drafter_of_either_command_is_a_speculator():
-    replay_names = ["none", "pld", "paper-linear", "paper-tree", "agentaccel", "agentaccel-shared",
-                    "agentaccel-tenants", "oracle-1", "oracle-2"]
-    server_names = [*methods.DEFAULT, "agentaccel-seeded", "agentaccel-known", "agentaccel-off", "ngram-tuned",
-                    "oracle-1", "oracle-2"]
-    built = [*sp.build(replay_names, GPU), *methods.build(server_names, H100)]
-    assert all(isinstance(s, Speculator) for s in built)
-    assert [s.name for s in built] == replay_names + server_names
+def test_one_registry_names_every_drafter_of_every_command_and_each_name_is_one_thing():
+    """`bench replay`, `bench server` and the rest build from simulation/methods.py: a name means
+    the same drafter in each (`agentaccel`: the vLLM plugin's batch drafter, also per call)."""
+    names = list(dict.fromkeys([*methods.PER_CALL, *methods.DEFAULT, "agentaccel-seeded", "agentaccel-known",
+                                "agentaccel-off", "ngram", "agentaccel-embedded-shared",
+                                "agentaccel-embedded-tenants", "oracle-1", "oracle-2"]))
+    kinds = []
+    for server in (GPU, H100):
+        built = methods.build(names, server)
+        assert all(isinstance(s, Speculator) for s in built)
+        assert [s.name for s in built] == names
+        kinds.append([type(s) for s in built])
+    assert kinds[0] == kinds[1]
+    assert type(methods.build(["agentaccel"], GPU)[0]) is sp.Drafter
+    assert type(methods.build(["agentaccel-embedded"], GPU)[0]) is sp.Suffix
     with pytest.raises(ValueError, match="unknown method"):
-        methods.build(["pld-batched"], H100)
+        methods.build(["pld"], H100)

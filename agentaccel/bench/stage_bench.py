@@ -24,8 +24,8 @@ from agentaccel.bench.stage_sets.openhands_classic import openhands_classic_live
 from agentaccel.bench.stage_sets.openhands_sdk import openhands_sdk
 from agentaccel.bench.stage_sets.pipelines import TEXT2SQL, LabelledCall
 from agentaccel.engine.cost import Server
+from agentaccel.simulation.methods import build
 from agentaccel.simulation.replay import ReplayCall, replay
-from agentaccel.simulation.speculators import build
 from agentaccel.text.messages import message_text
 from agentaccel.traces.stages import DEFAULT_STAGE, system_fingerprint, system_prompt
 from agentaccel.traces.template_miner import TemplateMiner, template_text
@@ -166,7 +166,7 @@ def replay_speedups(calls: list[LabelledCall], labels: dict[str, list[str]], tok
     for name, stages in labels.items():
         replayed = [ReplayCall(n, sessions[c.session], stage, p, o)
                     for n, (c, stage, p, o) in enumerate(zip(calls, stages, prompts, outputs, strict=True)) if len(o)]
-        tallies = replay(replayed, build(["agentaccel"], profile))
+        tallies = replay(replayed, build(["agentaccel-embedded"], profile))
         out[name] = next(iter(tallies.values()))["*"].summary([profile])["est_speedup"]
     return out
 

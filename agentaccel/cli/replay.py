@@ -26,10 +26,11 @@ from agentaccel.cli.common import (
     open_store,
     open_tokenizer,
 )
+from agentaccel.simulation.methods import PER_CALL
 from agentaccel.simulation.replay import CallSelection
 from agentaccel.simulation.replicas import MEASURED_SHARE_DELAY
 
-REPLAY_SPECULATORS = "none,pld,paper-linear,paper-tree,agentaccel"
+REPLAY_SPECULATORS = ",".join(PER_CALL)
 
 # Which calls: the same options on every command that reads recorded calls.
 StageOption = Annotated[list[str] | None, typer.Option("--stage", help="Only these stages (repeatable; default: all).")]
@@ -72,14 +73,18 @@ def bench_replay(
     calls: CallSelection,
     db: DbOption = None,
     tenants: Annotated[int, typer.Option(help="Deal the sessions to N tenants in turn (in place of the tenants the "
-                                              "store knows) and compare agentaccel's trees shared by tenants with "
-                                              "trees kept per tenant, agentaccel-tenants (default: 0, off).",
+                                              "store knows) and compare the embedded backend's trees shared by "
+                                              "tenants with trees kept per tenant, agentaccel-embedded-tenants "
+                                              "(default: 0, off).",
                                          min=0)] = 0,
-    speculators: Annotated[str, typer.Option(help="Comma-separated: none, pld, paper-linear, paper-tree, "
-                                                  "agentaccel, agentaccel-shared (one tree for every stage), "
-                                                  "agentaccel-tenants (trees kept per tenant); oracle-1, oracle-2 "
-                                                  "are ceilings (they know the output: the most any draft "
-                                                  "copied after a 1- or 2-token match could give).")]
+    speculators: Annotated[str, typer.Option(help="Comma-separated methods, each as simulation/methods.py "
+                                                  "says (the same names as bench server's): none, ngram, "
+                                                  "ngram-tuned, paper-linear, paper-tree, suffix (vLLM's), "
+                                                  "agentaccel (the vLLM plugin), agentaccel-embedded (the "
+                                                  "embedded backend; -shared: one tree for every stage; "
+                                                  "-tenants: trees kept per tenant); oracle-1, oracle-2 are "
+                                                  "ceilings (they know the output: the most any draft copied "
+                                                  "after a 1- or 2-token match could give).")]
     = REPLAY_SPECULATORS,
     cost: Annotated[list[str] | None, typer.Option("--cost", help="Step cost(s) each call's steps are priced by "
                                                                  "(one request a step, relative to its plain "
@@ -89,7 +94,7 @@ def bench_replay(
     sweep: Annotated[list[str] | None, typer.Option("--sweep", help="Grid-search NAME=v1,v2 (repeatable) over "
                                                                    "--sweep-base, per stage (default: no sweep).")]
     = None,
-    sweep_base: Annotated[str, typer.Option(help="Speculator the sweep varies.")] = "agentaccel",
+    sweep_base: Annotated[str, typer.Option(help="Speculator the sweep varies.")] = "agentaccel-embedded",
     scaling: Annotated[bool, typer.Option(help="Also replay with 0-100% of the warm-up in the global tree.")]
     = False,
     tokenizer: TokenizerOption = None,
@@ -104,7 +109,7 @@ def bench_replay(
     costs = [cost_spec(c, "--cost", db) for c in cost or ["gpu", "cpu"]]
     store, tok = open_store(db, must_exist=True), open_tokenizer(tokenizer)
     if tenants and speculators == REPLAY_SPECULATORS:
-        speculators = "none,agentaccel,agentaccel-tenants"
+        speculators = "none,agentaccel-embedded,agentaccel-embedded-tenants"
     run_replay(store, tok, replace(calls, tenants=tenants),
                speculators=speculators, costs=costs, sweep=sweep or [], sweep_base=sweep_base, scaling=scaling,
                json_out=json_out, plot=plot)

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from agentaccel.cli.common import console, err, fail
 from agentaccel.engine.cost import Server
+from agentaccel.simulation import methods as registry
 from agentaccel.simulation import replay as rp
 from agentaccel.simulation import speculators as sp
 from agentaccel.simulation.replay import CallSelection
@@ -81,15 +82,15 @@ def run_replay(store, tokenizer, selection: CallSelection, *, speculators: str, 
     try:
         names = [n.strip() for n in speculators.split(",") if n.strip()]
         # the first profile drives drafting (a measured curve also cuts agentaccel's drafts, as serving does)
-        specs = sp.build(names, profiles[0])
+        specs = registry.build(names, profiles[0])
         grid = parse_sweep(sweep)
         if grid:
-            (base,) = sp.build([sweep_base], profiles[0])
+            (base,) = registry.build([sweep_base], profiles[0])
             if not isinstance(base, sp.Suffix):
                 raise ValueError(f"--sweep-base must be a suffix speculator, not {sweep_base}")
             specs += sweep_variants(base, grid)
     except ValueError as e:
-        raise fail(str(e)) from e
+        raise fail(f"--speculators: {e}" if "unknown method" in str(e) else str(e)) from e
     warm_calls, measured = selected_calls(store, tokenizer, selection)
     progress = Progress(TextColumn("[bold]replaying"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=err, transient=True)
@@ -132,9 +133,9 @@ def run_replay(store, tokenizer, selection: CallSelection, *, speculators: str, 
         from agentaccel.bench import plots
     if scaling and warm_calls:
         points = []
-        base_name = sweep_base if sweep_base in names else next((n for n in names if n.startswith("agentaccel")), None)
+        base_name = sweep_base
         for frac in (0.0, 0.1, 0.25, 0.5, 1.0):
-            (spec,) = sp.build([base_name], profiles[0])
+            (spec,) = registry.build([base_name], profiles[0])
             subset = warm_calls[: int(len(warm_calls) * frac)]
             for call in subset:
                 spec.warm(call.output, call.stage)
@@ -284,7 +285,7 @@ def run_fleet(store, tokenizer, selection: CallSelection, *, replicas: list[int]
     sessions_list = br.sessions_of(measured)
 
     def make() -> Speculator:
-        (spec,) = sp.build(["agentaccel"], profile)
+        (spec,) = registry.build(["agentaccel-embedded"], profile)
         for call in warm_calls:
             spec.warm(call.output, call.stage)
         return spec

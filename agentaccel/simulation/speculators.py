@@ -239,27 +239,10 @@ def paper_tree() -> Suffix:
     return Suffix("paper-tree", PAPER_TREE, 32, 64)
 
 
-def agentaccel(cost: Server, shared: bool = False, scoped: bool = False) -> Suffix:
-    """The default mode with the defaults a backend of this verification cost starts from (a
-    measured curve: drafts cut on it, as the embedded backend does). `scoped`: each tenant
-    drafts from the base and its own outputs only (`agentaccel-tenants`)."""
-    name = "agentaccel-shared" if shared else "agentaccel-tenants" if scoped else "agentaccel"
+def embedded(cost: Server, shared: bool = False, scoped: bool = False) -> Suffix:
+    """The embedded backend's drafting (`serve`'s default): per-stage trees, each request sizing
+    its own draft with the defaults a backend of this verification cost starts from (a measured
+    curve: drafts cut on it). `shared`: every stage in one tree; `scoped`: each tenant drafts from
+    the base and its own outputs only."""
+    name = "agentaccel-embedded" + ("-shared" if shared else "-tenants" if scoped else "")
     return Suffix(name, default_config(cost), 32, 64, shared, scoped=scoped)
-
-
-def build(names: list[str], cost: Server) -> list[Speculator]:
-    factories = {
-        "none": NoSpeculation,
-        "pld": PromptLookup,
-        "paper-linear": paper_linear,
-        "paper-tree": paper_tree,
-        "agentaccel": lambda: agentaccel(cost),
-        "agentaccel-shared": lambda: agentaccel(cost, shared=True),
-        "agentaccel-tenants": lambda: agentaccel(cost, scoped=True),
-        "oracle-1": lambda: TreeOracle(1),
-        "oracle-2": lambda: TreeOracle(2),
-    }
-    unknown = [n for n in names if n not in factories]
-    if unknown:
-        raise ValueError(f"unknown speculator(s) {', '.join(unknown)}; known: {', '.join(factories)}")
-    return [factories[n]() for n in names]

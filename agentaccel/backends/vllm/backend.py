@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -124,6 +125,7 @@ class VLLMBackend(OpenAIBackend):
     async def close(self) -> None:
         await self.supervisor.close()
         await super().close()
+        shutil.rmtree(self.stats_path.parent, ignore_errors=True)  # the workers' statistics files: theirs alone
 
     def prepare(self, body: dict, ctx: CallContext) -> dict:
         unsupported = next((f for f in ("logit_bias", "min_p") if _asks_for(body, f)), None)
