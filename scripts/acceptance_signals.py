@@ -56,9 +56,7 @@ class TextPosition:
         self.clause = "none"
 
     def add(self, piece: str) -> None:
-        for line_part, newline in _lines(piece):
-            self.line = "" if newline else self.line
-            self.line += line_part
+        self.line = piece.rsplit("\n", 1)[1] if "\n" in piece else self.line + piece
         self.fences += piece.count("```")
         self.depth = max(0, self.depth + piece.count("(") + piece.count("{") + piece.count("[")
                          - piece.count(")") - piece.count("}") - piece.count("]"))
@@ -76,13 +74,6 @@ class TextPosition:
         if not self.line.strip():
             return "line start"
         return "other"
-
-
-def _lines(piece: str):
-    parts = piece.split("\n")
-    yield parts[0], False
-    for part in parts[1:]:
-        yield part, True
 
 
 def _count(n: int) -> str:

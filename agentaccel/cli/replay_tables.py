@@ -79,10 +79,13 @@ def run_replay(store, tokenizer, selection: CallSelection, *, speculators: str, 
     """`bench replay`: each call replayed with each speculator, its steps priced by each cost."""
     profiles = costs
     stages = selection.stages
+    names = [n.strip() for n in speculators.split(",") if n.strip()]
     try:
-        names = [n.strip() for n in speculators.split(",") if n.strip()]
         # the first profile drives drafting (a measured curve also cuts agentaccel's drafts, as serving does)
         specs = registry.build(names, profiles[0])
+    except ValueError as e:
+        raise fail(f"--speculators: {e}") from e
+    try:
         grid = parse_sweep(sweep)
         if grid:
             (base,) = registry.build([sweep_base], profiles[0])
@@ -90,7 +93,7 @@ def run_replay(store, tokenizer, selection: CallSelection, *, speculators: str, 
                 raise ValueError(f"--sweep-base must be a suffix speculator, not {sweep_base}")
             specs += sweep_variants(base, grid)
     except ValueError as e:
-        raise fail(f"--speculators: {e}" if "unknown method" in str(e) else str(e)) from e
+        raise fail(str(e)) from e
     warm_calls, measured = selected_calls(store, tokenizer, selection)
     progress = Progress(TextColumn("[bold]replaying"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=err, transient=True)
@@ -133,20 +136,19 @@ def run_replay(store, tokenizer, selection: CallSelection, *, speculators: str, 
         from agentaccel.bench import plots
     if scaling and warm_calls:
         points = []
-        base_name = sweep_base
         for frac in (0.0, 0.1, 0.25, 0.5, 1.0):
-            (spec,) = registry.build([base_name], profiles[0])
+            (spec,) = registry.build([sweep_base], profiles[0])
             subset = warm_calls[: int(len(warm_calls) * frac)]
             for call in subset:
                 spec.warm(call.output, call.stage)
             size = spec.tree_tokens()
             t = rp.replay(measured, [spec])[spec.name]["*"]
             points.append((size, t.summary(profiles)["est_speedup"]))
-        result["scaling"] = {"speculator": base_name, "points": points}
+        result["scaling"] = {"speculator": sweep_base, "points": points}
         console.print("speedup vs global tree size: " + ", ".join(f"{s:,} tok → {v:.2f}x" for s, v in points))
         if plot:
             plot.mkdir(parents=True, exist_ok=True)
-            plots.speedup_vs_tree_size(points, base_name, profiles[0].name, plot)
+            plots.speedup_vs_tree_size(points, sweep_base, profiles[0].name, plot)
     if json_out:
         json_out.write_text(json.dumps(result, indent=2))
     if plot:
