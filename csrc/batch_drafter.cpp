@@ -56,6 +56,14 @@ size_t BatchDrafter::pending_outputs() const {
   return pending_.size();
 }
 
+std::vector<std::vector<double>> BatchDrafter::candidate_probs() const {
+  std::lock_guard lock(admit_mu_);
+  std::vector<std::vector<double>> out(rows_);
+  if (budgeted_)
+    for (const Job& j : jobs_) out[j.index] = j.candidate.probs;
+  return out;
+}
+
 std::map<std::string, StageCounters> BatchDrafter::counters() const {
   std::lock_guard lock(counters_mu_);
   return counters_;
@@ -74,6 +82,7 @@ std::vector<std::vector<uint32_t>> BatchDrafter::step(const BatchStep& s) {
   std::lock_guard lock(admit_mu_);
   ++step_no_;
   jobs_.clear();
+  rows_ = n;
   budgeted_ = cost != nullptr;
   StepTiming timed;        // the step that just ran
   bool continued = false;  // one of its requests was in the step before: the engine ran without a pause

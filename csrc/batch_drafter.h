@@ -90,6 +90,9 @@ class BatchDrafter {
   std::vector<StepTiming> drain_timings();
   uint64_t proposer_ns() const { return proposer_ns_.load(std::memory_order_relaxed); }  // time in step(), all steps
   uint64_t steps() const { return steps_.load(std::memory_order_relaxed); }
+  // The last step's budget candidates by row: each token's D before the budget cut it (empty where
+  // none was grown, and every row without a step cost): what a simulated ceiling re-allocates.
+  std::vector<std::vector<double>> candidate_probs() const;
   size_t tracked() const;  // requests the drafter knows (admitted, not yet finished)
   size_t pending_outputs() const;  // finished outputs waiting to join their stage trees
 
@@ -148,6 +151,7 @@ class BatchDrafter {
 
   // Drafting pool: the caller bumps `generation_`, every thread takes jobs from `next_job_`.
   std::vector<Job> jobs_;
+  size_t rows_ = 0;  // rows of the last step
   std::vector<std::vector<uint32_t>>* out_ = nullptr;
   std::vector<std::thread> workers_;
   std::mutex pool_mu_;

@@ -178,7 +178,8 @@ NB_MODULE(_core, m) {
       .def("steps", &BatchDrafter::steps)
       .def("counters", &BatchDrafter::counters, Release())
       .def("tracked", &BatchDrafter::tracked, Release())
-      .def("pending_outputs", &BatchDrafter::pending_outputs, Release());
+      .def("pending_outputs", &BatchDrafter::pending_outputs, Release())
+      .def("candidate_probs", &BatchDrafter::candidate_probs, Release());
 
   nb::class_<Engine>(m, "Engine")
       .def(nb::init<int, uint64_t, double>(), "max_depth"_a, "memory_budget_bytes"_a, "evict_slack"_a)

@@ -64,6 +64,29 @@ def test_the_tree_oracle_bounds_every_drafter_in_the_batched_server_too(calls):
         assert result.tokens == oracle.tokens
 
 
+def test_the_known_token_ceilings_climb_from_the_budget_to_the_allocation_oracle(calls):
+    """oracle-known-K: the plugin's budget under the true step cost, knowing whether each
+    candidate's first K tokens will be accepted. Knowing none it allocates as agentaccel-known does
+    (on candidates grown further); each token known more gives it more, up to the oracle, and it
+    never drafts a token among the first K that the model rejects."""
+    sessions = br.sessions_of(calls)
+    names = ["agentaccel-known", "oracle-known-0", "oracle-known-1", "oracle-known-2", "oracle-known-8", "oracle"]
+    verified: dict[str, list[tuple[int, int]]] = {}
+    rate = {}
+    for m in methods.build(names, H100):
+        seen = verified.setdefault(m.name, [])
+        m.accepted = lambda key, draft, accepted, seen=seen: seen.append((len(draft), accepted))
+        rate[m.name] = br.simulate(sessions, m, H100, 8, noise=0.0).row()["tokens_per_s"]
+    assert abs(rate["oracle-known-0"] / rate["agentaccel-known"] - 1) < 0.03, rate
+    assert rate["oracle-known-0"] < rate["oracle-known-1"] <= rate["oracle-known-2"] <= rate["oracle-known-8"], rate
+    assert rate["oracle-known-8"] <= rate["oracle"] * 1.001, rate
+    for k in (1, 2, 8):  # what it knows it never gets wrong: each draft's first k tokens are accepted
+        steps = verified[f"oracle-known-{k}"]
+        assert sum(drafted > 0 for drafted, _ in steps) > 10
+        assert all(accepted >= min(drafted, k) for drafted, accepted in steps), k
+    assert any(accepted < min(drafted, 1) for drafted, accepted in verified["oracle-known-0"])
+
+
 def test_the_per_call_replay_drives_the_plugins_drafter_as_vllm_does(calls):
     """vLLM asks its proposer for nothing before a request's first token: the batch drafter's
     first step of every call drafts nothing, later ones draft from the earlier calls' outputs."""

@@ -68,6 +68,11 @@ class BatchDrafter:
         output queued for its stage tree. A step that no longer lists a request does the same."""
         self._native.release(_rid(req_id))
 
+    def candidate_probs(self) -> list[list[float]]:
+        """With a step cost: the last step's candidates by row, each token's D before the budget
+        cut it (what a simulated ceiling allocates again knowing part of the truth)."""
+        return self._native.candidate_probs()
+
     @property
     def pending_outputs(self) -> int:
         """Finished outputs waiting to join their stage trees: with many live requests they are

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from agentaccel import _core
 from agentaccel.engine.cost import Server, TimedStep
 from agentaccel.engine.verification import accepted_length
 from agentaccel.simulation.replay import ReplayCall
@@ -328,6 +329,9 @@ class _Run:
         batch.done = [False] * len(lanes)
         if self.method.oracle:
             self.drafts = _oracle_cut(self.drafts, lanes, self.arrival, batch.num_tokens, self.server)
+        elif self.method.known is not None:
+            self.drafts = _known_cut(self.drafts, self.method.candidates, self.method.known, lanes,
+                                     batch.num_tokens, self.server)
         for i in (i for i in active if lanes[i].request.started):
             r = lanes[i].request
             out = r.call.output
@@ -411,6 +415,37 @@ def _oracle_cut(drafts, lanes, arrival: list[int], num_tokens, server: Server) -
         return seconds, seconds - without_prefill
 
     keep = best_allocation(accepted, contexts, int(decoding.requests), price)
+    return [Chain(list(d.token_ids)[: keep[i]]) for i, d in enumerate(drafts)]
+
+
+def _known_cut(drafts, candidates: list[list[float]], known: int, lanes, num_tokens, server: Server) -> list:
+    """Each candidate cut by the plugin's budget under the true step cost, its D replaced by the
+    truth for its first `known` tokens (1 while accepted, then 0) and the rest of it given them."""
+    probs, contexts = [], []
+    decoding = rows = 0
+    context = attention = 0.0
+    for i, lane in enumerate(lanes):
+        r, d = lane.request, drafts[i]
+        c = float(num_tokens[i])
+        contexts.append(c)
+        if r is None:
+            probs.append([])
+            continue
+        rows += 1
+        context += c
+        if not r.started:
+            probs.append([])
+            continue
+        decoding += 1
+        attention += c
+        p = candidates[i] if i < len(candidates) else []
+        a = accepted_length(d.token_ids, d.parents, r.call.output[r.pos:]) if len(d.token_ids) else 0
+        k = min(known, len(p))
+        given = 1.0 if k == 0 else p[k - 1]  # the D of the last known token: the rest is relative to it
+        probs.append([1.0 if q < a else 0.0 for q in range(k)] +
+                     [x / given if a >= k else 0.0 for x in p[k:]])
+    keep = _core.allocate_budget(probs, [1.0] * len(probs), contexts, decoding, context, attention, float(rows),
+                                 server.model.to_native())
     return [Chain(list(d.token_ids)[: keep[i]]) for i, d in enumerate(drafts)]
 
 

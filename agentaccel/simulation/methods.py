@@ -26,7 +26,9 @@ and `suffix` as vLLM's own suffix decoding does with the same knobs.
 * `oracle`: a ceiling, not a drafter: the plugin's candidates each cut to exactly what the model
   will accept, given to the requests that pay most under the true step cost; `oracle-1`,
   `oracle-2`: the per-call replay's ceiling (the longest part of the output the trees hold after a
-  1- or 2-token match).
+  1- or 2-token match); `oracle-known-K` (K in 0, 1, 2, 4, 8): the plugin's budget under the
+  true step cost on candidates grown as far as the trees go, knowing whether each one's first K
+  tokens will be accepted (`oracle-known-0`: none of them): what a signal about them could buy.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from agentaccel.simulation.speculators import (
     PAPER_LINEAR,
     AllocationOracle,
     Drafter,
+    KnownTokens,
     NoSpeculation,
     PromptLookup,
     TreeOracle,
@@ -54,6 +57,7 @@ DEFAULT = ("none", "none-async", "ngram", "suffix", "agentaccel-request", "agent
 # what `bench replay` runs when not told
 PER_CALL = ("none", "ngram-tuned", "paper-linear", "paper-tree", "suffix", "agentaccel-embedded", "agentaccel")
 NGRAM = {"ngram": (5, 5, 5), "ngram-tuned": (8, 2, 5)}  # tokens, shortest and longest match
+KNOWN = (0, 1, 2, 4, 8)  # the oracle-known-K ceilings: how many leading draft tokens' fate they know
 
 
 class OneTree(Drafter):
@@ -102,6 +106,8 @@ def build(names: Sequence[str], server: Server | None = None, *, start: StepCost
         factories["agentaccel-known"] = lambda: Drafter("agentaccel-known", **chain, cost=server.model)
         factories["agentaccel-seeded"] = lambda: Drafter("agentaccel-seeded", **chain,
                                                          learn_from=calibrated_seed(server))
+        for k in KNOWN:
+            factories[f"oracle-known-{k}"] = lambda k=k: KnownTokens(plugin.config, k)
     unknown = [n for n in names if n not in factories]
     if unknown:
         raise ValueError(f"unknown method(s) {', '.join(unknown)}; known: {', '.join(factories)}")

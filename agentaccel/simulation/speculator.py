@@ -77,6 +77,9 @@ class Speculator:
     # A ceiling, not a drafter: its drafts are cut to what the model accepts (the batched server
     # also gives them only to the requests the true step cost favours)
     oracle = False
+    # A ceiling told whether each draft's first `known` tokens will be accepted (the batched server
+    # allocates its `candidates` with that: speculators.KnownTokens); None: not one
+    known: int | None = None
     overlapped = False  # async scheduling: the step's CPU work hides behind the GPU's (plain decoding only)
 
     def warm(self, output: np.ndarray, stage: str, tenant: str | None = None) -> None:

@@ -225,6 +225,25 @@ class AllocationOracle(Drafter):
         super().__init__(name, config, cost=StepCostModel((1.0, 1.0)))
 
 
+class KnownTokens(Drafter):
+    """A ceiling between the budget and `AllocationOracle`: agentaccel's candidates, grown as far
+    as the trees go, allocated with the true step cost by the plugin's own budget, which knows
+    whether each candidate's first `known` tokens will be accepted (D 1 or 0 there, the rest of
+    its D given them) and nothing more (`batch_replay._known_cut`). What any signal about those
+    tokens could buy at most: `known` 0 is the budget with the truth about no token."""
+
+    def __init__(self, config: SpecConfig, known: int) -> None:
+        # a flat cost, as AllocationOracle's: every candidate is grown and kept whole
+        super().__init__(f"oracle-known-{known}", config, cost=StepCostModel((1.0, 1.0)))
+        self.known = known
+        self.candidates: list[list[float]] = []  # the last step's, by row
+
+    def step(self, batch):
+        drafts = super().step(batch)
+        self.candidates = self.drafter.candidate_probs()
+        return drafts
+
+
 PAPER_TREES = ("request", "stage")  # the paper: the request tree and the (per-stage) global tree
 # ArcticInference / vLLM defaults in the paper's algorithm (used at depth 24): alpha 1, min-prob 0.1, linear.
 PAPER_LINEAR = SpecConfig(mode="paper", tree=False, alpha=1.0, min_prob=0.1, trees=PAPER_TREES)
