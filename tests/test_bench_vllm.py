@@ -13,29 +13,44 @@ import pytest
 pytest.importorskip("vllm")
 
 
-def bench(tmp_path, *args, timeout=1200):
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """One cache for the module's runs (AGENTACCEL_CACHE: the converted model, arctic-inference, the
+    history stores): the first run fills it as on a fresh machine, the later ones find it there."""
+    return tmp_path_factory.mktemp("agentaccel-cache")
+
+
+def fresh_env(tmp_path, cache) -> dict:
+    """A fresh HOME and no published traces; the module's cache."""
     empty = tmp_path / "no-traces"
     empty.mkdir(exist_ok=True)
-    env = {**os.environ, "HOME": str(tmp_path / "home"), "AGENTACCEL_TRACES": str(empty)}
+    env = {**os.environ, "HOME": str(tmp_path / "home"), "AGENTACCEL_TRACES": str(empty),
+           "AGENTACCEL_CACHE": str(cache)}
     env.pop("AGENTACCEL_DB", None)
+    return env
+
+
+def bench(tmp_path, cache, *args, timeout=1200):
+    env = fresh_env(tmp_path, cache)
     return subprocess.run([sys.executable, "-m", "agentaccel.cli.main", "bench", "vllm", *args], env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 
-def test_bench_vllm_compares_methods_on_bundled_workloads(tmp_path):
+def test_bench_vllm_compares_methods_on_bundled_workloads(tmp_path, cache):
     """A fresh machine: the bundled SQL questions, and for the agent workload, with no trace store
     yet, the bundled OpenHands recordings (said in a note). agentaccel starts from a history of
     earlier jobs (made by plain decoding), the others from nothing; the methods take turns block by
     block at every level; the proposer's step log is profiled; the simulated server replays the
     same calls, predicted beside measured."""
     out, logs = tmp_path / "result.json", tmp_path / "logs"
-    r = bench(tmp_path, "--methods", "none,suffix,agentaccel", "--workloads", "sql,agent", "--concurrency", "1,2",
-              "--calls", "1,2", "--reps", "2", "--warm", "1", "--history", "1", "--max-tokens", "24",
+    r = bench(tmp_path, cache, "--methods", "none,suffix,agentaccel", "--workloads", "sql,agent", "--concurrency",
+              "1,2", "--calls", "1,2", "--reps", "1", "--warm", "1", "--history", "1", "--max-tokens", "24",
               "--open-tokens", "24", "--json", str(out), "--plot", str(tmp_path / "bench.png"), "--logs", str(logs))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     result = json.loads(out.read_text())
     notes = [n for n in result["notes"] if "bundled" not in n and "vLLM logs kept" not in n]
-    # the bundled recordings are a few long sessions: the last level reuses some jobs, and says so
+    # nothing else to note; the bundled recordings are a few long sessions: should the last level
+    # reuse some jobs, it says so
     assert all(n.startswith("agent at 2 in flight") and "ran before" in n for n in notes), notes
     assert result["setup"]["sources"] == {"sql": "bundled text-to-SQL questions",
                                           "agent": "bundled OpenHands agent recordings"}
@@ -43,7 +58,7 @@ def test_bench_vllm_compares_methods_on_bundled_workloads(tmp_path):
     for method in ("suffix", "agentaccel"):
         for workload, level in (("sql", 1), ("sql", 2), ("agent", 1), ("agent", 2)):
             row = rows[(method, workload, level, "(all)")]
-            assert row["differing_outputs"] == 0 and row["tokens"] > 0 and len(row["tokens_per_s_blocks"]) == 2, row
+            assert row["differing_outputs"] == 0 and row["tokens"] > 0 and len(row["tokens_per_s_blocks"]) == 1, row
         # the pipeline's prompts carry its schema and earlier answers: both suffix methods draft and land
         assert rows[(method, "sql", 1, "(all)")]["acceptance"] > 0
     # the interleaved runner: every block of every level run by every method, the order rotating
@@ -78,19 +93,19 @@ def test_bench_vllm_compares_methods_on_bundled_workloads(tmp_path):
     assert again.returncode == 0 and "simulated vs measured" in again.stdout, again.stderr[-2000:]
 
 
-def test_a_restarted_agentaccel_server_drafts_from_what_it_learned_before(tmp_path):
+def test_a_restarted_agentaccel_server_drafts_from_what_it_learned_before(tmp_path, cache):
     """--restart: every server restarts half way through each level; agentaccel's comes back with
-    its history and every call it answered before (its snapshot, then its store), vLLM's with
-    nothing; the blocks after the restart are reported apart."""
+    its history and every call it answered before (its snapshot, then its store); the blocks after
+    the restart are reported apart."""
     out, logs = tmp_path / "result.json", tmp_path / "logs"
-    r = bench(tmp_path, "--methods", "suffix,agentaccel", "--workloads", "agent", "--concurrency", "1",
+    r = bench(tmp_path, cache, "--methods", "agentaccel", "--workloads", "agent", "--concurrency", "1",
               "--calls", "2", "--reps", "2", "--warm", "1", "--history", "2", "--max-tokens", "24", "--restart",
               "--no-simulate", "--json", str(out), "--logs", str(logs))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["restarts"] == 1
     phases = {(x["method"], x["phase"]) for x in result["rows"] if x["stage"] == "(all)"}
-    assert phases == {(m, p) for m in ("suffix", "agentaccel") for p in ("", "after restart")}
+    assert phases == {("agentaccel", ""), ("agentaccel", "after restart")}
     seeded = [int(n) for n in re.findall(r"seeded (\d+) outputs", (logs / "vllm-agentaccel.log").read_text())]
     # first start: the history (2 calls); after the restart: those, the warm-up call and the first block's 2
     assert seeded == [2, 5], seeded
@@ -123,12 +138,13 @@ def test_agentaccel_off_is_our_proposer_drafting_nothing(tmp_path):
     assert drafted(on.spec_config) > 10
 
 
-def test_bench_vllm_says_what_is_missing(tmp_path):
-    r = bench(tmp_path, "--methods", "none,eagle", timeout=120)
+def test_bench_vllm_says_what_is_missing(tmp_path, cache):
+    r = bench(tmp_path, cache, "--methods", "none,eagle", timeout=120)
     assert r.returncode == 2 and "eagle" in r.stderr and "Traceback" not in r.stderr
-    r = bench(tmp_path, "--workloads", "agent", "--db", str(tmp_path / "none.db"), timeout=120)  # asked for: missing
+    # asked for: missing
+    r = bench(tmp_path, cache, "--workloads", "agent", "--db", str(tmp_path / "none.db"), timeout=120)
     assert r.returncode == 2 and "import-traces" in r.stderr and "Traceback" not in r.stderr, r.stderr
-    r = bench(tmp_path, "--concurrency", "1,8", "--calls", "2", timeout=120)
+    r = bench(tmp_path, cache, "--concurrency", "1,8", "--calls", "2", timeout=120)
     assert r.returncode == 2 and "--calls" in r.stderr
 
 
@@ -191,7 +207,7 @@ def alive(p) -> bool:
         return False
 
 
-def test_sigterm_stops_every_vllm_server_the_bench_started(tmp_path):
+def test_sigterm_stops_every_vllm_server_the_bench_started(tmp_path, cache):
     """`timeout 45 agentaccel bench vllm --quick` on a fresh machine: SIGTERM while its servers run
     stops every one of them, whole process groups, within a bounded time, and says so."""
     import signal
@@ -199,10 +215,7 @@ def test_sigterm_stops_every_vllm_server_the_bench_started(tmp_path):
 
     import psutil
 
-    empty = tmp_path / "no-traces"
-    empty.mkdir()
-    env = {**os.environ, "HOME": str(tmp_path / "home"), "AGENTACCEL_TRACES": str(empty)}
-    env.pop("AGENTACCEL_DB", None)
+    env = fresh_env(tmp_path, cache)
     proc = subprocess.Popen([sys.executable, "-m", "agentaccel.cli.main", "bench", "vllm", "--quick",
                              "--logs", str(tmp_path / "logs")], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
