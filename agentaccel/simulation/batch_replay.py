@@ -330,8 +330,7 @@ class _Run:
         if self.method.oracle:
             self.drafts = _oracle_cut(self.drafts, lanes, self.arrival, batch.num_tokens, self.server)
         elif self.method.known is not None:
-            self.drafts = _known_cut(self.drafts, self.method.candidates, self.method.known, lanes,
-                                     batch.num_tokens, self.server)
+            self.drafts = _known_cut(self.drafts, self.method, lanes, batch.num_tokens)
         for i in (i for i in active if lanes[i].request.started):
             r = lanes[i].request
             out = r.call.output
@@ -418,9 +417,11 @@ def _oracle_cut(drafts, lanes, arrival: list[int], num_tokens, server: Server) -
     return [Chain(list(d.token_ids)[: keep[i]]) for i, d in enumerate(drafts)]
 
 
-def _known_cut(drafts, candidates: list[list[float]], known: int, lanes, num_tokens, server: Server) -> list:
-    """Each candidate cut by the plugin's budget under the true step cost, its D replaced by the
-    truth for its first `known` tokens (1 while accepted, then 0) and the rest of it given them."""
+def _known_cut(drafts, method, lanes, num_tokens) -> list:
+    """Each of `method`'s candidates (speculators.KnownTokens) cut by the plugin's budget under the
+    true step cost, its D replaced by the truth for its first `known` tokens (1 while accepted,
+    then 0) and the rest of it given them."""
+    candidates, known = method.candidates, method.known
     probs, contexts = [], []
     decoding = rows = 0
     context = attention = 0.0
@@ -445,7 +446,7 @@ def _known_cut(drafts, candidates: list[list[float]], known: int, lanes, num_tok
         probs.append([1.0 if q < a else 0.0 for q in range(k)] +
                      [x / given if a >= k else 0.0 for x in p[k:]])
     keep = _core.allocate_budget(probs, [1.0] * len(probs), contexts, decoding, context, attention, float(rows),
-                                 server.model.to_native())
+                                 method.true_cost)
     return [Chain(list(d.token_ids)[: keep[i]]) for i, d in enumerate(drafts)]
 
 

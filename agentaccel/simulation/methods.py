@@ -107,7 +107,7 @@ def build(names: Sequence[str], server: Server | None = None, *, start: StepCost
         factories["agentaccel-seeded"] = lambda: Drafter("agentaccel-seeded", **chain,
                                                          learn_from=calibrated_seed(server))
         for k in KNOWN:
-            factories[f"oracle-known-{k}"] = lambda k=k: KnownTokens(plugin.config, k)
+            factories[f"oracle-known-{k}"] = lambda k=k: KnownTokens(plugin.config, k, server.model)
     unknown = [n for n in names if n not in factories]
     if unknown:
         raise ValueError(f"unknown method(s) {', '.join(unknown)}; known: {', '.join(factories)}")

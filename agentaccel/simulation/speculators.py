@@ -232,10 +232,11 @@ class KnownTokens(Drafter):
     its D given them) and nothing more (`batch_replay._known_cut`). What any signal about those
     tokens could buy at most: `known` 0 is the budget with the truth about no token."""
 
-    def __init__(self, config: SpecConfig, known: int) -> None:
+    def __init__(self, config: SpecConfig, known: int, true_cost: StepCostModel) -> None:
         # a flat cost, as AllocationOracle's: every candidate is grown and kept whole
         super().__init__(f"oracle-known-{known}", config, cost=StepCostModel((1.0, 1.0)))
         self.known = known
+        self.true_cost = true_cost.to_native()  # what the candidates are allocated under, built once
         self.candidates: list[list[float]] = []  # the last step's, by row
 
     def step(self, batch):
