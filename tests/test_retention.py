@@ -238,6 +238,36 @@ def test_a_serving_store_is_kept_within_its_age_limit_while_it_records(tmp_path)
     assert kept and min(kept) >= last - 2.0 - 2.0, (min(kept), last)
 
 
+def test_the_pruning_runs_in_a_niced_process_of_its_own_that_ends_with_a_killed_server(tmp_path):
+    """The pruning is off the server's process (its GIL and its priority), and a `kill -9` of the
+    server leaves no pruning process behind."""
+    import os
+    import signal
+
+    import psutil
+    from servers import serving
+
+    from agentaccel.bench.upstream import Upstream
+
+    with Upstream(tokens=4) as upstream, serving(["--backend", "openai", "--upstream", upstream.url, "--db",
+                                                  str(tmp_path / "t.db"), "--keep-days", "1", "--prune-every", "600"],
+                                                 tmp_path / "serve.log") as url:
+        port = url.rsplit(":", 1)[1]
+        server = next(p for p in psutil.process_iter(["cmdline"])
+                      if "serve" in (p.info["cmdline"] or []) and port in p.info["cmdline"])
+        deadline = time.monotonic() + 30
+        while not (pruners := [c for c in server.children() if "agentaccel.traces.pruner" in c.cmdline()]):
+            assert time.monotonic() < deadline, "no pruning process started"
+            time.sleep(0.1)
+        pruner = pruners[0]
+        while pruner.nice() <= server.nice():  # it nices itself as it starts
+            assert time.monotonic() < deadline, "the pruning process is not niced"
+            time.sleep(0.1)
+        os.kill(server.pid, signal.SIGKILL)
+        gone, alive = psutil.wait_procs([pruner], timeout=10)
+        assert not alive, "the pruning process outlived its server"
+
+
 def test_traces_prune_says_what_it_would_prune_and_refuses_what_it_cannot_read(tmp_path, tok):
     import subprocess
     import sys

@@ -126,19 +126,21 @@ def used_bytes(store: OpenStore) -> int:
 
 
 def prune(store: OpenStore, retention: Retention, *, now: float | None = None, batch: int = BATCH,
-          pause: float = 0.0, progress: Callable[[int], None] | None = None, dry_run: bool = False) -> PruneReport:
+          pause: float = 0.0, rest: float = 0.0, progress: Callable[[int], None] | None = None,
+          dry_run: bool = False) -> PruneReport:
     """Brings the store within `retention` (see the module docstring): the calls past the age limit
     first, then, while the store is over its budget, rounds of the oldest calls of the tenants over
     their share, each round sized by what a call has taken so far and the size measured again after
     it (calls differ: an agent's late calls carry long histories). `pause` seconds between batches
-    leave the store to the writers that record. `dry_run`: only counts what would go (a budget's
+    leave the store to the writers that record, and `rest` seconds per second a batch took (at
+    least `pause`) bound the share of a core the prune takes. `dry_run`: only counts what would go (a budget's
     share estimated from the size per call)."""
     t0 = time.monotonic()
     report = PruneReport()
     if not retention.active:
         return report
     report.bytes_before = report.bytes_after = used_bytes(store)
-    pruning = _Pruning(store.conn, retention.pinned, batch, pause, progress, report)
+    pruning = _Pruning(store.conn, retention.pinned, batch, pause, rest, progress, report)
     if retention.keep_days is not None:
         cutoff = (now if now is not None else time.time()) - retention.keep_days * 86400.0
         for tenant, n in pruning.by_tenant("AND COALESCE(c.created_at, c.imported_at) < ?", (cutoff,)).items():
@@ -179,9 +181,10 @@ def prune(store: OpenStore, retention: Retention, *, now: float | None = None, b
 class _Pruning:
     """One prune's deletions: a tenant's oldest unpinned calls, a batch per transaction."""
 
-    def __init__(self, conn: Connection, pinned: tuple[str, ...], batch: int, pause: float,
+    def __init__(self, conn: Connection, pinned: tuple[str, ...], batch: int, pause: float, rest: float,
                  progress: Callable[[int], None] | None, report: PruneReport) -> None:
-        self.conn, self.batch, self.pause, self.progress, self.report = conn, batch, pause, progress, report
+        self.conn, self.batch, self.progress, self.report = conn, batch, progress, report
+        self.pause, self.rest = pause, rest
         self.pinned_sql, self.pinned_args = _unpinned(pinned)
 
     def by_tenant(self, where: str = "", args: tuple = ()) -> dict[str | None, int]:
@@ -198,6 +201,7 @@ class _Pruning:
             report.calls += n
             return n
         while taken < n:
+            t0 = time.monotonic()
             ids = [r[0] for r in self.conn.execute(
                 "SELECT c.id FROM calls c LEFT JOIN call_tenants ct ON ct.call_id = c.id WHERE "
                 + ("ct.tenant IS NULL" if tenant is None else "ct.tenant = ?") + f" {self.pinned_sql} "
@@ -213,8 +217,9 @@ class _Pruning:
             report.by_tenant[tenant] += len(ids)
             if self.progress:
                 self.progress(len(ids))
-            if self.pause:
-                time.sleep(self.pause)
+            rest = max(self.pause, self.rest * (time.monotonic() - t0))
+            if rest:
+                time.sleep(rest)
         return taken
 
 
