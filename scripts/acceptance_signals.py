@@ -10,7 +10,10 @@ plugin's drafting (`backends/vllm/drafting.py`); at every step that drafts, the 
 - `request tree` / `stage tree`: what the request's own tree, and the stage's global tree, would
   draft first on their own (the paper's rule): the same token, another, or nothing;
 - `siblings`: how many first tokens the trees hold after the context (a tree draft's roots);
-- `match`: the draft's match length; `step`: how far into the output.
+- `match`: the draft's match length; `step`: how far into the output;
+- `model p` (with `--drafter`, predictions from `agentaccel bench drafter-predictions`): the
+  model drafter's probability of the draft's first token, given the true prefix (issue 58); only
+  the calls the predictions hold are counted then (the others still grow the trees).
 
 For each signal and D bin: each value's acceptance less its mean D (a bin is wide and its values'
 D differ: this is the acceptance at a fixed D), and the spread of that (highest minus lowest over
@@ -19,6 +22,7 @@ signal the budget could use; none is the measured answer that the trees do not t
 
     python scripts/acceptance_signals.py --db traces.db --source BIRD_DEV/deepseek --limit 3000
     python scripts/acceptance_signals.py --db traces.db --stage swe-agent --source .traj --limit 1500
+    python scripts/acceptance_signals.py --db traces.db --source BIRD_DEV/deepseek --limit 3000 --drafter rsl.npz
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from agentaccel.backends.vllm.drafting import plugin_drafting
 from agentaccel.engine import SuffixEngine
 from agentaccel.engine.verification import accepted_length
 from agentaccel.simulation import replay as rp
+from agentaccel.simulation.drafter_predictions import DrafterPredictions
 from agentaccel.text.tokenization import load_tokenizer
 from agentaccel.traces.store import TraceStore
 
@@ -89,8 +94,22 @@ def agreement(own: int, other) -> str:
     return "silent" if first is None else "same" if first == own else "other"
 
 
-def replay_signals(calls, tok, max_tokens: int) -> list[dict]:
-    """One row per drafting step: D, whether the first token was accepted, and every signal."""
+P_BINS = (0.01, 0.05, 0.2, 0.6)  # the model's probability of a token: bins' upper edges
+P_LABELS = ("<.01", ".01-.05", ".05-.2", ".2-.6", ">=.6")
+
+
+def model_p(predictions, call, pos: int, token: int) -> str:
+    """The bin of the model's probability of `token` at output position `pos` (the last of its top
+    tokens' where `token` is not among them)."""
+    top, prob = predictions
+    hit = np.flatnonzero(top[pos] == token)
+    p = float(prob[pos][hit[0]] if len(hit) else prob[pos][-1])
+    return P_LABELS[int(np.searchsorted(P_BINS, p, side="right"))]
+
+
+def replay_signals(calls, tok, max_tokens: int, drafter=None) -> list[dict]:
+    """One row per drafting step: D, whether the first token was accepted, and every signal (with
+    `drafter`, predictions: the model's probability too, on the calls they hold only)."""
     plugin = plugin_drafting()
     engine = SuffixEngine(max_depth=plugin.depth, config=plugin.config)
     alone = {tree: replace(plugin.config, mode="paper", tree=True, trees=(tree,), min_prob=0.1)
@@ -102,10 +121,12 @@ def replay_signals(calls, tok, max_tokens: int) -> list[dict]:
         key = f"c{call.call_id}"
         engine.start_request(key, call.prompt, call.stage, continue_from=last_of_session.get(call.session))
         out, pos, text = call.output, 0, TextPosition()
+        predicted = drafter.of(call.prompt, out) if drafter is not None else None
+        counted = drafter is None or predicted is not None
         while pos < len(out):
             draft = engine.speculate(key, max_tokens)
             acc = accepted_length(draft.token_ids, draft.parents, out[pos:]) if len(draft) else 0
-            if pos and len(draft):  # the plugin drafts from the first output token on
+            if pos and len(draft) and counted:  # the plugin drafts from the first output token on
                 own = first_of(draft)
                 tree = engine.speculate(key, 8, config=branching)
                 rows.append({
@@ -116,6 +137,7 @@ def replay_signals(calls, tok, max_tokens: int) -> list[dict]:
                     "siblings": _count(sum(1 for p in tree.parents if p == -1)),
                     "match": "1-2" if draft.match_len <= 2 else "3-7" if draft.match_len <= 7 else "8+",
                     "step": "first 16" if pos < 16 else "16-127" if pos < 128 else "128+",
+                    **({"model p": model_p(predicted, call, pos, own)} if predicted is not None else {}),
                 })
             step = out[pos : pos + min(acc + 1, len(out) - pos)]
             engine.extend(key, step)
@@ -139,7 +161,7 @@ def spreads(rows: list[dict], min_steps: int) -> dict:
     ok = np.asarray([r["accepted"] for r in rows], dtype=float)
     bins = np.digitize(d, D_BINS[1:-1])
     out = {}
-    for signal in SIGNALS:
+    for signal in (*SIGNALS, "model p") if rows and "model p" in rows[0] else SIGNALS:
         values = np.asarray([r[signal] for r in rows])
         per_bin = []
         for b in range(len(D_BINS) - 1):
@@ -165,12 +187,14 @@ def main() -> None:
     ap.add_argument("--stage", action="append")
     ap.add_argument("--limit", type=int, default=3000)
     ap.add_argument("--min-steps", type=int, default=200)
+    ap.add_argument("--drafter", help="a model drafter's predictions (agentaccel bench drafter-predictions)")
     ap.add_argument("--json")
     args = ap.parse_args()
     tok = load_tokenizer()
     with TraceStore(args.db, create=False) as store:
         calls = rp.load_calls(store, tok, stages=args.stage, source_like=args.source, limit=args.limit)
-    rows = replay_signals(calls, tok, plugin_drafting().max_tokens)
+    drafter = DrafterPredictions.load(args.drafter) if args.drafter else None
+    rows = replay_signals(calls, tok, plugin_drafting().max_tokens, drafter)
     result = {"calls": len(calls), "steps": len(rows), "d_bins": D_BINS, "signals": spreads(rows, args.min_steps)}
     by_stage = defaultdict(list)
     for r in rows:

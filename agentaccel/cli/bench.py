@@ -34,6 +34,7 @@ bench_app.command("policies")(replay.bench_policies)
 bench_app.command("server")(replay.bench_server)
 bench_app.command("fleet")(replay.bench_fleet)
 bench_app.command("simulate-vllm")(replay.bench_simulate_vllm)
+bench_app.command("drafter-predictions")(replay.bench_drafter_predictions)
 # real servers and agents, one program per module
 bench_app.command("vllm", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(
     bench_vllm.bench_vllm)

@@ -31,6 +31,23 @@ from agentaccel.simulation.replay import CallSelection
 from agentaccel.simulation.replicas import MEASURED_SHARE_DELAY
 
 REPLAY_SPECULATORS = ",".join(PER_CALL)
+DRAFTER_COST = 0.05  # an EAGLE-3 head is 2-5 % of its target's size (docs/BENCHMARKS.md says where that comes from)
+DrafterOption = Annotated[Path | None, typer.Option(help="A model drafter's predictions (`bench drafter-predictions`): "
+                                                         "adds the methods drafter, hybrid, guided, branches and "
+                                                         "branches-d (default: none).")]
+DrafterCostOption = Annotated[float, typer.Option(help="One forward pass of the model drafter, in plain steps of "
+                                                       "the target (default: an EAGLE-3 head's size, 2-5 % of its "
+                                                       "target's, at its upper end).", min=0.0)]
+
+
+def _predictions(path: Path | None):
+    """A model drafter's predictions (`--drafter`), or a CLI error naming the file."""
+    from agentaccel.simulation.drafter_predictions import DrafterPredictions
+
+    try:
+        return DrafterPredictions.load(path) if path else None
+    except ValueError as e:
+        raise fail(f"--drafter: {e}") from e
 
 # Which calls: the same options on every command that reads recorded calls.
 StageOption = Annotated[list[str] | None, typer.Option("--stage", help="Only these stages (repeatable; default: all).")]
@@ -97,6 +114,8 @@ def bench_replay(
     sweep_base: Annotated[str, typer.Option(help="Speculator the sweep varies.")] = "agentaccel-embedded",
     scaling: Annotated[bool, typer.Option(help="Also replay with 0-100% of the warm-up in the global tree.")]
     = False,
+    drafter: DrafterOption = None,
+    drafter_cost: DrafterCostOption = DRAFTER_COST,
     tokenizer: TokenizerOption = None,
     json_out: JsonOption = None,
     plot: PlotOption = None,
@@ -110,9 +129,50 @@ def bench_replay(
     store, tok = open_store(db, must_exist=True), open_tokenizer(tokenizer)
     if tenants and speculators == REPLAY_SPECULATORS:
         speculators = "none,agentaccel-embedded,agentaccel-embedded-tenants"
+    predictions = _predictions(drafter)
+    if predictions is not None and speculators == REPLAY_SPECULATORS:
+        speculators = "none,suffix,agentaccel,drafter,hybrid,oracle-2"
     run_replay(store, tok, replace(calls, tenants=tenants),
                speculators=speculators, costs=costs, sweep=sweep or [], sweep_base=sweep_base, scaling=scaling,
-               json_out=json_out, plot=plot)
+               json_out=json_out, plot=plot, drafter=predictions, drafter_cost=drafter_cost)
+
+
+@selects_calls
+def bench_drafter_predictions(
+    calls: CallSelection,
+    out: Annotated[Path, typer.Option(help="The predictions file to write.")],
+    db: DbOption = None,
+    drafter_model: Annotated[Path | None, typer.Option(help="The drafter: a local HF folder of a causal LM with "
+                                                           "the store's tokenizer (default: the bundled "
+                                                           "SmolLM2-135M).")] = None,
+    context: Annotated[int, typer.Option(help="Prompt tokens the drafter sees (its window).", min=16)] = 1024,
+    tokenizer: TokenizerOption = None,
+) -> None:
+    """What a model drafter predicts at each position of the selected calls' outputs (teacher-forced:
+    its top tokens and their probabilities), for `bench replay --drafter`. Warm-up calls are left
+    out: they only seed the trees."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from agentaccel.cli.common import err
+    from agentaccel.cli.replay_tables import selected_calls
+    from agentaccel.simulation.drafter_predictions import predict
+
+    store, tok = open_store(db, must_exist=True), open_tokenizer(tokenizer)
+    _, measured = selected_calls(store, tok, calls)
+    with Progress(TextColumn("[bold]predicting"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err, transient=True) as progress:
+        task = progress.add_task("", total=len(measured))
+        try:
+            predictions = predict(measured, drafter_model, context=context,
+                                  progress=lambda n: progress.advance(task, n))
+        except ValueError as e:
+            raise fail(f"--drafter-model: {e}") from e
+    predictions.save(out)
+    positions = sum(len(c.output) for c in measured)
+    hits = sum(int((predictions.of(c.prompt, c.output)[0][:, 0] == c.output).sum()) for c in measured)
+    console.print(f"{len(measured):,} calls: the drafter's first choice is the recorded token at "
+                  f"{hits / positions:.1%} of {positions:,} output positions ({predictions.model}, {context} prompt "
+                  f"tokens) -> {out}")
 
 
 @selects_calls
@@ -152,6 +212,8 @@ def bench_server(
     = None,
     server: ServerOption = "llama-3.1-8b@h100",
     max_context: Annotated[int, typer.Option(help="Prompts keep their last N tokens.", min=16)] = 16384,
+    drafter: DrafterOption = None,
+    drafter_cost: DrafterCostOption = DRAFTER_COST,
     tokenizer: TokenizerOption = None,
     json_out: JsonOption = None,
     plot: PlotOption = None,
@@ -164,8 +226,8 @@ def bench_server(
     levels = int_list(concurrency, "--concurrency")
     priced = cost_spec(server, "--server", db)
     store, tok = open_store(db, must_exist=True), open_tokenizer(tokenizer)
-    run_server(store, tok, calls, methods=methods,
-               levels=levels, server=priced, max_context=max_context, json_out=json_out, plot=plot)
+    run_server(store, tok, calls, methods=methods, levels=levels, server=priced, max_context=max_context,
+               json_out=json_out, plot=plot, drafter=_predictions(drafter), drafter_cost=drafter_cost)
 
 
 @selects_calls

@@ -75,14 +75,16 @@ def selected_calls(store, tokenizer, selection: CallSelection, least: int = 1) -
 
 
 def run_replay(store, tokenizer, selection: CallSelection, *, speculators: str, costs: list[Server], sweep: list[str],
-               sweep_base: str, scaling: bool, json_out: Path | None, plot: Path | None) -> None:
-    """`bench replay`: each call replayed with each speculator, its steps priced by each cost."""
+               sweep_base: str, scaling: bool, json_out: Path | None, plot: Path | None, drafter=None,
+               drafter_cost: float = 0.0) -> None:
+    """`bench replay`: each call replayed with each speculator, its steps priced by each cost
+    (`drafter`: a model drafter's predictions, each of its forward passes costing `drafter_cost`)."""
     profiles = costs
     stages = selection.stages
     names = [n.strip() for n in speculators.split(",") if n.strip()]
     try:
         # the first profile drives drafting (a measured curve also cuts agentaccel's drafts, as serving does)
-        specs = registry.build(names, profiles[0])
+        specs = registry.build(names, profiles[0], drafter=drafter)
     except ValueError as e:
         raise fail(f"--speculators: {e}") from e
     try:
@@ -102,7 +104,7 @@ def run_replay(store, tokenizer, selection: CallSelection, *, speculators: str, 
         task = progress.add_task("", total=len(measured))
         tallies = rp.replay(measured, specs, warm=warm_calls, progress=lambda n, _: progress.update(task, completed=n))
     elapsed = time.perf_counter() - t0
-    rows = rp.summarize(tallies, profiles)
+    rows = rp.summarize(tallies, profiles, drafter_cost)
     table = Table(title=f"replay of {len(measured):,} calls ({len(warm_calls):,} warm-up) in {elapsed:.1f} s")
     cols = ["speculator", "stage", "steps", "MAT", "accept", "draft/step", "µs/step"] + [
         f"speedup {p.name}" for p in profiles] + (["drafts cut to accepted"] if profiles else [])
@@ -211,7 +213,8 @@ def run_policies(store, tokenizer, selection: CallSelection, *, cost: Server, on
 
 
 def run_server(store, tokenizer, selection: CallSelection, *, methods: str | None, levels: list[int], server: Server,
-               max_context: int, json_out: Path | None, plot: Path | None) -> None:
+               max_context: int, json_out: Path | None, plot: Path | None, drafter=None,
+               drafter_cost: float = 0.0) -> None:
     """`bench server --concurrency N,...` (simulation/batch_replay.py): the recorded sessions as N
     concurrent streams through a simulated batching server, per method."""
     from agentaccel.simulation import batch_replay as br
@@ -221,7 +224,7 @@ def run_server(store, tokenizer, selection: CallSelection, *, methods: str | Non
     profile, stages, warm = server, selection.stages, selection.warm
     try:
         names = [n.strip() for n in methods.split(",") if n.strip()] if methods else list(registry.DEFAULT)
-        registry.build(names, profile)  # unknown names fail here, before loading anything
+        registry.build(names, profile, drafter=drafter)  # unknown names fail here, before loading anything
     except ValueError as e:
         raise fail(f"--methods: {e}") from e
     warm_calls, measured = selected_calls(store, tokenizer, selection)
@@ -232,13 +235,13 @@ def run_server(store, tokenizer, selection: CallSelection, *, methods: str | Non
     with progress:
         task = progress.add_task("", total=len(levels) * len(names) * (len(measured)))
         for n in levels:
-            for method in registry.build(names, profile):
+            for method in registry.build(names, profile, drafter=drafter):
                 progress.update(task, description=f"{method.name}, {n} in flight")
                 if isinstance(method, Drafter):
                     for call in warm_calls:
                         method.engine.add_document(call.output, call.stage)
                 result = br.simulate(streams, method, profile, n, max_context=max_context,
-                                     progress=lambda k: progress.advance(task, k))
+                                     progress=lambda k: progress.advance(task, k), drafter_cost=drafter_cost)
                 rows.append(result.row())
     elapsed = time.perf_counter() - t0
     label = ", ".join(stages) if stages else "all stages"

@@ -96,14 +96,21 @@ class Work:
     context: float = 0.0
     attention: float = 0.0
     requests: float = 0.0
+    decoding: int = 0  # requests decoding
+    decoding_context: float = 0.0  # their tokens so far
+    drafter_passes: int = 0  # a model drafter's forward passes for the batch before the step (the most any row took)
 
-    def add_decoding(self, drafted: int, context: float) -> None:
-        """A request verifying `drafted` draft tokens over `context` tokens (its 1 + draft computed)."""
+    def add_decoding(self, drafted: int, context: float, passes: int = 0) -> None:
+        """A request verifying `drafted` draft tokens over `context` tokens (its 1 + draft computed),
+        drafted with `passes` forward passes of a model drafter."""
         self.tokens += 1 + drafted
         self.decode_tokens += 1 + drafted
         self.context += context
         self.attention += (1 + drafted) * context
         self.requests += 1
+        self.decoding += 1
+        self.decoding_context += context
+        self.drafter_passes = max(self.drafter_passes, passes)
 
     def add_prefill(self, chunk: int, before: int, attention: bool) -> None:
         """A prefill chunk over the `before` tokens already in the cache (its attention work
@@ -113,8 +120,14 @@ class Work:
         self.attention += chunk * (before + chunk / 2) if attention else 0.0
         self.requests += 1
 
-    def seconds(self, server: Server) -> float:
-        return float(server.seconds(self.tokens, self.context, self.attention, self.requests))
+    def seconds(self, server: Server, drafter_cost: float = 0.0) -> float:
+        """The step's time; with a model drafter's passes, each `drafter_cost` of the plain step of
+        the requests decoding (the drafter runs for the batch, one pass after another)."""
+        step = float(server.seconds(self.tokens, self.context, self.attention, self.requests))
+        if not self.drafter_passes:
+            return step
+        plain = float(server.seconds(self.decoding, self.decoding_context, self.decoding_context, self.decoding))
+        return step + self.drafter_passes * drafter_cost * plain
 
 
 @dataclass
@@ -230,7 +243,8 @@ def prefill_chunks(lanes: list, arrival: list[int], left: float) -> list[tuple[i
 
 def simulate(sessions: Sequence[Sequence[ReplayCall]], method: Speculator, server: Server, streams: int, *,
              max_context: int = 16384, noise: float = 0.03, seed: int = 0, proposer_time: bool = False,
-             cache: BlockPrefixCache | None = None, progress: Callable[[int], None] | None = None) -> Result:
+             cache: BlockPrefixCache | None = None, progress: Callable[[int], None] | None = None,
+             drafter_cost: float = 0.0) -> Result:
     """Replays `sessions` as `streams` concurrent streams through the simulated server.
 
     As vLLM's scheduler runs a step: the decoding requests first (each its token and its draft),
@@ -240,7 +254,8 @@ def simulate(sessions: Sequence[Sequence[ReplayCall]], method: Speculator, serve
     when several runs share a server) are not computed. A stream sends its next call
     `server.gap` seconds after its last one ended (the client's own time); the server idles when
     nothing is in flight. `Result.seconds` is the wall time: steps, idle time and, with
-    `proposer_time`, the drafting measured here."""
+    `proposer_time`, the drafting measured here; a model drafter's forward passes cost
+    `drafter_cost` of the batch's plain step each (simulation/model_drafter.py)."""
     run = _Run(sessions, method, server, streams, max_context, cache or server_cache(server))
     rng = np.random.default_rng(seed)
     result = run.result
@@ -257,7 +272,7 @@ def simulate(sessions: Sequence[Sequence[ReplayCall]], method: Speculator, serve
             result.seconds = max(result.seconds, min(waiting))  # the server idles until a client sends
             continue
         work = run.compute(active)
-        seconds = work.seconds(server)
+        seconds = work.seconds(server, drafter_cost)
         if method.overlapped:
             seconds = max(seconds - server.overhead, server.overhead)
         # a drafter that learns the step cost sees steps stray from the profile as real ones do
@@ -339,7 +354,7 @@ class _Run:
             acc = accepted_length(d.token_ids, d.parents, out[r.pos:]) if drafted else 0
             self.method.accepted(r.rid, d, acc)
             take = out[r.pos : r.pos + acc + 1]
-            work.add_decoding(drafted, float(batch.num_tokens[i]))
+            work.add_decoding(drafted, float(batch.num_tokens[i]), getattr(d, "passes", 0))
             result.request_steps += 1
             result.drafted += drafted
             result.drafted_steps += drafted > 0

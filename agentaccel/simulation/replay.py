@@ -51,13 +51,16 @@ class Tally:
     context_per_step: list[int] = field(default_factory=list)  # tokens the step attends over (its cost grows with them)
     match_len: list[int] = field(default_factory=list)
     accepted_per_step: list[int] = field(default_factory=list)
+    passes_per_step: list[int] = field(default_factory=list)  # a model drafter's forward passes before the step
 
-    def summary(self, profiles: list[Server]) -> dict:
+    def summary(self, profiles: list[Server], drafter_cost: float = 0.0) -> dict:
+        """`drafter_cost`: a model drafter's forward pass, in plain steps of the target."""
         drafted = np.asarray(self.drafted_per_step, dtype=float)
         accepted = np.asarray(self.accepted_per_step, dtype=float)
         contexts = np.asarray(self.context_per_step, dtype=float)
-        speedups = {p.name: self.tokens / float(p.model.request_steps(drafted, contexts).sum()) if self.steps else 0.0
-                    for p in profiles}
+        drafting = drafter_cost * float(sum(self.passes_per_step))
+        speedups = {p.name: self.tokens / (float(p.model.request_steps(drafted, contexts).sum()) + drafting)
+                    if self.steps else 0.0 for p in profiles}
         # The same steps with every draft cut to exactly its accepted part: the most that any
         # sizing of these drafts could give (only more correct tokens can go beyond it).
         sized = (self.tokens / float(profiles[0].model.request_steps(accepted, contexts).sum())
@@ -162,6 +165,7 @@ def replay(calls: list[ReplayCall], speculators: list[Speculator], *, warm: list
             total.context_per_step += t.context_per_step
             total.match_len += t.match_len
             total.accepted_per_step += t.accepted_per_step
+            total.passes_per_step += t.passes_per_step
         per_stage["*"] = total
     return tallies
 
@@ -200,6 +204,7 @@ def run_call(spec: Speculator, key: str, call: ReplayCall, t: Tally, previous: s
         t.drafted_per_step.append(len(ids))
         t.match_len.append(draft.match_len)
         t.accepted_per_step.append(acc)
+        t.passes_per_step.append(getattr(draft, "passes", 0))
     batch.done[0] = True
     spec.step(batch)  # the last tokens in, no draft wanted
     t.steps += steps
@@ -208,10 +213,11 @@ def run_call(spec: Speculator, key: str, call: ReplayCall, t: Tally, previous: s
     return steps
 
 
-def summarize(tallies: dict[str, dict[str, Tally]], profiles: list[Server]) -> list[dict]:
-    """One object per speculator x stage, with stable keys (the `--json` output)."""
+def summarize(tallies: dict[str, dict[str, Tally]], profiles: list[Server], drafter_cost: float = 0.0) -> list[dict]:
+    """One object per speculator x stage, with stable keys (the `--json` output); `drafter_cost`: a
+    model drafter's forward pass, in plain steps of the target."""
     rows = []
     for spec, per_stage in tallies.items():
         for stage, t in sorted(per_stage.items(), key=lambda kv: (kv[0] == "*", kv[0])):
-            rows.append({"speculator": spec, "stage": stage, **t.summary(profiles)})
+            rows.append({"speculator": spec, "stage": stage, **t.summary(profiles, drafter_cost)})
     return rows

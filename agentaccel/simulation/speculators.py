@@ -201,7 +201,11 @@ class Drafter(Speculator):
             if self.learner is not None:
                 self.learner.observe(self._timed)
                 self._timed.clear()
-                self.drafter.set_step_cost(self.learner.fit().model)
+                self.use_cost(self.learner.fit().model)
+
+    def use_cost(self, cost: StepCostModel) -> None:
+        """The step cost just learned: the budget drafts with it from the next step."""
+        self.drafter.set_step_cost(cost)
 
     # end: nothing to do; the next step, which no longer lists the request, retires it (its
     # output joins its stage tree then), as the plugin learns that a request left
