@@ -80,8 +80,8 @@ def predict(calls: Sequence, folder: str | Path | None = None, *, context: int =
     out = DrafterPredictions(folder.name, context)
     with torch.inference_mode():
         for call in calls:
-            out.top[digest(call.prompt, call.output)], out.prob[digest(call.prompt, call.output)] = \
-                _teacher_forced(model, call.prompt, call.output, context)
+            key = digest(call.prompt, call.output)
+            out.top[key], out.prob[key] = _teacher_forced(model, call.prompt, call.output, context)
             if progress:
                 progress(1)
     return out
