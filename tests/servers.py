@@ -15,6 +15,14 @@ import uvicorn
 from agentaccel.processes import free_port, stop_group, wait_healthy  # noqa: F401 - one definition, re-exported
 
 
+def wait_for(condition, seconds: float = 10.0) -> bool:
+    """Whether `condition()` holds within `seconds` (checked every 20 ms)."""
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return condition()
+
+
 def unlabelled_metric(url: str, name: str) -> float:
     """A metric without labels from the proxy's /metrics (counters: their _total)."""
     import httpx

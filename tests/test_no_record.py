@@ -11,9 +11,10 @@ import time
 
 import httpx
 import pytest
-from servers import metric, start_serve, unlabelled_metric, wait_healthy
+from servers import metric, start_serve, unlabelled_metric, wait_for, wait_healthy
 
 from agentaccel.backends.local.cost_curve import MIN_STEPS
+from agentaccel.backends.step_costs import REFIT_SECONDS
 from agentaccel.bench.upstream import MODEL, Upstream
 from agentaccel.processes import stop_group
 from agentaccel.text.tokenization import load_tokenizer
@@ -130,7 +131,9 @@ def exercise(backend: str, db, tmp_path, record: bool) -> None:
             for k in range(3):  # plain steps, enough of them for the embedded backend's keeper to write
                 ask(url, model, [{"role": "user", "content": f"Count from {k} to 900, separated by commas."}],
                     "story", max_tokens=MIN_STEPS // 3 + 8, speculate=False)
-            assert unlabelled_metric(url, "agentaccel_step_cost_timed_steps") > MIN_STEPS
+            # the learner takes in the timed steps at its next refit (REFIT_SECONDS), not at the reply
+            assert wait_for(lambda: unlabelled_metric(url, "agentaccel_step_cost_timed_steps") > MIN_STEPS,
+                            4 * REFIT_SECONDS), unlabelled_metric(url, "agentaccel_step_cost_timed_steps")
     finally:
         stop_group(proc, 90)
         if upstream is not None:

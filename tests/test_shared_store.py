@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from servers import ServerThread, free_port, metric, start_serve, wait_healthy
+from servers import ServerThread, free_port, metric, start_serve, wait_for, wait_healthy
 
 from agentaccel.backends.follower import seed_then_follow
 from agentaccel.backends.openai_compat import OpenAIBackend
@@ -293,13 +293,6 @@ def test_an_exported_baseline_stays_a_baseline_when_imported_again(tmp_path, tok
     fresh = SuffixEngine()
     seeded, _ = seed_then_follow(fresh, copy, tok, follow=False)
     assert seeded.calls == 1
-
-
-def wait_for(condition, seconds: float = 10.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return condition()
 
 
 def test_a_server_starts_warm_from_a_snapshot_and_reads_only_later_calls(db, tok, tmp_path):
