@@ -138,6 +138,26 @@ def test_agentaccel_off_is_our_proposer_drafting_nothing(tmp_path):
     assert drafted(on.spec_config) > 10
 
 
+def test_the_drafter_method_is_vllms_draft_model_speculation(tmp_path, cache):
+    """`--methods drafter --drafter cut:N`: vLLM's own draft-model speculation with a model cut from
+    the served one (made into the cache on first use; 28 of its 30 layers, whose first choice is the
+    model's about half the time, scripts/drafter_agreement.py): it drafts its chain every step,
+    some of it lands, and no output differs from plain decoding's."""
+    out = tmp_path / "result.json"
+    r = bench(tmp_path, cache, "--methods", "none,drafter", "--drafter", "cut:28", "--drafter-tokens", "2",
+              "--workloads", "sql", "--concurrency", "1", "--calls", "1", "--reps", "1", "--warm", "0",
+              "--history", "0", "--open-tokens", "24", "--json", str(out))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    result = json.loads(out.read_text())
+    drafter = result["setup"]["methods"]["drafter"]
+    assert drafter["method"] == "draft_model" and drafter["model"].endswith("-cut28")
+    assert drafter["num_speculative_tokens"] == 2
+    rows = {(x["method"], x["stage"]): x for x in result["rows"] if x["workload"] == "sql"}
+    row = rows[("drafter", "(all)")]
+    assert row["differing_outputs"] == 0 and row["draft_tokens_per_step"] == 2 and row["acceptance"] > 0, row
+    assert rows[("none", "(all)")]["draft_tokens_per_step"] == 0
+
+
 def test_bench_vllm_says_what_is_missing(tmp_path, cache):
     r = bench(tmp_path, cache, "--methods", "none,eagle", timeout=120)
     assert r.returncode == 2 and "eagle" in r.stderr and "Traceback" not in r.stderr
@@ -146,6 +166,10 @@ def test_bench_vllm_says_what_is_missing(tmp_path, cache):
     assert r.returncode == 2 and "import-traces" in r.stderr and "Traceback" not in r.stderr, r.stderr
     r = bench(tmp_path, cache, "--concurrency", "1,8", "--calls", "2", timeout=120)
     assert r.returncode == 2 and "--calls" in r.stderr
+    r = bench(tmp_path, cache, "--methods", "none,drafter", timeout=120)
+    assert r.returncode == 2 and "--drafter" in r.stderr and "Traceback" not in r.stderr
+    r = bench(tmp_path, cache, "--methods", "none,drafter", "--drafter", str(tmp_path / "nowhere"), timeout=120)
+    assert r.returncode == 2 and "nowhere: not a model folder" in r.stderr and "Traceback" not in r.stderr
 
 
 def _jobs(sessions: list[int]):

@@ -32,7 +32,8 @@ def bench_vllm(
     methods: Annotated[str, typer.Option(help="Comma-separated, from none, ngram, ngram-tuned, suffix (vLLM's own, "
                                               "ArcticInference), agentaccel, agentaccel-request (each request "
                                               "sizing its own draft, as before the step budget), agentaccel-off "
-                                              "(our proposer drafting nothing: what speculation being on costs).")]
+                                              "(our proposer drafting nothing: what speculation being on costs), "
+                                              "drafter (vLLM's draft-model speculation with --drafter).")]
     = "none,suffix,agentaccel",
     workloads: Annotated[str, typer.Option(help="Comma-separated, from sql, agent, chat.")] = "sql,agent,chat",
     concurrency: Annotated[str, typer.Option(help="Requests in flight, comma-separated; each level runs its own "
@@ -82,6 +83,11 @@ def bench_vllm(
                                             "gives the very outputs of one at a time), or auto (vLLM's default: "
                                             "bfloat16 on most hardware), bfloat16, float16: the report counts the "
                                             "outputs that differ from plain decoding's.")] = "float32",
+    drafter: Annotated[str | None, typer.Option(help="The drafter method's draft model: a local HF folder with the "
+                                                     "served model's tokenizer, or cut:N (the bundled model's first N "
+                                                     "layers, backends/local/draft_model.py).")] = None,
+    drafter_tokens: Annotated[int, typer.Option(help="Tokens the drafter method's draft model drafts a step "
+                                                     "(vLLM's draft-model examples draft 3 to 5).", min=1)] = 3,
     compiled: Annotated[bool, typer.Option("--compiled", help="Let vLLM compile the model and capture graphs (its "
                                                               "default); without it: eager (--enforce-eager).")]
     = False,
@@ -91,7 +97,7 @@ def bench_vllm(
     Arguments after `--` go to every `vllm serve`, after --dtype DTYPE [--enforce-eager] --max-model-len 4096
     (where they name the same option, theirs win)."""
     from agentaccel.bench.vllm import plan as vplan
-    from agentaccel.bench.vllm.servers import METHODS
+    from agentaccel.bench.vllm.servers import METHODS, drafter_config
     from agentaccel.bench.vllm.sources import WORKLOADS, workload_jobs
 
     need_plots(plot)
@@ -110,6 +116,16 @@ def bench_vllm(
         if unknown or not chosen:
             raise fail(f"{option}: unknown or none given ({', '.join(unknown) or '-'}); "
                        f"choose from {', '.join(known)}")
+    drafter_spec = None
+    if "drafter" in chosen_methods:
+        if drafter is None:
+            raise fail("--methods drafter: name its draft model with --drafter (a folder, or cut:N)")
+        from agentaccel.backends.local.draft_model import drafter_folder
+
+        try:
+            drafter_spec = drafter_config(drafter_folder(drafter), drafter_tokens)
+        except ValueError as e:
+            raise fail(f"--drafter: {e}") from e
     levels = int_list(concurrency, "--concurrency")
     per_level = ([vplan.auto_jobs(n) for n in levels] if calls.strip() == "auto" else int_list(calls, "--calls"))
     if len(per_level) != len(levels):
@@ -142,7 +158,8 @@ def bench_vllm(
         logs = Path(tempfile.mkdtemp(prefix="agentaccel-bench-vllm-"))
     sizes = vplan.Sizes(history, warm, dict(zip(levels, per_level, strict=True)), reps)
     plan = vplan.Plan(model_path, sources, chosen_methods, chosen_workloads, levels, sizes, max_tokens, keep_prompt,
-                      vllm_args, logs, open_tokens=open_tokens, restart=restart, cache=cache_dir() / "bench-vllm")
+                      vllm_args, logs, open_tokens=open_tokens, restart=restart, cache=cache_dir() / "bench-vllm",
+                      drafter=drafter_spec)
     if simulate and "agentaccel" not in chosen_methods:
         err.print("[yellow]note: no simulator check: it learns the server's profile from agentaccel's steps[/]")
         simulate = False
@@ -195,7 +212,7 @@ def _run_vllm_bench(plan, tok, simulate: bool) -> dict:
 
     from agentaccel.assets import cache_dir
     from agentaccel.bench.vllm import report, runner
-    from agentaccel.bench.vllm.servers import METHODS, arctic_inference_path
+    from agentaccel.bench.vllm.servers import arctic_inference_path, method_config
 
     notes = []
     arctic = None
@@ -231,7 +248,8 @@ def _run_vllm_bench(plan, tok, simulate: bool) -> dict:
                         "open_tokens": plan.open_tokens,
                         "keep_prompt": plan.keep_prompt, "warm": plan.sizes.warm, "reps": plan.sizes.reps,
                         "history_jobs": plan.sizes.history, "restart": plan.restart,
-                        "jobs_per_block": plan.sizes.per_level, "methods": {m: METHODS[m] for m in plan.methods}}
+                        "jobs_per_block": plan.sizes.per_level,
+                        "methods": {m: method_config(m, plan.drafter) for m in plan.methods}}
     return summary
 
 

@@ -69,13 +69,15 @@ class DrafterPredictions:
 
 def predict(calls: Sequence, folder: str | Path | None = None, *, context: int = 1024,
             progress: Callable[[int], None] | None = None) -> DrafterPredictions:
-    """The model in `folder` (default: the bundled SmolLM2-135M) on each call's prompt and output
-    (`calls`: simulation/replay.ReplayCall), teacher-forced."""
+    """The model in `folder` (a folder or "cut:N", backends/local/draft_model.py; default: the bundled
+    SmolLM2-135M) on each call's prompt and output (`calls`: simulation/replay.ReplayCall),
+    teacher-forced."""
     import torch
 
+    from agentaccel.backends.local.draft_model import drafter_folder
     from agentaccel.backends.local.model import default_model_folder, load_model
 
-    folder = Path(folder) if folder else default_model_folder()
+    folder = drafter_folder(folder) if folder else default_model_folder()
     model, _ = load_model(folder)
     out = DrafterPredictions(folder.name, context)
     with torch.inference_mode():

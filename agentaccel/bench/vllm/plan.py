@@ -115,6 +115,7 @@ class Plan:
     open_tokens: int = 96  # the longest output of a call with no recorded reply (SQL pipeline stages, chat)
     restart: bool = False  # every server restarts half way through each level
     cache: Path | None = None  # where a history made once is kept for the next runs (None: not kept)
+    drafter: dict | None = None  # the drafter method's speculative config (servers.drafter_config)
 
     @property
     def restart_before(self) -> int:

@@ -108,7 +108,7 @@ def run(plan: Plan, tok, arctic: Path | None, progress: Callable[[str], None]) -
         if store is not None:
             out.stores[m] = store
         servers[m] = MethodServer(m, plan.model, plan.vllm_args, plan.log_dir, arctic if m == "suffix" else None,
-                                  store)
+                                  store, drafter=plan.drafter)
     recorders = {m: Recorder(out.stores[m], flush_seconds=0.1) for m in out.stores}
     clients: dict[str, Client] = {}
     try:

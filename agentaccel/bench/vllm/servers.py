@@ -1,12 +1,12 @@
 """One `vllm serve` per method, alive together while the methods take turns.
 
 Methods: `none` (plain decoding), vLLM's `ngram` (its documented setting, and a tuned one),
-vLLM's own `suffix` (ArcticInference's cache; our plugin kept out with AGENTACCEL_VLLM_PLUGIN=0)
-and `agentaccel` (our plugin, every call tagged with its stage). An agentaccel server starts as
-`agentaccel serve --backend vllm` starts its vLLM: its trees seeded from its trace store (a copy
-of the history, each agentaccel server its own), following the store for the calls recorded
-there, its snapshot saved at shutdown and adopted at the next start. vLLM's methods start as
-vLLM does: from nothing.
+vLLM's own `suffix` (ArcticInference's cache; our plugin kept out with AGENTACCEL_VLLM_PLUGIN=0),
+vLLM's draft-model speculation (`drafter`, with the model `--drafter` names) and `agentaccel`
+(our plugin, every call tagged with its stage). An agentaccel server starts as `agentaccel serve
+--backend vllm` starts its vLLM: its trees seeded from its trace store (a copy of the history,
+each agentaccel server its own), following the store for the calls recorded there, its snapshot
+saved at shutdown and adopted at the next start. vLLM's methods start as vLLM does: from nothing.
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ METHODS: dict[str, dict | None] = {
     "agentaccel-request": DEFAULT_SPECULATIVE_CONFIG,
     # our proposer drafting nothing (every stage's longest draft 0): what speculation being on costs
     "agentaccel-off": DEFAULT_SPECULATIVE_CONFIG,
+    # vLLM's draft-model speculation with the model `--drafter` names (the config: drafter_config)
+    "drafter": None,
 }
 ARCTIC = "arctic-inference==0.3.0"
 START_TIMEOUT = 900.0
@@ -46,6 +48,21 @@ STOP_GRACE = 10.0  # seconds a server has to stop on SIGTERM before its whole gr
 
 def ours(method: str) -> bool:
     return method.startswith("agentaccel")
+
+
+def drafter_config(folder: Path, tokens: int) -> dict:
+    """vLLM's speculative config for draft-model speculation with the model in `folder`."""
+    return {"method": "draft_model", "model": str(folder), "num_speculative_tokens": tokens}
+
+
+def method_config(method: str, drafter: dict | None = None) -> dict | None:
+    """The speculative config a method's server starts with (`drafter`: drafter_config's, for the
+    drafter method)."""
+    if method == "drafter":
+        if drafter is None:
+            raise ValueError("the drafter method needs a draft model (--drafter)")
+        return drafter
+    return METHODS[method]
 
 
 def arctic_inference_path(cache: Path, echo: Callable[[str], None]) -> tuple[Path | None, str]:
@@ -99,8 +116,9 @@ class MethodServer:
     `log_dir/vllm-<method>.log`."""
 
     def __init__(self, method: str, model: str, vllm_args: list[str], log_dir: Path, arctic: Path | None,
-                 store: Path | None = None, served_name: str = "bench") -> None:
+                 store: Path | None = None, served_name: str = "bench", drafter: dict | None = None) -> None:
         self.method, self.model, self.vllm_args, self.log_dir = method, model, vllm_args, log_dir
+        self.speculative = method_config(method, drafter)
         self.arctic, self.store, self.served_name = arctic, store, served_name
         self.log_path = log_dir / f"vllm-{method}.log"
         self.url = ""
@@ -112,7 +130,7 @@ class MethodServer:
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         argv, env = launch_command(self.model, port, served_name=self.served_name, extra_args=self.vllm_args,
-                                   speculative_config=METHODS[self.method],
+                                   speculative_config=self.speculative,
                                    env=method_env(self.method, self.arctic, self.log_dir, self.store))
         with self.log_path.open("a") as log:
             log.write(f"\n===== start {self.starts + 1} of {self.method} at {time.strftime('%H:%M:%S')}\n")
@@ -145,12 +163,6 @@ def stop_servers(servers: list[MethodServer]) -> None:
     stop_groups([s.proc for s in servers if s.proc is not None], STOP_GRACE)
     for s in servers:
         s.proc = None
-
-    def log_tail(self, lines: int = 15) -> list[str]:
-        try:
-            return self.log_path.read_text(errors="replace").splitlines()[-lines:]
-        except OSError:
-            return []
 
 
 def start_all(servers: list[MethodServer]) -> None:
