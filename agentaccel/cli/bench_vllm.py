@@ -85,7 +85,8 @@ def bench_vllm(
                                             "outputs that differ from plain decoding's.")] = "float32",
     drafter: Annotated[str | None, typer.Option(help="The drafter method's draft model: a local HF folder with the "
                                                      "served model's tokenizer, or cut:N (the bundled model's first N "
-                                                     "layers, backends/local/draft_model.py).")] = None,
+                                                     "layers, backends/local/draft_model.py); required by the "
+                                                     "drafter method, default none.")] = None,
     drafter_tokens: Annotated[int, typer.Option(help="Tokens the drafter method's draft model drafts a step "
                                                      "(vLLM's draft-model examples draft 3 to 5).", min=1)] = 3,
     compiled: Annotated[bool, typer.Option("--compiled", help="Let vLLM compile the model and capture graphs (its "
