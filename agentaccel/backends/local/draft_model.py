@@ -16,7 +16,7 @@ import re
 import shutil
 from pathlib import Path
 
-from agentaccel.backends.local.model import default_model_folder
+from agentaccel.backends.local.model import default_model_folder, model_folder
 
 WEIGHTS = "model.safetensors"
 CARRIED = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")  # copied as they are
@@ -75,7 +75,4 @@ def drafter_folder(spec: str | Path) -> Path:
         except ValueError:
             raise ValueError(f"{text!r}: write cut:N, N the layers to keep") from None
         return default_cut(layers)
-    folder = Path(text)
-    if not (folder / "config.json").is_file():
-        raise ValueError(f"{folder}: not a model folder (no config.json)")
-    return folder
+    return model_folder(text)

@@ -72,15 +72,21 @@ def torch_dtype(name: str) -> torch.dtype:
     return DTYPES[name]
 
 
+def model_folder(path: str | Path) -> Path:
+    """`path` as a local HF model folder (ValueError naming it when it holds no config.json)."""
+    folder = Path(path)
+    if not (folder / "config.json").is_file():
+        raise ValueError(f"{folder}: not a model folder (no config.json)")
+    return folder
+
+
 def load_model(path: str | Path | None = None, device: str | None = None, dtype: str = "float32"):
     """(model, tokenizer) ready for inference; `path` is a local HF folder (default: SmolLM2)."""
     from transformers import AutoModelForCausalLM
 
     from agentaccel.text.tokenization import load_tokenizer
 
-    folder = Path(path) if path else default_model_folder()
-    if not (folder / "config.json").is_file():
-        raise ValueError(f"{folder}: not a model folder (no config.json)")
+    folder = model_folder(path) if path else default_model_folder()
     dev = pick_device(device)
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch_dtype(dtype)).to(dev).eval()
     if dev.type == "cpu":
