@@ -57,8 +57,10 @@ class PostgresServer:
             raise RuntimeError(f"{args[0]} failed ({done.returncode}): {done.stdout[-2000:]}{done.stderr[-2000:]}")
 
     def start(self) -> PostgresServer:
-        self._run(str(self.bin / "initdb"), "-D", str(self.data), "-U", USER, "--auth=trust", "-E", "UTF8",
-                  "--no-sync", "--no-instructions")
+        """Starts the server; the first start makes its data folder (a later one serves it again)."""
+        if not self.data.exists():
+            self._run(str(self.bin / "initdb"), "-D", str(self.data), "-U", USER, "--auth=trust", "-E", "UTF8",
+                      "--no-sync", "--no-instructions")
         options = (f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.folder} -c fsync=off "
                    "-c max_connections=200 -c shared_buffers=64MB")
         self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", str(self.folder / "log"), "-o", options,

@@ -183,6 +183,37 @@ def test_a_postgres_restart_while_recording_loses_no_call(tmp_path):
         __import__("shutil").rmtree(folder, ignore_errors=True)
 
 
+def test_a_writer_started_while_postgres_is_down_waits_for_it_and_loses_no_call():
+    """The writer dies (killed: the fault) while the server is down: its replacement starts with
+    no server to connect to, and the calls sent meanwhile wait for it; when the server is back,
+    every call is stored and none is counted lost."""
+    from postgres_server import PostgresServer
+
+    folder = Path(__import__("tempfile").mkdtemp(prefix="agentaccel-postgres-"))
+    server = PostgresServer(folder / "server").start()
+    try:
+        url = server.new_database()
+        recorder = Recorder(url, flush_seconds=0.05, batch_size=8)
+        server.stop()
+        recorder._process.kill()
+        recorder._process.join(10)
+        for i in range(40):
+            recorder.submit(RecordedCall(stage="s", session_id=f"d{i % 3}", model="m",
+                                         messages=[{"role": "user", "content": f"down {i}"}], response=f"answer {i}"))
+        assert wait_for(lambda: recorder.restarts == 1, 20)  # the replacement starts with the server down
+        time.sleep(1.0)  # long enough for a replacement that cannot connect to die
+        server.start()
+        recorder.flush(60)
+        assert (recorder.written, recorder.failed) == (40, 0)
+        recorder.close()
+        with TraceStore(url) as store:
+            contents = sorted(c.messages[0]["content"] for c in store.iter_calls())
+        assert contents == sorted(f"down {i}" for i in range(40))
+    finally:
+        server.stop()
+        __import__("shutil").rmtree(folder, ignore_errors=True)
+
+
 # ---------------------------------------------------------------------------- the tail
 def test_the_tail_reads_each_new_call_once_in_any_commit_order(postgres, tok):
     """A transaction that took its id first but commits last is read when it commits, once; a

@@ -7,10 +7,14 @@ SQLite statements, tokenizing the output) took a large share of the proxy's CPU 
 (`bench proxy`), all of it under the GIL the event loop needs (`bench proxy`). The request path now pays a queue `put`;
 a sender thread pickles what is queued to a pipe; the writer process does the rest.
 
-A crash loses at most the batch being written, never a committed one; if the server dies,
-the writer sees the pipe close, stores what reached it and exits. If the writer dies, a new one
-is started (at most one per `_RESTART_SECONDS`) and the calls the dead one held uncommitted are
-counted as failed: every submitted call ends up written or counted. `close()` drains everything.
+If the server dies, the writer sees the pipe close, stores what reached it and exits. If the
+writer dies (killed; SQLite's shared memory on a file made immutable raises SIGBUS), a new one is
+started (at most one per `_RESTART_SECONDS`; calls wait in the queue meanwhile) and the calls the
+dead one held uncommitted are sent to it again, once: a call that two writers died holding is
+counted as failed, so one that kills writers cannot kill them forever. A resent call the dead
+writer had committed just before it died is not stored twice when it carries a `call_id` (the
+proxy and the benchmarks give every call one: store.call_identity). Every submitted call ends up
+written or counted; `close()` drains everything.
 Never stored: headers (so no Authorization). With `redact`, message and response text are
 replaced by empty strings; stage, usage, timings and speculation stats are kept.
 """
@@ -18,7 +22,9 @@ replaced by empty strings; stage, usage, timings and speculation stats are kept.
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
+import faulthandler
 import logging
 import multiprocessing
 import os
@@ -85,9 +91,11 @@ class Recorder:
         self._failed = self._ctx.Value("q", 0, lock=False)   # calls a failed transaction dropped
         self._reopened = self._ctx.Value("q", 0, lock=False)  # times the store file vanished and was made anew
         self._settings = (redact, batch_size, flush_seconds)
-        self._sent = 0  # calls handed to a writer (sender thread only)
+        self._sent = 0  # calls handed to a writer, each counted once (sender thread only, as the next three)
+        self._held: collections.deque[tuple[RecordedCall, int]] = collections.deque()  # (call, times resent)
+        self._acked = 0  # calls taken off `_held` because a writer wrote or failed them
         self._unsent = 0  # calls that could not be pickled or reach a writer
-        self._died_with = 0  # calls dead writers held uncommitted
+        self._died_with = 0  # calls lost with writers: two died holding each
         self.restarts = 0
         self._started_at = 0.0
         self._tokenize: Tokenize | None = None
@@ -117,21 +125,34 @@ class Recorder:
         self._started_at = time.monotonic()
 
     def _restart_writer(self) -> None:
-        """After the writer died: counts what it held as lost and starts another (rate-limited:
-        a writer that keeps dying waits for the next try)."""
-        if time.monotonic() - self._started_at < _RESTART_SECONDS:
-            return
+        """After the writer died: starts another and sends it again what the dead one held (calls
+        it had not written or failed yet), or counts them lost when they were sent again already.
+        A writer that keeps dying is started no more often than every `_RESTART_SECONDS`: the
+        sender waits that out, and what is submitted meanwhile waits in the queue."""
+        time.sleep(max(0.0, self._started_at + _RESTART_SECONDS - time.monotonic()))
         self._process.join()  # its counters are final now
-        # With no writer running, every call ever sent is written, failed or lost with a writer.
-        self._died_with = self._sent - self._written.value - self._failed.value
+        self._take_acknowledged()
+        again = [call for call, resent in self._held if not resent]
+        self._died_with += len(self._held) - len(again)
+        self._held.clear()
         with contextlib.suppress(OSError):
             self._pipe.close()
-        log.error("recorder: the writer process died (exit code %s); %d calls lost with writers so far; "
-                  "starting another", self._process.exitcode, self._died_with)
-        self.restarts += 1
+        log.error("recorder: the writer process died (exit code %s) holding %d calls; sending them to a new "
+                  "one (%d calls lost with writers so far)", self._process.exitcode, len(again), self._died_with)
         self._start_writer()
         if self._tokenize is not None:
             self._pipe.send_bytes(pickle.dumps([_SetTokenizer(self._tokenize)], protocol=pickle.HIGHEST_PROTOCOL))
+        if again:
+            self._send(again, resent=1)
+        self.restarts += 1  # last: whoever waits for it finds the new writer holding what was resent
+
+    def _take_acknowledged(self) -> None:
+        """Drops from `_held` the calls the writers have written or failed: they take calls in the
+        order sent, so those are the oldest."""
+        acknowledged = self._written.value + self._failed.value
+        while self._acked < acknowledged and self._held:
+            self._held.popleft()
+            self._acked += 1
 
     @property
     def alive(self) -> bool:
@@ -194,26 +215,34 @@ class Recorder:
                 self._send(items)
         self._pipe.close()
 
-    def _send(self, items: list) -> None:
+    def _send(self, items: list, resent: int = 0) -> None:
         try:
             payload = pickle.dumps(items, protocol=pickle.HIGHEST_PROTOCOL)
         except (pickle.PicklingError, TypeError, AttributeError):
             if len(items) > 1:  # one call that can't be pickled must not take the others with it
                 for item in items:
-                    self._send([item])
+                    self._send([item], resent)
                 return
             log.error("recorder: a call could not be pickled for the writer", exc_info=True)
             self._unsent += 1
             return
-        calls = sum(isinstance(i, RecordedCall) for i in items)
-        if not self._process.is_alive():
-            self._restart_writer()
-        try:
-            self._pipe.send_bytes(payload)
-            self._sent += calls
-        except OSError as e:  # the writer is gone (and could not be replaced yet)
-            log.error("recorder: %d calls could not reach the writer: %r", calls, e)
-            self._unsent += calls
+        calls = [item for item in items if isinstance(item, RecordedCall)]
+        for attempt in range(2):
+            if not self._process.is_alive():
+                self._restart_writer()
+            try:
+                self._pipe.send_bytes(payload)
+            except OSError as e:  # the writer died since we looked: once more, to its replacement
+                if attempt == 1:
+                    log.error("recorder: %d calls could not reach the writer: %r", len(calls), e)
+                    self._unsent += len(calls)
+                else:
+                    self._process.join(_RESTART_SECONDS)  # is_alive() must see the death it caused
+                continue
+            self._sent += 0 if resent else len(calls)
+            self._take_acknowledged()
+            self._held.extend((call, resent) for call in calls)
+            return
 
 
 def _writer_main(location: Location, redact: bool, batch_size: int, flush_seconds: float, pipe, written, failed,
@@ -223,10 +252,11 @@ def _writer_main(location: Location, redact: bool, batch_size: int, flush_second
     for more when that is set), and is written at once. So an idle server stores a call as soon
     as it is answered (other servers learn it within milliseconds), and a busy one writes in
     batches as large as its rate makes them (what arrives during a write is the next batch)."""
+    faulthandler.enable()  # a writer killed by a signal leaves its stack in the server's log
     # Background work: when cores are short, serving goes first (batches absorb the delay).
     with contextlib.suppress(OSError):
         os.nice(10)
-    writer = _Writer(TraceStore(location), redact, written, failed, reopened)
+    writer = _Writer(location, redact, written, failed, reopened)
     batch: list[RecordedCall] = []
 
     def take(items: list) -> None:
@@ -261,10 +291,10 @@ def _writer_main(location: Location, redact: bool, batch_size: int, flush_second
 
 
 class _Writer:
-    def __init__(self, store: TraceStore, redact: bool, written, failed, reopened) -> None:
-        self.store: TraceStore | None = store  # None while a PostgreSQL server cannot be reached
-        self.location = store.location
-        self.inode = os.stat(store.path).st_ino if store.path is not None else None
+    def __init__(self, location: Location, redact: bool, written, failed, reopened) -> None:
+        self.location = location
+        self.store: TraceStore | None = _open_unless_unreachable(location)  # None: connects at a batch
+        self.inode = os.stat(location.path).st_ino if location.path is not None else None
         self.reopened = reopened
         self.redact = redact
         self.written, self.failed = written, failed  # counters shared with the server process
@@ -278,7 +308,9 @@ class _Writer:
         self._reopen_if_replaced()
         cleaned = [_clean(call) for call in batch]
         error: Exception | None = None
-        for attempt in range(_LOCK_RETRIES + 1):
+        attempt = 0
+        reopened = False
+        while True:
             try:
                 if self.store is None:
                     self.store = TraceStore(self.location)
@@ -287,21 +319,32 @@ class _Writer:
                 return
             except Exception as e:  # a full disk, a bad value: must not take the proxy down
                 error = e
+                if _read_only(e) and not reopened:
+                    # SQLite opens a file it may not write (made immutable for a while) read-only,
+                    # and stays so after the file is writable again: open it anew, once per batch.
+                    self._disconnect()
+                    reopened = True
+                    continue
                 why = _worth_retrying(e)
                 if why is None or attempt == _LOCK_RETRIES:
                     break
                 log.warning("trace store %s; trying again in %d s", why, 2 ** attempt)
-                if why == "unreachable" and self.store is not None:  # a server restarting: connect anew
-                    with contextlib.suppress(Exception):
-                        self.store.close()
-                    self.store = None
+                if why == "unreachable":  # a server restarting: connect anew
+                    self._disconnect()
                 time.sleep(2 ** attempt)
+                attempt += 1
         if len(batch) > 1:
             for call in batch:
                 self.write([call])
             return
         log.error("recording a call failed: %r", error)
         self.failed.value += 1
+
+    def _disconnect(self) -> None:
+        if self.store is not None:
+            with contextlib.suppress(Exception):
+                self.store.close()
+        self.store = None
 
     def _reopen_if_replaced(self) -> None:
         """A trace store deleted or replaced under a running server would swallow every call into
@@ -362,6 +405,22 @@ class _Writer:
                     baseline=call.baseline,
                     metadata={**call.metadata, "position": position, "redacted": self.redact,
                               **({"call_id": call.call_id} if call.call_id else {})})
+
+
+def _open_unless_unreachable(location: Location) -> TraceStore | None:
+    """The store, or None when its PostgreSQL server cannot be reached right now (a writer started
+    during a server restart must live to store the calls sent to it: `write` connects with backoff)."""
+    try:
+        return TraceStore(location)
+    except Exception as e:
+        if _worth_retrying(e) != "unreachable":
+            raise
+        log.warning("trace store unreachable (%s); connecting at the first batch", e)
+        return None
+
+
+def _read_only(error: Exception) -> bool:
+    return isinstance(error, sqlite3.OperationalError) and "readonly" in str(error)
 
 
 def _worth_retrying(error: Exception) -> str | None:
