@@ -99,8 +99,6 @@ def test_a_dead_writer_is_replaced_and_what_it_held_is_sent_again_once(tmp_path,
     sent them again, and `/health` says a writer died. Killed once, every call is stored;
     killed again while holding them, they are counted lost (a call must not kill writers forever).
     Either way every later call is stored and the books balance."""
-    import time
-
     with Upstream(tokens=2) as upstream:
         recorder = Recorder(tmp_path / "traces.db", flush_seconds=3600)  # holds every call in its batch
         with ServerThread(create_app(ProxyConfig(), OpenAIBackend(upstream.url), recorder)) as server:
@@ -112,7 +110,7 @@ def test_a_dead_writer_is_replaced_and_what_it_held_is_sent_again_once(tmp_path,
                 recorder._process.join(10)
                 health = httpx.get(server.url + "/health")
                 assert health.status_code == 503 and health.json()["recorder"]["alive"] is False
-                assert wait_for(lambda: recorder.restarts == kill, 20)  # replaced within seconds
+                assert wait_for(lambda kill=kill: recorder.restarts == kill, 20)  # replaced within seconds
             lost = 5 if kills == 2 else 0
             health = httpx.get(server.url + "/health").json()
             assert health["status"] == "degraded" and health["recorder"] == {  # a writer died: degraded
