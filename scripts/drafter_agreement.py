@@ -19,6 +19,8 @@ import time
 import numpy as np
 import torch
 
+from agentaccel.backends.local.draft_model import drafter_folder
+from agentaccel.backends.local.eagle_head import chain_accepted, load_head
 from agentaccel.backends.local.model import default_model_folder
 from agentaccel.bench.corpus import TracesMissing, default_traces_dir
 from agentaccel.bench.vllm.sources import Sources, workload_jobs
@@ -76,6 +78,28 @@ def agreement(model, calls: list[tuple], layers: list[int], chain: int) -> dict[
     return out
 
 
+def eagle_agreement(model, head, calls: list[tuple], chain: int) -> dict:
+    """An EAGLE head's first-choice agreement (teacher-forced) and the accepted tokens of its own
+    greedy chains of `chain` as vLLM runs them (its later tokens from its own states, not the
+    model's: eagle_head.chain_accepted), at every output position."""
+    embedding = model.get_input_embeddings().weight.detach()
+    agree, accepted = [], []
+    for prompt, output in calls:
+        if len(output) < 2:
+            continue
+        ids = torch.tensor(prompt + output)
+        with torch.inference_mode():
+            out = model(ids[None], output_hidden_states=True)
+            states, served = out.hidden_states[-1][0], out.logits[0].argmax(-1)
+            guess, _ = head(embedding[ids[1:]][None], states[:-1][None], torch.arange(len(ids) - 1)[None])
+            starts = torch.arange(len(prompt) - 1, len(ids) - 2)  # from the first output token on
+            agree.append((((guess[0] @ embedding.T).argmax(-1))[starts] == served[starts + 1]).numpy())
+            accepted.append(chain_accepted(head, embedding, ids, states, served, starts, chain).numpy())
+    agree_all = np.concatenate(agree)
+    return {"agreement": float(agree_all.mean()), "accepted_per_chain": float(np.concatenate(accepted).mean()),
+            "positions": int(len(agree_all))}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workloads", default="chat,agent,sql")
@@ -83,6 +107,7 @@ def main() -> None:
     parser.add_argument("--layers", default="2,4,6,8,12,16,20,24")
     parser.add_argument("--chain", type=int, default=3, help="tokens a drafter chain drafts (bench vllm's default)")
     parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--eagle", help="also an EAGLE head: its folder, or eagle (scripts/train_eagle_head.py's)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     from transformers import AutoModelForCausalLM
@@ -91,6 +116,7 @@ def main() -> None:
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
     tok = load_tokenizer(str(folder))
     layers = [int(x) for x in args.layers.split(",")]
+    head = load_head(drafter_folder(args.eagle)) if args.eagle else None
     try:
         traces = default_traces_dir()
     except TracesMissing:  # the bundled workloads
@@ -101,10 +127,13 @@ def main() -> None:
         t0 = time.time()
         calls = served_calls(model, tok, workload, sources, args.jobs, args.max_tokens)
         results[workload] = agreement(model, calls, layers, args.chain)
+        if head is not None:
+            results[workload]["eagle"] = eagle_agreement(model, head, calls, args.chain)
         print(f"{workload}: {len(calls)} calls, {sum(len(o) for _, o in calls):,} output tokens "
               f"({time.time() - t0:.0f} s)")
         for n, r in results[workload].items():
-            print(f"  cut:{n:<3} agreement {r['agreement']:.3f}  accepted per chain of {args.chain}: "
+            name = n if n == "eagle" else f"cut:{n}"
+            print(f"  {name:<6} agreement {r['agreement']:.3f}  accepted per chain of {args.chain}: "
                   f"{r['accepted_per_chain']:.2f}")
     if args.json:
         with open(args.json, "w") as f:

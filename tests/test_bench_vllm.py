@@ -167,7 +167,7 @@ def test_bench_vllm_says_what_is_missing(tmp_path, cache):
     r = bench(tmp_path, cache, "--concurrency", "1,8", "--calls", "2", timeout=120)
     assert r.returncode == 2 and "--calls" in r.stderr
     r = bench(tmp_path, cache, "--methods", "none,drafter", timeout=120)
-    assert r.returncode == 2 and "name its draft model with --drafter" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 2 and "name its drafter with --drafter" in r.stderr and "Traceback" not in r.stderr
     r = bench(tmp_path, cache, "--methods", "none,drafter", "--drafter", str(tmp_path / "nowhere"), timeout=120)
     assert r.returncode == 2 and "nowhere: not a model folder" in r.stderr and "Traceback" not in r.stderr
 

@@ -83,9 +83,11 @@ def bench_vllm(
                                             "gives the very outputs of one at a time), or auto (vLLM's default: "
                                             "bfloat16 on most hardware), bfloat16, float16: the report counts the "
                                             "outputs that differ from plain decoding's.")] = "float32",
-    drafter: Annotated[str | None, typer.Option(help="The drafter method's draft model: a local HF folder with the "
-                                                     "served model's tokenizer, or cut:N (the bundled model's first N "
-                                                     "layers, backends/local/draft_model.py); required by the "
+    drafter: Annotated[str | None, typer.Option(help="The drafter method's drafter: a local HF folder with the "
+                                                     "served model's tokenizer (a draft model, or an EAGLE head: "
+                                                     "vLLM's eagle method), cut:N (the bundled model's first N "
+                                                     "layers, backends/local/draft_model.py) or eagle (its head "
+                                                     "trained by scripts/train_eagle_head.py); required by the "
                                                      "drafter method, default none.")] = None,
     drafter_tokens: Annotated[int, typer.Option(help="Tokens the drafter method's draft model drafts a step "
                                                      "(vLLM's draft-model examples draft 3 to 5).", min=1)] = 3,
@@ -120,7 +122,7 @@ def bench_vllm(
     drafter_spec = None
     if "drafter" in chosen_methods:
         if drafter is None:
-            raise fail("--methods drafter: name its draft model with --drafter (a folder, or cut:N)")
+            raise fail("--methods drafter: name its drafter with --drafter (a folder, cut:N or eagle)")
         from agentaccel.backends.local.draft_model import drafter_folder
 
         try:

@@ -143,8 +143,10 @@ def bench_drafter_predictions(
     out: Annotated[Path, typer.Option(help="The predictions file to write.")],
     db: DbOption = None,
     drafter_model: Annotated[str | None, typer.Option(help="The drafter: a local HF folder of a causal LM with "
-                                                          "the store's tokenizer, or cut:N (the bundled model's "
-                                                          "first N layers; default: the bundled SmolLM2-135M).")]
+                                                          "the store's tokenizer, cut:N (the bundled model's "
+                                                          "first N layers), eagle or an EAGLE head's folder (on "
+                                                          "the bundled model's states); default: the bundled "
+                                                          "SmolLM2-135M.")]
     = None,
     context: Annotated[int, typer.Option(help="Prompt tokens the drafter sees (its window).", min=16)] = 1024,
     tokenizer: TokenizerOption = None,

@@ -69,16 +69,17 @@ class DrafterPredictions:
 
 def predict(calls: Sequence, folder: str | Path | None = None, *, context: int = 1024,
             progress: Callable[[int], None] | None = None) -> DrafterPredictions:
-    """The model in `folder` (a folder or "cut:N", backends/local/draft_model.py; default: the bundled
-    SmolLM2-135M) on each call's prompt and output (`calls`: simulation/replay.ReplayCall),
-    teacher-forced."""
+    """The model in `folder` (a folder, "cut:N" or "eagle", backends/local/draft_model.py; default: the
+    bundled SmolLM2-135M) on each call's prompt and output (`calls`: simulation/replay.ReplayCall),
+    teacher-forced. An EAGLE head runs on the bundled model's states (eagle_head.HeadAsModel)."""
     import torch
 
     from agentaccel.backends.local.draft_model import drafter_folder
+    from agentaccel.backends.local.eagle_head import is_eagle_head, load_as_model
     from agentaccel.backends.local.model import default_model_folder, load_model
 
     folder = drafter_folder(folder) if folder else default_model_folder()
-    model, _ = load_model(folder)
+    model = load_as_model(folder) if is_eagle_head(folder) else load_model(folder)[0]
     out = DrafterPredictions(folder.name, context)
     with torch.inference_mode():
         for call in calls:

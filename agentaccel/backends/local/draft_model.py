@@ -7,7 +7,8 @@ target's tokenizer and vocabulary by construction and costs its layers plus the 
     agentaccel bench drafter-predictions --drafter-model cut:6 ...   (the default model, cut to 6 layers)
 
 `drafter_folder("cut:N")` makes the default model's cut once and keeps it in the cache beside the
-converted model; any other spec is a folder of the user's."""
+converted model; "eagle" is the head scripts/train_eagle_head.py trained there (eagle_head.py);
+any other spec is a folder of the user's."""
 
 from __future__ import annotations
 
@@ -65,10 +66,22 @@ def default_cut(layers: int) -> Path:
     return cut_model(target, layers, out)
 
 
+def default_eagle() -> Path:
+    """The default model's EAGLE head, once scripts/train_eagle_head.py has trained it."""
+    target = default_model_folder()
+    out = target.with_name(f"{target.name}-eagle")
+    if not (out / "config.json").is_file():
+        raise ValueError(f"no EAGLE head for {target.name} yet ({out}): train one with "
+                         "`python scripts/train_eagle_head.py --store TRACES.db`")
+    return out
+
+
 def drafter_folder(spec: str | Path) -> Path:
-    """A drafter's folder from its spec: "cut:N" (the default model's first N layers), else a
-    folder of the user's."""
+    """A drafter's folder from its spec: "cut:N" (the default model's first N layers), "eagle" (its
+    trained EAGLE head), else a folder of the user's (a draft model or an EAGLE head)."""
     text = str(spec)
+    if text == "eagle":
+        return default_eagle()
     if text.startswith("cut:"):
         try:
             layers = int(text.removeprefix("cut:"))

@@ -51,8 +51,12 @@ def ours(method: str) -> bool:
 
 
 def drafter_config(folder: Path, tokens: int) -> dict:
-    """vLLM's speculative config for draft-model speculation with the model in `folder`."""
-    return {"method": "draft_model", "model": str(folder), "num_speculative_tokens": tokens}
+    """vLLM's speculative config for the drafter in `folder`: an EAGLE head (eagle_head.py) with
+    vLLM's `eagle` method, any other model with draft-model speculation."""
+    from agentaccel.backends.local.eagle_head import is_eagle_head
+
+    method = "eagle" if is_eagle_head(folder) else "draft_model"
+    return {"method": method, "model": str(folder), "num_speculative_tokens": tokens}
 
 
 def method_config(method: str, drafter: dict | None = None) -> dict | None:
