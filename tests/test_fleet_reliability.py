@@ -64,7 +64,7 @@ def test_a_batch_written_again_stores_nothing_twice(tmp_path):
         value = 0
 
     with TraceStore(tmp_path / "t.db") as store:
-        writer = _Writer(store, False, Counter(), Counter(), Counter())
+        writer = _Writer(store.location, False, Counter(), Counter(), Counter())
         batch = [RecordedCall(stage="s", session_id="s1", model="m", messages=[{"role": "user", "content": "q"}],
                               response="a", call_id=f"id-{i}") for i in range(3)]
         writer._store(batch)
