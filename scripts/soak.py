@@ -47,6 +47,8 @@ class Sample:
     store_bytes: int
     acceptance: float  # accepted / drafted tokens over the window
     server_5xx: int
+    server_cpu_s: float = 0.0  # CPU seconds of the server's processes (its group) since it last started
+    busy_cpu_s: float = 0.0  # CPU seconds the whole machine was busy since the run started (PostgreSQL too)
 
 
 @dataclass
@@ -100,19 +102,39 @@ class Server:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
 
-    def rss_mib(self) -> float:
+    def _group(self) -> list[psutil.Process]:
         try:
             group = os.getpgid(self.proc.pid)
         except ProcessLookupError:
-            return 0.0
-        total = 0
+            return []
+        members = []
         for p in psutil.process_iter(["pid"]):
             try:
                 if os.getpgid(p.pid) == group:
-                    total += p.memory_info().rss
+                    members.append(p)
             except (ProcessLookupError, psutil.Error):
                 continue
-        return total / 2**20
+        return members
+
+    def rss_mib(self) -> float:
+        return sum(_or_zero(lambda p=p: p.memory_info().rss) for p in self._group()) / 2**20
+
+    def cpu_seconds(self) -> float:
+        """CPU the server's processes used since it started (a process gone since is not counted:
+        the server's own, its writer and its pruner live as long as it does)."""
+        return sum(_or_zero(lambda p=p: sum(p.cpu_times()[:2])) for p in self._group())
+
+
+def _or_zero(read) -> float:
+    try:
+        return read()
+    except (ProcessLookupError, psutil.Error):
+        return 0.0
+
+
+def busy_seconds() -> float:
+    t = psutil.cpu_times()
+    return t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0)
 
 
 def recorded_calls(path: str, source: str | None, limit: int | None) -> list[tuple[str, str, list[dict]]]:
@@ -131,6 +153,16 @@ def metric_sums(text: str) -> dict[str, float]:
             if line.startswith(name + "{"):
                 sums[name] = sums.get(name, 0.0) + float(line.split()[-1])
     return sums
+
+
+def cpu_per_call(pair: list[Sample]) -> tuple[float, float]:
+    """CPU ms per call between two samples: the server's (nan across a restart) and the machine's."""
+    if len(pair) < 2 or pair[1].calls == pair[0].calls:
+        return float("nan"), float("nan")
+    a, b = pair
+    calls = b.calls - a.calls
+    server = (b.server_cpu_s - a.server_cpu_s) if b.server_cpu_s >= a.server_cpu_s else float("nan")
+    return 1000 * server / calls, 1000 * (b.busy_cpu_s - a.busy_cpu_s) / calls
 
 
 def progress(run: Run) -> dict:
@@ -153,7 +185,7 @@ async def soak(args, out: Path) -> Run:
     pg_restart_at = args.calls // 2 if args.pg_restart else None
     restarting = asyncio.Event()
     restarting.set()  # set: the server is up
-    t0 = time.time()
+    t0, busy0 = time.time(), busy_seconds()
 
     async def read_counters(session: aiohttp.ClientSession) -> None:
         """Accumulates the drafted and accepted tokens since the last read (a restarted server counts from 0)."""
@@ -206,13 +238,16 @@ async def soak(args, out: Path) -> Run:
                 run.samples.append(Sample(done, time.time() - t0, server.rss_mib(), float(np.percentile(lat, 50)),
                                           float(np.percentile(lat, 99)), size,
                                           accepted / drafted if drafted else 0.0,
-                                          sum(n for s, n in run.status.items() if s >= 500)))
+                                          sum(n for s, n in run.status.items() if s >= 500),
+                                          server.cpu_seconds(), busy_seconds() - busy0))
                 counters["drafted"] = counters["accepted"] = 0.0
                 window.clear()
                 s = run.samples[-1]
+                per_call = cpu_per_call(run.samples[-2:])
                 print(f"{s.calls:>9,} calls {s.at:7.0f} s  rss {s.rss_mib:7.1f} MiB  p50/p99 {s.p50_ms:6.1f}/"
                       f"{s.p99_ms:7.1f} ms  store {s.store_bytes / 2**20:7.1f} MiB  acceptance {s.acceptance:.3f}  "
-                      f"5xx {s.server_5xx}  retried {run.retried}", flush=True)
+                      f"5xx {s.server_5xx}  retried {run.retried}  cpu/call server {per_call[0]:.2f} ms, "
+                      f"machine {per_call[1]:.2f} ms", flush=True)
                 (out / "soak.json").write_text(json.dumps(progress(run)))
                 next_sample += args.sample_every
                 if sent >= args.calls and all(t.done() for t in workers):
@@ -269,8 +304,15 @@ def tenths(run: Run) -> dict:
         return float(np.mean([getattr(r, key) for r in rows]))
 
     keys = ("rss_mib", "p50_ms", "p99_ms", "store_bytes", "acceptance")
-    return {key: {"first": mean(first, key), "last": mean(last, key),
-                  "change": mean(last, key) / mean(first, key) - 1 if mean(first, key) else None} for key in keys}
+    out = {key: {"first": mean(first, key), "last": mean(last, key),
+                 "change": mean(last, key) / mean(first, key) - 1 if mean(first, key) else None} for key in keys}
+    # CPU per call: where time per call goes when latency grows (the server's, or the machine's: PostgreSQL too)
+    per_call = [cpu_per_call([a, b]) for a, b in zip(s, s[1:], strict=False)]
+    for i, key in enumerate(("server_cpu_ms_per_call", "machine_cpu_ms_per_call")):
+        early = float(np.nanmean([c[i] for c in per_call[:n]] or [np.nan]))
+        late = float(np.nanmean([c[i] for c in per_call[-n:]] or [np.nan]))
+        out[key] = {"first": early, "last": late, "change": late / early - 1 if early else None}
+    return out
 
 
 def plot(out: Path, runs: dict[str, Run]) -> None:
