@@ -49,6 +49,7 @@ class Sample:
     server_5xx: int
     server_cpu_s: float = 0.0  # CPU seconds of the server's processes (its group) since it last started
     busy_cpu_s: float = 0.0  # CPU seconds the whole machine was busy since the run started (PostgreSQL too)
+    client_cpu_s: float = 0.0  # CPU seconds of this client since the run started
 
 
 @dataclass
@@ -132,6 +133,10 @@ def _or_zero(read) -> float:
         return 0.0
 
 
+def client_seconds() -> float:
+    return sum(psutil.Process().cpu_times()[:2])
+
+
 def busy_seconds() -> float:
     t = psutil.cpu_times()
     return t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0)
@@ -155,14 +160,16 @@ def metric_sums(text: str) -> dict[str, float]:
     return sums
 
 
-def cpu_per_call(pair: list[Sample]) -> tuple[float, float]:
-    """CPU ms per call between two samples: the server's (nan across a restart) and the machine's."""
+def cpu_per_call(pair: list[Sample]) -> tuple[float, float, float]:
+    """CPU ms per call between two samples: the server's (nan across a restart), the machine's and
+    this client's (the machine's less both: PostgreSQL and anything else running)."""
     if len(pair) < 2 or pair[1].calls == pair[0].calls:
-        return float("nan"), float("nan")
+        return float("nan"), float("nan"), float("nan")
     a, b = pair
     calls = b.calls - a.calls
     server = (b.server_cpu_s - a.server_cpu_s) if b.server_cpu_s >= a.server_cpu_s else float("nan")
-    return 1000 * server / calls, 1000 * (b.busy_cpu_s - a.busy_cpu_s) / calls
+    return (1000 * server / calls, 1000 * (b.busy_cpu_s - a.busy_cpu_s) / calls,
+            1000 * (b.client_cpu_s - a.client_cpu_s) / calls)
 
 
 def progress(run: Run) -> dict:
@@ -185,7 +192,7 @@ async def soak(args, out: Path) -> Run:
     pg_restart_at = args.calls // 2 if args.pg_restart else None
     restarting = asyncio.Event()
     restarting.set()  # set: the server is up
-    t0, busy0 = time.time(), busy_seconds()
+    t0, busy0, client0 = time.time(), busy_seconds(), client_seconds()
 
     async def read_counters(session: aiohttp.ClientSession) -> None:
         """Accumulates the drafted and accepted tokens since the last read (a restarted server counts from 0)."""
@@ -239,7 +246,7 @@ async def soak(args, out: Path) -> Run:
                                           float(np.percentile(lat, 99)), size,
                                           accepted / drafted if drafted else 0.0,
                                           sum(n for s, n in run.status.items() if s >= 500),
-                                          server.cpu_seconds(), busy_seconds() - busy0))
+                                          server.cpu_seconds(), busy_seconds() - busy0, client_seconds() - client0))
                 counters["drafted"] = counters["accepted"] = 0.0
                 window.clear()
                 s = run.samples[-1]
@@ -247,7 +254,7 @@ async def soak(args, out: Path) -> Run:
                 print(f"{s.calls:>9,} calls {s.at:7.0f} s  rss {s.rss_mib:7.1f} MiB  p50/p99 {s.p50_ms:6.1f}/"
                       f"{s.p99_ms:7.1f} ms  store {s.store_bytes / 2**20:7.1f} MiB  acceptance {s.acceptance:.3f}  "
                       f"5xx {s.server_5xx}  retried {run.retried}  cpu/call server {per_call[0]:.2f} ms, "
-                      f"machine {per_call[1]:.2f} ms", flush=True)
+                      f"machine {per_call[1]:.2f} ms, client {per_call[2]:.2f} ms", flush=True)
                 (out / "soak.json").write_text(json.dumps(progress(run)))
                 next_sample += args.sample_every
                 if sent >= args.calls and all(t.done() for t in workers):
@@ -308,7 +315,7 @@ def tenths(run: Run) -> dict:
                  "change": mean(last, key) / mean(first, key) - 1 if mean(first, key) else None} for key in keys}
     # CPU per call: where time per call goes when latency grows (the server's, or the machine's: PostgreSQL too)
     per_call = [cpu_per_call([a, b]) for a, b in zip(s, s[1:], strict=False)]
-    for i, key in enumerate(("server_cpu_ms_per_call", "machine_cpu_ms_per_call")):
+    for i, key in enumerate(("server_cpu_ms_per_call", "machine_cpu_ms_per_call", "client_cpu_ms_per_call")):
         early = float(np.nanmean([c[i] for c in per_call[:n]] or [np.nan]))
         late = float(np.nanmean([c[i] for c in per_call[-n:]] or [np.nan]))
         out[key] = {"first": early, "last": late, "change": late / early - 1 if early else None}
