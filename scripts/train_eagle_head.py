@@ -144,6 +144,7 @@ def main() -> None:
     parser.add_argument("--chain", type=int, default=3, help="drafted tokens per chain, measured")
     parser.add_argument("--out", help="where the head goes (default: the cache, beside the model: <model>-eagle)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--features", help="keep the target's passes in this file (made once, read after)")
     args = parser.parse_args()
     from transformers import AutoModelForCausalLM
 
@@ -153,15 +154,21 @@ def main() -> None:
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
     tok = load_tokenizer(str(folder))
     embedding = model.get_input_embeddings().weight.detach()
-    data = sequences(args.store, tok, args.seq, args.tokens, args.seed)
-    items = []
-    t0 = time.time()
-    with Progress() as bar:
-        task = bar.add_task("the target's states", total=sum(len(ids) for ids, _ in data))
-        for ids, answer_at in data:
-            items.append({**target_pass(model, ids, args.top_k), "answer_at": answer_at})
-            bar.advance(task, len(ids))
-    print(f"target passes: {time.time() - t0:.0f} s")
+    if args.features and Path(args.features).is_file():
+        items = torch.load(args.features)
+        print(f"{len(items)} calls' target passes from {args.features}")
+    else:
+        data = sequences(args.store, tok, args.seq, args.tokens, args.seed)
+        items = []
+        t0 = time.time()
+        with Progress() as bar:
+            task = bar.add_task("the target's states", total=sum(len(ids) for ids, _ in data))
+            for ids, answer_at in data:
+                items.append({**target_pass(model, ids, args.top_k), "answer_at": answer_at})
+                bar.advance(task, len(ids))
+        print(f"target passes: {time.time() - t0:.0f} s")
+        if args.features:
+            torch.save(items, args.features)
     held = items[::20]
     train = [item for i, item in enumerate(items) if i % 20]
     head = from_target(model)

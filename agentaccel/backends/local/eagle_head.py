@@ -123,9 +123,11 @@ class EagleHead(nn.Module):
 
 
 def from_target(target, init_layer: int | None = None) -> EagleHead:
-    """A head shaped for the HF model `target`; its layer starts as a copy of the target's layer
-    `init_layer` (default: the last, which already maps a late state to the next), `fc` as passing
-    the state through with a little of the token: a start from which training moves little."""
+    """A head shaped for the HF model `target` that starts as the identity on the state: its layer
+    a copy of the target's layer `init_layer` (default: the last) with its output projections at
+    zero (that layer's updates are sized for the target's residual stream, hundreds of times the
+    final state's scale), `fc` passing the state through with a little of the token. Training
+    grows the layer's part from there."""
     config = target.config.to_dict()
     head = EagleHead(config)
     source = target.model.layers[config["num_hidden_layers"] - 1 if init_layer is None else init_layer]
@@ -136,6 +138,8 @@ def from_target(target, init_layer: int | None = None) -> EagleHead:
         for name in ("gate_proj", "up_proj", "down_proj"):
             getattr(mine.mlp, name).weight.copy_(getattr(source.mlp, name).weight)
         mine.post_attention_layernorm.weight.copy_(source.post_attention_layernorm.weight)
+        mine.self_attn.o_proj.weight.zero_()
+        mine.mlp.down_proj.weight.zero_()
         hidden = config["hidden_size"]
         head.fc.weight.zero_()
         head.fc.weight[:, hidden:].copy_(torch.eye(hidden))
