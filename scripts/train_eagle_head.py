@@ -6,7 +6,7 @@ The data: calls of a trace store (`agentaccel import-traces ../shared/traces`), 
 each source family (agent, SQL, chat...) until --tokens; each call's prompt rendered with the
 model's chat template and its recorded answer, cut to its last --seq tokens. One pass of the
 target over each gives, at every position, its final state and its distribution over the next
-token (top --top-k, the rest lumped): what the head learns to predict one position ahead (its
+token (its --top-k most likely, with their probabilities): what the head learns to predict one position ahead (its
 state, smooth L1; its distribution, cross-entropy weighted --token-weight, as EAGLE does), from
 the state at the position before and the token between, with noise on the states it is given so
 that it learns to continue from its own. The target stays frozen; only the head's `fc` and layer
