@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from agentaccel.backends.local.draft_model import drafter_folder
-from agentaccel.backends.local.eagle_head import chain_accepted, load_head
+from agentaccel.backends.local.eagle_head import load_head, score
 from agentaccel.backends.local.model import default_model_folder
 from agentaccel.bench.corpus import TracesMissing, default_traces_dir
 from agentaccel.bench.vllm.sources import Sources, workload_jobs
@@ -81,7 +81,7 @@ def agreement(model, calls: list[tuple], layers: list[int], chain: int) -> dict[
 def eagle_agreement(model, head, calls: list[tuple], chain: int) -> dict:
     """An EAGLE head's first-choice agreement (teacher-forced) and the accepted tokens of its own
     greedy chains of `chain` as vLLM runs them (its later tokens from its own states, not the
-    model's: eagle_head.chain_accepted), at every output position."""
+    model's: eagle_head.score), at every output position."""
     embedding = model.get_input_embeddings().weight.detach()
     agree, accepted = [], []
     for prompt, output in calls:
@@ -91,10 +91,10 @@ def eagle_agreement(model, head, calls: list[tuple], chain: int) -> dict:
         with torch.inference_mode():
             out = model(ids[None], output_hidden_states=True)
             states, served = out.hidden_states[-1][0], out.logits[0].argmax(-1)
-            guess, _ = head(embedding[ids[1:]][None], states[:-1][None], torch.arange(len(ids) - 1)[None])
             starts = torch.arange(len(prompt) - 1, len(ids) - 2)  # from the first output token on
-            agree.append((((guess[0] @ embedding.T).argmax(-1))[starts] == served[starts + 1]).numpy())
-            accepted.append(chain_accepted(head, embedding, ids, states, served, starts, chain).numpy())
+            hits, runs = score(head, embedding, ids, states, served, starts, chain)
+            agree.append(hits.numpy())
+            accepted.append(runs.numpy())
     agree_all = np.concatenate(agree)
     return {"agreement": float(agree_all.mean()), "accepted_per_chain": float(np.concatenate(accepted).mean()),
             "positions": int(len(agree_all))}

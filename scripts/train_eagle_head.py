@@ -14,7 +14,7 @@ train (AdamW, cosine).
 
 Measured after every epoch on calls held out (every 20th): the head's first-choice agreement with
 the target, teacher-forced, and the accepted tokens of its own greedy chains of --chain as vLLM
-runs them (eagle_head.chain_accepted), on the held-out calls' answers only.
+runs them (eagle_head.score), on the held-out calls' answers only.
 
     python scripts/train_eagle_head.py --store traces.db --tokens 400000 --epochs 3
 """
@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 from rich.progress import Progress
 
-from agentaccel.backends.local.eagle_head import chain_accepted, from_target, save_head
+from agentaccel.backends.local.eagle_head import from_target, save_head, score
 from agentaccel.backends.local.model import default_model_folder
 from agentaccel.text.render import render_prompt
 from agentaccel.text.tokenization import load_tokenizer
@@ -119,12 +119,11 @@ def evaluate(head, embedding, items: list[dict], chain: int) -> dict:
     with torch.inference_mode():
         for item in items:
             ids, states, served, start = item["ids"], item["states"].float(), item["served"], item["answer_at"]
-            out, _ = head(embedding[ids[1:]][None], states[:-1][None], torch.arange(len(ids) - 1)[None])
-            choice = (out[0] @ embedding.T).argmax(-1)  # predicts token p + 2, the target's served[p + 1]
             rows = torch.arange(max(start - 1, 0), len(ids) - 2)
             if len(rows):
-                agree.append((choice[rows] == served[rows + 1]).float())
-                accepted.append(chain_accepted(head, embedding, ids, states, served, rows, chain).float())
+                hits, runs = score(head, embedding, ids, states, served, rows, chain)
+                agree.append(hits.float())
+                accepted.append(runs.float())
     head.train()
     agree_all, acc_all = torch.cat(agree), torch.cat(accepted)
     return {"agreement": agree_all.mean().item(), "accepted_per_chain": acc_all.mean().item(),

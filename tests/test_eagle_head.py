@@ -12,6 +12,7 @@ from safetensors import safe_open
 from agentaccel.backends.local.draft_model import cut_model, drafter_folder
 from agentaccel.backends.local.eagle_head import (
     HeadAsModel,
+    copy_layer,
     from_target,
     greedy_chains,
     is_eagle_head,
@@ -51,13 +52,7 @@ def test_the_heads_layer_is_a_llama_layer_without_its_input_norm(target, head):
     config = target.config
     reference = LlamaDecoderLayer(config, layer_idx=0).eval()
     reference.input_layernorm = torch.nn.Identity()
-    mine = head.layers[0]
-    with torch.no_grad():
-        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            getattr(reference.self_attn, name).weight.copy_(getattr(mine.self_attn, name).weight)
-        for name in ("gate_proj", "up_proj", "down_proj"):
-            getattr(reference.mlp, name).weight.copy_(getattr(mine.mlp, name).weight)
-        reference.post_attention_layernorm.weight.copy_(mine.post_attention_layernorm.weight)
+    copy_layer(head.layers[0], reference)
     embedding = target.get_input_embeddings().weight
     with torch.inference_mode():
         states = target(IDS[None], output_hidden_states=True).hidden_states[-1]

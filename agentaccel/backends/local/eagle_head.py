@@ -53,8 +53,8 @@ class _Attention(nn.Module):
     def _rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Rotary position embedding, halves rotated (Llama's, and vLLM's neox style)."""
         angles = positions.float()[..., None] * self.inv_freq  # [..., T, head_dim / 2]
-        cos, sin = torch.cat([angles, angles], -1).cos()[..., None, :, :], torch.cat([angles, angles], -1).sin()[
-            ..., None, :, :]
+        angles = torch.cat([angles, angles], -1)[..., None, :, :]  # [..., 1, T, head_dim]: one for all heads
+        cos, sin = angles.cos(), angles.sin()
         half = x.shape[-1] // 2
         rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
         return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
@@ -132,12 +132,8 @@ def from_target(target, init_layer: int | None = None) -> EagleHead:
     head = EagleHead(config)
     source = target.model.layers[config["num_hidden_layers"] - 1 if init_layer is None else init_layer]
     mine = head.layers[0]
+    copy_layer(source, mine)
     with torch.no_grad():
-        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            getattr(mine.self_attn, name).weight.copy_(getattr(source.self_attn, name).weight)
-        for name in ("gate_proj", "up_proj", "down_proj"):
-            getattr(mine.mlp, name).weight.copy_(getattr(source.mlp, name).weight)
-        mine.post_attention_layernorm.weight.copy_(source.post_attention_layernorm.weight)
         mine.self_attn.o_proj.weight.zero_()
         mine.mlp.down_proj.weight.zero_()
         hidden = config["hidden_size"]
@@ -145,6 +141,17 @@ def from_target(target, init_layer: int | None = None) -> EagleHead:
         head.fc.weight[:, hidden:].copy_(torch.eye(hidden))
         head.fc.weight[:, :hidden].normal_(0.0, 0.01)
     return head
+
+
+def copy_layer(source: nn.Module, dest: nn.Module) -> None:
+    """The weights of a Llama decoder layer (the head's, or transformers') into another, input norm
+    aside (the head has none)."""
+    with torch.no_grad():
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            getattr(dest.self_attn, name).weight.copy_(getattr(source.self_attn, name).weight)
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            getattr(dest.mlp, name).weight.copy_(getattr(source.mlp, name).weight)
+        dest.post_attention_layernorm.weight.copy_(source.post_attention_layernorm.weight)
 
 
 def save_head(head: EagleHead, target_folder: Path, out: Path) -> Path:
@@ -247,14 +254,13 @@ def _chains(head: EagleHead, embedding: torch.Tensor, out: torch.Tensor, keys: t
     return torch.stack(chain, 1), torch.stack(chain_states, 1)
 
 
-def chain_accepted(head: EagleHead, embedding: torch.Tensor, tokens: torch.Tensor, states: torch.Tensor,
-                   served: torch.Tensor, starts: torch.Tensor, k: int) -> torch.Tensor:
-    """Accepted tokens of the head's greedy chain of `k` from each start p (greedy_chains): its
-    j-th token is accepted while it equals the target's choice for token p+2+j (`served[p+1+j]`,
-    `served[i]` the target's greedy token after position i) and every one before it was."""
-    starts = starts[starts < len(tokens) - 1]
+def score(head: EagleHead, embedding: torch.Tensor, tokens: torch.Tensor, states: torch.Tensor,
+          served: torch.Tensor, starts: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """From each start p (below T - 1), the head's greedy chain of `k` (greedy_chains) against the
+    target's choices: whether its first token is the target's (`served[p+1]`, `served[i]` the
+    target's greedy token after position i), and its accepted tokens: its j-th token is accepted
+    while it equals the target's choice for token p+2+j (`served[p+1+j]`) and every one before it was."""
     chains, _ = greedy_chains(head, embedding, tokens, states, starts, k)
-    want = (starts[:, None] + 1 + torch.arange(k)[None, :]).clamp(max=len(served) - 1)
-    valid = (starts[:, None] + 1 + torch.arange(k)[None, :]) < len(served)
-    hits = (chains == served[want]) & valid
-    return hits.long().cumprod(1).sum(1)
+    after = starts[:, None] + 1 + torch.arange(k)[None, :]
+    hits = (chains == served[after.clamp(max=len(served) - 1)]) & (after < len(served))
+    return hits[:, 0], hits.long().cumprod(1).sum(1)
