@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -15,12 +16,25 @@ from collections.abc import Callable, Iterator
 import httpx
 import psutil
 
+# Ports free_port handed out in this process. The OS may pick the same free port twice in a row,
+# and two servers given one port while both still start both bind it (vLLM sets SO_REUSEADDR and
+# listens late): one of them then answers for both.
+_HANDED_OUT: set[int] = set()
+_HANDED_OUT_LOCK = threading.Lock()
+
 
 def free_port() -> int:
-    """A port on 127.0.0.1 that nothing listens on now (the OS picks it)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port on 127.0.0.1 that nothing listens on now (the OS picks it) and that this process has
+    not handed out before."""
+    with _HANDED_OUT_LOCK:
+        for _ in range(1000):
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            if port not in _HANDED_OUT:
+                _HANDED_OUT.add(port)
+                return port
+    raise RuntimeError("no free port on 127.0.0.1 that this process has not handed out already")
 
 
 def wait_healthy(url: str, proc: subprocess.Popen, timeout: float, ready: Callable[[object], bool] = lambda body: True,

