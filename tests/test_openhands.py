@@ -132,6 +132,19 @@ def run_confined(command: list[str], tmp_path: Path, python: Path, env: dict, ur
         shutil.rmtree(sockets, ignore_errors=True)
 
 
+def test_openhands_environments_are_built_on_the_lowest_python_from_3_12(monkeypatch):
+    """Of pyenv's interpreters, 3.12's newest release (on 3.13 uv builds the classic core from
+    source): not a later minor version, nor a free-threaded build whose name is not all digits."""
+    from agentaccel.adapters import openhands_env
+
+    pythons = [f"/pyenv/versions/{v}/bin/python3" for v in ("3.13.0", "3.12.1", "3.13t", "3.12.10", "3.14.2")]
+    monkeypatch.setattr(openhands_env.shutil, "which", lambda name: None)  # none on PATH
+    monkeypatch.setattr(openhands_env.glob, "glob", lambda pattern: pythons)
+    assert openhands_env.python312() == "/pyenv/versions/3.12.10/bin/python3"
+    monkeypatch.setattr(openhands_env.glob, "glob", lambda pattern: [])
+    assert openhands_env.python312() is None
+
+
 def test_an_openhands_sdk_agent_runs_real_tools_through_the_proxy(tmp_path, openhands_python):
     """...streaming its replies (tool calls arrive as stream deltas), and what OpenHands itself
     persisted imports back as the calls it made: the same responses and tool calls as recorded,

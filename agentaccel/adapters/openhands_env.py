@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -29,16 +30,16 @@ def python312() -> str | None:
         if found and subprocess.run([found, "-c", ""], capture_output=True).returncode == 0:
             return found
     root = os.environ.get("PYENV_ROOT", str(Path.home() / ".pyenv"))
-    found = sorted(glob.glob(f"{root}/versions/3.1[2-9]*/bin/python3"), key=_version)
-    if not found:
-        return None
-    lowest = _version(found[0])[:2]
-    return [p for p in found if _version(p)[:2] == lowest][-1]  # its newest release
+    found = glob.glob(f"{root}/versions/3.1[2-9]*/bin/python3")
+    # the lowest minor version, its newest release
+    return max(found, key=lambda p: (-_version(p)[0], _version(p)[1]), default=None)
 
 
-def _version(python: str) -> tuple[int, ...]:
-    """pyenv's <root>/versions/3.12.1/bin/python3 -> (3, 12, 1); a part that is not a number (3.13t) -> -1."""
-    return tuple(int(x) if x.isdigit() else -1 for x in Path(python).parents[1].name.split(".")[:3])
+def _version(python: str) -> tuple[int, int]:
+    """pyenv's <root>/versions/3.12.1/bin/python3 -> (12, 1): minor and release, the digits each
+    part starts with (3.13t -> (13, 0))."""
+    parts = [re.match(r"\d*", part).group() for part in Path(python).parents[1].name.split(".")[1:3]]
+    return tuple(int(x or 0) for x in (parts + ["0"])[:2])
 
 
 def has_sdk(python: Path, modules: str = SDK_MODULES) -> bool:
