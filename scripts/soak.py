@@ -142,11 +142,13 @@ def busy_seconds() -> float:
     return t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0)
 
 
-def recorded_calls(path: str, source: str | None, limit: int | None) -> list[tuple[str, str, list[dict]]]:
-    """(session, stage, messages) of the recordings to send, in store order."""
+def recorded_calls(path: str, source: str | None, limit: int | None) -> list[tuple[str, str, str, list[dict]]]:
+    """(session, stage, model, messages) of the recordings to send, in store order. The model is
+    sent too: two recordings of one session key (a question asked of two models) may hold the same
+    prompt with different answers, which the replay server refuses to guess between (a 400)."""
     with TraceStore(path, create=False) as store:
         keys = store.session_keys()
-        out = [(keys[c.session_id], c.stage, c.messages) for c in store.iter_calls(baselines=True)
+        out = [(keys[c.session_id], c.stage, c.model or "replay", c.messages) for c in store.iter_calls(baselines=True)
                if (source is None or source in (c.source_file or "")) and c.response]
     return out[:limit] if limit else out
 
@@ -210,8 +212,8 @@ async def soak(args, out: Path) -> Run:
         while sent < args.calls:
             i = sent
             sent += 1
-            key, stage, messages = calls[i % len(calls)]
-            body = {"model": "replay", "messages": messages}
+            key, stage, model, messages = calls[i % len(calls)]
+            body = {"model": model, "messages": messages}
             # the recorded session names which recording answers (a prompt recorded twice may have two)
             headers = {"X-Agentaccel-Stage": stage, "X-Agentaccel-Session": key}
             while True:

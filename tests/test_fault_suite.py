@@ -6,6 +6,7 @@ counted in `agentaccel_recorder_errors_total` — never silently gone."""
 import contextlib
 import json
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -214,3 +215,48 @@ def test_kill_9_under_load_leaves_a_sound_store_with_the_answered_calls(tmp_path
     assert before <= set(kept), f"{len(before - set(kept))} calls answered a second before the kill are missing"
     print(f"kill -9 under load: {len(names)} answered, {len(kept)} stored, "
           f"{len(names - set(kept))} answered but not stored (all within the last second)")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_to_the_servers_whole_process_group_loses_no_answered_call(tmp_path, sig):
+    """Ctrl-C in a terminal (SIGINT) and systemd's stop (SIGTERM to the whole control group) reach
+    every process of the server, its recorder's writer too, while 8 clients stream: the server
+    stops cleanly and every call it answered 200 is in the store."""
+    db, port = tmp_path / "traces.db", free_port()
+    with Upstream(tokens=8, token_delay=0.002) as upstream:
+        proc = subprocess.Popen([sys.executable, "-m", "agentaccel.cli.main", "serve", "--backend", "openai",
+                                 "--upstream", upstream.url, "--db", str(db), "--port", str(port)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        url = f"http://127.0.0.1:{port}"
+        answered, lock, stop = [], threading.Lock(), threading.Event()
+
+        def client(n: int) -> None:
+            k = 0
+            while not stop.is_set():
+                try:
+                    r = call(url, f"client {n} call {k}", stream=k % 2 == 0)
+                except httpx.HTTPError:
+                    return  # the server is gone
+                if r.status_code == 200 and (not r.text.startswith("data") or "data: [DONE]" in r.text):
+                    with lock:
+                        answered.append(f"client {n} call {k}")
+                k += 1
+
+        try:
+            wait_healthy(url, proc, 120)
+            with ThreadPoolExecutor(8) as pool:
+                for n in range(8):
+                    pool.submit(client, n)
+                time.sleep(3.0)
+                os.killpg(proc.pid, sig)  # every process of the group, as a terminal or systemd does
+                _, err = proc.communicate(timeout=90)
+                stop.set()
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)
+    kept = stored(db)
+    assert proc.returncode == 0, err[-3000:]
+    assert len(answered) > 50 and len(kept) == len(set(kept))
+    missing = set(answered) - set(kept)
+    assert not missing, f"{len(missing)} of {len(answered)} answered calls are not in the store"

@@ -15,9 +15,10 @@ from agentaccel.backends.seeding import seed_from_store
 from agentaccel.engine import SuffixEngine
 from agentaccel.text.tokenization import load_tokenizer
 from agentaccel.traces import retention
+from agentaccel.traces.pruner import MIN_CHECK, Growth
 from agentaccel.traces.recorder import RecordedCall, Recorder
 from agentaccel.traces.records import Call, Session
-from agentaccel.traces.retention import Retention, fair_cut, prune
+from agentaccel.traces.retention import PruneReport, Retention, fair_cut, prune
 from agentaccel.traces.store import TraceStore
 
 DAY = 86400.0
@@ -291,3 +292,21 @@ def test_traces_prune_says_what_it_would_prune_and_refuses_what_it_cannot_read(t
     with TraceStore(db) as store:
         assert store.total_calls() == 3
         sound(store)
+
+
+def test_a_store_growing_fast_is_checked_before_it_can_pass_its_budget():
+    """The pruning process checks again halfway to the budget at the pace the store grew since the
+    last check, within [MIN_CHECK, every]: a fast-recording server with a small budget is not left
+    for a whole `every` to run past it."""
+    mib = 1 << 20
+    growth = Growth(budget=64 * mib)
+    first = PruneReport(bytes_before=10 * mib, bytes_after=10 * mib, seconds=0.1)
+    assert growth.next_check(first, 60.0, now=100.0) == 60.0  # nothing to measure a pace from yet
+    # 10 s later it had grown to 50 MiB (4 MiB/s) and a prune took it to 40: the budget is 24 MiB away
+    pruned = PruneReport(bytes_before=50 * mib, bytes_after=40 * mib, seconds=2.0, calls=100)
+    assert growth.next_check(pruned, 60.0, now=112.0) == pytest.approx(3.0)  # 24 MiB / 4 MiB/s / 2
+    slow = PruneReport(bytes_before=40 * mib + 1000, bytes_after=40 * mib + 1000, seconds=0.1)
+    assert growth.next_check(slow, 60.0, now=170.0) == 60.0  # barely growing: the usual interval
+    fast = PruneReport(bytes_before=63 * mib, bytes_after=57 * mib, seconds=0.5, calls=10)
+    assert growth.next_check(fast, 60.0, now=171.0) == MIN_CHECK  # never busier than once a second
+    assert Growth(None).next_check(fast, 60.0, now=180.0) == 60.0  # an age limit alone: no pace to keep

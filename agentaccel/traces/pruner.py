@@ -35,6 +35,7 @@ PRUNE_PAUSE = 0.02  # least seconds between batches: the recorder's writer takes
 PRUNE_REST = 3.0  # seconds of rest per second of deleting: the pruner takes at most a quarter of a core
 PRUNE_BATCH = 64  # calls a serving prune deletes in one transaction (short: the recorder waits on it)
 PRUNE_NICE = 10  # the pruning process's niceness: the server's threads go first
+MIN_CHECK = 1.0  # least seconds between checks however fast the store grows
 _PRUNE_LOCK = 72106  # PostgreSQL advisory lock: one server of a fleet prunes at a time
 
 
@@ -147,16 +148,43 @@ class Pruner:
 
 
 def _serve(settings: PruneSettings) -> None:
-    """The pruning process's loop: a check every `settings.every` seconds, until the server goes."""
+    """The pruning process's loop: a check every `settings.every` seconds, or sooner when the store
+    grows fast enough to pass its budget before then, until the server goes."""
+    growth = Growth(settings.retention.budget_bytes)
     while True:
+        wait = settings.every
         try:
             report = check(settings)
             message = {"skipped": True} if report is None else \
                 {**dataclasses.asdict(report), "by_tenant": None}
+            if report is not None:
+                wait = growth.next_check(report, settings.every)
         except Exception:  # noqa: BLE001 - a failed check costs that check, not the server
             message = {"error": traceback.format_exc()}
         print(json.dumps(message), flush=True)
-        time.sleep(settings.every)
+        time.sleep(wait)
+
+
+class Growth:
+    """How fast the store grows between checks (the size a check found against the size the one
+    before left), and so when the next check must come: halfway to the budget at that pace, at
+    most `every` seconds and at least `MIN_CHECK` away."""
+
+    def __init__(self, budget: int | None) -> None:
+        self.budget = budget
+        self._last: tuple[float, int] | None = None  # (when the last check ended, the size it left)
+
+    def next_check(self, report: PruneReport, every: float, now: float | None = None) -> float:
+        now = time.monotonic() if now is None else now
+        last = self._last
+        self._last = (now, report.bytes_after)
+        if self.budget is None or last is None:
+            return every
+        seconds = now - report.seconds - last[0]  # from the last check's end to this one's start
+        rate = (report.bytes_before - last[1]) / seconds if seconds > 0 else 0.0
+        if rate <= 0:
+            return every
+        return min(every, max(MIN_CHECK, (self.budget - report.bytes_after) / rate / 2))
 
 
 def main() -> None:

@@ -30,6 +30,7 @@ import multiprocessing
 import os
 import pickle
 import queue
+import signal
 import sqlite3
 import threading
 import time
@@ -253,6 +254,10 @@ def _writer_main(location: Location, redact: bool, batch_size: int, flush_second
     as it is answered (other servers learn it within milliseconds), and a busy one writes in
     batches as large as its rate makes them (what arrives during a write is the next batch)."""
     faulthandler.enable()  # a writer killed by a signal leaves its stack in the server's log
+    # Ctrl-C in a terminal and systemd's stop signal the server's whole process group: the writer is
+    # the server's to stop, by closing its pipe (it then writes what it holds), never mid-batch by a signal
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
     # Background work: when cores are short, serving goes first (batches absorb the delay).
     with contextlib.suppress(OSError):
         os.nice(10)

@@ -42,6 +42,7 @@ CREATE INDEX IF NOT EXISTS calls_tools ON calls(tools);  -- a blob deleted is ch
 BATCH = 256  # calls deleted in one transaction
 SAMPLE_ROWS = 20_000  # PostgreSQL: rows whose size stands for a larger table's
 LOW_WATER = 0.9  # a budget prune brings the store down to this share of the budget (not to its edge)
+URGENT = 0.95  # above this share of its budget a prune does not rest (prune's docstring)
 _TABLES = ("calls", "blobs", "tokens", "sessions", "call_tenants", "baseline_calls", "blob_uses")
 
 
@@ -133,7 +134,9 @@ def prune(store: OpenStore, retention: Retention, *, now: float | None = None, b
     their share, each round sized by what a call has taken so far and the size measured again after
     it (calls differ: an agent's late calls carry long histories). `pause` seconds between batches
     leave the store to the writers that record, and `rest` seconds per second a batch took (at
-    least `pause`) bound the share of a core the prune takes. `dry_run`: only counts what would go (a budget's
+    least `pause`) bound the share of a core the prune takes while the store is near its low water;
+    above `URGENT` of its budget it rests only `pause`, so that a store recording faster than a
+    rested prune deletes still stays within it. `dry_run`: only counts what would go (a budget's
     share estimated from the size per call)."""
     t0 = time.monotonic()
     report = PruneReport()
@@ -150,6 +153,7 @@ def prune(store: OpenStore, retention: Retention, *, now: float | None = None, b
         report.bytes_after = used_bytes(store) if report.calls else report.bytes_before
         per_call = None  # what a call frees: what the last round freed per call (the first round: a batch)
         while report.bytes_after > LOW_WATER * budget:
+            pruning.urgent = report.bytes_after > URGENT * budget
             held = pruning.by_tenant()
             if not held:
                 break  # only pinned calls are left
@@ -185,6 +189,7 @@ class _Pruning:
                  progress: Callable[[int], None] | None, report: PruneReport) -> None:
         self.conn, self.batch, self.progress, self.report = conn, batch, progress, report
         self.pause, self.rest = pause, rest
+        self.urgent = False  # the store is over its budget: no rest but the pause
         self.pinned_sql, self.pinned_args = _unpinned(pinned)
 
     def by_tenant(self, where: str = "", args: tuple = ()) -> dict[str | None, int]:
@@ -217,7 +222,7 @@ class _Pruning:
             report.by_tenant[tenant] += len(ids)
             if self.progress:
                 self.progress(len(ids))
-            rest = max(self.pause, self.rest * (time.monotonic() - t0))
+            rest = self.pause if self.urgent else max(self.pause, self.rest * (time.monotonic() - t0))
             if rest:
                 time.sleep(rest)
         return taken
