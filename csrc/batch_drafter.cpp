@@ -21,6 +21,22 @@ constexpr size_t kMinParallelJobs = 16;
 constexpr size_t kFewLive = 16;
 }  // namespace
 
+double ModelRecord::estimate(size_t depth) const {
+  double prior = kPrior;
+  for (size_t j = 0; j < depth; ++j) prior *= kPrior;
+  const double tries = depth < tried.size() ? double(tried[depth]) : 0.0;
+  const double hits = depth < reached.size() ? double(reached[depth]) : 0.0;
+  return (hits + kWeight * prior) / (tries + kWeight);
+}
+
+void ModelRecord::observe(size_t drafted, size_t accepted) {
+  if (tried.size() < drafted) tried.resize(drafted), reached.resize(drafted);
+  for (size_t j = 0; j < drafted; ++j) {
+    ++tried[j];
+    reached[j] += j < accepted;
+  }
+}
+
 BatchDrafter::BatchDrafter(Engine& engine, int threads) : engine_(engine) {
   if (threads < 1) throw InvalidInput("threads must be at least 1");
   for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { worker_loop(); });
@@ -62,6 +78,28 @@ std::vector<std::vector<double>> BatchDrafter::candidate_probs() const {
   if (budgeted_)
     for (const Job& j : jobs_) out[j.index] = j.candidate.probs;
   return out;
+}
+
+std::vector<bool> BatchDrafter::model_rows() const {
+  std::lock_guard lock(admit_mu_);
+  std::vector<bool> out(rows_, false);
+  for (const Job& j : jobs_) out[j.index] = j.use_model;
+  return out;
+}
+
+std::map<std::string, ModelRecord> BatchDrafter::model_records() const {
+  std::lock_guard lock(counters_mu_);
+  return model_records_;
+}
+
+void BatchDrafter::set_model_record(const std::string& stage, ModelRecord record) {
+  if (record.tried.size() != record.reached.size()) throw InvalidInput("a model record needs tried and reached alike");
+  for (size_t j = 0; j < record.tried.size(); ++j)
+    if (record.reached[j] > record.tried[j] || (j && record.tried[j] > record.tried[j - 1]) ||
+        (j && record.reached[j] > record.reached[j - 1]))
+      throw InvalidInput("a model record must not reach a depth more often than it tried it or the depth before");
+  std::lock_guard lock(counters_mu_);
+  model_records_[stage] = std::move(record);
 }
 
 std::map<std::string, StageCounters> BatchDrafter::counters() const {
@@ -139,12 +177,21 @@ std::vector<std::vector<uint32_t>> BatchDrafter::step(const BatchStep& s) {
       StageCounters& c = *e.counters;
       c.tokens += uint64_t(hi - lo);
       if (e.last_draft >= 0) {  // this step verified the draft proposed last time
+        const int64_t accepted = std::min<int64_t>(e.last_draft, hi - lo - 1);
         c.steps += 1;
-        c.drafted_steps += e.last_draft > 0;
-        c.drafted += uint64_t(e.last_draft);
-        c.accepted += uint64_t(std::min<int64_t>(e.last_draft, hi - lo - 1));
-        c.predicted += e.last_score;
-        verified.emplace_back(&c, double(std::min<int64_t>(e.last_draft, hi - lo - 1)));
+        if (e.last_model) {  // the model's chain: its own counters, and its stage's record learns
+          c.model_drafted_steps += 1;
+          c.model_drafted += uint64_t(e.last_draft);
+          c.model_accepted += uint64_t(accepted);
+          c.model_predicted += e.last_score;
+          model_records_[e.stage].observe(size_t(e.last_draft), size_t(accepted));
+        } else {
+          c.drafted_steps += e.last_draft > 0;
+          c.drafted += uint64_t(e.last_draft);
+          c.accepted += uint64_t(accepted);
+          c.predicted += e.last_score;
+        }
+        verified.emplace_back(&c, double(accepted));
       }
       // A draft of d tokens yields up to d + 1: never more than the model may still give.
       int64_t room = int64_t(s.max_model_len) - num_tokens - 1;
@@ -152,10 +199,23 @@ std::vector<std::vector<uint32_t>> BatchDrafter::step(const BatchStep& s) {
       const int budget = int(std::min<int64_t>(s.max_tokens, room));
       e.last_draft = 0;
       e.last_score = 0.0;
+      e.last_model = false;
       if (budget > 0) {
         jobs_.emplace_back();
         Job& j = jobs_.back();
         j.index = i, j.rid = &rid, j.entry = &e, j.budget = budget, j.context = double(num_tokens);
+        if (s.model_tokens) {  // the hybrid: the model's chain, priced by its stage's record
+          const int64_t from = s.model_offsets[i], to = std::min<int64_t>(s.model_offsets[i + 1], from + budget);
+          auto found = model_records_.find(e.stage);
+          static const ModelRecord kNew;
+          const ModelRecord& record = found != model_records_.end() ? found->second : kNew;
+          double d = 1.0;
+          for (int64_t q = from; q < to; ++q) {
+            d = std::min(d, record.estimate(size_t(q - from)));  // a chain's D never rises along it
+            j.model.push_back(uint32_t(s.model_tokens[q]));
+            j.model_probs.push_back(d);
+          }
+        }
       }
     }
   }
@@ -207,7 +267,11 @@ std::vector<std::vector<uint32_t>> BatchDrafter::step(const BatchStep& s) {
     if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
   }
   if (budgeted_) spend_budget(*cost, decoding, next_context, next_attention, double(listed), out);
-  for (const Job& j : jobs_) j.entry->last_draft = int32_t(out[j.index].size());
+  for (Job& j : jobs_) {
+    j.entry->last_draft = int32_t(out[j.index].size());
+    j.use_model = j.use_model && !out[j.index].empty();  // a model chain cut to nothing drafts nothing
+    j.entry->last_model = j.use_model;
+  }
 
   // Requests that left the batch (finished, aborted or preempted) give their trees back; a
   // drafted request's output joins its stage tree.
@@ -305,14 +369,40 @@ void BatchDrafter::flush() {
   pending_.clear();
 }
 
+bool BatchDrafter::prefer_model(const Job& j, double tree_score) {
+  double expected = 0.0;
+  for (double p : j.model_probs) expected += p;
+  return !j.model.empty() && expected > tree_score;
+}
+
 void BatchDrafter::draft_range(std::vector<std::vector<uint32_t>>& out) {
   for (size_t k = next_job_.fetch_add(1); k < jobs_.size(); k = next_job_.fetch_add(1)) {
     Job& j = jobs_[k];
     if (budgeted_) {  // a candidate: the budget cuts it once every request has one
       j.candidate = engine_.speculate_candidate(*j.rid, j.budget, j.floor, &j.confidence);
+      // the model's chain as a candidate of its own: grown, as the trees' is, while its D exceeds the floor
+      size_t grown = 0;
+      while (grown < j.model_probs.size() && j.model_probs[grown] > j.floor) ++grown;
+      j.model.resize(grown), j.model_probs.resize(grown);
+      if (prefer_model(j, j.confidence * j.candidate.score)) {
+        j.candidate = Draft{};
+        j.candidate.tokens = j.model;
+        j.candidate.probs = j.model_probs;
+        for (double p : j.model_probs) j.candidate.score += p;
+        j.confidence = 1.0;  // the record's estimates are what the model's chains got
+        j.use_model = true;
+      }
       continue;
     }
     Draft d = engine_.speculate(*j.rid, j.budget);
+    if (prefer_model(j, d.score)) {
+      double score = 0.0;
+      for (double p : j.model_probs) score += p;
+      j.entry->last_score = score;
+      out[j.index] = j.model;
+      j.use_model = true;
+      continue;
+    }
     j.entry->last_score = d.score;
     out[j.index] = std::move(d.tokens);
   }

@@ -32,6 +32,24 @@ struct StageCounters {
   double predicted = 0.0; // expected accepted tokens of those drafts (sum of their scores)
   double saved_seconds = 0.0;  // what plain decoding would have taken those requests more, under the
                                // step cost: a accepted tokens save a plain steps, the drafts made the step longer
+  // Steps that verified the model drafter's chain instead of the trees' (the hybrid): counted here,
+  // not in drafted_steps / drafted / accepted / predicted above, which stay the trees' own.
+  uint64_t model_drafted_steps = 0;
+  uint64_t model_drafted = 0;     // the model's draft tokens those steps verified
+  uint64_t model_accepted = 0;    // of which accepted
+  double model_predicted = 0.0;   // the accepted tokens the model's record expected of them
+};
+
+// What the model drafter's chains got accepted on one stage (the hybrid): at each depth j of a
+// chain, how many chains reached it (`tried`) and how many had tokens 0..j all accepted
+// (`reached`). Its estimate of depth j, (reached + prior) / (tried + weight), is the model's D:
+// the budget prices the model's tokens with it as it prices the trees' with theirs.
+struct ModelRecord {
+  std::vector<uint64_t> tried, reached;
+  static constexpr double kPrior = 0.5;   // a new stage's chain: each token accepted half the time ...
+  static constexpr double kWeight = 4.0;  // ... worth this many chains
+  double estimate(size_t depth) const;    // P(tokens 0..depth all accepted)
+  void observe(size_t drafted, size_t accepted);
 };
 
 // One step's input, as vLLM's InputBatch holds it: row i of `rows` (row stride `stride`) holds
@@ -48,6 +66,12 @@ struct BatchStep {
   int max_tokens;     // most draft tokens this step
   int max_model_len;  // a draft never runs past it
   int64_t scheduled = -1;  // tokens the step that just ran computed (vLLM's scheduler output; -1: unknown)
+  // The hybrid: a model drafter's chain for each request (vLLM's EAGLE head or draft model, run
+  // beside the trees), request i's from model_offsets[i] to model_offsets[i + 1] of model_tokens.
+  // Each request is sent whichever of its trees' draft and the model's chain expects more accepted
+  // tokens, cut by the budget like any candidate. Null: no model this step.
+  const int32_t* model_tokens = nullptr;
+  const int64_t* model_offsets = nullptr;
 };
 
 // One timed step of the serving engine: what it computed and how long it took, from the start of
@@ -93,6 +117,11 @@ class BatchDrafter {
   // The last step's budget candidates by row: each token's D before the budget cut it (empty where
   // none was grown, and every row without a step cost): what a simulated ceiling re-allocates.
   std::vector<std::vector<double>> candidate_probs() const;
+  // The last step's drafts by row: true where the model's chain was sent (the hybrid).
+  std::vector<bool> model_rows() const;
+  // Per stage: what the model drafter's chains got accepted (a restart starts from a kept record).
+  std::map<std::string, ModelRecord> model_records() const;
+  void set_model_record(const std::string& stage, ModelRecord record);
   size_t tracked() const;  // requests the drafter knows (admitted, not yet finished)
   size_t pending_outputs() const;  // finished outputs waiting to join their stage trees
 
@@ -105,6 +134,7 @@ class BatchDrafter {
     size_t prompt_len = 0;    // its context when it started (the output follows)
     int32_t last_draft = -1;  // length of the draft proposed last step (-1: none yet)
     double last_score = 0.0;  // its expected accepted tokens
+    bool last_model = false;  // the draft proposed last step was the model drafter's chain
     uint64_t seen = 0;        // the last step that listed it (or, before any, the step it was admitted at)
     uint64_t listed = 0;      // the last step that listed it (0: none yet)
     StageCounters* counters = nullptr;
@@ -118,9 +148,15 @@ class BatchDrafter {
     double context = 0.0;     // tokens its queries attend over next step
     double confidence = 1.0;  // the trust its stage's policy gives its estimates
     Draft candidate;          // with a step cost: the grown draft before the budget cuts it
+    std::vector<uint32_t> model;        // the hybrid: the model's chain for this row (cut to `budget`)
+    std::vector<double> model_probs;    // its tokens' D from the stage's model record
+    bool use_model = false;             // the model's chain was chosen over the trees' draft
   };
 
   void draft_range(std::vector<std::vector<uint32_t>>& out);
+  // The hybrid's choice for one job: the model's chain where it expects more accepted tokens than
+  // the trees' draft (`tree_score`) does.
+  static bool prefer_model(const Job& j, double tree_score);
   void record_timing(StepTiming timed, std::chrono::steady_clock::time_point started);
   void spend_budget(const StepCost& cost, size_t decoding, double context, double attention, double rows,
                     std::vector<std::vector<uint32_t>>& out);
@@ -131,6 +167,7 @@ class BatchDrafter {
   Engine& engine_;
   std::unordered_map<std::string, Entry> entries_;
   std::map<std::string, StageCounters> counters_;
+  std::map<std::string, ModelRecord> model_records_;  // by stage (under counters_mu_)
   static constexpr size_t kMaxCountedStages = 512;  // as the proxy's metrics: stage names are client-chosen
   static constexpr const char* kOtherStages = "other";
   mutable std::mutex counters_mu_;  // counters_ are read by a stats thread while steps run

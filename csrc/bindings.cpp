@@ -29,7 +29,7 @@ using Counts = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device:
 // One step of BatchDrafter: the Python lists are read with the GIL held, the drafting runs without it.
 static std::vector<std::vector<uint32_t>> batch_step(BatchDrafter& d, nb::list rids, Rows rows, Counts num_tokens,
                                                      nb::list sampled, int max_tokens, int max_model_len,
-                                                     int64_t scheduled) {
+                                                     int64_t scheduled, nb::object model) {
   const size_t n = nb::len(sampled);
   if (nb::len(rids) < n || rows.shape(0) < n || num_tokens.shape(0) < n)
     throw agentaccel::InvalidInput("req_ids, rows and num_tokens need a row for every sampled list");
@@ -44,6 +44,23 @@ static std::vector<std::vector<uint32_t>> batch_step(BatchDrafter& d, nb::list r
   }
   agentaccel::BatchStep step{&ids,      rows.data(), rows.shape(1), num_tokens.data(), flat.data(),
                              offsets.data(), max_tokens, max_model_len, scheduled};
+  std::vector<int32_t> model_flat;  // the hybrid's model chains, one list per row (None: no model)
+  std::vector<int64_t> model_offsets;
+  if (!model.is_none()) {
+    nb::list chains = nb::cast<nb::list>(model);
+    if (nb::len(chains) < n) throw agentaccel::InvalidInput("model needs a chain (possibly empty) for every row");
+    model_offsets.assign(n + 1, 0);
+    for (size_t i = 0; i < n; ++i) {
+      for (nb::handle t : chains[i]) {
+        const int32_t token = nb::cast<int32_t>(t);
+        if (token < 0) throw agentaccel::InvalidInput("a model chain's tokens must be >= 0");
+        model_flat.push_back(token);
+      }
+      model_offsets[i + 1] = int64_t(model_flat.size());
+    }
+    step.model_tokens = model_flat.data();
+    step.model_offsets = model_offsets.data();
+  }
   nb::gil_scoped_release release;
   return d.step(step);
 }
@@ -137,7 +154,17 @@ NB_MODULE(_core, m) {
       .def_ro("accepted", &agentaccel::StageCounters::accepted)
       .def_ro("tokens", &agentaccel::StageCounters::tokens)
       .def_ro("predicted", &agentaccel::StageCounters::predicted)
-      .def_ro("saved_seconds", &agentaccel::StageCounters::saved_seconds);
+      .def_ro("saved_seconds", &agentaccel::StageCounters::saved_seconds)
+      .def_ro("model_drafted_steps", &agentaccel::StageCounters::model_drafted_steps)
+      .def_ro("model_drafted", &agentaccel::StageCounters::model_drafted)
+      .def_ro("model_accepted", &agentaccel::StageCounters::model_accepted)
+      .def_ro("model_predicted", &agentaccel::StageCounters::model_predicted);
+
+  nb::class_<agentaccel::ModelRecord>(m, "ModelRecord")
+      .def(nb::init<>())
+      .def_rw("tried", &agentaccel::ModelRecord::tried)
+      .def_rw("reached", &agentaccel::ModelRecord::reached)
+      .def("estimate", &agentaccel::ModelRecord::estimate, "depth"_a);
 
   nb::class_<agentaccel::StepCost>(m, "StepCost")
       .def(nb::init<>())
@@ -170,7 +197,7 @@ NB_MODULE(_core, m) {
       .def("admit", &BatchDrafter::admit, "req_id"_a, "stage"_a, "speculate"_a, "max_total_tokens"_a = -1, Release())
       .def("release", &BatchDrafter::release, "req_id"_a, Release())
       .def("step", &batch_step, "req_ids"_a, "rows"_a, "num_tokens"_a, "sampled"_a, "max_tokens"_a, "max_model_len"_a,
-           "scheduled"_a = -1)
+           "scheduled"_a = -1, "model"_a = nb::none())
       .def("set_step_cost", &BatchDrafter::set_step_cost, "cost"_a, Release())
       .def("step_cost", &BatchDrafter::step_cost, Release())
       .def("drain_timings", &BatchDrafter::drain_timings, Release())
@@ -179,7 +206,10 @@ NB_MODULE(_core, m) {
       .def("counters", &BatchDrafter::counters, Release())
       .def("tracked", &BatchDrafter::tracked, Release())
       .def("pending_outputs", &BatchDrafter::pending_outputs, Release())
-      .def("candidate_probs", &BatchDrafter::candidate_probs, Release());
+      .def("candidate_probs", &BatchDrafter::candidate_probs, Release())
+      .def("model_rows", &BatchDrafter::model_rows, Release())
+      .def("model_records", &BatchDrafter::model_records, Release())
+      .def("set_model_record", &BatchDrafter::set_model_record, "stage"_a, "record"_a, Release());
 
   nb::class_<Engine>(m, "Engine")
       .def(nb::init<int, uint64_t, double>(), "max_depth"_a, "memory_budget_bytes"_a, "evict_slack"_a)

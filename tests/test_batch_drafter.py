@@ -6,6 +6,7 @@ import pytest
 
 from agentaccel.engine import SpecConfig, SuffixEngine
 from agentaccel.engine.batch import BatchDrafter
+from agentaccel.engine.cost import StepCostModel
 
 SPEC = SpecConfig(tree=False, alpha=1.0, min_prob=0.1, cost=0.02)
 MAX_LEN = 512
@@ -196,3 +197,73 @@ def test_each_request_drafts_with_its_stages_policy_held_by_the_engine():
     drafts = drafter.step(["a", "b"], batch.rows, batch.num_tokens, batch.sample(drafts), 16, MAX_LEN)
     drafts = drafter.step(["a", "b"], batch.rows, batch.num_tokens, batch.sample(drafts), 16, MAX_LEN)
     assert len(drafts[1]) > 2  # back on the default policy at the next step
+
+
+def fresh_doc(seed, length=120):
+    """Tokens no tree holds (the corpus draws from 10-199), none twice (nor does the request's own)."""
+    return np.random.default_rng(seed).permutation(np.arange(300, 300 + length))
+
+
+def test_the_hybrid_sends_the_model_chain_where_it_expects_more_and_counts_it_apart():
+    """A request the trees know gets the trees' draft; one they cannot tell gets the model's chain,
+    counted under model_* (the trees' counters stay their own), and the stage's model record learns
+    what its chains got accepted."""
+    drafter = BatchDrafter(seeded_engine())
+    batch = Batch([corpus(seed=1, n=1)[0], fresh_doc(7)])
+    for rid in ("known", "new"):
+        drafter.admit(rid, "s")
+    drafts, rows_sent = [[], []], []
+    for _ in range(5):  # the known one's output lasts five steps of long drafts
+        sampled = batch.sample(drafts)
+        model = [[9, 9, 9], [int(t) for t in batch.rest[1][:3]]]  # wrong for the known one, right for the new
+        drafts = drafter.step(["known", "new"], batch.rows, batch.num_tokens, sampled, 16, MAX_LEN, model=model)
+        rows_sent.append(drafter.model_rows())
+        assert drafts[1] == model[1]  # the trees hold nothing of it: the model's chain, whole (no budget)
+        assert len(drafts[0]) > 3 and drafts[0][:3] != [9, 9, 9]  # the trees expect more than the model
+    assert rows_sent == [[False, True]] * 5
+    drafter.step(["known", "new"], batch.rows, batch.num_tokens, batch.sample(drafts), 16, MAX_LEN)
+    s = drafter.stats()["s"]
+    assert s["model_drafted_steps"] == 5 and s["model_drafted"] == 15 and s["model_accepted"] == 15
+    assert s["drafted_steps"] >= 5 and s["accepted"] > 0 and s["drafted"] >= s["accepted"]  # the known one's
+    record = drafter.model_records()["s"]
+    assert record.tried == [5, 5, 5] and record.reached == [5, 5, 5]
+    assert record.estimate(0) == pytest.approx((5 + 4 * 0.5) / (5 + 4))  # from the prior's 0.5 towards 1
+
+
+def test_under_a_step_budget_the_model_chain_is_cut_once_its_record_says_it_is_not_accepted():
+    """The budget prices the model's tokens with the stage's record: while its chains get nothing
+    accepted, their estimate falls below what a token must gain and the model stops being sent."""
+    drafter = BatchDrafter(seeded_engine())
+    drafter.set_step_cost(StepCostModel(tuple(1.0 + 0.1 * t for t in range(64))))
+    batch = Batch([fresh_doc(8)])
+    drafter.admit("new", "s")
+    drafts, sent = [[]], []
+    for _ in range(40):
+        drafts = drafter.step(["new"], batch.rows, batch.num_tokens, batch.sample(drafts), 16, MAX_LEN,
+                              model=[[1, 2, 3]])  # never the output
+        sent.append(len(drafts[0]))
+    assert sent[0] >= 1  # a new stage's record (0.5, 0.25, 0.125): worth sending at first
+    assert sent[-1] == 0 and drafter.model_rows() == [False]
+    record = drafter.model_records()["s"]
+    assert set(record.reached) == {0} and record.estimate(0) < 0.1  # below what a token must gain here
+    # a new drafter started from the kept record sends nothing from its first step
+    again = BatchDrafter(seeded_engine())
+    again.set_step_cost(StepCostModel(tuple(1.0 + 0.1 * t for t in range(64))))
+    again.set_model_record("s", record.tried, record.reached)
+    again.admit("new", "s")
+    first = again.step(["new"], batch.rows, batch.num_tokens, [[int(batch.rows[0, batch.num_tokens[0] - 1])]], 16,
+                       MAX_LEN, model=[[1, 2, 3]])
+    assert first == [[]]
+
+
+def test_the_hybrid_refuses_bad_model_input():
+    drafter = BatchDrafter(seeded_engine())
+    batch = Batch([fresh_doc(9)])
+    with pytest.raises(ValueError, match="a chain .* for every row"):
+        drafter.step(["a"], batch.rows, batch.num_tokens, [[1]], 16, MAX_LEN, model=[])
+    with pytest.raises(ValueError, match=">= 0"):
+        drafter.step(["a"], batch.rows, batch.num_tokens, [[1]], 16, MAX_LEN, model=[[-1]])
+    with pytest.raises(ValueError, match="more often"):
+        drafter.set_model_record("s", [4, 4], [5, 0])
+    with pytest.raises(ValueError, match="alike"):
+        drafter.set_model_record("s", [4], [])

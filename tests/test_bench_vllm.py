@@ -118,24 +118,42 @@ def test_agentaccel_off_is_our_proposer_drafting_nothing(tmp_path):
     assert drafted(on.spec_config) > 10
 
 
-def test_the_drafter_method_is_vllms_draft_model_speculation(tmp_path, cache):
-    """`--methods drafter --drafter cut:N`: vLLM's own draft-model speculation with a model cut from
-    the served one (made into the cache on first use; 28 of its 30 layers, whose first choice is the
-    model's about half the time, scripts/drafter_agreement.py): it drafts its chain every step,
-    some of it lands, and no output differs from plain decoding's."""
-    out = tmp_path / "result.json"
-    r = bench(tmp_path, cache, "--methods", "none,drafter", "--drafter", "cut:28", "--drafter-tokens", "2",
-              "--workloads", "sql", "--concurrency", "1", "--calls", "1", "--reps", "1", "--warm", "0",
-              "--history", "0", "--open-tokens", "24", "--json", str(out))
+def test_the_hybrid_drafts_beside_an_eagle_head_and_changes_no_output(tmp_path, cache):
+    """`--methods none,drafter,agentaccel-drafter --drafter HEAD`: vLLM's eagle method with an EAGLE
+    head for the bundled model (untrained: it starts as the identity on the model's state), alone
+    and as the hybrid beside agentaccel's trees (backends/vllm/hybrid.py). The drafter alone drafts
+    its chain every step; the hybrid sends the trees' drafts where they expect more and the head's
+    chains elsewhere, counting each apart, and learns per stage what the head's chains get; no
+    output differs from plain decoding's."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from agentaccel.backends.local.eagle_head import from_target, save_head
+    from agentaccel.backends.local.model import default_model_folder
+
+    target = AutoModelForCausalLM.from_pretrained(str(default_model_folder()), dtype=torch.float32)
+    head = save_head(from_target(target).eval(), default_model_folder(), tmp_path / "head")
+    out, logs = tmp_path / "result.json", tmp_path / "logs"
+    r = bench(tmp_path, cache, "--methods", "none,drafter,agentaccel-drafter", "--drafter", str(head),
+              "--drafter-tokens", "2", "--workloads", "sql", "--concurrency", "1", "--calls", "1", "--reps", "1",
+              "--warm", "0", "--history", "0", "--open-tokens", "24", "--json", str(out), "--logs", str(logs))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    result = json.loads(out.read_text())
-    drafter = result["setup"]["methods"]["drafter"]
-    assert drafter["method"] == "draft_model" and drafter["model"].endswith("-cut28")
-    assert drafter["num_speculative_tokens"] == 2
-    rows = {(x["method"], x["stage"]): x for x in result["rows"] if x["workload"] == "sql"}
-    row = rows[("drafter", "(all)")]
-    assert row["differing_outputs"] == 0 and row["draft_tokens_per_step"] == 2 and row["acceptance"] > 0, row
-    assert rows[("none", "(all)")]["draft_tokens_per_step"] == 0
+    methods = json.loads(out.read_text())["setup"]["methods"]
+    assert methods["drafter"] == {"method": "eagle", "model": str(head), "num_speculative_tokens": 2}
+    hybrid = methods["agentaccel-drafter"]  # vLLM verifies the trees' drafts; the head drafts 2 (its settings)
+    assert hybrid["method"] == "eagle" and hybrid["num_speculative_tokens"] == 32
+    assert hybrid["disable_padded_drafter_batch"] is True
+    rows = {(x["method"], x["stage"]): x for x in json.loads(out.read_text())["rows"] if x["workload"] == "sql"}
+    alone = rows[("drafter", "(all)")]
+    assert alone["differing_outputs"] == 0 and alone["draft_tokens_per_step"] == 2
+    assert rows[("agentaccel-drafter", "(all)")]["differing_outputs"] == 0
+    assert rows[("agentaccel-drafter", "(all)")]["tokens"] == rows[("none", "(all)")]["tokens"] > 0
+    stages = json.loads((logs / "stats-agentaccel-drafter.json").read_text())["stages"]
+    assert sum(s["model_drafted"] for s in stages.values()) > 0  # the head's chains where the trees had less
+    assert sum(s["drafted"] for s in stages.values()) > 0  # the trees' drafts where they expected more
+    for s in stages.values():  # every step verified one draft or none, from one source
+        assert s["steps"] >= s["drafted_steps"] + s["model_drafted_steps"]
+        assert s["model_accepted"] <= s["model_drafted"] and s["accepted"] <= s["drafted"]
 
 
 def test_bench_vllm_says_what_is_missing(tmp_path, cache):
@@ -150,6 +168,10 @@ def test_bench_vllm_says_what_is_missing(tmp_path, cache):
     assert r.returncode == 2 and "name its drafter with --drafter" in r.stderr and "Traceback" not in r.stderr
     r = bench(tmp_path, cache, "--methods", "none,drafter", "--drafter", str(tmp_path / "nowhere"), timeout=120)
     assert r.returncode == 2 and "nowhere: not a model folder" in r.stderr and "Traceback" not in r.stderr
+    r = bench(tmp_path, cache, "--methods", "none,agentaccel-drafter", timeout=120)
+    assert r.returncode == 2 and "agentaccel-drafter: name its drafter" in r.stderr and "Traceback" not in r.stderr
+    r = bench(tmp_path, cache, "--methods", "agentaccel-drafter", "--drafter", "cut:2", timeout=300)
+    assert r.returncode == 2 and "the hybrid runs beside vLLM's eagle" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_servers_started_together_never_share_a_port(monkeypatch):

@@ -134,6 +134,14 @@ def test_serve_rejects_bad_settings_with_a_clear_message(tmp_path):
     assert r.returncode == 2 and "2GiB" in r.stderr
     r = serve("--dtype", "float64")
     assert r.returncode == 2 and "--dtype" in r.stderr and "bfloat16" in r.stderr
+    # the hybrid's model drafter: vLLM's speculative config for an EAGLE-family head, on the vllm backend
+    r = serve("--drafter", '{"method": "eagle", "model": "head", "num_speculative_tokens": 3}')
+    assert r.returncode == 2 and "--backend vllm" in r.stderr
+    for given, said in (("{eagle", "not JSON"), ('["eagle"]', "a JSON object"),
+                        ('{"method": "draft_model", "model": "m", "num_speculative_tokens": 3}', "'draft_model'"),
+                        ('{"method": "eagle3", "model": "m"}', "num_speculative_tokens")):
+        r = serve("--backend", "vllm", "--drafter", given)
+        assert r.returncode == 2 and said in " ".join(r.stderr.split()) and "Traceback" not in r.stderr, r.stderr
 
 
 def test_a_figure_without_matplotlib_says_how_to_get_it(tmp_path):

@@ -432,3 +432,23 @@ def test_stage_labels_are_bounded():
     text = m.render().decode()
     assert 'stage="s0"' in text and f'stage="s{MAX_STAGES + 5}"' not in text
     assert 'agentaccel_requests_total{endpoint="chat",stage="other",status="200"} 10.0' in text
+
+
+def test_metrics_count_the_hybrids_model_drafts_apart_and_in_the_mean_accepted_length():
+    """A vLLM hybrid's stage statistics (the plugin's): the trees' drafts stay in draft/accepted
+    tokens and the acceptance rate, the model drafter's chains show as their own series, and the
+    mean accepted length counts both. A server without a model drafter shows no model series."""
+    from agentaccel.proxy.metrics import Metrics
+
+    hybrid = {"sql": {"steps": 10, "drafted_steps": 4, "drafted": 20, "accepted": 8, "tokens": 25,
+                      "model_drafted_steps": 5, "model_drafted": 15, "model_accepted": 7}}
+    text = Metrics(external_spec=lambda: hybrid).render().decode()
+    values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
+              if line.startswith("agentaccel_")}
+    assert values['agentaccel_draft_tokens_total{stage="sql"}'] == 20
+    assert values['agentaccel_acceptance_rate{stage="sql"}'] == pytest.approx(8 / 20)
+    assert values['agentaccel_model_draft_tokens_total{stage="sql"}'] == 15
+    assert values['agentaccel_model_accepted_tokens_total{stage="sql"}'] == 7
+    assert values['agentaccel_mean_accepted_length{stage="sql"}'] == pytest.approx((8 + 7 + 10) / 10)
+    trees_only = {"sql": {**hybrid["sql"], "model_drafted_steps": 0, "model_drafted": 0, "model_accepted": 0}}
+    assert "agentaccel_model_" not in Metrics(external_spec=lambda: trees_only).render().decode()

@@ -33,7 +33,9 @@ def bench_vllm(
                                               "ArcticInference), agentaccel, agentaccel-request (each request "
                                               "sizing its own draft, as before the step budget), agentaccel-off "
                                               "(our proposer drafting nothing: what speculation being on costs), "
-                                              "drafter (vLLM's draft-model speculation with --drafter).")]
+                                              "drafter (vLLM's draft-model speculation with --drafter), "
+                                              "agentaccel-drafter (the hybrid: agentaccel with that drafter "
+                                              "beside its trees).")]
     = "none,suffix,agentaccel",
     workloads: Annotated[str, typer.Option(help="Comma-separated, from sql, agent, chat.")] = "sql,agent,chat",
     concurrency: Annotated[str, typer.Option(help="Requests in flight, comma-separated; each level runs its own "
@@ -99,8 +101,9 @@ def bench_vllm(
     alive together and the methods taking turns, agentaccel starting from a trace store of earlier sessions.
     Arguments after `--` go to every `vllm serve`, after --dtype DTYPE [--enforce-eager] --max-model-len 4096
     (where they name the same option, theirs win)."""
+    from agentaccel.backends.vllm.drafting import hybrid_config
     from agentaccel.bench.vllm import plan as vplan
-    from agentaccel.bench.vllm.servers import METHODS, drafter_config
+    from agentaccel.bench.vllm.servers import METHODS, NEEDS_DRAFTER, drafter_config
     from agentaccel.bench.vllm.sources import WORKLOADS, workload_jobs
 
     need_plots(plot)
@@ -120,13 +123,15 @@ def bench_vllm(
             raise fail(f"{option}: unknown or none given ({', '.join(unknown) or '-'}); "
                        f"choose from {', '.join(known)}")
     drafter_spec = None
-    if "drafter" in chosen_methods:
+    if needing := [m for m in chosen_methods if m in NEEDS_DRAFTER]:
         if drafter is None:
-            raise fail("--methods drafter: name its drafter with --drafter (a folder, cut:N or eagle)")
+            raise fail(f"--methods {needing[0]}: name its drafter with --drafter (a folder, cut:N or eagle)")
         from agentaccel.backends.local.draft_model import drafter_folder
 
         try:
             drafter_spec = drafter_config(drafter_folder(drafter), drafter_tokens)
+            if "agentaccel-drafter" in chosen_methods:
+                hybrid_config(drafter_spec)
         except ValueError as e:
             raise fail(f"--drafter: {e}") from e
     levels = int_list(concurrency, "--concurrency")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import signal
 import sys
@@ -127,6 +128,12 @@ def serve(
                                                        "in the trace store).")] = True,
     fingerprint: Annotated[bool, typer.Option(help="With --no-discover-stages: stage = fingerprint of the "
                                                    "system prompt of untagged requests.")] = True,
+    drafter: Annotated[str | None, typer.Option(help="vllm: a model drafter to run beside the trees (the hybrid: "
+                                                     "each request drafts from whichever expects more accepted "
+                                                     "tokens), as vLLM's speculative config for it in JSON, e.g. "
+                                                     "'{\"method\": \"eagle3\", \"model\": \"<EAGLE-3 head>\", "
+                                                     "\"num_speculative_tokens\": 3}' (eagle, eagle3 or mtp).")]
+    = None,
     spec_config: Annotated[Path | None, typer.Option(help="JSON of per-stage drafting settings, "
                                                           '{"<stage>": {"min_score": 1.0, ...}, "*": {...}}: wins '
                                                           "over the stages' tuned settings (`agentaccel tune`) "
@@ -194,6 +201,10 @@ def serve(
                                  "with `agentaccel traces prune` instead (or answer from --recordings)",
                                  param_hint="--store-budget/--keep-days")
     _check_snapshot(snapshot, backend, seed, follow, replaying_db)
+    if drafter is not None and backend is not BackendKind.vllm:
+        raise typer.BadParameter("a model drafter runs beside the trees in vLLM: --backend vllm",
+                                 param_hint="--drafter")
+    model_drafter = _drafter(drafter)  # checked before anything starts
     config = ProxyConfig(host=host, port=port, api_keys=tuple(api_key or ()), admin_keys=tuple(admin_key or ()),
                          prefix_scope=prefix_cache_scope.value, speculation_scope=speculation_scope.value,
                          max_body_bytes=parse_size(max_body), record=record,
@@ -242,7 +253,7 @@ def serve(
                            seed=seed, follow=follow, spec_config=spec_config, memory_budget_bytes=budget,
                            timeout=upstream_timeout, online=online_tuning, session_header=session_header or None,
                            snapshot=snapshot, scoped=speculation_scope is Scope.key, step_cost=cost_profile,
-                           record=config.record, follow_log=follow_log)
+                           record=config.record, follow_log=follow_log, drafter=model_drafter)
     if not api_key and host not in ("127.0.0.1", "localhost", "::1"):
         err.print(f"[bold red]warning:[/bold red] serving on {host} without --api-key: anyone who can reach this "
                   "address can use the model and read /metrics")
@@ -275,6 +286,25 @@ def _pruner(location, retention, every: float):
                   f"-> {report.bytes_after / 2**20:,.1f} MiB) in {report.seconds:.1f} s", highlight=False)
 
     return Pruner(location, retention, every=every, on_report=said)
+
+
+def _drafter(given: str | None) -> dict | None:
+    """--drafter's JSON, checked as the hybrid will use it."""
+    if given is None:
+        return None
+    from agentaccel.backends.vllm.drafting import hybrid_config
+
+    try:
+        drafter = json.loads(given)
+    except ValueError as e:
+        raise typer.BadParameter(f"not JSON ({e})", param_hint="--drafter") from e
+    try:
+        if not isinstance(drafter, dict):
+            raise ValueError("vLLM's speculative config is a JSON object")
+        hybrid_config(drafter)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--drafter") from e
+    return drafter
 
 
 def _bundled_model() -> str:

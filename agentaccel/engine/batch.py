@@ -23,7 +23,10 @@ class BatchDrafter:
         self._native = _core.BatchDrafter(engine._eng, threads)
         # The hot path goes straight to the native method: rows and num_tokens are int32 arrays
         # (vLLM's InputBatch.token_ids_cpu and num_tokens_no_spec), sampled a list of int lists,
-        # `scheduled` (optional) the tokens the step that just ran computed.
+        # `scheduled` (optional) the tokens the step that just ran computed; `model` (optional, the
+        # hybrid) a model drafter's chain for each row: each row is sent whichever of its trees'
+        # draft and the model's chain expects more accepted tokens, the model's priced by what its
+        # chains got accepted on the stage (`model_records`).
         self.step = self._native.step
         self.step_cost: StepCostModel | None = None
 
@@ -73,6 +76,21 @@ class BatchDrafter:
         cut it (what a simulated ceiling allocates again knowing part of the truth)."""
         return self._native.candidate_probs()
 
+    def model_rows(self) -> list[bool]:
+        """The last step's rows that were sent the model's chain (the hybrid)."""
+        return self._native.model_rows()
+
+    def model_records(self) -> dict[str, _core.ModelRecord]:
+        """Per stage: at each depth of the model's chains, how many reached it and how many had
+        every token up to it accepted (its estimate there is the model's D)."""
+        return self._native.model_records()
+
+    def set_model_record(self, stage: str, tried: list[int], reached: list[int]) -> None:
+        """Starts a stage's model record from a kept one."""
+        record = _core.ModelRecord()
+        record.tried, record.reached = list(tried), list(reached)
+        self._native.set_model_record(stage, record)
+
     @property
     def pending_outputs(self) -> int:
         """Finished outputs waiting to join their stage trees: with many live requests they are
@@ -83,10 +101,14 @@ class BatchDrafter:
         """Per stage: `steps` that verified a draft (`drafted_steps`: a non-empty one), the `drafted`
         and `accepted` tokens of those steps, the tokens those drafts were `predicted` to get
         accepted, every `tokens` produced, and the `saved_seconds` those requests would have
-        waited more under plain decoding, priced by the step cost in force (0 without one)."""
+        waited more under plain decoding, priced by the step cost in force (0 without one). The
+        hybrid's steps that verified the model's chain count apart, as `model_drafted_steps`,
+        `model_drafted`, `model_accepted` and `model_predicted` (the four above stay the trees')."""
         return {stage: {"steps": c.steps, "drafted_steps": c.drafted_steps, "drafted": c.drafted,
                         "accepted": c.accepted, "tokens": c.tokens, "predicted": c.predicted,
-                        "saved_seconds": c.saved_seconds}
+                        "saved_seconds": c.saved_seconds, "model_drafted_steps": c.model_drafted_steps,
+                        "model_drafted": c.model_drafted, "model_accepted": c.model_accepted,
+                        "model_predicted": c.model_predicted}
                 for stage, c in self._native.counters().items()}
 
     @property

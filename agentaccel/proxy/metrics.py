@@ -180,25 +180,38 @@ class _SpecCollector:
         names = self.names
         steps = CounterMetricFamily("agentaccel_spec_steps", "Verification steps (forward passes that checked a "
                                     "draft, or could have)", labels=names)
-        drafted = CounterMetricFamily("agentaccel_draft_tokens", "Draft tokens proposed", labels=names)
-        accepted = CounterMetricFamily("agentaccel_accepted_tokens", "Draft tokens accepted", labels=names)
-        rate = GaugeMetricFamily("agentaccel_acceptance_rate", "Accepted / drafted tokens", labels=names)
+        drafted = CounterMetricFamily("agentaccel_draft_tokens", "Draft tokens proposed from the trees",
+                                      labels=names)
+        accepted = CounterMetricFamily("agentaccel_accepted_tokens", "Draft tokens from the trees accepted",
+                                       labels=names)
+        rate = GaugeMetricFamily("agentaccel_acceptance_rate", "Accepted / drafted tokens of the trees' drafts",
+                                 labels=names)
+        model_drafted = CounterMetricFamily("agentaccel_model_draft_tokens", "The hybrid: draft tokens sent from "
+                                            "the model drafter's chains, in place of the trees'", labels=names)
+        model_accepted = CounterMetricFamily("agentaccel_model_accepted_tokens", "The hybrid: the model drafter's "
+                                             "draft tokens accepted", labels=names)
         mean = GaugeMetricFamily("agentaccel_mean_accepted_length", "Tokens produced per verification step "
-                                 "(accepted drafts + the bonus token)", labels=names)
+                                 "(accepted drafts, the trees' and the model's, + the bonus token)", labels=names)
         saved = CounterMetricFamily("agentaccel_speculation_saved_seconds", "What plain decoding would have taken "
                                     "the stage's requests more, priced by the server's step cost: the plain steps "
                                     "their accepted tokens spared, less what drafting added to their steps",
                                     labels=names)
+        hybrid = any(t.get("model_drafted") for _, t in rows)  # the model's series only where a model drafts
         for labels, t in rows:
             steps.add_metric(labels, t.get("steps", 0))
             drafted.add_metric(labels, t.get("drafted", 0))
             accepted.add_metric(labels, t.get("accepted", 0))
+            if hybrid:
+                model_drafted.add_metric(labels, t.get("model_drafted", 0))
+                model_accepted.add_metric(labels, t.get("model_accepted", 0))
             if t.get("drafted"):
                 rate.add_metric(labels, t["accepted"] / t["drafted"])
             if t.get("steps"):
-                mean.add_metric(labels, (t["accepted"] + t["steps"]) / t["steps"])
+                mean.add_metric(labels, (t["accepted"] + t.get("model_accepted", 0) + t["steps"]) / t["steps"])
             saved.add_metric(labels, t.get("saved_seconds", 0.0))
         yield from (steps, drafted, accepted, rate, mean, saved)
+        if hybrid:
+            yield from (model_drafted, model_accepted)
 
 
 class _PolicyCollector:

@@ -154,15 +154,17 @@ class TokenChances:
 
 
 class Hybrid(Drafter):
-    """SuffixDecoding's hybrid on the plugin's drafter: each request drafts from the trees where
-    their draft expects at least τ accepted tokens (the sum of its tokens' D; `ModelRecord`),
-    otherwise from the model, which runs only for those requests."""
+    """The plugin's hybrid (backends/vllm/hybrid.py): the model drafts its chain of `k` for every
+    request every step (vLLM runs it over the whole batch, so its passes are priced every step,
+    used or not), and the plugin's one native call sends each request whichever of its trees'
+    draft and the model's chain expects more accepted tokens, the model's priced by what its chains
+    got accepted on the stage, the budget cutting both alike."""
 
     def __init__(self, name: str, predictions: DrafterPredictions, *, config: SpecConfig, k: int = DRAFT_TOKENS,
                  **chain) -> None:
         super().__init__(name, config, **chain)
         self.model = ModelDrafter(predictions, k)
-        self.record = ModelRecord()
+        self.record = ModelRecord()  # the experiments below (Guided, Branches) choose with it
         self._stage: dict[str, str] = {}
 
     def begin(self, key, prompt, stage, previous=None, tenant=None, max_total=None):
@@ -174,17 +176,13 @@ class Hybrid(Drafter):
         self.model.foresee(key, output)
 
     def step(self, batch: Batch) -> list:
-        trees = super().step(batch)
         models = self.model.step(batch)
-        scores = self.drafter.candidate_probs()
-        out = []
-        for row, (key, tree, model) in enumerate(zip(batch.keys, trees, models, strict=True)):
-            expected = sum(scores[row][:len(tree)]) if row < len(scores) else 0.0
-            if key is None or not len(model) or self.record.trees_draft(self._stage[key], len(tree), expected):
-                out.append(tree)
-            else:
-                out.append(model)
-        return out
+        sampled = [() if s is None else s.tolist() if isinstance(s, np.ndarray) else s for s in batch.sampled]
+        drafts = self.drafter.step(batch.keys, batch.rows, batch.num_tokens, sampled, self.max_tokens, batch.max_len,
+                                   -1, [list(m.token_ids) for m in models])
+        sent = self.drafter.model_rows()
+        return [ModelChain(d, self.model.k if key is not None and new is not None else 0, own=own)
+                for key, new, d, own in zip(batch.keys, batch.sampled, drafts, sent, strict=True)]
 
     def accepted(self, key, draft, accepted: int) -> None:
         self.record.observe(self._stage[key], draft, accepted)

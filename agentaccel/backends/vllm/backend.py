@@ -19,8 +19,8 @@ from agentaccel.backends.base import CallContext, follower_counters, seeded_coun
 from agentaccel.backends.openai_compat import OpenAIBackend
 from agentaccel.backends.routing import SESSION_HEADER, data_parallel_size
 from agentaccel.backends.vllm import stats_files
-from agentaccel.backends.vllm.drafting import DEFAULT_SPECULATIVE_CONFIG
-from agentaccel.backends.vllm.settings import PluginSettings
+from agentaccel.backends.vllm.drafting import DEFAULT_SPECULATIVE_CONFIG, hybrid_config
+from agentaccel.backends.vllm.settings import PluginSettings, plugin_enabled
 from agentaccel.backends.vllm.supervisor import Supervisor
 from agentaccel.errors import APIError, bad_request
 from agentaccel.processes import free_port
@@ -60,11 +60,16 @@ def launch_command(model: str, port: int, *, served_name: str, extra_args: list[
         # default fails on a machine that also runs anything else.
         argv += ["--gpu-memory-utilization", "0.3"]
     env = {**os.environ, **(env or {})}
-    if spec and '"suffix"' in spec:  # vLLM runs the suffix method on its V1 model runner only: the plugin's
+    if spec and ('"suffix"' in spec or _hybrid(env)):  # the plugin patches the V1 model runner's proposers
         env.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
     if cpu:
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB of KV cache; vLLM's CPU default is larger
     return argv + list(extra_args), env
+
+
+def _hybrid(env: dict[str, str]) -> bool:
+    """Whether the plugin drafts beside a model drafter in this server (its settings' model_tokens)."""
+    return plugin_enabled(env) and PluginSettings.from_environ(env).model_tokens > 0
 
 
 def salted(body: dict, tenant: str | None) -> dict:
@@ -87,12 +92,14 @@ class VLLMBackend(OpenAIBackend):
                  port: int | None = None, echo=None, online: bool = True,
                  session_header: str | None = SESSION_HEADER, snapshot: str | Path | None = None,
                  scoped: bool = True, step_cost: str = "auto", record: bool = True,
-                 follow_log: str | Path | None = None) -> None:
+                 follow_log: str | Path | None = None, drafter: dict | None = None) -> None:
         """`scoped`: each tenant's recorded answers join its own trees (serve --speculation-scope key).
         `step_cost`: auto (learned from the server's own steps), off (each request sizes its own
         draft), or a cost spec the learning starts from. `record` off (serve --no-record): the
         plugin writes nothing to the trace store (its calibration and step cost stay in memory).
         `follow_log`: a file the follower appends every other server's output to (with its times).
+        `drafter`: a model drafter's speculative config (an EAGLE head...): the hybrid, drafting beside
+        the trees (drafting.hybrid_config; a ValueError for a drafter it cannot run beside).
         All of it reaches the plugin as one PluginSettings."""
         self.port = port or free_port()
         super().__init__(f"http://127.0.0.1:{self.port}", timeout=timeout, session_header=session_header)
@@ -106,15 +113,18 @@ class VLLMBackend(OpenAIBackend):
 
         db = default_db_path() if db_path is None else locate(db_path)
         step_spec = Path(step_cost).expanduser()
+        speculative, model_tokens = hybrid_config(drafter) if drafter is not None else (DEFAULT_SPECULATIVE_CONFIG, 0)
         settings = PluginSettings(
             db=db.spec, seed=seed, follow=follow, scoped=scoped, online=online, save=record,
             snapshot=str(Path(snapshot).expanduser().resolve()) if snapshot is not None else None,
             spec_config=str(Path(spec_config).resolve()) if spec_config is not None else None,
             memory_budget=memory_budget_bytes, stats=str(self.stats_path),
             follow_log=str(Path(follow_log).expanduser().resolve()) if follow_log is not None else None,
-            step_cost="" if step_cost == "auto" else str(step_spec.resolve()) if step_spec.is_file() else step_cost)
+            step_cost="" if step_cost == "auto" else str(step_spec.resolve()) if step_spec.is_file() else step_cost,
+            model_tokens=model_tokens)
         ours = settings.environ()
-        argv, env = launch_command(model, self.port, served_name=self.served_name, extra_args=extra, env=ours)
+        argv, env = launch_command(model, self.port, served_name=self.served_name, extra_args=extra, env=ours,
+                                   speculative_config=speculative)
         self.supervisor = Supervisor(argv, env, f"http://127.0.0.1:{self.port}/health",
                                      start_timeout=start_timeout, echo=echo)
 

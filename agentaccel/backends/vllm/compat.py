@@ -21,6 +21,11 @@ CALLABLES: list[tuple[str, str, tuple[str, ...] | None]] = [
     ("vllm.v1.worker.gpu_input_batch", "InputBatch.add_request", ("self", "request")),
     ("vllm.v1.worker.gpu_input_batch", "InputBatch.remove_request", ("self", "req_id")),
     ("vllm.v1.worker.gpu_input_batch", "InputBatch.req_ids", None),
+    # hybrid.install subclasses it (the model drafter beside the trees) where the runner builds it
+    ("vllm.v1.spec_decode.eagle", "EagleProposer.propose", ("self", "num_speculative_tokens")),
+    ("vllm.v1.spec_decode.eagle", "EagleProposer.prepare_next_token_ids_cpu",
+     ("self", "sampled_token_ids", "requests", "gpu_input_batch")),
+    ("vllm.v1.worker.gpu_model_runner", "EagleProposer", None),
     # proposer._capture_scheduled wraps it to read each step's scheduled tokens
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.propose_draft_token_ids", ("self", "scheduler_output")),
 ]
@@ -29,7 +34,7 @@ INPUT_BATCH_ARRAYS = ("token_ids_cpu", "num_tokens_no_spec", "req_id_to_index")
 CONFIG_FIELDS = {
     "vllm.config.speculative.SpeculativeConfig": ("num_speculative_tokens", "suffix_decoding_max_tree_depth",
                                                   "suffix_decoding_max_spec_factor",
-                                                  "suffix_decoding_min_token_prob"),
+                                                  "suffix_decoding_min_token_prob", "disable_padded_drafter_batch"),
     "vllm.sampling_params.SamplingParams": ("extra_args",),
     "vllm.v1.worker.gpu_input_batch.CachedRequestState": ("req_id", "sampling_params", "prompt_token_ids"),
     "vllm.v1.core.sched.output.SchedulerOutput": ("total_num_scheduled_tokens",),

@@ -18,6 +18,28 @@ DEFAULT_SPECULATIVE_CONFIG = {"method": "suffix", "num_speculative_tokens": 32, 
 VLLM_SPEC_FACTOR = 1.0  # suffix_decoding_max_spec_factor
 VLLM_MIN_TOKEN_PROB = 0.1  # suffix_decoding_min_token_prob
 VLLM_TREE_DEPTH = 24  # suffix_decoding_max_tree_depth (and num_speculative_tokens when not given)
+HYBRID_METHODS = ("eagle", "eagle3", "mtp")  # vLLM's EagleProposer: it drafts after the sampled tokens reach the CPU
+
+
+def hybrid_config(drafter: Mapping, trees: Mapping = DEFAULT_SPECULATIVE_CONFIG) -> tuple[dict, int]:
+    """vLLM's speculative config for the hybrid (hybrid.py) from a model drafter's (`{"method":
+    "eagle3", "model": ..., "num_speculative_tokens": 3}`: what its user runs it with) and the
+    trees' (their longest draft and depth): vLLM verifies drafts as long as the trees', runs the
+    drafter after the step's sampled tokens reach the CPU, and the drafter's own draft length comes
+    back as the second value (the settings' `model_tokens`)."""
+    if drafter.get("method") not in HYBRID_METHODS:
+        # vLLM 0.32 runs a draft model (draft_model) only on its padded path, before the step's
+        # sampled tokens reach the CPU, where the trees cannot draft yet
+        raise ValueError(f"the hybrid runs beside vLLM's {', '.join(HYBRID_METHODS)} drafters, "
+                         f"not method {drafter.get('method')!r}")
+    model_tokens = drafter.get("num_speculative_tokens")
+    if not isinstance(model_tokens, int) or isinstance(model_tokens, bool) or model_tokens < 1:
+        raise ValueError(f"the drafter's num_speculative_tokens (its chain a step) must be an integer >= 1, "
+                         f"got {model_tokens!r}")
+    config = {**drafter, "disable_padded_drafter_batch": True,
+              "num_speculative_tokens": max(model_tokens, int(trees["num_speculative_tokens"]))}
+    config.setdefault("suffix_decoding_max_tree_depth", trees.get("suffix_decoding_max_tree_depth", VLLM_TREE_DEPTH))
+    return config, model_tokens
 
 
 @dataclass(frozen=True)

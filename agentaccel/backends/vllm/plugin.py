@@ -2,7 +2,9 @@
 (API server, engine core, workers), possibly more than once, so it only patches names:
 
 * `SuffixDecodingProposer` (where vLLM looks it up) -> `AgentaccelProposer`;
-* the arctic-inference check of `method="suffix"` -> satisfied (our engine needs none).
+* the arctic-inference check of `method="suffix"` -> satisfied (our engine needs none);
+* with the settings' `model_tokens` (the hybrid): vLLM's `EagleProposer` and `DraftModelProposer`
+  -> their hybrids with the trees (hybrid.py).
 
 `AGENTACCEL_VLLM_PLUGIN=0` leaves vLLM untouched.
 """
@@ -16,7 +18,7 @@ log = logging.getLogger("agentaccel.vllm")
 
 
 def register() -> None:
-    from agentaccel.backends.vllm.settings import plugin_enabled
+    from agentaccel.backends.vllm.settings import PluginSettings, plugin_enabled
 
     if not plugin_enabled():
         return
@@ -37,6 +39,10 @@ def register() -> None:
     runner = sys.modules.get("vllm.v1.worker.gpu_model_runner")
     if runner is not None:  # imported before the plugins ran: patch its own reference too
         runner.SuffixDecodingProposer = AgentaccelProposer
+    if PluginSettings.from_environ().model_tokens > 0:
+        from agentaccel.backends.vllm import hybrid
+
+        hybrid.install()
 
 
 def _show_our_log() -> None:

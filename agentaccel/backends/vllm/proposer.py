@@ -319,12 +319,14 @@ class AgentaccelProposer:
         if self.follower is not None:
             at_exit(self.follower.close)
 
-    def propose(self, num_speculative_tokens, input_batch, sampled_token_ids, slot_mappings=None) -> list[list[int]]:
+    def propose(self, num_speculative_tokens, input_batch, sampled_token_ids, slot_mappings=None,
+                model: list[list[int]] | None = None) -> list[list[int]]:
+        """`model`: the hybrid's model chains, one per row (hybrid.py)."""
         if not self.drafts:
             return [[] for _ in input_batch.req_ids]
         return self.drafter.step(input_batch.req_ids, input_batch.token_ids_cpu, input_batch.num_tokens_no_spec,
                                  sampled_token_ids, min(num_speculative_tokens, self.num_speculative_tokens),
-                                 self.max_model_len, _SCHEDULED)
+                                 self.max_model_len, _SCHEDULED, model)
 
     def load_model(self, *args, **kwargs) -> None:
         """No draft model to load."""

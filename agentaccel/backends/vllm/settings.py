@@ -37,6 +37,7 @@ class PluginSettings:
     step_log: str | None = None  # every timed step appended here as a JSON line (bench vllm's simulator)
     draft_threads: int = 0  # drafting threads (0: one on CPU, up to four on a GPU host)
     follow_log: str | None = None  # every other server's output appended here as it joins the trees, with its times
+    model_tokens: int = 0  # the hybrid (hybrid.py): passes of vLLM's model drafter a step beside the trees (0: none)
 
     def environ(self) -> dict[str, str]:
         """The environment variable that carries these settings to vLLM's worker processes."""

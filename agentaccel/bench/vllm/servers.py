@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 
 from agentaccel.backends.vllm.backend import launch_command
-from agentaccel.backends.vllm.drafting import DEFAULT_SPECULATIVE_CONFIG
+from agentaccel.backends.vllm.drafting import DEFAULT_SPECULATIVE_CONFIG, hybrid_config
 from agentaccel.backends.vllm.settings import PluginSettings
 from agentaccel.processes import free_port, run_group, stop_groups
 
@@ -40,7 +40,10 @@ METHODS: dict[str, dict | None] = {
     "agentaccel-off": DEFAULT_SPECULATIVE_CONFIG,
     # vLLM's draft-model speculation with the model `--drafter` names (the config: drafter_config)
     "drafter": None,
+    # the hybrid: our proposer with that drafter beside the trees (backends/vllm/hybrid.py)
+    "agentaccel-drafter": None,
 }
+NEEDS_DRAFTER = ("drafter", "agentaccel-drafter")
 ARCTIC = "arctic-inference==0.3.0"
 START_TIMEOUT = 900.0
 STOP_GRACE = 10.0  # seconds a server has to stop on SIGTERM before its whole group is killed
@@ -62,10 +65,10 @@ def drafter_config(folder: Path, tokens: int) -> dict:
 def method_config(method: str, drafter: dict | None = None) -> dict | None:
     """The speculative config a method's server starts with (`drafter`: drafter_config's, for the
     drafter method)."""
-    if method == "drafter":
+    if method in NEEDS_DRAFTER:
         if drafter is None:
-            raise ValueError("the drafter method needs a draft model (--drafter)")
-        return drafter
+            raise ValueError(f"the {method} method needs a draft model (--drafter)")
+        return drafter if method == "drafter" else hybrid_config(drafter)[0]
     return METHODS[method]
 
 
@@ -91,12 +94,15 @@ def arctic_inference_path(cache: Path, echo: Callable[[str], None]) -> tuple[Pat
     return target, ""
 
 
-def method_env(method: str, arctic: Path | None, log_dir: Path | None = None, store: Path | None = None) -> dict:
+def method_env(method: str, arctic: Path | None, log_dir: Path | None = None, store: Path | None = None,
+               drafter: dict | None = None) -> dict:
     """What a method's server runs with. `store`: an agentaccel server's trace store (seeded from,
-    followed, its snapshot beside it); None: its trees start empty and learn only from its calls."""
+    followed, its snapshot beside it); None: its trees start empty and learn only from its calls.
+    `drafter`: the model drafter's config (the hybrid's)."""
     env = {"AGENTACCEL_VLLM_PLUGIN": "1" if ours(method) else "0"}
     if ours(method):
-        settings = PluginSettings(step_cost="off" if method == "agentaccel-request" else "")
+        settings = PluginSettings(step_cost="off" if method == "agentaccel-request" else "",
+                                  model_tokens=hybrid_config(drafter)[1] if method == "agentaccel-drafter" else 0)
         if store is not None:
             settings = replace(settings, db=str(store), seed=True, follow=True,
                                snapshot=str(store.with_suffix(".idx")))
@@ -122,7 +128,7 @@ class MethodServer:
     def __init__(self, method: str, model: str, vllm_args: list[str], log_dir: Path, arctic: Path | None,
                  store: Path | None = None, served_name: str = "bench", drafter: dict | None = None) -> None:
         self.method, self.model, self.vllm_args, self.log_dir = method, model, vllm_args, log_dir
-        self.speculative = method_config(method, drafter)
+        self.speculative, self.drafter = method_config(method, drafter), drafter
         self.arctic, self.store, self.served_name = arctic, store, served_name
         self.log_path = log_dir / f"vllm-{method}.log"
         self.url = ""
@@ -135,7 +141,7 @@ class MethodServer:
         self.url = f"http://127.0.0.1:{port}"
         argv, env = launch_command(self.model, port, served_name=self.served_name, extra_args=self.vllm_args,
                                    speculative_config=self.speculative,
-                                   env=method_env(self.method, self.arctic, self.log_dir, self.store))
+                                   env=method_env(self.method, self.arctic, self.log_dir, self.store, self.drafter))
         with self.log_path.open("a") as log:
             log.write(f"\n===== start {self.starts + 1} of {self.method} at {time.strftime('%H:%M:%S')}\n")
             log.flush()
