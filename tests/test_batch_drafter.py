@@ -267,3 +267,35 @@ def test_the_hybrid_refuses_bad_model_input():
         drafter.set_model_record("s", [4, 4], [5, 0])
     with pytest.raises(ValueError, match="alike"):
         drafter.set_model_record("s", [4], [])
+
+
+def test_the_model_drafters_records_are_kept_in_the_trace_store_and_read_back(tmp_path):
+    """A restart prices the model's tokens with what it learned (backends/model_records.py): the
+    keeper saves each changed stage at close, a new drafter resumes from them, and a row that does
+    not read as counts, or does not hold as a record, starts that stage from the prior."""
+    import sqlite3
+
+    from agentaccel.backends import model_records
+    from agentaccel.traces.store import TraceStore
+
+    db = tmp_path / "traces.db"
+    TraceStore(db).close()
+    drafter = BatchDrafter(seeded_engine())
+    keeper = model_records.ModelRecordKeeper(drafter, db, "head for model")
+    batch = Batch([fresh_doc(10)])
+    drafter.admit("new", "s")
+    drafts = [[]]
+    for _ in range(4):
+        drafts = drafter.step(["new"], batch.rows, batch.num_tokens, batch.sample(drafts), 16, MAX_LEN,
+                              model=[[int(t) for t in batch.rest[0][:2]]])  # right for 2 tokens
+    keeper.close()
+    again = BatchDrafter(seeded_engine())
+    assert model_records.resume(again, db, "head for model") == 1
+    assert model_records.resume(again, db, "another head") == 0
+    assert model_records.current(again) == model_records.current(drafter) == {"s": ([3, 3], [3, 3])}
+    with sqlite3.connect(db) as conn:
+        conn.execute("INSERT INTO drafter_records VALUES ('head for model', 't', '[1, 2]', '[1, 1]', NULL)")
+        conn.execute("INSERT INTO drafter_records VALUES ('head for model', 'u', 'not json', '[]', NULL)")
+    third = BatchDrafter(seeded_engine())
+    assert model_records.resume(third, db, "head for model") == 1  # t's row tries depth 1 more than depth 0
+    assert set(model_records.current(third)) == {"s"}

@@ -24,10 +24,10 @@ from agentaccel.engine import SuffixEngine
 from agentaccel.processes import stop_group
 from agentaccel.proxy import ProxyConfig, create_app
 from agentaccel.text.tokenization import load_tokenizer
-from agentaccel.traces import stage_policies, step_costs
+from agentaccel.traces import drafter_records, stage_policies, step_costs
 from agentaccel.traces.recorder import RecordedCall, Recorder
 from agentaccel.traces.records import Call, Session
-from agentaccel.traces.store import TraceStore
+from agentaccel.traces.store import TABLES, TraceStore
 from agentaccel.traces.tail import CallTail
 
 
@@ -81,6 +81,19 @@ def test_stage_policies_and_step_costs_on_each_backend(db):
         assert rows["chat"].config is None and rows["chat"].online_steps == 9
         saved = step_costs.read(store, "m@gpu")
         assert saved.curve == {"base": [0.01, 0.03]} and saved.steps == 900
+
+
+def test_every_table_is_made_on_each_backend_and_the_drafters_records_read_back(db):
+    """Every module's table reaches the store. (A comment ending one module's schema once hid the
+    next module's first table from PostgreSQL: the store never got it, so every open ran the whole
+    schema again, whose CREATE INDEX waits on every open write, and a live store deadlocked.)"""
+    with TraceStore(db) as store:
+        assert TABLES <= store._tables(), TABLES - store._tables()
+        drafter_records.write(store, "head for m", {"sql": ([3, 2], [2, 1]), "chat": ([1], [0])})
+        drafter_records.write(store, "head for m", {"sql": ([4, 3], [3, 1])})
+    with TraceStore(db) as store:
+        assert drafter_records.read(store, "head for m") == {"sql": ([4, 3], [3, 1]), "chat": ([1], [0])}
+        assert drafter_records.read(store, "another head") == {}
 
 
 # ---------------------------------------------------------------------------- several writers

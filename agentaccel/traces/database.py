@@ -158,8 +158,11 @@ class Connection:
         else:
             with self.raw.transaction():  # one at a time: concurrent CREATE ... IF NOT EXISTS can collide
                 self.raw.execute("SELECT pg_advisory_xact_lock(72105)")
-                for statement in (s.strip() for s in text.split(";")):
-                    if statement and not statement.startswith("--"):
+                for chunk in text.split(";"):
+                    # a comment ending the statement before belongs to this chunk: drop comment lines, keep the rest
+                    statement = "\n".join(line for line in chunk.splitlines()
+                                          if not line.strip().startswith("--")).strip()
+                    if statement:
                         self.raw.execute(statement)
 
     def begin(self) -> None:

@@ -26,7 +26,7 @@ import numpy as np
 
 from agentaccel.text.messages import canonical_json
 from agentaccel.text.render import render_message
-from agentaccel.traces import retention, stage_policies, step_costs, template_stages, templates
+from agentaccel.traces import drafter_records, retention, stage_policies, step_costs, template_stages, templates
 from agentaccel.traces.database import Connection, Location, errors, locate
 from agentaccel.traces.records import Call, Session, digest
 from agentaccel.traces.tenants import BASE, tenant_clause
@@ -95,7 +95,8 @@ CREATE TABLE IF NOT EXISTS tokens (
 
 
 # The tables other modules own, each declared beside its queries.
-SCHEMA = CORE_SCHEMA + "".join(m.SCHEMA for m in (stage_policies, templates, template_stages, step_costs, retention))
+SCHEMA = CORE_SCHEMA + "".join(m.SCHEMA for m in (stage_policies, templates, template_stages, step_costs, retention,
+                                                   drafter_records))
 TABLES = set(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", SCHEMA))
 
 

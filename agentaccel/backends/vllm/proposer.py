@@ -33,6 +33,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from agentaccel.backends import model_records
 from agentaccel.backends.base import step_cost_state
 from agentaccel.backends.policies import CounterCalibration, policy_state, serving_policies, start_online
 from agentaccel.backends.step_costs import LearnedStepCost, stored_curves
@@ -218,6 +219,12 @@ def server_key(vllm_config) -> str:
     return f"{model}|{device}|tp{vllm_config.parallel_config.tensor_parallel_size}"
 
 
+def drafter_key(vllm_config) -> str:
+    """What the hybrid's model records belong to: the model drafter and the model it drafts for."""
+    spec = vllm_config.speculative_config
+    return f"{Path(str(spec.model)).name} for {Path(str(vllm_config.model_config.model)).name}"
+
+
 def seed_cost(vllm_config, mode: str, db: str | None = None) -> tuple[StepCostModel, bool]:
     """Where the step cost starts before this server's steps say more (`mode`: the settings'
     step_cost), and whether it prices in seconds (a relative seed does not: 1.0 is a plain step)."""
@@ -264,7 +271,14 @@ class AgentaccelProposer:
         if (settings.seed or settings.follow) and db:
             self._seed(vllm_config, settings)
         self.drafter = _DRAFTER = BatchDrafter(self.engine, threads=_draft_threads(settings.draft_threads))
-        self.calibration = self.keeper = None
+        self.calibration = self.keeper = self.model_keeper = None
+        if settings.model_tokens > 0:  # the hybrid: what the model drafter got per stage, kept in the store
+            key = drafter_key(vllm_config)
+            found = model_records.resume(self.drafter, db, key)
+            log.info("agentaccel: the model drafter beside the trees (%s): %d stages' records from the store",
+                     key, found)
+            if db and settings.save:
+                self.model_keeper = model_records.ModelRecordKeeper(self.drafter, db, key)
         if settings.online:  # --no-record: calibrated in memory, never saved
             self.calibration, self.keeper = start_online(self.engine, online, db if settings.save else None)
             CounterCalibration(self.drafter, self.calibration, STATS_INTERVAL).start()
@@ -278,7 +292,7 @@ class AgentaccelProposer:
                 say=lambda line: log.info("agentaccel: one draft budget per step; %s", line),
                 apply=self.drafter.set_step_cost, drain=self.drafter.drain_timings, every=STATS_INTERVAL,
                 step_log=Path(settings.step_log) if settings.step_log else None)
-        for keeper in (self.keeper, self.step_cost):  # what was learned since the last save, at a clean exit
+        for keeper in (self.keeper, self.step_cost, self.model_keeper):  # learned since the last save, at exit
             if keeper is not None:
                 at_exit(keeper.close)
         if settings.stats:  # each data-parallel rank writes a file of its own

@@ -1,0 +1,44 @@
+"""The trace store's `drafter_records` table: what a model drafter's chains got accepted on each
+stage, beside the trees (the vLLM plugin's hybrid: engine `ModelRecord`), per drafter and served
+model, so that a restart prices the drafter's tokens with what it learned instead of the prior."""
+
+from __future__ import annotations
+
+import json
+
+from agentaccel.traces.database import OpenStore, now
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS drafter_records (
+  drafter TEXT NOT NULL,             -- the model drafter and the model it drafts for
+  stage TEXT NOT NULL,               -- the engine's stage key (a tenant's scope included)
+  tried TEXT NOT NULL,               -- JSON: the drafter's chains that reached each depth
+  reached TEXT NOT NULL,             -- JSON: those whose tokens up to that depth were all accepted
+  updated_at TEXT,
+  PRIMARY KEY (drafter, stage)
+);
+"""
+
+
+def read(store: OpenStore, drafter: str) -> dict[str, tuple[list[int], list[int]]]:
+    """Per stage: (tried, reached); rows that do not read as two lists of counts are left out."""
+    out = {}
+    for stage, tried, reached in store.conn.execute(
+            "SELECT stage, tried, reached FROM drafter_records WHERE drafter=?", (drafter,)):
+        try:
+            t, r = json.loads(tried), json.loads(reached)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(t, list) and isinstance(r, list) and all(isinstance(x, int) for x in (*t, *r)):
+            out[stage] = (t, r)
+    return out
+
+
+def write(store: OpenStore, drafter: str, records: dict[str, tuple[list[int], list[int]]]) -> None:
+    at = now()
+    for stage, (tried, reached) in records.items():
+        store.conn.execute(
+            """INSERT INTO drafter_records (drafter, stage, tried, reached, updated_at) VALUES (?, ?, ?, ?, ?)
+               ON CONFLICT(drafter, stage) DO UPDATE SET tried=excluded.tried, reached=excluded.reached,
+                 updated_at=excluded.updated_at""",
+            (drafter, stage, json.dumps(list(tried)), json.dumps(list(reached)), at))
