@@ -168,8 +168,10 @@ def prune(store: OpenStore, retention: Retention, *, now: float | None = None, b
             before, report.bytes_after = report.bytes_after, used_bytes(store)
             freed = (before - report.bytes_after) / taken
             mean = report.bytes_after / max(store.conn.execute("SELECT COUNT(*) FROM calls").fetchone()[0], 1)
-            # a round that freed nothing measurable (SQLite frees whole pages) is read as a mean call
-            per_call = freed if freed > 0 else per_call or mean
+            # what a call frees, never read as less than a mean call: a round that freed little as
+            # measured (SQLite frees whole pages; PostgreSQL's size is sampled, and calls recorded
+            # meanwhile add to it) would size the next round far past the low water
+            per_call = max(freed, mean)
     elif budget is not None and report.bytes_before > budget:
         held = pruning.by_tenant()
         per_call = report.bytes_before / max(store.conn.execute("SELECT COUNT(*) FROM calls").fetchone()[0], 1)
