@@ -4,6 +4,7 @@ method (arctic-inference built into the bench's cache) and agentaccel, outputs c
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 
@@ -154,6 +155,12 @@ def test_the_hybrid_drafts_beside_an_eagle_head_and_changes_no_output(tmp_path, 
     for s in stages.values():  # every step verified one draft or none, from one source
         assert s["steps"] >= s["drafted_steps"] + s["model_drafted_steps"]
         assert s["model_accepted"] <= s["model_drafted"] and s["accepted"] <= s["drafted"]
+    # what the head got per stage is kept in the server's trace store for its next start
+    with sqlite3.connect(logs / "store-agentaccel-drafter.db") as conn:
+        kept = conn.execute("SELECT drafter, stage, tried FROM drafter_records").fetchall()
+    drafted = {stage for stage, s in stages.items() if s["model_drafted_steps"]}
+    assert {stage for _, stage, _ in kept} == drafted and all(d.startswith("head for ") for d, _, _ in kept)
+    assert all(json.loads(tried)[0] == stages[stage]["model_drafted_steps"] for _, stage, tried in kept)
 
 
 def test_bench_vllm_says_what_is_missing(tmp_path, cache):
