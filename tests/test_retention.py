@@ -15,7 +15,7 @@ from agentaccel.backends.seeding import seed_from_store
 from agentaccel.engine import SuffixEngine
 from agentaccel.text.tokenization import load_tokenizer
 from agentaccel.traces import retention
-from agentaccel.traces.pruner import MIN_CHECK, Growth
+from agentaccel.traces.pruner import MIN_CHECK, Growth, retry_after
 from agentaccel.traces.recorder import RecordedCall, Recorder
 from agentaccel.traces.records import Call, Session
 from agentaccel.traces.retention import PruneReport, Retention, fair_cut, prune
@@ -337,3 +337,11 @@ def test_a_budget_prune_does_not_overshoot_when_calls_recorded_meanwhile_hide_wh
         sound(store)
     assert report.calls > 0
     assert kept >= 0.75 * retention.LOW_WATER * budget, (kept, budget)  # not far past the low water
+
+
+def test_a_failed_check_is_tried_again_soon_then_less_and_less_often():
+    """A PostgreSQL restart ends the pruner's connection mid-check: the store, still recording,
+    must not wait a whole interval for the next check (the soak's one sample over its budget came
+    from such a wait); a store down for long is not asked every second either."""
+    assert [retry_after(n, 60.0) for n in range(1, 9)] == [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 60.0]
+    assert retry_after(1, 0.5) == 0.5 and retry_after(10_000, 60.0) == 60.0

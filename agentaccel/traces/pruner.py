@@ -151,6 +151,7 @@ def _serve(settings: PruneSettings) -> None:
     """The pruning process's loop: a check every `settings.every` seconds, or sooner when the store
     grows fast enough to pass its budget before then, until the server goes."""
     growth = Growth(settings.retention.budget_bytes)
+    failures = 0
     while True:
         wait = settings.every
         try:
@@ -159,10 +160,20 @@ def _serve(settings: PruneSettings) -> None:
                 {**dataclasses.asdict(report), "by_tenant": None}
             if report is not None:
                 wait = growth.next_check(report, settings.every)
+            failures = 0
         except Exception:  # noqa: BLE001 - a failed check costs that check, not the server
             message = {"error": traceback.format_exc()}
+            failures += 1
+            wait = retry_after(failures, settings.every)
         print(json.dumps(message), flush=True)
         time.sleep(wait)
+
+
+def retry_after(failures: int, every: float) -> float:
+    """Seconds before the next check after `failures` failed in a row: soon after the first (a
+    PostgreSQL restart ends every connection, and a busy store grows meanwhile), twice as long
+    after each one more, never longer than `every` (a store down for long is not asked every second)."""
+    return min(every, MIN_CHECK * 2 ** min(failures - 1, 30))
 
 
 class Growth:
