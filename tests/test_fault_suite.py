@@ -36,6 +36,20 @@ def stored(db) -> list[str]:
         return [c.messages[-1]["content"] for c in store.iter_calls()]
 
 
+def stream_calls(url: str, n: int, stop: threading.Event, answered: list[tuple[float, str]]) -> None:
+    """Client `n`: calls one after another, every other one streamed, until `stop` or the server
+    is gone; each answered 200 in full is appended as (when, its question)."""
+    k = 0
+    while not stop.is_set():
+        try:
+            r = call(url, f"client {n} call {k}", stream=k % 2 == 0)
+        except httpx.HTTPError:
+            return  # the server is gone
+        if r.status_code == 200 and (not r.text.startswith("data") or "data: [DONE]" in r.text):
+            answered.append((time.monotonic(), f"client {n} call {k}"))  # (list.append: atomic)
+        k += 1
+
+
 def metric(url: str, name: str) -> float:
     for line in httpx.get(url + "/metrics").text.splitlines():
         if line.startswith(name + " "):
@@ -169,25 +183,13 @@ def test_kill_9_under_load_leaves_a_sound_store_with_the_answered_calls(tmp_path
                                  "--upstream", upstream.url, "--db", str(db), "--port", str(port)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         url = f"http://127.0.0.1:{port}"
-        answered, lock, stop = [], threading.Lock(), threading.Event()
-
-        def client(n: int) -> None:
-            k = 0
-            while not stop.is_set():
-                try:
-                    r = call(url, f"client {n} call {k}", stream=k % 2 == 0)
-                except httpx.HTTPError:
-                    return  # the server is gone
-                if r.status_code == 200 and (not r.text.startswith("data") or "data: [DONE]" in r.text):
-                    with lock:
-                        answered.append((time.monotonic(), f"client {n} call {k}"))
-                k += 1
+        answered, stop = [], threading.Event()
 
         try:
             wait_healthy(url, proc, 120)
             with ThreadPoolExecutor(8) as pool:
                 for n in range(8):
-                    pool.submit(client, n)
+                    pool.submit(stream_calls, url, n, stop, answered)
                 time.sleep(3.0)
                 killed_at = time.monotonic()
                 os.kill(proc.pid, 9)  # the server alone: its writer process outlives it
@@ -229,25 +231,13 @@ def test_a_signal_to_the_servers_whole_process_group_loses_no_answered_call(tmp_
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                 start_new_session=True)
         url = f"http://127.0.0.1:{port}"
-        answered, lock, stop = [], threading.Lock(), threading.Event()
-
-        def client(n: int) -> None:
-            k = 0
-            while not stop.is_set():
-                try:
-                    r = call(url, f"client {n} call {k}", stream=k % 2 == 0)
-                except httpx.HTTPError:
-                    return  # the server is gone
-                if r.status_code == 200 and (not r.text.startswith("data") or "data: [DONE]" in r.text):
-                    with lock:
-                        answered.append(f"client {n} call {k}")
-                k += 1
+        answered, stop = [], threading.Event()
 
         try:
             wait_healthy(url, proc, 120)
             with ThreadPoolExecutor(8) as pool:
                 for n in range(8):
-                    pool.submit(client, n)
+                    pool.submit(stream_calls, url, n, stop, answered)
                 time.sleep(3.0)
                 os.killpg(proc.pid, sig)  # every process of the group, as a terminal or systemd does
                 _, err = proc.communicate(timeout=90)
@@ -258,5 +248,5 @@ def test_a_signal_to_the_servers_whole_process_group_loses_no_answered_call(tmp_
     kept = stored(db)
     assert proc.returncode == 0, err[-3000:]
     assert len(answered) > 50 and len(kept) == len(set(kept))
-    missing = set(answered) - set(kept)
+    missing = {name for _, name in answered} - set(kept)
     assert not missing, f"{len(missing)} of {len(answered)} answered calls are not in the store"

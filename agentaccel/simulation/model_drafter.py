@@ -176,10 +176,7 @@ class Hybrid(Drafter):
         self.model.foresee(key, output)
 
     def step(self, batch: Batch) -> list:
-        models = self.model.step(batch)
-        sampled = [() if s is None else s.tolist() if isinstance(s, np.ndarray) else s for s in batch.sampled]
-        drafts = self.drafter.step(batch.keys, batch.rows, batch.num_tokens, sampled, self.max_tokens, batch.max_len,
-                                   -1, [list(m.token_ids) for m in models])
+        drafts = self.native_step(batch, [list(m.token_ids) for m in self.model.step(batch)])
         sent = self.drafter.model_rows()
         return [ModelChain(d, self.model.k if key is not None and new is not None else 0, own=own)
                 for key, new, d, own in zip(batch.keys, batch.sampled, drafts, sent, strict=True)]

@@ -188,9 +188,13 @@ class Drafter(Speculator):
         self.drafter.admit(key, stage, max_total_tokens=max_total)  # its prompt is read from its row
 
     def step(self, batch: Batch) -> list:
+        return [Chain(d) for d in self.native_step(batch)]
+
+    def native_step(self, batch: Batch, model: list[list[int]] | None = None) -> list[list[int]]:
+        """The plugin's one native call for the batch (`model`: the hybrid's model chains, one per row)."""
         sampled = [() if s is None else s.tolist() if isinstance(s, np.ndarray) else s for s in batch.sampled]
-        drafts = self.drafter.step(batch.keys, batch.rows, batch.num_tokens, sampled, self.max_tokens, batch.max_len)
-        return [Chain(d) for d in drafts]
+        return self.drafter.step(batch.keys, batch.rows, batch.num_tokens, sampled, self.max_tokens, batch.max_len,
+                                 -1, model)
 
     def observe(self, step):
         self._steps += 1

@@ -20,11 +20,7 @@ tokens are on the CPU (the trees need them) and vLLM takes drafts of any length 
 
 from __future__ import annotations
 
-import logging
-
 from agentaccel.backends.vllm.settings import PluginSettings
-
-log = logging.getLogger("agentaccel.vllm")
 
 
 def hybrid_of(base: type) -> type:
