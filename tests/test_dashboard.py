@@ -63,8 +63,10 @@ def prometheus_and_server(tmp_path_factory):
         while True:  # enough scrapes for a rate over a minute's window
             assert prom.poll() is None, (folder / "prometheus.log").read_text()[-2000:]
             try:
-                got = httpx.get(api, params={"query": "count_over_time(up[1m])"}, timeout=5).json()
-                if got["data"]["result"] and float(got["data"]["result"][0]["value"][1]) >= 6:
+                r = httpx.get(api, params={"query": "count_over_time(up[1m])"}, timeout=5)
+                # until its storage is open Prometheus answers 503 "Service Unavailable" in plain text
+                got = r.json() if r.status_code == 200 else None
+                if got and got["data"]["result"] and float(got["data"]["result"][0]["value"][1]) >= 6:
                     break
             except httpx.HTTPError:
                 pass

@@ -132,7 +132,8 @@ def serve(
                                                      "each request drafts from whichever expects more accepted "
                                                      "tokens), as vLLM's speculative config for it in JSON, e.g. "
                                                      "'{\"method\": \"eagle3\", \"model\": \"<EAGLE-3 head>\", "
-                                                     "\"num_speculative_tokens\": 3}' (eagle, eagle3 or mtp).")]
+                                                     "\"num_speculative_tokens\": 3}' (eagle, eagle3 or mtp; "
+                                                     "default: none, trees only).")]
     = None,
     spec_config: Annotated[Path | None, typer.Option(help="JSON of per-stage drafting settings, "
                                                           '{"<stage>": {"min_score": 1.0, ...}, "*": {...}}: wins '
