@@ -86,7 +86,7 @@ def test_a_model_chain_is_accepted_as_far_as_its_predictions_are_right(calls):
 def test_the_hybrid_asks_the_model_only_where_the_trees_expect_less(calls):
     warm, measured = calls[:6], calls[6:]
     knows = made(calls)
-    hybrid, tree, alone = methods.build(["hybrid", "agentaccel", "drafter"], drafter=knows)
+    hybrid, tree, alone = methods.build(["hybrid", "agentaccel", "drafter"], drafter=knows, drafter_tokens=5)
     tallies = rp.replay(measured, [hybrid, tree, alone], warm=warm)
     h, t, d = (tallies[name]["*"] for name in ("hybrid", "agentaccel", "drafter"))
     stages = hybrid.drafter.stats().values()  # the plugin's own counters: each step's draft from one source
@@ -94,8 +94,10 @@ def test_the_hybrid_asks_the_model_only_where_the_trees_expect_less(calls):
     assert model_steps > 0 and tree_steps > 0  # the model on some steps, the trees on others
     assert all(s["model_accepted"] == s["model_drafted"] for s in stages)  # a model that knows the output
     assert h.steps < t.steps  # ... helps where the trees are unsure
-    # vLLM runs the drafter over the whole batch every step: its passes are priced whether used or not
-    assert set(h.passes_per_step) <= {0, 4} and h.passes_per_step.count(4) > model_steps
+    # vLLM runs the drafter over the whole batch every step, the chain the user gave it (5 passes):
+    # its passes are priced whether used or not
+    assert set(h.passes_per_step) <= {0, 5} and h.passes_per_step.count(5) > model_steps
+    assert set(d.passes_per_step) == {5} and max(d.accepted_per_step) == 5
     # a model that is always wrong is soon left alone: its record falls below the trees' estimates
     useless = made(calls, lambda call, top: top + 1)
     hybrid, tree = methods.build(["hybrid", "agentaccel"], drafter=useless)
@@ -115,13 +117,18 @@ def test_bench_drafter_predictions_then_replay_with_the_drafter(tmp_path):
     assert made_it.returncode == 0, made_it.stderr
     assert "3 calls: the drafter's first choice is the recorded token at" in made_it.stdout
     assert len(DrafterPredictions.load(out).top) == 3
-    r = subprocess.run([*cli, "replay", "--db", str(db), "--limit", "8", "--warm", "5", "--drafter", str(out),
-                        "--json", str(tmp_path / "r.json")], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
     import json
 
-    names = {row["speculator"] for row in json.loads((tmp_path / "r.json").read_text())["rows"]}
-    assert {"drafter", "hybrid", "agentaccel", "oracle-2"} <= names
+    passes = {}
+    for k in (1, 2):  # the drafter's chain a step, as the plugin is given it: its passes priced each step
+        r = subprocess.run([*cli, "replay", "--db", str(db), "--limit", "8", "--warm", "5", "--drafter", str(out),
+                            "--drafter-tokens", str(k), "--json", str(tmp_path / "r.json")],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        rows = {(row["speculator"], row["stage"]): row for row in json.loads((tmp_path / "r.json").read_text())["rows"]}
+        assert {"drafter", "hybrid", "agentaccel", "oracle-2"} <= {name for name, _ in rows}
+        passes[k] = rows["drafter", "*"]
+    assert passes[1]["drafter_passes_per_step"] == 1 and passes[2]["drafter_passes_per_step"] == 2, passes
     (tmp_path / "bad.npz").write_text("not predictions")
     bad = subprocess.run([*cli, "replay", "--db", str(db), "--drafter", str(tmp_path / "bad.npz")],
                          capture_output=True, text=True)

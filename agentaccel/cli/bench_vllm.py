@@ -13,6 +13,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
+from agentaccel.backends.vllm.drafting import DEFAULT_MODEL_TOKENS
 from agentaccel.cli.common import (
     JsonOption,
     TracesOption,
@@ -91,8 +92,9 @@ def bench_vllm(
                                                      "layers, backends/local/draft_model.py) or eagle (its head "
                                                      "trained by scripts/train_eagle_head.py); required by the "
                                                      "drafter method, default none.")] = None,
-    drafter_tokens: Annotated[int, typer.Option(help="Tokens the drafter method's draft model drafts a step "
-                                                     "(vLLM's draft-model examples draft 3 to 5).", min=1)] = 3,
+    drafter_tokens: Annotated[int, typer.Option(help="Tokens the drafter drafts a step, alone and in the hybrid "
+                                                     "(vLLM's draft-model examples draft 3 to 5).", min=1)]
+    = DEFAULT_MODEL_TOKENS,
     compiled: Annotated[bool, typer.Option("--compiled", help="Let vLLM compile the model and capture graphs (its "
                                                               "default); without it: eager (--enforce-eager).")]
     = False,

@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 
+from agentaccel.backends.vllm.drafting import DEFAULT_MODEL_TOKENS
 from agentaccel.cli.common import (
     COST_FORMS,
     DbOption,
@@ -38,6 +39,9 @@ DrafterOption = Annotated[Path | None, typer.Option(help="A model drafter's pred
 DrafterCostOption = Annotated[float, typer.Option(help="One forward pass of the model drafter, in plain steps of "
                                                        "the target (default: an EAGLE-3 head's size, 2-5 % of its "
                                                        "target's, at its upper end).", min=0.0)]
+DrafterTokensOption = Annotated[int, typer.Option(help="The model drafter's chain a step: its num_speculative_tokens, "
+                                                       "as `serve --drafter` and `bench vllm --drafter-tokens` give "
+                                                       "it to the plugin.", min=1)]
 
 
 def _predictions(path: Path | None):
@@ -116,6 +120,7 @@ def bench_replay(
     = False,
     drafter: DrafterOption = None,
     drafter_cost: DrafterCostOption = DRAFTER_COST,
+    drafter_tokens: DrafterTokensOption = DEFAULT_MODEL_TOKENS,
     tokenizer: TokenizerOption = None,
     json_out: JsonOption = None,
     plot: PlotOption = None,
@@ -134,7 +139,8 @@ def bench_replay(
         speculators = "none,suffix,agentaccel,drafter,hybrid,oracle-2"
     run_replay(store, tok, replace(calls, tenants=tenants),
                speculators=speculators, costs=costs, sweep=sweep or [], sweep_base=sweep_base, scaling=scaling,
-               json_out=json_out, plot=plot, drafter=predictions, drafter_cost=drafter_cost)
+               json_out=json_out, plot=plot, drafter=predictions, drafter_cost=drafter_cost,
+               drafter_tokens=drafter_tokens)
 
 
 @selects_calls
@@ -217,6 +223,7 @@ def bench_server(
     max_context: Annotated[int, typer.Option(help="Prompts keep their last N tokens.", min=16)] = 16384,
     drafter: DrafterOption = None,
     drafter_cost: DrafterCostOption = DRAFTER_COST,
+    drafter_tokens: DrafterTokensOption = DEFAULT_MODEL_TOKENS,
     tokenizer: TokenizerOption = None,
     json_out: JsonOption = None,
     plot: PlotOption = None,
@@ -230,7 +237,8 @@ def bench_server(
     priced = cost_spec(server, "--server", db)
     store, tok = open_store(db, must_exist=True), open_tokenizer(tokenizer)
     run_server(store, tok, calls, methods=methods, levels=levels, server=priced, max_context=max_context,
-               json_out=json_out, plot=plot, drafter=_predictions(drafter), drafter_cost=drafter_cost)
+               json_out=json_out, plot=plot, drafter=_predictions(drafter), drafter_cost=drafter_cost,
+               drafter_tokens=drafter_tokens)
 
 
 @selects_calls

@@ -11,6 +11,7 @@ from pathlib import Path
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from agentaccel.backends.vllm.drafting import DEFAULT_MODEL_TOKENS
 from agentaccel.cli.common import console, err, fail
 from agentaccel.engine.cost import Server
 from agentaccel.simulation import methods as registry
@@ -76,7 +77,7 @@ def selected_calls(store, tokenizer, selection: CallSelection, least: int = 1) -
 
 def run_replay(store, tokenizer, selection: CallSelection, *, speculators: str, costs: list[Server], sweep: list[str],
                sweep_base: str, scaling: bool, json_out: Path | None, plot: Path | None, drafter=None,
-               drafter_cost: float = 0.0) -> None:
+               drafter_cost: float = 0.0, drafter_tokens: int = DEFAULT_MODEL_TOKENS) -> None:
     """`bench replay`: each call replayed with each speculator, its steps priced by each cost
     (`drafter`: a model drafter's predictions, each of its forward passes costing `drafter_cost`)."""
     profiles = costs
@@ -84,7 +85,7 @@ def run_replay(store, tokenizer, selection: CallSelection, *, speculators: str, 
     names = [n.strip() for n in speculators.split(",") if n.strip()]
     try:
         # the first profile drives drafting (a measured curve also cuts agentaccel's drafts, as serving does)
-        specs = registry.build(names, profiles[0], drafter=drafter)
+        specs = registry.build(names, profiles[0], drafter=drafter, drafter_tokens=drafter_tokens)
     except ValueError as e:
         raise fail(f"--speculators: {e}") from e
     try:
@@ -214,7 +215,7 @@ def run_policies(store, tokenizer, selection: CallSelection, *, cost: Server, on
 
 def run_server(store, tokenizer, selection: CallSelection, *, methods: str | None, levels: list[int], server: Server,
                max_context: int, json_out: Path | None, plot: Path | None, drafter=None,
-               drafter_cost: float = 0.0) -> None:
+               drafter_cost: float = 0.0, drafter_tokens: int = DEFAULT_MODEL_TOKENS) -> None:
     """`bench server --concurrency N,...` (simulation/batch_replay.py): the recorded sessions as N
     concurrent streams through a simulated batching server, per method."""
     from agentaccel.simulation import batch_replay as br
@@ -224,7 +225,8 @@ def run_server(store, tokenizer, selection: CallSelection, *, methods: str | Non
     profile, stages, warm = server, selection.stages, selection.warm
     try:
         names = [n.strip() for n in methods.split(",") if n.strip()] if methods else list(registry.DEFAULT)
-        registry.build(names, profile, drafter=drafter)  # unknown names fail here, before loading anything
+        # unknown names fail here, before loading anything
+        registry.build(names, profile, drafter=drafter, drafter_tokens=drafter_tokens)
     except ValueError as e:
         raise fail(f"--methods: {e}") from e
     warm_calls, measured = selected_calls(store, tokenizer, selection)
@@ -235,7 +237,7 @@ def run_server(store, tokenizer, selection: CallSelection, *, methods: str | Non
     with progress:
         task = progress.add_task("", total=len(levels) * len(names) * (len(measured)))
         for n in levels:
-            for method in registry.build(names, profile, drafter=drafter):
+            for method in registry.build(names, profile, drafter=drafter, drafter_tokens=drafter_tokens):
                 progress.update(task, description=f"{method.name}, {n} in flight")
                 if isinstance(method, Drafter):
                     for call in warm_calls:

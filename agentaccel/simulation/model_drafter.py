@@ -19,13 +19,13 @@ from dataclasses import replace
 import numpy as np
 
 from agentaccel import _core
+from agentaccel.backends.vllm.drafting import DEFAULT_MODEL_TOKENS
 from agentaccel.engine import SpecConfig
 from agentaccel.engine.cost import StepCostModel
 from agentaccel.simulation.drafter_predictions import DrafterPredictions
 from agentaccel.simulation.speculator import EMPTY, Batch, Chain, PerRequest
 from agentaccel.simulation.speculators import Drafter, Suffix
 
-DRAFT_TOKENS = 4  # the model's chain: what vLLM users set num_speculative_tokens to for EAGLE heads
 PRIOR_ACCEPTED = 1.0  # a stage's model drafts' mean accepted tokens before any was verified
 PRIOR_WEIGHT = 4.0  # ... counted as this many drafts
 MODEL_WORTH = 0.5  # a stage's model drafts must average this many accepted tokens to be asked for at all
@@ -45,7 +45,7 @@ class ModelChain(Chain):
 class ModelDrafter(PerRequest):
     """The model drafter alone: every step, a greedy chain of `k` tokens."""
 
-    def __init__(self, predictions: DrafterPredictions, k: int = DRAFT_TOKENS, name: str = "drafter") -> None:
+    def __init__(self, predictions: DrafterPredictions, k: int = DEFAULT_MODEL_TOKENS, name: str = "drafter") -> None:
         self.predictions, self.k, self.name = predictions, k, name
         self._prompt: dict[str, np.ndarray] = {}
         self._found: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray] | None] = {}  # (top, prob, output)
@@ -160,7 +160,7 @@ class Hybrid(Drafter):
     draft and the model's chain expects more accepted tokens, the model's priced by what its chains
     got accepted on the stage, the budget cutting both alike."""
 
-    def __init__(self, name: str, predictions: DrafterPredictions, *, config: SpecConfig, k: int = DRAFT_TOKENS,
+    def __init__(self, name: str, predictions: DrafterPredictions, *, config: SpecConfig, k: int = DEFAULT_MODEL_TOKENS,
                  **chain) -> None:
         super().__init__(name, config, **chain)
         self.model = ModelDrafter(predictions, k)
@@ -278,7 +278,8 @@ class Branches(Suffix):
     by the trees' D alone (what the model is measured against)."""
 
     def __init__(self, name: str, config: SpecConfig, predictions: DrafterPredictions, cost: StepCostModel, *,
-                 k: int = DRAFT_TOKENS, model_weighs: bool = True, max_tokens: int = 32, max_depth: int = 64) -> None:
+                 k: int = DEFAULT_MODEL_TOKENS, model_weighs: bool = True, max_tokens: int = 32,
+                 max_depth: int = 64) -> None:
         super().__init__(name, replace(config, tree=True), max_tokens, max_depth)
         self.model = ModelDrafter(predictions, k)
         self.cost, self.model_weighs = cost.to_native(), model_weighs

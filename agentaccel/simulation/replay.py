@@ -73,6 +73,7 @@ class Tally:
             "acceptance_rate": self.accepted / self.drafted if self.drafted else 0.0,
             "draft_tokens_per_step": self.drafted / self.steps if self.steps else 0.0,
             "spec_us_per_step": self.spec_ns / 1000 / self.steps if self.steps else 0.0,
+            "drafter_passes_per_step": sum(self.passes_per_step) / self.steps if self.steps else 0.0,
             "est_speedup": speedups[profiles[0].name] if profiles else 0.0,
             "est_speedup_by_profile": speedups,
             "est_speedup_sized_exactly": sized,

@@ -18,6 +18,9 @@ DEFAULT_SPECULATIVE_CONFIG = {"method": "suffix", "num_speculative_tokens": 32, 
 VLLM_SPEC_FACTOR = 1.0  # suffix_decoding_max_spec_factor
 VLLM_MIN_TOKEN_PROB = 0.1  # suffix_decoding_min_token_prob
 VLLM_TREE_DEPTH = 24  # suffix_decoding_max_tree_depth (and num_speculative_tokens when not given)
+# The model drafter's chain a step (its num_speculative_tokens) where a benchmark names none: vLLM's
+# EAGLE and draft-model examples draft 3 to 5; `bench vllm` runs it, the simulators draft it
+DEFAULT_MODEL_TOKENS = 3
 HYBRID_METHODS = ("eagle", "eagle3", "mtp")  # vLLM's EagleProposer: it drafts after the sampled tokens reach the CPU
 
 
