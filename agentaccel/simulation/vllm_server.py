@@ -7,6 +7,7 @@ it from a run's logs; the methods it runs come from simulation/methods.py."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -23,11 +24,19 @@ def fit_log(path: Path, extra: list[TimedStep] = ()) -> tuple[StepCostModel, int
     """The step cost that best explains every step in a proposer's step log (and `extra`, e.g. the
     prefill points), by the one fitting routine (engine/cost/learner.py: every step counting
     fully), from the plugin's CPU seed; with how many steps it rests on and how far the logged
-    steps stray from it (sd of log(seconds / fitted))."""
+    steps stray from it (sd of log(seconds / fitted)). Each step is weighed by its relative error
+    (a step's time strays by a share of it): in plain seconds the few long prefill steps of a run,
+    a hundred times a decoding step, outweigh every decoding step, and the fit priced those far
+    above what they took."""
     steps = read_step_log(path)
     if not steps:
         raise ValueError(f"{path}: no timed steps")
-    model = fit_steps([*steps, *extra], seed("cpu")).model
+    typical = float(np.median([s.seconds for s in [*steps, *extra]]))
+    relative = [replace(s, weight=s.weight * (typical / s.seconds) ** 2) for s in [*steps, *extra] if s.seconds > 0]
+    # how often a step carries a prefill, and how much of one, counted by steps, not by their error
+    counted = fit_steps([*steps, *extra], seed("cpu")).model
+    model = replace(fit_steps(relative, seed("cpu")).model, prefill_tokens=counted.prefill_tokens,
+                    prefill_share=counted.prefill_share)
     tokens, context, attention, requests, seconds = (np.asarray([getattr(s, f) for s in steps]) for f in (
         "tokens", "context", "attention", "requests", "seconds"))
     spread = float(np.std(np.log(seconds / model.seconds(tokens, context, attention, requests))))
