@@ -125,7 +125,8 @@ def test_the_hybrid_drafts_beside_an_eagle_head_and_changes_no_output(tmp_path, 
     and as the hybrid beside agentaccel's trees (backends/vllm/hybrid.py). The drafter alone drafts
     its chain every step; the hybrid sends the trees' drafts where they expect more and the head's
     chains elsewhere, counting each apart, and learns per stage what the head's chains get; no
-    output differs from plain decoding's."""
+    output differs from plain decoding's. The simulator's check runs both as well, with the head's
+    predictions on the run's calls and its passes priced as the hybrid's steps measured them."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -135,7 +136,7 @@ def test_the_hybrid_drafts_beside_an_eagle_head_and_changes_no_output(tmp_path, 
     target = AutoModelForCausalLM.from_pretrained(str(default_model_folder()), dtype=torch.float32)
     head = save_head(from_target(target).eval(), default_model_folder(), tmp_path / "head")
     out, logs = tmp_path / "result.json", tmp_path / "logs"
-    r = bench(tmp_path, cache, "--methods", "none,drafter,agentaccel-drafter", "--drafter", str(head),
+    r = bench(tmp_path, cache, "--methods", "none,drafter,agentaccel,agentaccel-drafter", "--drafter", str(head),
               "--drafter-tokens", "2", "--workloads", "sql", "--concurrency", "1", "--calls", "1", "--reps", "1",
               "--warm", "0", "--history", "0", "--open-tokens", "24", "--json", str(out), "--logs", str(logs))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -161,6 +162,15 @@ def test_the_hybrid_drafts_beside_an_eagle_head_and_changes_no_output(tmp_path, 
     drafted = {stage for stage, s in stages.items() if s["model_drafted_steps"]}
     assert {stage for _, stage, _ in kept} == drafted and all(d.startswith("head for ") for d, _, _ in kept)
     assert all(json.loads(tried)[0] == stages[stage]["model_drafted_steps"] for _, stage, tried in kept)
+    simulated = json.loads(out.read_text())["simulator"]
+    model = simulated["model_drafter"]
+    assert model["model"] == str(head) and model["tokens"] == 2
+    assert model["pass_cost"] > 0.02  # two passes of a head with the model's own vocabulary head, on this CPU
+    predicted = {x["method"]: x for x in simulated["rows"]}
+    assert {"none", "drafter", "agentaccel", "agentaccel-drafter"} <= set(predicted)
+    # the untrained head's chains are almost never right, in the simulator as on the server
+    assert predicted["drafter"]["predicted_acceptance"] < 0.2 and predicted["drafter"]["measured_acceptance"] < 0.2
+    assert "the model drafter (" in r.stdout and "not simulated" not in r.stdout
 
 
 def test_bench_vllm_says_what_is_missing(tmp_path, cache):
@@ -299,3 +309,41 @@ def test_sigterm_stops_every_vllm_server_the_bench_started(tmp_path, cache):
     left = [p for p in started if alive(p)]
     assert not left, [(p.pid, command(p)[:120]) for p in left]
     assert proc.returncode == 2 and "interrupted" in stderr and took < 30, (proc.returncode, took, stderr[-2000:])
+
+
+def test_a_server_killed_mid_run_is_named_with_its_log_and_the_rest_stop(tmp_path, cache):
+    """A vLLM worker killed with -9 mid-run (what the kernel's out-of-memory killer does when too
+    many servers share the machine): the bench stops every process it started and says which
+    method's server failed and where its log is, without a traceback."""
+    import signal
+    import time
+
+    import psutil
+
+    env = fresh_env(tmp_path, cache)
+    logs = tmp_path / "logs"
+    proc = subprocess.Popen([sys.executable, "-m", "agentaccel.cli.main", "bench", "vllm", "--methods",
+                             "none,agentaccel", "--workloads", "sql", "--concurrency", "1", "--calls", "2", "--reps",
+                             "2", "--history", "0", "--open-tokens", "48", "--logs", str(logs)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    bench_process = psutil.Process(proc.pid)
+    deadline = time.monotonic() + 600
+    log = logs / "vllm-agentaccel.log"
+    while not (log.is_file() and "POST /v1/" in log.read_text(errors="replace")):  # it is answering calls
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.5)
+    started = bench_process.children(recursive=True)
+    # agentaccel's server: the one the plugin is switched on in
+    server = next(p for p in started if "vllm.entrypoints" in command(p)
+                  and p.environ().get("AGENTACCEL_VLLM_PLUGIN") == "1")
+    workers = [p for p in server.children(recursive=True) if "Worker" in p.name() or "Worker" in command(p)]
+    assert workers, [(p.pid, p.name(), command(p)[:80]) for p in server.children(recursive=True)]
+    for w in workers:
+        w.send_signal(signal.SIGKILL)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 2, (proc.returncode, stderr[-3000:])
+    assert "agentaccel's vLLM server failed mid-run" in stderr and str(log) in stderr.replace("\n", "")
+    assert "Traceback" not in stderr
+    time.sleep(2)
+    left = [p for p in started if alive(p)]
+    assert not left, [(p.pid, command(p)[:120]) for p in left]

@@ -240,6 +240,8 @@ def _run_vllm_bench(plan, tok, simulate: bool) -> dict:
             measured = runner.run(plan, tok, arctic, lambda msg: progress.update(task, description=msg))
         except KeyboardInterrupt:
             raise fail("interrupted: every process this run started is stopped") from None
+        except runner.ServerFailed as e:
+            raise fail(f"{e} (every other server this run started is stopped)") from None
         checked = None
         if simulate:
             from agentaccel.backends.step_costs import read_step_log
@@ -330,5 +332,11 @@ def simulator_report(checked: dict) -> None:
     for r in checked["ratios"]:
         console.print(f"{r['ratio']}, {r['workload']} at {r['concurrency']}{', ' + r['phase'] if r['phase'] else ''}: "
                       f"predicted {r['predicted']:.3f}x, measured {r['measured']:.3f}x ({r['error']:+.1%})")
+    if model := checked.get("model_drafter"):
+        console.print(f"the model drafter ({model['model']}, {model['tokens']} tokens a step): teacher-forced on the "
+                      f"run's calls, a pass {model['pass_cost']:.3f} of the batch's plain step (the hybrid's steps "
+                      "beyond agentaccel's)")
+    for name, why in (checked.get("skipped") or {}).items():
+        console.print(f"{name}: not simulated ({why})")
 
 

@@ -9,10 +9,13 @@ blocks after it are reported apart."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+import httpx
 
 from agentaccel.bench.vllm.client import SERVER_COUNTERS, CallRecord, Client, spec_counters
 from agentaccel.bench.vllm.history import history_store, store_for
@@ -50,6 +53,7 @@ class Measurement:
     history_calls: dict[str, int] = field(default_factory=dict)  # per workload
     stores: dict[str, Path] = field(default_factory=dict)  # agentaccel method -> its trace store
     restarts: int = 0
+    drafter: dict | None = None  # vLLM's speculative config of the run's model drafter (the drafter methods')
 
     def save(self, folder: Path) -> Path:
         """Everything the simulated server needs to replay the run (`bench simulate-vllm`):
@@ -62,7 +66,7 @@ class Measurement:
                                                             "output": r.output_ids})
         data = {"blocks": [asdict(b) for b in self.blocks], "history": str(self.history) if self.history else None,
                 "history_calls": self.history_calls, "stores": {m: str(p) for m, p in self.stores.items()},
-                "restarts": self.restarts, "calls": calls,
+                "restarts": self.restarts, "drafter": self.drafter, "calls": calls,
                 "records": {m: {"|".join(map(str, k)): {f: v for f, v in asdict(r).items()
                                                         if f not in ("prompt_ids", "output_ids", "text")}
                                 for k, r in recs.items()} for m, recs in self.records.items()}}
@@ -78,10 +82,24 @@ class Measurement:
                        for k, r in recs.items()} for m, recs in data["records"].items()}
         return cls([Block(**b) for b in data["blocks"]], records, {},
                    Path(data["history"]) if data["history"] else None, data["history_calls"],
-                   {m: Path(p) for m, p in data["stores"].items()}, data["restarts"])
+                   {m: Path(p) for m, p in data["stores"].items()}, data["restarts"], data.get("drafter"))
 
 
 MEASUREMENT = "measurement.json"
+
+
+class ServerFailed(RuntimeError):
+    """A method's vLLM server stopped answering mid-run."""
+
+
+def _failed(method: str, log_dir: Path, error: Exception) -> ServerFailed:
+    """What to tell the user when `method`'s server failed: its log, and the likely cause where the
+    log shows a worker killed (the kernel's out-of-memory killer sends -9)."""
+    log = log_dir / f"vllm-{method}.log"
+    tail = log.read_text(errors="replace")[-50_000:] if log.is_file() else ""
+    why = ("; a worker was killed (exit code -9): out of memory? run fewer --methods at once"
+           if "exit code: -9" in tail else "")
+    return ServerFailed(f"{method}'s vLLM server failed mid-run ({type(error).__name__}: {error}){why}; its log: {log}")
 
 
 def _key(text: str) -> tuple:
@@ -99,7 +117,7 @@ def run(plan: Plan, tok, arctic: Path | None, progress: Callable[[str], None]) -
 
     jobs = {w: workload_jobs(w, plan.sources, plan.sizes.history + plan.sizes.warm + plan.sizes.measured + 64, tok,
                              plan.max_tokens, plan.open_tokens) for w in plan.workloads}
-    out = Measurement(layouts={w: Layout.of(jobs[w], plan.sizes) for w in plan.workloads})
+    out = Measurement(layouts={w: Layout.of(jobs[w], plan.sizes) for w in plan.workloads}, drafter=plan.drafter)
     out.history = history_store(plan, jobs, out.layouts, tok, progress)
     out.history_calls = _calls_in(out.history)
     servers = {}
@@ -122,7 +140,8 @@ def run(plan: Plan, tok, arctic: Path | None, progress: Callable[[str], None]) -
             warm = [jobs[workload][i] for i in layout.warm]
             for m in rotated(plan.methods, wi):
                 progress(f"{workload}: warm-up on {m}")
-                clients[m].run_jobs(f"{workload}/warm", warm, 1)
+                with _answering(m, plan.log_dir):
+                    clients[m].run_jobs(f"{workload}/warm", warm, 1)
             for li, level in enumerate(plan.levels):
                 phase = BEFORE
                 for rep in range(plan.sizes.reps):
@@ -136,7 +155,8 @@ def run(plan: Plan, tok, arctic: Path | None, progress: Callable[[str], None]) -
                     for m in rotated(plan.methods, rep + li):
                         progress(f"{workload}: {len(block)} jobs at {level} in flight, block {rep + 1}/"
                                  f"{plan.sizes.reps}{' (' + phase + ')' if phase else ''}: {m}")
-                        out.blocks.append(_block(clients[m], m, workload, level, rep, phase, block, order))
+                        with _answering(m, plan.log_dir):
+                            out.blocks.append(_block(clients[m], m, workload, level, rep, phase, block, order))
                         order += 1
         out.records = {m: c.records for m, c in clients.items()}
         out.save(plan.log_dir)
@@ -148,6 +168,15 @@ def run(plan: Plan, tok, arctic: Path | None, progress: Callable[[str], None]) -
         for r in recorders.values():
             r.flush(60)
             r.close()
+
+
+@contextlib.contextmanager
+def _answering(method: str, log_dir: Path):
+    """Calls to `method`'s server: a failure of the server is told as one (ServerFailed)."""
+    try:
+        yield
+    except (httpx.HTTPError, RuntimeError) as e:
+        raise _failed(method, log_dir, e) from e
 
 
 def _block(client: Client, method: str, workload: str, level: int, rep: int, phase: str, jobs: list[Job],

