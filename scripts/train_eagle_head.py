@@ -31,11 +31,13 @@ from pathlib import Path
 import torch
 from rich.progress import Progress
 
-from agentaccel.backends.local.eagle_head import from_target, save_head, score
+from agentaccel.backends.local.eagle_head import from_target, load_head, save_head, score
 from agentaccel.backends.local.model import default_model_folder
 from agentaccel.text.render import render_prompt
 from agentaccel.text.tokenization import load_tokenizer
 from agentaccel.traces.store import TraceStore
+
+UNROLL_DECAY = 0.8  # a later step of an unrolled chain weighs this much less than the one before
 
 
 def family(source: str | None) -> str:
@@ -98,18 +100,27 @@ def target_pass(model, ids: list[int], top_k: int) -> dict:
             "top_ids": top.indices.int(), "top_logprobs": top.values.half()}
 
 
-def head_loss(head, embedding, item: dict, noise: float, token_weight: float) -> tuple[torch.Tensor, float]:
-    """The loss on one sequence: from (state p, token p+1) the state and distribution at p+1."""
+def head_loss(head, embedding, item: dict, noise: float, token_weight: float,
+              unroll: int = 1) -> tuple[torch.Tensor, float]:
+    """The loss on one sequence: from (state p, token p+1) the state and distribution at p+1; with
+    `unroll` > 1, again from its own predicted state at p+1 and token p+2, and so on, as it drafts
+    a chain (EAGLE-3's training-time test, by positions: each step's keys are that step's own),
+    step j weighted UNROLL_DECAY^j. The agreement is the first step's."""
     ids, states = item["ids"], item["states"].float()
     given = states[:-1] + noise * torch.randn_like(states[:-1]) * states[:-1].std()
-    out, _ = head(embedding[ids[1:]][None], given[None], torch.arange(len(ids) - 1)[None])
-    out = out[0]
-    regression = torch.nn.functional.smooth_l1_loss(out, states[1:])
-    logprobs = (out @ embedding.T).log_softmax(-1)  # [T-1, V]
-    weights = item["top_logprobs"][1:].float().exp()  # the target's top-k at p + 1
-    cross = -(weights * logprobs.gather(1, item["top_ids"][1:].long())).sum(-1).mean()
-    agree = (logprobs.argmax(-1) == item["served"][1:]).float().mean().item()
-    return regression + token_weight * cross, agree
+    total, agree = 0.0, 0.0
+    for j in range(min(unroll, len(ids) - 2)):
+        out, _ = head(embedding[ids[1 + j:]][None], given[None], torch.arange(j, len(ids) - 1)[None])
+        out = out[0]  # the predicted states at 1 + j ..
+        regression = torch.nn.functional.smooth_l1_loss(out, states[1 + j:])
+        logprobs = (out @ embedding.T).log_softmax(-1)  # [T-1-j, V]
+        weights = item["top_logprobs"][1 + j:].float().exp()  # the target's top-k there
+        cross = -(weights * logprobs.gather(1, item["top_ids"][1 + j:].long())).sum(-1).mean()
+        total = total + UNROLL_DECAY ** j * (regression + token_weight * cross)
+        if j == 0:
+            agree = (logprobs.argmax(-1) == item["served"][1:]).float().mean().item()
+        given = out[:-1]  # its own state at 1 + j, for token 2 + j
+    return total, agree
 
 
 def evaluate(head, embedding, items: list[dict], chain: int) -> dict:
@@ -144,6 +155,9 @@ def main() -> None:
     parser.add_argument("--out", help="where the head goes (default: the cache, beside the model: <model>-eagle)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--features", help="keep the target's passes in this file (made once, read after)")
+    parser.add_argument("--unroll", type=int, default=1,
+                        help="chain steps trained on the head's own states (1: the next state only)")
+    parser.add_argument("--init", help="start from this trained head (default: the identity on the state)")
     args = parser.parse_args()
     from transformers import AutoModelForCausalLM
 
@@ -170,9 +184,9 @@ def main() -> None:
             torch.save(items, args.features)
     held = items[::20]
     train = [item for i, item in enumerate(items) if i % 20]
-    head = from_target(model)
+    head = load_head(Path(args.init)).train() if args.init else from_target(model)
     before = evaluate(head, embedding, held, args.chain)
-    print(f"untrained head: agreement {before['agreement']:.3f}, accepted per chain of {args.chain} "
+    print(f"the head before training: agreement {before['agreement']:.3f}, accepted per chain of {args.chain} "
           f"{before['accepted_per_chain']:.2f} ({before['positions']:,} held-out answer positions)")
     optimizer = torch.optim.AdamW(head.parameters(), lr=args.lr, weight_decay=0.0)
     steps = args.epochs * len(train)
@@ -185,7 +199,7 @@ def main() -> None:
         with Progress() as bar:
             task = bar.add_task(f"epoch {epoch + 1}", total=len(train))
             for item in train:
-                loss, agree = head_loss(head, embedding, item, args.noise, args.token_weight)
+                loss, agree = head_loss(head, embedding, item, args.noise, args.token_weight, args.unroll)
                 optimizer.zero_grad()
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)

@@ -120,3 +120,36 @@ def test_the_head_as_a_model_predicts_each_next_token_from_the_state_before(targ
         out, _ = head(embedding[IDS[1:]][None], states[:-1][None], torch.arange(len(IDS) - 1)[None])
         assert logits.shape == (len(IDS), embedding.shape[0])
         assert torch.allclose(logits[1:], out[0] @ embedding.T)  # logits[j] predicts token j + 1, from state j - 1
+
+
+def test_an_unrolled_training_step_learns_from_the_heads_own_states(target, head):
+    """scripts/train_eagle_head.py --unroll 2: beside the next state from the target's, the head is
+    taught the state after it from its own prediction of the next (as its chains draft): the loss
+    is the first step's and, weighted, the second's recomputed here from the first's output."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "scripts" / "train_eagle_head.py"
+    spec = importlib.util.spec_from_file_location("train_eagle_head", path)
+    train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train)
+    embedding = target.get_input_embeddings().weight.detach()
+    with torch.inference_mode():
+        item = train.target_pass(target, IDS.tolist(), 8)
+    item = {k: v.clone() for k, v in item.items()}
+    one, agree = train.head_loss(head, embedding, item, 0.0, 0.1, unroll=1)
+    two, agree_two = train.head_loss(head, embedding, item, 0.0, 0.1, unroll=2)
+    with torch.no_grad():
+        states = item["states"].float()
+        first, _ = head(embedding[IDS[1:]][None], states[:-1][None], torch.arange(len(IDS) - 1)[None])
+        own = first[0, :-1]  # its state at p + 1, for the token at p + 2, at position p + 1
+        second, _ = head(embedding[IDS[2:]][None], own[None], torch.arange(1, len(IDS) - 1)[None])
+        second = second[0]
+        logprobs = (second @ embedding.T).log_softmax(-1)
+        cross = -(item["top_logprobs"][2:].float().exp() * logprobs.gather(1, item["top_ids"][2:].long())).sum(-1)
+        expected = torch.nn.functional.smooth_l1_loss(second, states[2:]) + 0.1 * cross.mean()
+    assert agree == agree_two
+    assert torch.isclose(two - one, train.UNROLL_DECAY * expected, rtol=1e-4), (two - one, expected)
+    two.backward()  # the second step's loss reaches the weights through the first step's states too
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in head.parameters())
+    head.zero_grad(set_to_none=True)
