@@ -122,14 +122,16 @@ def build(names: Sequence[str], server: Server | None = None, *, start: StepCost
         for k in KNOWN:
             factories[f"oracle-known-{k}"] = lambda k=k: KnownTokens(plugin.config, k, server.model)
     if drafter is not None:
-        k = drafter_tokens
-        factories["drafter"] = lambda: ModelDrafter(drafter, k)
-        factories["hybrid"] = lambda: Hybrid("hybrid", drafter, **chain, k=k, learn_from=start or seed("gpu"))
-        factories["guided"] = lambda: Guided("guided", drafter, **chain, k=k, learn_from=start or seed("gpu"))
+        factories["drafter"] = lambda: ModelDrafter(drafter, drafter_tokens)
+        factories["hybrid"] = lambda: Hybrid("hybrid", drafter, **chain, k=drafter_tokens,
+                                             learn_from=start or seed("gpu"))
+        factories["guided"] = lambda: Guided("guided", drafter, **chain, k=drafter_tokens,
+                                             learn_from=start or seed("gpu"))
         if server is not None:
-            factories["branches"] = lambda: Branches("branches", plugin.config, drafter, server.model, k=k)
-            factories["branches-d"] = lambda: Branches("branches-d", plugin.config, drafter, server.model, k=k,
-                                                       model_weighs=False)
+            factories["branches"] = lambda: Branches("branches", plugin.config, drafter, server.model,
+                                                     k=drafter_tokens)
+            factories["branches-d"] = lambda: Branches("branches-d", plugin.config, drafter, server.model,
+                                                       k=drafter_tokens, model_weighs=False)
     unknown = [n for n in names if n not in factories]
     if unknown:
         raise ValueError(f"unknown method(s) {', '.join(unknown)}; known: {', '.join(factories)}")

@@ -31,10 +31,11 @@ def fit_log(path: Path, extra: list[TimedStep] = ()) -> tuple[StepCostModel, int
     steps = read_step_log(path)
     if not steps:
         raise ValueError(f"{path}: no timed steps")
-    typical = float(np.median([s.seconds for s in [*steps, *extra]]))
-    relative = [replace(s, weight=s.weight * (typical / s.seconds) ** 2) for s in [*steps, *extra] if s.seconds > 0]
+    every = [*steps, *extra]
+    typical = float(np.median([s.seconds for s in every]))
+    relative = [replace(s, weight=s.weight * (typical / s.seconds) ** 2) for s in every if s.seconds > 0]
     # how often a step carries a prefill, and how much of one, counted by steps, not by their error
-    counted = fit_steps([*steps, *extra], seed("cpu")).model
+    counted = fit_steps(every, seed("cpu")).model
     model = replace(fit_steps(relative, seed("cpu")).model, prefill_tokens=counted.prefill_tokens,
                     prefill_share=counted.prefill_share)
     tokens, context, attention, requests, seconds = (np.asarray([getattr(s, f) for s in steps]) for f in (
