@@ -1,6 +1,7 @@
 #include "batch_drafter.h"
 
 #include <algorithm>
+#include <cmath>
 #include <exception>
 #include <utility>
 
@@ -85,6 +86,19 @@ std::vector<bool> BatchDrafter::model_rows() const {
   std::vector<bool> out(rows_, false);
   for (const Job& j : jobs_) out[j.index] = j.use_model;
   return out;
+}
+
+size_t BatchDrafter::model_passes() const {
+  std::lock_guard lock(admit_mu_);
+  size_t longest = 0;
+  for (const Job& j : jobs_)
+    if (j.use_model) longest = std::max(longest, size_t(std::max(j.entry->last_draft, 0)));
+  return longest;
+}
+
+void BatchDrafter::note_drafter_passes(uint32_t passes) {
+  std::lock_guard lock(admit_mu_);
+  drafter_passes_ = passes;
 }
 
 std::map<std::string, ModelRecord> BatchDrafter::model_records() const {
@@ -220,6 +234,7 @@ std::vector<std::vector<uint32_t>> BatchDrafter::step(const BatchStep& s) {
     }
   }
   timed.tokens = s.scheduled >= 0 ? double(s.scheduled) : timed.decode_tokens;
+  timed.drafter_passes = std::exchange(drafter_passes_, 0);  // they ran after the last step, before this one's pass
   if (continued) record_timing(timed, started);
   if (cost && cost->in_seconds && !verified.empty()) {
     // Each request waited the step with drafts; plain decoding would have taken a step without them
@@ -266,7 +281,10 @@ std::vector<std::vector<uint32_t>> BatchDrafter::step(const BatchStep& s) {
     done_cv_.wait(plock, [&] { return busy_ == 0; });
     if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
   }
-  if (budgeted_) spend_budget(*cost, decoding, next_context, next_attention, double(listed), out);
+  if (budgeted_) {
+    spend_budget(*cost, decoding, next_context, next_attention, double(listed), out);
+    if (s.model_tokens) price_drafter_passes(double(decoding), out);
+  }
   for (Job& j : jobs_) {
     j.entry->last_draft = int32_t(out[j.index].size());
     j.use_model = j.use_model && !out[j.index].empty();  // a model chain cut to nothing drafts nothing
@@ -342,6 +360,35 @@ void BatchDrafter::spend_budget(const StepCost& cost, size_t decoding, double co
     j.entry->last_score = score;
     out[j.index].assign(j.candidate.tokens.begin(), j.candidate.tokens.begin() + kept);
   }
+}
+
+void BatchDrafter::price_drafter_passes(double decoding, std::vector<std::vector<uint32_t>>& out) {
+  const double share = drafter_pass_share_.load(std::memory_order_relaxed);
+  if (share <= 0.0) return;
+  size_t longest = 0;
+  for (const Job& j : jobs_)
+    if (j.use_model) longest = std::max(longest, out[j.index].size());
+  // The model's tokens at depth d (from 1) need its d-th pass for the whole batch. The first runs
+  // every step whatever is sent; each further one is worth running only if the tokens it gives
+  // gain at least what it costs: share x the plain step, at the rate of decoding/plain step
+  // tokens a second (as the budget prices a token), so their summed D must reach share x decoding.
+  // A chain's D never rises along it, so cutting from the deepest pass keeps the best ones.
+  for (size_t depth = longest; depth > 1; --depth) {
+    double gain = 0.0;
+    for (const Job& j : jobs_)
+      if (j.use_model && out[j.index].size() >= depth) gain += j.candidate.probs[depth - 1];
+    if (gain >= share * decoding) break;
+    for (Job& j : jobs_) {
+      if (!j.use_model || out[j.index].size() < depth) continue;
+      out[j.index].resize(depth - 1);
+      j.entry->last_score -= j.candidate.probs[depth - 1];
+    }
+  }
+}
+
+void BatchDrafter::set_drafter_pass_share(double share) {
+  if (!(share >= 0.0) || !std::isfinite(share)) throw InvalidInput("a drafter pass's share of a step must be >= 0");
+  drafter_pass_share_.store(share, std::memory_order_relaxed);
 }
 
 void BatchDrafter::release(const std::string& rid) {

@@ -69,7 +69,10 @@ struct BatchStep {
   // The hybrid: a model drafter's chain for each request (vLLM's EAGLE head or draft model, run
   // beside the trees), request i's from model_offsets[i] to model_offsets[i + 1] of model_tokens.
   // Each request is sent whichever of its trees' draft and the model's chain expects more accepted
-  // tokens, cut by the budget like any candidate. Null: no model this step.
+  // tokens, cut by the budget like any candidate. Null: no model this step. The choice reads only
+  // the chains' lengths (each token is priced by its stage's record, not by what it is), so a
+  // drafter may pass placeholders and fill in the rows sent its chain after the step
+  // (`model_passes`: the longest of them), running only the passes those need.
   const int32_t* model_tokens = nullptr;
   const int64_t* model_offsets = nullptr;
 };
@@ -85,6 +88,7 @@ struct StepTiming {
   double seconds = 0;        // the step, without the proposer
   double proposer_seconds = 0;  // the proposer call that drafted for it
   uint32_t requests = 0;     // rows of the step
+  uint32_t drafter_passes = 0;  // the hybrid's model drafter's forward passes in `seconds` (0: none ran)
 };
 
 class BatchDrafter {
@@ -119,6 +123,15 @@ class BatchDrafter {
   std::vector<std::vector<double>> candidate_probs() const;
   // The last step's drafts by row: true where the model's chain was sent (the hybrid).
   std::vector<bool> model_rows() const;
+  // The hybrid: the last step's longest model chain sent, the tokens its drafter must draft for the
+  // batch (0: none sent; vLLM's EAGLE still runs one pass to keep its KV cache in step).
+  size_t model_passes() const;
+  // The hybrid: the forward passes its model drafter ran after the last step (timed with the next).
+  void note_drafter_passes(uint32_t passes);
+  // The hybrid under a step budget: one more pass of the model drafter, as a share of the batch's
+  // plain step (0: passes not priced). Each pass past the first must gain what it costs.
+  void set_drafter_pass_share(double share);
+  double drafter_pass_share() const { return drafter_pass_share_.load(std::memory_order_relaxed); }
   // Per stage: what the model drafter's chains got accepted (a restart starts from a kept record).
   std::map<std::string, ModelRecord> model_records() const;
   void set_model_record(const std::string& stage, ModelRecord record);
@@ -160,6 +173,8 @@ class BatchDrafter {
   void record_timing(StepTiming timed, std::chrono::steady_clock::time_point started);
   void spend_budget(const StepCost& cost, size_t decoding, double context, double attention, double rows,
                     std::vector<std::vector<uint32_t>>& out);
+  // Cuts the model chains sent back to the passes that pay for themselves (the budget's drafts).
+  void price_drafter_passes(double decoding, std::vector<std::vector<uint32_t>>& out);
   void retire(const std::string& rid, const Entry& e);  // frees the engine request, queues its output
   void flush();  // adds the pending outputs to their stage trees
   void worker_loop();
@@ -184,6 +199,8 @@ class BatchDrafter {
   std::chrono::steady_clock::time_point last_start_{}, last_end_{};
   bool timed_before_ = false;
   bool budgeted_ = false;  // this step drafts candidates for the budget (read by the pool's threads)
+  uint32_t drafter_passes_ = 0;  // forward passes the hybrid's drafter ran after the last step (0: none)
+  std::atomic<double> drafter_pass_share_{0.0};  // one more drafter pass, in plain steps of the batch
   std::atomic<uint64_t> proposer_ns_{0}, steps_{0};
 
   // Drafting pool: the caller bumps `generation_`, every thread takes jobs from `next_job_`.

@@ -46,7 +46,15 @@ static std::vector<std::vector<uint32_t>> batch_step(BatchDrafter& d, nb::list r
                              offsets.data(), max_tokens, max_model_len, scheduled};
   std::vector<int32_t> model_flat;  // the hybrid's model chains, one list per row (None: no model)
   std::vector<int64_t> model_offsets;
-  if (!model.is_none()) {
+  if (nb::isinstance<nb::int_>(model)) {  // every row's chain this long, its tokens filled in after
+    const int64_t k = nb::cast<int64_t>(model);
+    if (k < 0) throw agentaccel::InvalidInput("a model chain's length must be >= 0");
+    model_flat.assign(n * size_t(k) + 1, 0);  // one past the chains: never null, even with none
+    model_offsets.resize(n + 1);
+    for (size_t i = 0; i <= n; ++i) model_offsets[i] = int64_t(i) * k;
+    step.model_tokens = model_flat.data();
+    step.model_offsets = model_offsets.data();
+  } else if (!model.is_none()) {
     nb::list chains = nb::cast<nb::list>(model);
     if (nb::len(chains) < n) throw agentaccel::InvalidInput("model needs a chain (possibly empty) for every row");
     model_offsets.assign(n + 1, 0);
@@ -58,6 +66,7 @@ static std::vector<std::vector<uint32_t>> batch_step(BatchDrafter& d, nb::list r
       }
       model_offsets[i + 1] = int64_t(model_flat.size());
     }
+    model_flat.push_back(0);  // one past the chains: never null, even with none
     step.model_tokens = model_flat.data();
     step.model_offsets = model_offsets.data();
   }
@@ -184,7 +193,8 @@ NB_MODULE(_core, m) {
       .def_ro("attention", &agentaccel::StepTiming::attention)
       .def_ro("seconds", &agentaccel::StepTiming::seconds)
       .def_ro("proposer_seconds", &agentaccel::StepTiming::proposer_seconds)
-      .def_ro("requests", &agentaccel::StepTiming::requests);
+      .def_ro("requests", &agentaccel::StepTiming::requests)
+      .def_ro("drafter_passes", &agentaccel::StepTiming::drafter_passes);
 
   m.def("line_hashes", &agentaccel::line_hashes, "text"_a, "max_bytes"_a);
   m.def("masked_lines", &agentaccel::masked_lines, "text"_a, "max_bytes"_a);
@@ -208,6 +218,10 @@ NB_MODULE(_core, m) {
       .def("pending_outputs", &BatchDrafter::pending_outputs, Release())
       .def("candidate_probs", &BatchDrafter::candidate_probs, Release())
       .def("model_rows", &BatchDrafter::model_rows, Release())
+      .def("model_passes", &BatchDrafter::model_passes, Release())
+      .def("note_drafter_passes", &BatchDrafter::note_drafter_passes, "passes"_a, Release())
+      .def("set_drafter_pass_share", &BatchDrafter::set_drafter_pass_share, "share"_a, Release())
+      .def("drafter_pass_share", &BatchDrafter::drafter_pass_share)
       .def("model_records", &BatchDrafter::model_records, Release())
       .def("set_model_record", &BatchDrafter::set_model_record, "stage"_a, "record"_a, Release());
 

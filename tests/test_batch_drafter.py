@@ -256,6 +256,64 @@ def test_under_a_step_budget_the_model_chain_is_cut_once_its_record_says_it_is_n
     assert first == [[]]
 
 
+def test_the_model_chains_length_alone_chooses_and_the_drafter_runs_only_as_far_as_the_rows_sent_need():
+    """The plugin hands the native call only the model's chain length (hybrid.py): it chooses the rows
+    and cuts the drafts exactly as with the chains themselves, leaves placeholders for the drafter to
+    fill, says how far the drafter must run (`model_passes`: the longest chain sent, 0 where none
+    is), and the next step's timing counts the passes the drafter ran."""
+    with_chains, with_length = BatchDrafter(seeded_engine()), BatchDrafter(seeded_engine())
+    docs = [corpus(seed=1, n=1)[0], fresh_doc(7)]
+    batches = Batch(docs), Batch(docs)
+    for drafter in (with_chains, with_length):
+        for rid in ("known", "new"):
+            drafter.admit(rid, "s")
+    drafts, passes = [[], []], []
+    for step in range(6):
+        rids = ["known", "new"] if step < 3 else ["known"]  # the new one leaves: nothing for the model
+        sampled = batches[0].sample(drafts)[:len(rids)]
+        batches[1].sample(drafts)
+        chains = [[9, 9, 9], [int(t) for t in batches[0].rest[1][:3]]][:len(rids)]
+        drafts = with_chains.step(rids, batches[0].rows, batches[0].num_tokens, sampled, 16, MAX_LEN, model=chains)
+        placed = with_length.step(rids, batches[1].rows, batches[1].num_tokens, sampled, 16, MAX_LEN, model=3)
+        sent = with_length.model_rows()
+        assert sent == with_chains.model_rows() and [len(d) for d in placed] == [len(d) for d in drafts]
+        assert all(d == [0] * len(d) for d, s in zip(placed, sent, strict=True) if s)
+        assert all(d == p for d, p, s in zip(drafts, placed, sent, strict=True) if not s)
+        passes.append(with_length.model_passes())
+        with_length.note_drafter_passes(max(passes[-1], 1))
+        drafts += [[]] * (2 - len(drafts))
+    assert passes == [3, 3, 3, 0, 0, 0]
+    timed = [t.drafter_passes for t in with_length.drain_timings()]
+    assert timed == [3, 3, 3, 1, 1]  # each step times the passes run after the one before it
+    assert {t.drafter_passes for t in with_chains.drain_timings()} == {0}  # none noted: none counted
+
+
+def test_each_drafter_pass_past_the_first_is_sent_only_where_its_tokens_gain_its_price():
+    """Under a step budget, the model's token at depth d needs the drafter's d-th pass for the whole
+    batch: with a pass priced at a share of the plain step, a chain goes only as deep as the passes
+    whose tokens' summed D reach share x the requests decoding (the first pass runs anyway)."""
+    def sent(share, rows=1):
+        drafter = BatchDrafter(seeded_engine())
+        drafter.set_step_cost(StepCostModel(tuple(1.0 + 0.001 * t for t in range(64))))
+        drafter.set_model_record("s", [100, 100, 100], [100, 60, 10])  # D 0.98, 0.59, 0.10 by depth
+        drafter.drafter_pass_share = share
+        batch = Batch([fresh_doc(8 + i) for i in range(rows)])
+        rids = [f"r{i}" for i in range(rows)]
+        for rid in rids:
+            drafter.admit(rid, "s")
+        last = [[int(batch.rows[i, batch.num_tokens[i] - 1])] for i in range(rows)]
+        drafts = drafter.step(rids, batch.rows, batch.num_tokens, last, 16, MAX_LEN, model=3)
+        assert drafter.model_rows() == [True] * rows
+        return [len(d) for d in drafts], drafter.model_passes()
+
+    assert sent(0.0) == ([3], 3)  # passes free: the budget alone cuts the chain
+    assert sent(0.2) == ([2], 2)  # the third token's D (0.10) does not pay for its pass
+    assert sent(0.7) == ([1], 1)  # nor the second's (0.59): the first pass alone
+    assert sent(0.2, rows=2) == ([2, 2], 2)  # two rows: the second pass gains 1.17 >= 0.4, the third 0.2 < 0.4
+    with pytest.raises(ValueError, match=">= 0"):
+        BatchDrafter(seeded_engine()).drafter_pass_share = -0.1
+
+
 def test_the_hybrid_refuses_bad_model_input():
     drafter = BatchDrafter(seeded_engine())
     batch = Batch([fresh_doc(9)])
@@ -263,6 +321,8 @@ def test_the_hybrid_refuses_bad_model_input():
         drafter.step(["a"], batch.rows, batch.num_tokens, [[1]], 16, MAX_LEN, model=[])
     with pytest.raises(ValueError, match=">= 0"):
         drafter.step(["a"], batch.rows, batch.num_tokens, [[1]], 16, MAX_LEN, model=[[-1]])
+    with pytest.raises(ValueError, match="length must be >= 0"):
+        drafter.step(["a"], batch.rows, batch.num_tokens, [[1]], 16, MAX_LEN, model=-1)
     with pytest.raises(ValueError, match="more often"):
         drafter.set_model_record("s", [4, 4], [5, 0])
     with pytest.raises(ValueError, match="alike"):

@@ -156,6 +156,13 @@ def test_the_hybrid_drafts_beside_an_eagle_head_and_changes_no_output(tmp_path, 
     for s in stages.values():  # every step verified one draft or none, from one source
         assert s["steps"] >= s["drafted_steps"] + s["model_drafted_steps"]
         assert s["model_accepted"] <= s["model_drafted"] and s["accepted"] <= s["drafted"]
+    # the head runs only as far as the longest chain a step sends: its first pass alone (which keeps
+    # its KV cache in step) where the trees drafted every row; each step's log counts the passes
+    from agentaccel.backends.step_costs import read_step_log
+
+    passes = [s.drafter_passes for s in read_step_log(logs / "steps-agentaccel-drafter.jsonl")]
+    assert set(passes) <= {1.0, 2.0} and 1.0 in passes
+    assert {s.drafter_passes for s in read_step_log(logs / "steps-agentaccel.jsonl")} == {0.0}
     # what the head got per stage is kept in the server's trace store for its next start
     with sqlite3.connect(logs / "store-agentaccel-drafter.db") as conn:
         kept = conn.execute("SELECT drafter, stage, tried FROM drafter_records").fetchall()

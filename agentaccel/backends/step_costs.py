@@ -29,7 +29,8 @@ log = logging.getLogger("agentaccel.step_cost")
 
 REFIT_SECONDS = 2.0  # how often the curve is refitted to the steps timed since
 # a step log's line: a timed step's fields as JSON (written here, read by read_step_log)
-TIMING_FIELDS = ("tokens", "decode_tokens", "context", "attention", "seconds", "proposer_seconds", "requests")
+TIMING_FIELDS = ("tokens", "decode_tokens", "context", "attention", "seconds", "proposer_seconds", "requests",
+                 "drafter_passes")
 
 
 def append_step_log(path: Path, steps: list) -> None:

@@ -37,8 +37,10 @@ DrafterOption = Annotated[Path | None, typer.Option(help="A model drafter's pred
                                                          "adds the methods drafter, hybrid, guided, branches and "
                                                          "branches-d (default: none).")]
 DrafterCostOption = Annotated[float, typer.Option(help="One forward pass of the model drafter, in plain steps of "
-                                                       "the target (default: an EAGLE-3 head's size, 2-5 % of its "
-                                                       "target's, at its upper end).", min=0.0)]
+                                                       "the target; the hybrid's budget prices its passes with it, "
+                                                       "as the plugin with the share it measures (default: an "
+                                                       "EAGLE-3 head's size, 2-5 % of its target's, at its upper "
+                                                       "end).", min=0.0)]
 DrafterTokensOption = Annotated[int, typer.Option(help="The model drafter's chain a step: its num_speculative_tokens, "
                                                        "as `serve --drafter` and `bench vllm --drafter-tokens` give "
                                                        "it to the plugin.", min=1)]

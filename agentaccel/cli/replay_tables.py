@@ -85,7 +85,8 @@ def run_replay(store, tokenizer, selection: CallSelection, *, speculators: str, 
     names = [n.strip() for n in speculators.split(",") if n.strip()]
     try:
         # the first profile drives drafting (a measured curve also cuts agentaccel's drafts, as serving does)
-        specs = registry.build(names, profiles[0], drafter=drafter, drafter_tokens=drafter_tokens)
+        specs = registry.build(names, profiles[0], drafter=drafter, drafter_tokens=drafter_tokens,
+                               drafter_cost=drafter_cost)
     except ValueError as e:
         raise fail(f"--speculators: {e}") from e
     try:
@@ -226,7 +227,7 @@ def run_server(store, tokenizer, selection: CallSelection, *, methods: str | Non
     try:
         names = [n.strip() for n in methods.split(",") if n.strip()] if methods else list(registry.DEFAULT)
         # unknown names fail here, before loading anything
-        registry.build(names, profile, drafter=drafter, drafter_tokens=drafter_tokens)
+        registry.build(names, profile, drafter=drafter, drafter_tokens=drafter_tokens, drafter_cost=drafter_cost)
     except ValueError as e:
         raise fail(f"--methods: {e}") from e
     warm_calls, measured = selected_calls(store, tokenizer, selection)
@@ -237,7 +238,8 @@ def run_server(store, tokenizer, selection: CallSelection, *, methods: str | Non
     with progress:
         task = progress.add_task("", total=len(levels) * len(names) * (len(measured)))
         for n in levels:
-            for method in registry.build(names, profile, drafter=drafter, drafter_tokens=drafter_tokens):
+            for method in registry.build(names, profile, drafter=drafter, drafter_tokens=drafter_tokens,
+                                         drafter_cost=drafter_cost):
                 progress.update(task, description=f"{method.name}, {n} in flight")
                 if isinstance(method, Drafter):
                     for call in warm_calls:

@@ -26,7 +26,9 @@ class BatchDrafter:
         # `scheduled` (optional) the tokens the step that just ran computed; `model` (optional, the
         # hybrid) a model drafter's chain for each row: each row is sent whichever of its trees'
         # draft and the model's chain expects more accepted tokens, the model's priced by what its
-        # chains got accepted on the stage (`model_records`).
+        # chains got accepted on the stage (`model_records`). The choice reads only the chains'
+        # lengths, so `model` may be one length for every row: the rows sent the model's chain
+        # hold placeholders, to be filled with the chain once the drafter has run `model_passes`.
         self.step = self._native.step
         self.step_cost: StepCostModel | None = None
 
@@ -79,6 +81,26 @@ class BatchDrafter:
     def model_rows(self) -> list[bool]:
         """The last step's rows that were sent the model's chain (the hybrid)."""
         return self._native.model_rows()
+
+    def model_passes(self) -> int:
+        """The last step's longest model chain sent: the tokens the model drafter must draft for
+        the batch (0: none sent)."""
+        return self._native.model_passes()
+
+    def note_drafter_passes(self, passes: int) -> None:
+        """The hybrid's model drafter ran this many forward passes after the last step: the next
+        step's timing counts them (`drafter_passes`)."""
+        self._native.note_drafter_passes(passes)
+
+    @property
+    def drafter_pass_share(self) -> float:
+        """One more forward pass of the hybrid's model drafter, in plain steps of the batch: under a
+        step budget, each pass past the first must gain that (0: passes not priced)."""
+        return self._native.drafter_pass_share()
+
+    @drafter_pass_share.setter
+    def drafter_pass_share(self, share: float) -> None:
+        self._native.set_drafter_pass_share(share)
 
     def model_records(self) -> dict[str, _core.ModelRecord]:
         """Per stage: at each depth of the model's chains, how many reached it and how many had

@@ -8,8 +8,8 @@ is the prediction there; from its first miss on nothing of it is accepted, whate
 So the accepted length of the model's chain of k tokens from i is the run of positions from i where
 the prediction is the recorded token, cut at k.
 
-A model draft costs k forward passes of the drafter before the step (`passes`); the replay prices
-each pass as a share of the target's plain step (`bench replay --drafter-cost`)."""
+A model draft of k tokens costs k forward passes of the drafter before the step (`passes`); the
+replay prices each pass as a share of the target's plain step (`bench replay --drafter-cost`)."""
 
 from __future__ import annotations
 
@@ -154,16 +154,17 @@ class TokenChances:
 
 
 class Hybrid(Drafter):
-    """The plugin's hybrid (backends/vllm/hybrid.py): the model drafts its chain of `k` for every
-    request every step (vLLM runs it over the whole batch, so its passes are priced every step,
-    used or not), and the plugin's one native call sends each request whichever of its trees'
-    draft and the model's chain expects more accepted tokens, the model's priced by what its chains
-    got accepted on the stage, the budget cutting both alike."""
+    """The plugin's hybrid (backends/vllm/hybrid.py): the plugin's one native call sends each
+    request whichever of its trees' draft and the model's chain of `k` expects more accepted tokens,
+    the model's priced by what its chains got accepted on the stage, the budget cutting both alike;
+    then the model runs for the whole batch as far as the longest chain sent (at least one pass,
+    which keeps its KV cache in step: priced every step, used or not)."""
 
     def __init__(self, name: str, predictions: DrafterPredictions, *, config: SpecConfig, k: int = DEFAULT_MODEL_TOKENS,
-                 **chain) -> None:
+                 pass_share: float = 0.0, **chain) -> None:
         super().__init__(name, config, **chain)
         self.model = ModelDrafter(predictions, k)
+        self.drafter.drafter_pass_share = pass_share  # what the plugin measures (hybrid.py), known here
         self.record = ModelRecord()  # the experiments below (Guided, Branches) choose with it
         self._stage: dict[str, str] = {}
 
@@ -176,10 +177,14 @@ class Hybrid(Drafter):
         self.model.foresee(key, output)
 
     def step(self, batch: Batch) -> list:
-        drafts = self.native_step(batch, [list(m.token_ids) for m in self.model.step(batch)])
+        # as the plugin: the native choice on chains of k, then the model's tokens in the rows sent
+        # them; it runs as far as the longest chain sent, and at least its first pass
+        drafts = self.native_step(batch, self.model.k)
         sent = self.drafter.model_rows()
-        return [ModelChain(d, self.model.k if key is not None and new is not None else 0, own=own)
-                for key, new, d, own in zip(batch.keys, batch.sampled, drafts, sent, strict=True)]
+        return [ModelChain(list(chain.token_ids)[:len(d)] if own else d,
+                           (len(d) if own else 1) if key is not None and new is not None else 0, own=own)
+                for key, new, d, own, chain in zip(batch.keys, batch.sampled, drafts, sent, self.model.step(batch),
+                                                   strict=True)]
 
     def accepted(self, key, draft, accepted: int) -> None:
         self.record.observe(self._stage[key], draft, accepted)

@@ -5,13 +5,20 @@ vLLM runs one speculative method per server. Started with an EAGLE-family method
 `eagle3`, `mtp`: its `EagleProposer`) and the settings' `model_tokens` > 0, the plugin swaps that
 proposer for a subclass that, every step:
 
-1. runs the model drafter for the whole batch as vLLM would, for `model_tokens` passes (its first
-   pass also keeps the drafter's KV cache in step with what the target accepted: it must run
-   every step whatever is drafted);
-2. hands the model's chains to the trees' proposer (`AgentaccelProposer`), whose one native call
-   gives each request whichever of its trees' draft and the model's chain expects more accepted
-   tokens, the model's priced by what its chains got accepted on that stage, then cuts every
-   request's draft with the step budget.
+1. asks the trees' proposer (`AgentaccelProposer`), whose one native call gives each request
+   whichever of its trees' draft and a model chain of `model_tokens` expects more accepted tokens,
+   the model's priced by what its chains got accepted on that stage, then cuts every request's
+   draft with the step budget. The choice reads only the chains' lengths, so it runs before the
+   model does;
+2. runs the model drafter for the batch only as far as the longest model chain sent (vLLM's EAGLE
+   takes the passes per step; with none sent it still runs its first pass, which keeps its KV
+   cache in step with what the target accepted) and puts its chains in the rows sent them.
+   Split over workers (tensor or pipeline parallel), every worker must run the same passes, and
+   only one drafts with the trees: there it runs all `model_tokens` passes every step.
+
+The drafter's calls are timed: under a step budget each pass past the first is priced at the share
+of the batch's plain step it takes (AgentaccelProposer.drafter_ran), and a chain goes only as deep
+as the passes that pay for themselves.
 
 vLLM's `num_speculative_tokens` is the longest draft it verifies (the trees'); the managed backend
 sets it, with `disable_padded_drafter_batch` so that the drafter runs after the step's sampled
@@ -19,6 +26,8 @@ tokens are on the CPU (the trees need them) and vLLM takes drafts of any length 
 """
 
 from __future__ import annotations
+
+import time
 
 from agentaccel.backends.vllm.settings import PluginSettings
 
@@ -33,6 +42,7 @@ def hybrid_of(base: type) -> type:
 
             self._model_tokens = PluginSettings.from_environ().model_tokens
             self._trees = AgentaccelProposer(vllm_config)
+            self._passes_vary = drafts_alone()
             self._sampled: list[list[int]] | None = None
             self._input_batch = None
             if not vllm_config.speculative_config.disable_padded_drafter_batch:
@@ -44,16 +54,36 @@ def hybrid_of(base: type) -> type:
             return super().prepare_next_token_ids_cpu(sampled_token_ids, requests, gpu_input_batch, *args, **kwargs)
 
         def propose(self, num_speculative_tokens, *args, **kwargs):
-            passes = min(self._model_tokens, num_speculative_tokens)
-            chains = super().propose(passes, *args, **kwargs).tolist()
             sampled, batch = self._sampled, self._input_batch
             self._sampled = self._input_batch = None
             if sampled is None:  # no step's tokens seen (vLLM changed): the model's chains alone
-                return chains
-            return self._trees.propose(num_speculative_tokens, batch, sampled, model=chains)
+                return super().propose(min(self._model_tokens, num_speculative_tokens), *args, **kwargs).tolist()
+            chain = min(self._model_tokens, num_speculative_tokens)
+            drafts = self._trees.propose(num_speculative_tokens, batch, sampled, model=chain)
+            passes = self._trees.model_passes() if self._passes_vary else chain
+            started = time.perf_counter()
+            chains = super().propose(passes, *args, **kwargs).tolist()  # on the CPU: the passes are done
+            self._trees.drafter_ran(passes, time.perf_counter() - started, batch, sampled)
+            if passes:
+                for row, sent in enumerate(self._trees.model_rows()):
+                    if sent:
+                        drafts[row] = chains[row][:len(drafts[row])]
+            return drafts
 
     HybridProposer.__name__ = HybridProposer.__qualname__ = f"Hybrid{base.__name__}"
     return HybridProposer
+
+
+def drafts_alone() -> bool:
+    """Whether this worker runs the model drafter by itself (no tensor or pipeline parallelism), so
+    that it may choose each step's passes without the others."""
+    try:
+        from vllm.distributed import parallel_state as ps
+    except ImportError:
+        return True
+    if not ps.model_parallel_is_initialized():
+        return True
+    return ps.get_tp_group().world_size == 1 and ps.get_pp_group().world_size == 1
 
 
 def install() -> None:

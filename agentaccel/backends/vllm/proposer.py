@@ -43,6 +43,7 @@ from agentaccel.backends.vllm.settings import PluginSettings
 from agentaccel.engine import SuffixEngine
 from agentaccel.engine.batch import BatchDrafter
 from agentaccel.engine.cost import StepCostModel, parse, roofline, seed
+from agentaccel.engine.cost.drafter_pass import DrafterPassShare
 from agentaccel.engine.online import OnlineCalibration
 from agentaccel.traces.database import locate
 
@@ -279,6 +280,7 @@ class AgentaccelProposer:
                      key, found)
             if db and settings.save:
                 self.model_keeper = model_records.ModelRecordKeeper(self.drafter, db, key)
+            self.pass_share = DrafterPassShare()
         if settings.online:  # --no-record: calibrated in memory, never saved
             self.calibration, self.keeper = start_online(self.engine, online, db if settings.save else None)
             CounterCalibration(self.drafter, self.calibration, STATS_INTERVAL).start()
@@ -334,13 +336,41 @@ class AgentaccelProposer:
             at_exit(self.follower.close)
 
     def propose(self, num_speculative_tokens, input_batch, sampled_token_ids, slot_mappings=None,
-                model: list[list[int]] | None = None) -> list[list[int]]:
-        """`model`: the hybrid's model chains, one per row (hybrid.py)."""
+                model: list[list[int]] | int | None = None) -> list[list[int]]:
+        """`model`: the hybrid's model chains, one per row, or their length: the rows sent one hold
+        placeholders until the drafter fills them (hybrid.py)."""
         if not self.drafts:
             return [[] for _ in input_batch.req_ids]
         return self.drafter.step(input_batch.req_ids, input_batch.token_ids_cpu, input_batch.num_tokens_no_spec,
                                  sampled_token_ids, min(num_speculative_tokens, self.num_speculative_tokens),
                                  self.max_model_len, _SCHEDULED, model)
+
+    def model_rows(self) -> list[bool]:
+        """The last step's rows sent the model's chain (the hybrid)."""
+        return self.drafter.model_rows() if self.drafts else []
+
+    def model_passes(self) -> int:
+        """The last step's longest model chain sent (the hybrid)."""
+        return self.drafter.model_passes() if self.drafts else 0
+
+    def drafter_ran(self, passes: int, seconds: float, input_batch, sampled_token_ids) -> None:
+        """The hybrid's model drafter ran `passes` (0: its first alone) for this step's batch in
+        `seconds`: the next step's timing counts the passes, and once the step cost is in seconds
+        the budget prices each pass past the first at the share of the batch's plain step they
+        took (engine/cost/drafter_pass.py)."""
+        if not self.drafts:
+            return
+        self.drafter.note_drafter_passes(max(passes, 1))
+        cost = self.drafter.step_cost  # None until learned in seconds
+        rows = sum(1 for tokens in sampled_token_ids if len(tokens))
+        if cost is None or not rows:
+            return
+        n = len(sampled_token_ids)
+        context = float(input_batch.num_tokens_no_spec[:n].sum())
+        self.pass_share.observe(passes, seconds, float(cost.seconds(rows, context, context, rows)))
+        share = self.pass_share.share
+        if share is not None:
+            self.drafter.drafter_pass_share = share
 
     def load_model(self, *args, **kwargs) -> None:
         """No draft model to load."""
@@ -382,6 +412,8 @@ class StatsWriter(threading.Thread):
         """The proposer's own time, and the step cost it drafts under (seconds of a step computing
         that many tokens, without context)."""
         state = {"proposer_seconds": self.drafter.proposer_seconds, "steps": self.drafter.steps}
+        if self.drafter.drafter_pass_share:  # the hybrid, once its passes are priced
+            state["drafter_pass_share"] = self.drafter.drafter_pass_share
         cost = self.drafter.step_cost  # the learner's latest fit, once it prices in seconds
         if cost is not None:
             state.update(step_cost_state(cost, self.step_cost.steps if self.step_cost is not None else 0))

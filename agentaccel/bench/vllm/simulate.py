@@ -107,7 +107,7 @@ def make_method(name: str, model: ModelDrafting | None = None) -> Speculator:
         if model is None:
             raise ValueError(f"the {name} method needs the run's model drafter")
         (method,) = registry.build([MODEL_METHODS[name]], start=seed("cpu"), drafter=model.predictions,
-                                   drafter_tokens=model.tokens)
+                                   drafter_tokens=model.tokens, drafter_cost=model.cost)
     else:
         (method,) = registry.build([name], start=seed("cpu"))
     return method
@@ -122,8 +122,9 @@ def pass_cost(log_dir: Path, server: Server, tokens: int) -> float | None:
     """One pass of the model drafter for the batch, in plain steps of the requests decoding, as this
     run measured it: how much longer the hybrid server's decoding steps took than agentaccel's
     server takes for the same work (`server`'s fit, scaled to what agentaccel's own decoding steps
-    took), over the passes it ran. (The hybrid's proposer times a step from the last one's drafts
-    to this one's: the target's pass and the drafter's.) None without both servers' steps."""
+    took), over the passes it ran (each step's, from its log; `tokens` a step where the log does not
+    count them). (The hybrid's proposer times a step from the last one's drafts to this one's: the
+    target's pass and the drafter's.) None without both servers' steps."""
     ours, hybrid = (_decoding_steps(log_dir / f"steps-{m}.jsonl") for m in ("agentaccel", "agentaccel-drafter"))
     if not ours or not hybrid:
         return None
@@ -131,10 +132,12 @@ def pass_cost(log_dir: Path, server: Server, tokens: int) -> float | None:
     def fitted(steps: list[TimedStep]) -> float:
         return sum(float(server.seconds(s.tokens, s.context, s.attention, s.requests)) for s in steps)
 
+    counted = any(s.drafter_passes for s in hybrid)
     scale = sum(s.seconds for s in ours) / fitted(ours)
     extra = sum(s.seconds for s in hybrid) - scale * fitted(hybrid)
-    plain = scale * sum(float(server.seconds(s.requests, s.context, s.context, s.requests)) for s in hybrid)
-    return max(extra / (tokens * plain), 0.0)
+    passed = scale * sum((s.drafter_passes if counted else tokens) * float(server.seconds(
+        s.requests, s.context, s.context, s.requests)) for s in hybrid)
+    return max(extra / passed, 0.0) if passed > 0 else None
 
 
 def model_drafting(m: Measurement, log_dir: Path, server: Server, drafter: dict) -> ModelDrafting:

@@ -44,6 +44,7 @@ class TimedStep:
     proposer_seconds: float = 0.0
     requests: float = 1.0
     weight: float = 1.0  # how many steps it stands for (an offline fit may add means of many)
+    drafter_passes: float = 0.0  # the hybrid's model drafter's forward passes within `seconds`
 
 
 @dataclass
