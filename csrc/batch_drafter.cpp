@@ -96,9 +96,11 @@ size_t BatchDrafter::model_passes() const {
   return longest;
 }
 
-void BatchDrafter::note_drafter_passes(uint32_t passes) {
+void BatchDrafter::note_drafter(uint32_t passes, double seconds) {
+  if (!(seconds >= 0.0) || !std::isfinite(seconds)) throw InvalidInput("a drafter's seconds must be finite and >= 0");
   std::lock_guard lock(admit_mu_);
   drafter_passes_ = passes;
+  drafter_seconds_ = seconds;
 }
 
 std::map<std::string, ModelRecord> BatchDrafter::model_records() const {
@@ -234,7 +236,9 @@ std::vector<std::vector<uint32_t>> BatchDrafter::step(const BatchStep& s) {
     }
   }
   timed.tokens = s.scheduled >= 0 ? double(s.scheduled) : timed.decode_tokens;
-  timed.drafter_passes = std::exchange(drafter_passes_, 0);  // they ran after the last step, before this one's pass
+  // they ran after the last step, before this one's target pass
+  timed.drafter_passes = std::exchange(drafter_passes_, 0);
+  timed.drafter_seconds = std::exchange(drafter_seconds_, 0.0);
   if (continued) record_timing(timed, started);
   if (cost && cost->in_seconds && !verified.empty()) {
     // Each request waited the step with drafts; plain decoding would have taken a step without them
@@ -315,7 +319,7 @@ std::vector<std::vector<uint32_t>> BatchDrafter::step(const BatchStep& s) {
 void BatchDrafter::record_timing(StepTiming timed, std::chrono::steady_clock::time_point started) {
   if (!timed_before_) return;
   using seconds = std::chrono::duration<double>;
-  timed.seconds = seconds(started - last_end_).count();
+  timed.seconds = std::max(seconds(started - last_end_).count() - timed.drafter_seconds, 0.0);
   timed.proposer_seconds = seconds(last_end_ - last_start_).count();
   std::lock_guard lock(timings_mu_);
   if (timings_.size() >= kMaxTimings)  // nobody drains them: keep the newest half

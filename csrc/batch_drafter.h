@@ -88,7 +88,8 @@ struct StepTiming {
   double seconds = 0;        // the step, without the proposer
   double proposer_seconds = 0;  // the proposer call that drafted for it
   uint32_t requests = 0;     // rows of the step
-  uint32_t drafter_passes = 0;  // the hybrid's model drafter's forward passes in `seconds` (0: none ran)
+  uint32_t drafter_passes = 0;  // the hybrid's model drafter's forward passes since the last step (0: none ran)
+  double drafter_seconds = 0;   // ... and their time, left out of `seconds` (the step cost is the target's alone)
 };
 
 class BatchDrafter {
@@ -126,8 +127,9 @@ class BatchDrafter {
   // The hybrid: the last step's longest model chain sent, the tokens its drafter must draft for the
   // batch (0: none sent; vLLM's EAGLE still runs one pass to keep its KV cache in step).
   size_t model_passes() const;
-  // The hybrid: the forward passes its model drafter ran after the last step (timed with the next).
-  void note_drafter_passes(uint32_t passes);
+  // The hybrid: the forward passes its model drafter ran after the last step and their time (the
+  // next step's timing counts them apart from the target's step).
+  void note_drafter(uint32_t passes, double seconds);
   // The hybrid under a step budget: one more pass of the model drafter, as a share of the batch's
   // plain step (0: passes not priced). Each pass past the first must gain what it costs.
   void set_drafter_pass_share(double share);
@@ -200,6 +202,7 @@ class BatchDrafter {
   bool timed_before_ = false;
   bool budgeted_ = false;  // this step drafts candidates for the budget (read by the pool's threads)
   uint32_t drafter_passes_ = 0;  // forward passes the hybrid's drafter ran after the last step (0: none)
+  double drafter_seconds_ = 0.0;  // ... and their time
   std::atomic<double> drafter_pass_share_{0.0};  // one more drafter pass, in plain steps of the batch
   std::atomic<uint64_t> proposer_ns_{0}, steps_{0};
 

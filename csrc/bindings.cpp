@@ -194,7 +194,8 @@ NB_MODULE(_core, m) {
       .def_ro("seconds", &agentaccel::StepTiming::seconds)
       .def_ro("proposer_seconds", &agentaccel::StepTiming::proposer_seconds)
       .def_ro("requests", &agentaccel::StepTiming::requests)
-      .def_ro("drafter_passes", &agentaccel::StepTiming::drafter_passes);
+      .def_ro("drafter_passes", &agentaccel::StepTiming::drafter_passes)
+      .def_ro("drafter_seconds", &agentaccel::StepTiming::drafter_seconds);
 
   m.def("line_hashes", &agentaccel::line_hashes, "text"_a, "max_bytes"_a);
   m.def("masked_lines", &agentaccel::masked_lines, "text"_a, "max_bytes"_a);
@@ -219,7 +220,7 @@ NB_MODULE(_core, m) {
       .def("candidate_probs", &BatchDrafter::candidate_probs, Release())
       .def("model_rows", &BatchDrafter::model_rows, Release())
       .def("model_passes", &BatchDrafter::model_passes, Release())
-      .def("note_drafter_passes", &BatchDrafter::note_drafter_passes, "passes"_a, Release())
+      .def("note_drafter", &BatchDrafter::note_drafter, "passes"_a, "seconds"_a, Release())
       .def("set_drafter_pass_share", &BatchDrafter::set_drafter_pass_share, "share"_a, Release())
       .def("drafter_pass_share", &BatchDrafter::drafter_pass_share)
       .def("model_records", &BatchDrafter::model_records, Release())

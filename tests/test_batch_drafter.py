@@ -1,6 +1,8 @@
 """BatchDrafter: one native call per inference step drafts exactly what per-request engine calls
 draft, starts and finishes requests as they enter and leave the batch, and counts per stage."""
 
+import time
+
 import numpy as np
 import pytest
 
@@ -280,12 +282,17 @@ def test_the_model_chains_length_alone_chooses_and_the_drafter_runs_only_as_far_
         assert all(d == [0] * len(d) for d, s in zip(placed, sent, strict=True) if s)
         assert all(d == p for d, p, s in zip(drafts, placed, sent, strict=True) if not s)
         passes.append(with_length.model_passes())
-        with_length.note_drafter_passes(max(passes[-1], 1))
+        time.sleep(0.1)  # the drafter's passes and the target's step, of which the drafter took 0.09 s
+        with_length.note_drafter(max(passes[-1], 1), 0.09)
         drafts += [[]] * (2 - len(drafts))
     assert passes == [3, 3, 3, 0, 0, 0]
-    timed = [t.drafter_passes for t in with_length.drain_timings()]
-    assert timed == [3, 3, 3, 1, 1]  # each step times the passes run after the one before it
+    timed = with_length.drain_timings()
+    assert [t.drafter_passes for t in timed] == [3, 3, 3, 1, 1]  # each step times the passes run after the last
+    # the drafter's time is counted apart, and left out of the step's: the step cost is the target's
+    assert all(t.drafter_seconds == pytest.approx(0.09) and t.seconds < 0.1 for t in timed)
     assert {t.drafter_passes for t in with_chains.drain_timings()} == {0}  # none noted: none counted
+    with pytest.raises(ValueError, match="finite"):
+        with_length.note_drafter(1, -1.0)
 
 
 def test_each_drafter_pass_past_the_first_is_sent_only_where_its_tokens_gain_its_price():

@@ -30,7 +30,7 @@ log = logging.getLogger("agentaccel.step_cost")
 REFIT_SECONDS = 2.0  # how often the curve is refitted to the steps timed since
 # a step log's line: a timed step's fields as JSON (written here, read by read_step_log)
 TIMING_FIELDS = ("tokens", "decode_tokens", "context", "attention", "seconds", "proposer_seconds", "requests",
-                 "drafter_passes")
+                 "drafter_passes", "drafter_seconds")
 
 
 def append_step_log(path: Path, steps: list) -> None:

@@ -87,10 +87,11 @@ class BatchDrafter:
         the batch (0: none sent)."""
         return self._native.model_passes()
 
-    def note_drafter_passes(self, passes: int) -> None:
-        """The hybrid's model drafter ran this many forward passes after the last step: the next
-        step's timing counts them (`drafter_passes`)."""
-        self._native.note_drafter_passes(passes)
+    def note_drafter(self, passes: int, seconds: float) -> None:
+        """The hybrid's model drafter ran this many forward passes after the last step, in
+        `seconds`: the next step's timing counts them apart (`drafter_passes`, `drafter_seconds`)
+        and leaves their time out of the step's, so that the step cost learned is the target's."""
+        self._native.note_drafter(passes, seconds)
 
     @property
     def drafter_pass_share(self) -> float:

@@ -120,14 +120,17 @@ class Work:
         self.attention += chunk * (before + chunk / 2) if attention else 0.0
         self.requests += 1
 
-    def seconds(self, server: Server, drafter_cost: float = 0.0) -> float:
-        """The step's time; with a model drafter's passes, each `drafter_cost` of the plain step of
-        the requests decoding (the drafter runs for the batch, one pass after another)."""
-        step = float(server.seconds(self.tokens, self.context, self.attention, self.requests))
-        if not self.drafter_passes:
-            return step
+    def seconds(self, server: Server) -> float:
+        """The step's time (the target's: what a drafter that learns the step cost fits)."""
+        return float(server.seconds(self.tokens, self.context, self.attention, self.requests))
+
+    def drafter_seconds(self, server: Server, drafter_cost: float) -> float:
+        """A model drafter's passes before the step, each `drafter_cost` of the plain step of the
+        requests decoding (the drafter runs for the batch, one pass after another)."""
+        if not self.drafter_passes or not drafter_cost:
+            return 0.0
         plain = float(server.seconds(self.decoding, self.decoding_context, self.decoding_context, self.decoding))
-        return step + self.drafter_passes * drafter_cost * plain
+        return self.drafter_passes * drafter_cost * plain
 
 
 @dataclass
@@ -272,13 +275,16 @@ def simulate(sessions: Sequence[Sequence[ReplayCall]], method: Speculator, serve
             result.seconds = max(result.seconds, min(waiting))  # the server idles until a client sends
             continue
         work = run.compute(active)
-        seconds = work.seconds(server, drafter_cost)
+        seconds, drafting = work.seconds(server), work.drafter_seconds(server, drafter_cost)
         if method.overlapped:
             seconds = max(seconds - server.overhead, server.overhead)
         # a drafter that learns the step cost sees steps stray from the profile as real ones do
-        # (`noise`); the wall time counts the profile's expected time (the noise averages out)
+        # (`noise`); the wall time counts the profile's expected time (the noise averages out). The
+        # model drafter's passes are timed apart from the step, as the plugin times them.
         method.observe(TimedStep(work.tokens, work.decode_tokens, work.context, work.attention,
-                                 seconds * float(rng.lognormal(0.0, noise)), requests=work.requests))
+                                 seconds * float(rng.lognormal(0.0, noise)), requests=work.requests,
+                                 drafter_passes=work.drafter_passes, drafter_seconds=drafting))
+        seconds += drafting
         t0 = time.perf_counter()
         run.drafts = method.step(run.batch)
         spent = time.perf_counter() - t0

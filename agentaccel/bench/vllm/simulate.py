@@ -120,11 +120,11 @@ def _decoding_steps(path: Path) -> list[TimedStep]:
 
 def pass_cost(log_dir: Path, server: Server, tokens: int) -> float | None:
     """One pass of the model drafter for the batch, in plain steps of the requests decoding, as this
-    run measured it: how much longer the hybrid server's decoding steps took than agentaccel's
-    server takes for the same work (`server`'s fit, scaled to what agentaccel's own decoding steps
-    took), over the passes it ran (each step's, from its log; `tokens` a step where the log does not
-    count them). (The hybrid's proposer times a step from the last one's drafts to this one's: the
-    target's pass and the drafter's.) None without both servers' steps."""
+    run measured it: the drafter's calls as the hybrid's step log times them, over the passes they
+    ran and the plain step of each batch (`server`'s fit, scaled to what agentaccel's own decoding
+    steps took). A log from before the drafter was timed apart: how much longer the hybrid's
+    decoding steps took than agentaccel's server takes for the same work, over `tokens` passes a
+    step. None without both servers' steps."""
     ours, hybrid = (_decoding_steps(log_dir / f"steps-{m}.jsonl") for m in ("agentaccel", "agentaccel-drafter"))
     if not ours or not hybrid:
         return None
@@ -132,10 +132,10 @@ def pass_cost(log_dir: Path, server: Server, tokens: int) -> float | None:
     def fitted(steps: list[TimedStep]) -> float:
         return sum(float(server.seconds(s.tokens, s.context, s.attention, s.requests)) for s in steps)
 
-    counted = any(s.drafter_passes for s in hybrid)
     scale = sum(s.seconds for s in ours) / fitted(ours)
-    extra = sum(s.seconds for s in hybrid) - scale * fitted(hybrid)
-    passed = scale * sum((s.drafter_passes if counted else tokens) * float(server.seconds(
+    timed = any(s.drafter_seconds for s in hybrid)
+    extra = sum(s.drafter_seconds for s in hybrid) if timed else sum(s.seconds for s in hybrid) - scale * fitted(hybrid)
+    passed = scale * sum((s.drafter_passes if timed else tokens) * float(server.seconds(
         s.requests, s.context, s.context, s.requests)) for s in hybrid)
     return max(extra / passed, 0.0) if passed > 0 else None
 

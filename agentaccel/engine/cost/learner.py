@@ -44,7 +44,8 @@ class TimedStep:
     proposer_seconds: float = 0.0
     requests: float = 1.0
     weight: float = 1.0  # how many steps it stands for (an offline fit may add means of many)
-    drafter_passes: float = 0.0  # the hybrid's model drafter's forward passes within `seconds`
+    drafter_passes: float = 0.0  # the hybrid's model drafter's forward passes before the step
+    drafter_seconds: float = 0.0  # ... and their time (not in `seconds`)
 
 
 @dataclass
