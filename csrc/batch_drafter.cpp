@@ -263,6 +263,11 @@ std::vector<std::vector<uint32_t>> BatchDrafter::step(const BatchStep& s) {
     const double rate = t0 > 0.0 ? double(decoding) / t0 : 0.0;
     const double slope = std::max(cost->expected_min_slope_from(double(decoding)), 0.0);
     for (Job& j : jobs_) j.floor = rate * (slope + cost->per_attention * j.context);
+    // A model token past the first pass needs one more pass for the batch, shared by the rows
+    // sent a chain that deep: before the choice, each is expected to share it with as many rows
+    // as the last step sent the model's chain (price_drafter_passes settles it once they are known).
+    const double share = drafter_pass_share_.load(std::memory_order_relaxed);
+    pass_floor_ = s.model_tokens ? share * double(decoding) / double(std::max<size_t>(last_model_rows_, 1)) : 0.0;
   }
   out_ = &out;
   next_job_ = 0;
@@ -289,10 +294,12 @@ std::vector<std::vector<uint32_t>> BatchDrafter::step(const BatchStep& s) {
     spend_budget(*cost, decoding, next_context, next_attention, double(listed), out);
     if (s.model_tokens) price_drafter_passes(double(decoding), out);
   }
+  last_model_rows_ = 0;
   for (Job& j : jobs_) {
     j.entry->last_draft = int32_t(out[j.index].size());
     j.use_model = j.use_model && !out[j.index].empty();  // a model chain cut to nothing drafts nothing
     j.entry->last_model = j.use_model;
+    last_model_rows_ += j.use_model;
   }
 
   // Requests that left the batch (finished, aborted or preempted) give their trees back; a
@@ -433,7 +440,9 @@ void BatchDrafter::draft_range(std::vector<std::vector<uint32_t>>& out) {
       j.candidate = engine_.speculate_candidate(*j.rid, j.budget, j.floor, &j.confidence);
       // the model's chain as a candidate of its own: grown, as the trees' is, while its D exceeds the floor
       size_t grown = 0;
-      while (grown < j.model_probs.size() && j.model_probs[grown] > j.floor) ++grown;
+      while (grown < j.model_probs.size() && j.model_probs[grown] > j.floor &&
+             (grown == 0 || j.model_probs[grown] >= pass_floor_))
+        ++grown;
       j.model.resize(grown), j.model_probs.resize(grown);
       if (prefer_model(j, j.confidence * j.candidate.score)) {
         j.candidate = Draft{};

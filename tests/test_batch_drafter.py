@@ -317,8 +317,44 @@ def test_each_drafter_pass_past_the_first_is_sent_only_where_its_tokens_gain_its
     assert sent(0.2) == ([2], 2)  # the third token's D (0.10) does not pay for its pass
     assert sent(0.7) == ([1], 1)  # nor the second's (0.59): the first pass alone
     assert sent(0.2, rows=2) == ([2, 2], 2)  # two rows: the second pass gains 1.17 >= 0.4, the third 0.2 < 0.4
+    # the choice expects a pass to be shared by as many rows as the last step sent the model's chain;
+    # once the step's rows are known, each pass is priced by the rows that share it
+    drafter = BatchDrafter(seeded_engine())
+    drafter.set_step_cost(StepCostModel(tuple(1.0 + 0.001 * t for t in range(64))))
+    drafter.set_model_record("s", [100, 100, 100], [100, 60, 10])
+    drafter.drafter_pass_share = 0.3
+    batch = Batch([fresh_doc(20 + i) for i in range(4)])
+    rids = [f"r{i}" for i in range(4)]
+    for rid in rids:
+        drafter.admit(rid, "s")
+    last = [[int(batch.rows[i, batch.num_tokens[i] - 1])] for i in range(4)]
+    drafter.step(rids, batch.rows, batch.num_tokens, last, 16, MAX_LEN, model=3)
+    drafts = drafter.step(rids, batch.rows, batch.num_tokens, last, 16, MAX_LEN, model=3)
+    assert [len(d) for d in drafts] == [2] * 4  # 4 rows: the third pass gains 0.40 < 0.3 x 4
+    one = drafter.step(rids[:1], batch.rows, batch.num_tokens, last[:1], 16, MAX_LEN, model=3)
+    assert len(one[0]) == 2  # alone, though expected to share with 4: its third pass gains 0.10 < 0.3
     with pytest.raises(ValueError, match=">= 0"):
         BatchDrafter(seeded_engine()).drafter_pass_share = -0.1
+
+
+def test_the_model_chain_competes_with_the_trees_as_far_as_its_passes_pay():
+    """The choice weighs the model's chain as deep as its passes will pay for: a chain worth more
+    than the trees' draft only by tokens whose pass costs more than they gain does not displace it
+    (to be cut to its first token afterwards, worth less than the trees' draft)."""
+    def step(share):
+        drafter = BatchDrafter(seeded_engine())
+        drafter.set_step_cost(StepCostModel(tuple(1.0 + 0.001 * t for t in range(64))))
+        drafter.set_model_record("s", [100, 100, 100], [100, 60, 10])  # D 0.98, 0.59, 0.10: 1.67 in all
+        drafter.drafter_pass_share = share
+        batch = Batch(corpus(seed=4, n=1))  # the trees expect about 1.2 tokens of their draft
+        drafter.admit("r", "s")
+        drafts = drafter.step(["r"], batch.rows, batch.num_tokens, [[int(batch.rows[0, batch.num_tokens[0] - 1])]],
+                              16, MAX_LEN, model=3)
+        return drafter.model_rows()[0], len(drafts[0])
+
+    assert step(0.0) == (True, 3)  # passes free: the model's 1.67 beats the trees' draft
+    sent, length = step(0.7)  # its second and third passes do not pay: 0.98 against the trees' draft
+    assert not sent and length > 1
 
 
 def test_the_hybrid_refuses_bad_model_input():

@@ -195,3 +195,25 @@ def test_the_batched_server_prices_the_drafters_passes(calls):
     assert free.seconds < priced.seconds <= free.seconds + 3.0 * free.seconds, (free.seconds, priced.seconds)
     assert priced.seconds > 1.5 * free.seconds  # most steps are decoding steps the model drafted for
     assert results["agentaccel", 0.5].seconds == results["agentaccel", 0.0].seconds
+
+
+def test_the_hybrid_learns_the_targets_step_apart_from_its_drafters_passes(calls):
+    """As the plugin times its drafter apart (engine/batch.py note_drafter), the simulated hybrid's
+    step-cost learner sees each step without the drafter's passes, which it is told apart; its
+    budget prices the passes at the share it is given, and its drafts pay for them: a pass past the
+    first is run only where some chain that deep is sent."""
+    from agentaccel.simulation import batch_replay as br
+
+    server = parse("llama-3.1-8b@h100")
+    (hybrid,) = methods.build(["hybrid"], server, drafter=made(calls), drafter_cost=0.5)
+    assert hybrid.drafter.drafter_pass_share == 0.5
+    seen = []
+    learn = hybrid.observe
+    hybrid.observe = lambda step: (seen.append(step), learn(step))
+    for call in calls[:6]:
+        hybrid.warm(call.output, call.stage)
+    br.simulate(br.sessions_of(calls[6:]), hybrid, server, 4, noise=0.0, drafter_cost=0.5)
+    drafted = [s for s in seen if s.drafter_passes]
+    assert drafted and all(s.drafter_seconds > 0 for s in drafted)
+    for s in drafted:  # the step's own time, as the profile prices it: the drafter's is not in it
+        assert s.seconds == pytest.approx(float(server.seconds(s.tokens, s.context, s.attention, s.requests)))

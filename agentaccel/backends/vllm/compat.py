@@ -21,11 +21,16 @@ CALLABLES: list[tuple[str, str, tuple[str, ...] | None]] = [
     ("vllm.v1.worker.gpu_input_batch", "InputBatch.add_request", ("self", "request")),
     ("vllm.v1.worker.gpu_input_batch", "InputBatch.remove_request", ("self", "req_id")),
     ("vllm.v1.worker.gpu_input_batch", "InputBatch.req_ids", None),
-    # hybrid.install subclasses it (the model drafter beside the trees) where the runner builds it
+    # hybrid.install subclasses it (the model drafter beside the trees) where the runner builds it;
+    # the hybrid asks each step for as many tokens as the longest chain sent (0: the first pass alone)
     ("vllm.v1.spec_decode.eagle", "EagleProposer.propose", ("self", "num_speculative_tokens")),
     ("vllm.v1.spec_decode.eagle", "EagleProposer.prepare_next_token_ids_cpu",
      ("self", "sampled_token_ids", "requests", "gpu_input_batch")),
     ("vllm.v1.worker.gpu_model_runner", "EagleProposer", None),
+    # hybrid.drafts_alone and proposer.drafts_are_taken: which worker drafts, and whether alone
+    ("vllm.distributed.parallel_state", "model_parallel_is_initialized", ()),
+    ("vllm.distributed.parallel_state", "get_tp_group", ()),
+    ("vllm.distributed.parallel_state", "get_pp_group", ()),
     # proposer._capture_scheduled wraps it to read each step's scheduled tokens
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.propose_draft_token_ids", ("self", "scheduler_output")),
 ]
