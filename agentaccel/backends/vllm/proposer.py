@@ -356,9 +356,8 @@ class AgentaccelProposer:
     def drafter_ran(self, passes: int, seconds: float, input_batch, sampled_token_ids) -> None:
         """The hybrid's model drafter ran `passes` (0: its first alone) for this step's batch in
         `seconds`: the next step's timing counts them apart from the target's step (which the step
-        cost is learned from), and once the step cost is in seconds
-        the budget prices each pass past the first at the share of the batch's plain step they
-        took (engine/cost/drafter_pass.py)."""
+        cost is learned from), and once the step cost is in seconds the budget prices each pass
+        past the first at the share of the batch's plain step they took (engine/cost/drafter_pass.py)."""
         if not self.drafts:
             return
         self.drafter.note_drafter(max(passes, 1), seconds)
