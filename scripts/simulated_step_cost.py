@@ -6,7 +6,9 @@ step the real one did).
 A kept run (`bench vllm --logs FOLDER`) is simulated for agentaccel alone, as the check does; then,
 at steps of 1 / 16 / 64 / 256 tokens (no context): the simulated server's seconds, what the
 simulated agentaccel's learner fitted by the end, and what the real server's learner had fitted
-(its stats file).
+(its stats file); then a step of 8 requests of 1,500 tokens of context each, drafting 0 / 1 / 3
+tokens a request, as the simulated server and the simulated learner price it, with their
+per-context, per-attention and per-request terms.
 
     python scripts/simulated_step_cost.py /work/bench_runs/RUN/logs
 """
@@ -50,6 +52,12 @@ def main() -> None:
                       f"{real[str(t)]:.4f}" if str(t) in real else "-")
     console = Console()
     console.print(table)
+    for label, cost in (("simulated server", server.model), ("simulated agentaccel learned", learned)):
+        steps = [float(cost.seconds(8 * (1 + d), 8 * 1500.0, 8 * (1 + d) * 1500.0, 8)) for d in (0, 1, 3)]
+        console.print(f"{label}: 8 requests of 1,500 context drafting 0 / 1 / 3: "
+                      + " / ".join(f"{x:.3f} s" for x in steps)
+                      + f" (per context {cost.per_context:.2e}, per attention {cost.per_attention:.2e}, "
+                      f"per request {cost.per_request:.2e})")
     for (_, workload, level, rep), row in sorted(predicted.items()):
         console.print(f"{workload} at {level} (rep {rep}): simulated draft {row['draft_tokens_per_step']:.2f} a step, "
                       f"acceptance {row['acceptance']:.0%}, MAT {row['mat']:.2f}")
