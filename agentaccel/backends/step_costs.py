@@ -34,9 +34,10 @@ TIMING_FIELDS = ("tokens", "decode_tokens", "context", "attention", "seconds", "
 
 
 def append_step_log(path: Path, steps: list) -> None:
-    """Appends timed steps (TimedStep's fields) to a step log, a JSON line each."""
+    """Appends timed steps (TimedStep's fields; one a timer does not count is 0) to a step log, a
+    JSON line each."""
     with path.open("a") as f:
-        f.writelines(json.dumps({k: getattr(s, k) for k in TIMING_FIELDS}) + "\n" for s in steps)
+        f.writelines(json.dumps({k: getattr(s, k, 0) for k in TIMING_FIELDS}) + "\n" for s in steps)
 
 
 def read_step_log(path: Path) -> list[TimedStep]:
