@@ -90,10 +90,7 @@ std::vector<bool> BatchDrafter::model_rows() const {
 
 size_t BatchDrafter::model_passes() const {
   std::lock_guard lock(admit_mu_);
-  size_t longest = 0;
-  for (const Job& j : jobs_)
-    if (j.use_model) longest = std::max(longest, size_t(std::max(j.entry->last_draft, 0)));
-  return longest;
+  return last_model_passes_;
 }
 
 void BatchDrafter::note_drafter(uint32_t passes, double seconds) {
@@ -294,12 +291,12 @@ std::vector<std::vector<uint32_t>> BatchDrafter::step(const BatchStep& s) {
     spend_budget(*cost, decoding, next_context, next_attention, double(listed), out);
     if (s.model_tokens) price_drafter_passes(double(decoding), out);
   }
-  last_model_rows_ = 0;
+  last_model_rows_ = last_model_passes_ = 0;
   for (Job& j : jobs_) {
     j.entry->last_draft = int32_t(out[j.index].size());
     j.use_model = j.use_model && !out[j.index].empty();  // a model chain cut to nothing drafts nothing
     j.entry->last_model = j.use_model;
-    last_model_rows_ += j.use_model;
+    if (j.use_model) last_model_rows_ += 1, last_model_passes_ = std::max(last_model_passes_, out[j.index].size());
   }
 
   // Requests that left the batch (finished, aborted or preempted) give their trees back; a

@@ -204,6 +204,7 @@ class BatchDrafter {
   uint32_t drafter_passes_ = 0;  // forward passes the hybrid's drafter ran after the last step (0: none)
   double drafter_seconds_ = 0.0;  // ... and their time
   size_t last_model_rows_ = 0;    // rows the last step sent the model's chain
+  size_t last_model_passes_ = 0;  // ... and the longest chain among them (model_passes)
   double pass_floor_ = 0.0;       // this step: the D a model token past the first must reach (its pass's share)
   std::atomic<double> drafter_pass_share_{0.0};  // one more drafter pass, in plain steps of the batch
   std::atomic<uint64_t> proposer_ns_{0}, steps_{0};

@@ -56,9 +56,9 @@ def hybrid_of(base: type) -> type:
         def propose(self, num_speculative_tokens, *args, **kwargs):
             sampled, batch = self._sampled, self._input_batch
             self._sampled = self._input_batch = None
-            if sampled is None:  # no step's tokens seen (vLLM changed): the model's chains alone
-                return super().propose(min(self._model_tokens, num_speculative_tokens), *args, **kwargs).tolist()
             chain = min(self._model_tokens, num_speculative_tokens)
+            if sampled is None:  # no step's tokens seen (vLLM changed): the model's chains alone
+                return super().propose(chain, *args, **kwargs).tolist()
             drafts = self._trees.propose(num_speculative_tokens, batch, sampled, model=chain)
             passes = self._trees.model_passes() if self._passes_vary else chain
             started = time.perf_counter()
