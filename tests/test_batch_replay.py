@@ -53,3 +53,24 @@ def test_a_stream_waits_its_clients_time_between_calls():
     slow = br.simulate([calls], plain(), Flat(gap=0.5), 1, noise=0.0)
     assert quick.steps == slow.steps == 3
     assert abs(slow.seconds - quick.seconds - 2 * 0.5) < 1e-9  # idle before the second and the third call
+
+
+def test_the_simulated_learner_is_shown_the_steps_the_plugin_times():
+    """The plugin times a step only when one of its requests was in the step before: a prompt's
+    prefill alone on the server (its first chunk at one in flight) is never timed, the chunks
+    after it are. Two calls of 5,000-token prompts, one stream: 3 chunks and 3 decoding steps
+    each; the learner sees every step but each call's first."""
+    class Timed(NoSpeculation):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def observe(self, timing):
+            self.seen.append(timing)
+
+    rng = np.random.default_rng(3)
+    method = Timed()
+    result = br.simulate([[call(0, rng.integers(0, 900, 5000)), call(1, rng.integers(0, 900, 5000))]], method,
+                         Flat(), 1, noise=0.0)
+    assert result.steps == 12
+    assert [t.tokens for t in method.seen] == [2048, 904, 1, 1, 1] * 2  # no 2,048-token first chunk alone

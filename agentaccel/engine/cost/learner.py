@@ -6,8 +6,13 @@ A ridge regression over hat functions of T (at `model.knots`) plus C, A and R, p
 seed where the server has not been measured (a prior worth `prior_steps` steps; the context,
 attention and request terms, which move together with T in most steps, CONTEXT_PRIOR times more
 firmly), older steps weighing less (`half_life` steps), a step far off the recent ones less still
-(`outlier`; the first steps, before there are recent ones, against their median); the fitted base
-is kept non-decreasing. The regression keeps only its sufficient
+(`outlier`; the first steps, before there are recent ones, against their median). The base is
+non-decreasing and the three terms are >= 0, solved for together (`_nonnegative`), the terms
+over their steps' deviation from their mean. Set right afterwards instead (the base's dips
+flattened, a negative term pinned), the fit kept the level a term had taken from the base: at
+steps' scatter of a few percent its base came out flat over the batch sizes a server ran most,
+pricing their draft tokens at next to nothing (BENCHMARKS, "The check's learner"). The
+regression keeps only its sufficient
 statistics, so observing and fitting cost the same however long the server has run. Offline,
 every step counts fully and none is forgotten (`half_life` and `outlier` infinite).
 """
@@ -106,6 +111,7 @@ class StepCostLearner:
         self._prefilled = 0.0  # ... and of the steps that carried some
         self._log_scale = 0.0  # weighted sum of log(seconds / seed's seconds): the server's speed
         self._units: np.ndarray | None = None  # typical context, attention and requests (for conditioning)
+        self._typical = 1.0  # the seed's time of a typical step (the first steps' median): errors are weighed in it
         self._first: list[tuple] = []  # steps held until the units are known
         self._model: StepCostModel | None = None  # the last fit
         self._drift = 0.0  # running mean of log(seconds / the model's seconds) over recent steps
@@ -136,6 +142,7 @@ class StepCostLearner:
                 rows, self._first = self._first, []
                 data = np.asarray(rows, dtype=float)
                 self._units = np.maximum(np.sqrt(np.mean(data[:, 2:5] ** 2, axis=0)), 1.0)
+                self._typical = float(np.median(self.seed.seconds(*data[:, [0, 2, 3, 4]].T)))
             data = np.asarray(rows, dtype=float)
             tokens, decode, context, attention, requests, seconds, proposer, weight = data.T
             predicted = self.seed.seconds(tokens, context, attention, requests)
@@ -179,8 +186,12 @@ class StepCostLearner:
             w = age * trust
             fade = self.keep ** len(rows)  # every earlier step ages by the new ones
             x = self._features(tokens, context, attention, requests)
-            self._xx = self._xx * fade + (x * w[:, None]).T @ x
-            self._xy = self._xy * fade + (x * w[:, None]).T @ seconds
+            # A step's error weighed as a share of its time, as steps stray: in seconds, a few long
+            # prefills outweighed every decoding step and bent the terms to their scatter. Its time
+            # by the seed's shape, so that a server that got slower weighs as much as before.
+            relative = w * (self._typical / predicted) ** 2
+            self._xx = self._xx * fade + (x * relative[:, None]).T @ x
+            self._xy = self._xy * fade + (x * relative[:, None]).T @ seconds
             self._weight = self._weight * fade + age.sum()
             prefill = np.maximum(tokens - decode, 0.0)
             self._prefill = self._prefill * fade + (w * prefill).sum()
@@ -263,19 +274,23 @@ class StepCostLearner:
         p = len(theta0)
         reg = self.prior_steps / p * (np.eye(p) + self.smoothness * self._bend.T @ self._bend)
         reg[k:, k:] *= CONTEXT_PRIOR  # second-order terms, moved by ample evidence only
-        theta = np.linalg.solve(xx + reg, xy + reg @ theta0)
-        # A term that comes out negative (a constant request count, say, which the knots can take
-        # as well) is held at 0 and the rest refitted: clipping it alone would shift every step.
-        for _ in range(EXTRA):
-            negative = np.flatnonzero(theta[k:] < 0) + k
-            if not len(negative):
-                break
-            pin = np.zeros(p)
-            pin[negative] = 1e6 * (np.trace(xx) / p + 1.0)
-            theta0[negative] = 0.0
-            theta = np.linalg.solve(xx + reg + np.diag(pin), xy + reg @ theta0)
+        # Solved for the base's rises from knot to knot (its first value, then each step up) and
+        # the three terms, every one >= 0, each term over its steps' deviation from their mean (that
+        # mean is the base's to carry): a term the steps barely vary, a constant request count say,
+        # could otherwise take the base's level at the price of one term's prior, not every knot's.
+        mean = xx[k:, :k].sum(axis=1) / xx[:k, :k].sum()  # the hats of a step sum to 1
+        rises = np.zeros((p, p))
+        rises[:k, :k] = np.tril(np.ones((k, k)))
+        rises[k:, k:] = np.eye(EXTRA)
+        centred = np.eye(p)
+        centred[:k, k:] = -mean
+        to_theta = centred @ rises
+        prior = theta0.copy()
+        prior[:k] += mean @ theta0[k:]
+        theta = to_theta @ _nonnegative(to_theta.T @ xx @ to_theta + rises.T @ reg @ rises,
+                                        to_theta.T @ xy + rises.T @ reg @ prior)
         theta[k:] /= units
-        at_knots = np.maximum.accumulate(np.maximum(theta[:k], 1e-9))
+        at_knots = np.maximum(theta[:k], 1e-9)
         zero = min(scale * seed.base[0], at_knots[0])
         base = np.concatenate([[zero], np.interp(np.arange(1, self.max_tokens + 1), self.knots, at_knots)])
         model = StepCostModel(tuple(np.maximum.accumulate(base).tolist()), *(max(v, 0.0) for v in theta[k:]),
@@ -283,6 +298,34 @@ class StepCostLearner:
         with self._lock:
             self._model = model
         return Fit(model, steps, weight, proposer)
+
+
+def _nonnegative(h: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """argmin of z'hz/2 - g'z over z >= 0, h positive definite: Lawson and Hanson's active set
+    (a variable freed at a time, the one the objective pulls hardest; a step that would take a free
+    one below 0 stops where the first reaches 0, which is bound again)."""
+    p = len(g)
+    z, free = np.zeros(p), np.zeros(p, dtype=bool)
+    tol = 1e-12 * (np.abs(g).max() + 1e-300)
+    for _ in range(3 * p):
+        pull = g - h @ z
+        pulled = np.flatnonzero(~free & (pull > tol))
+        if not len(pulled):
+            break
+        free[pulled[np.argmax(pull[pulled])]] = True
+        for _ in range(3 * p):
+            idx = np.flatnonzero(free)
+            step = np.zeros(p)
+            step[idx] = np.linalg.solve(h[np.ix_(idx, idx)], g[idx])
+            if np.all(step[idx] > 0):
+                z = step
+                break
+            below = idx[step[idx] <= 0]
+            gap = z[below] - step[below]
+            z = z + np.min(np.where(gap > 0, z[below] / np.where(gap > 0, gap, 1.0), 0.0)) * (step - z)
+            free &= z > 1e-12 * (z.max() + 1e-300)
+            z[~free] = 0.0
+    return z
 
 
 OFFLINE_PRIOR = 1e-3  # an offline fit's pull towards the seed's shape, in steps: the log is all there is
