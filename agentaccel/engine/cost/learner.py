@@ -107,6 +107,7 @@ class StepCostLearner:
         self._xx, self._xy = np.zeros((p, p)), np.zeros(p)
         self._weight = 0.0  # sum of the steps' weights (their age only)
         self._sum_w = 0.0  # ... and their trust
+        self._sum_relative = 0.0  # ... and as the regression weighs them (each error a share of the step's time)
         self._prefill = 0.0  # weighted sum of prefill tokens
         self._prefilled = 0.0  # ... and of the steps that carried some
         self._log_scale = 0.0  # weighted sum of log(seconds / seed's seconds): the server's speed
@@ -198,6 +199,7 @@ class StepCostLearner:
             self._prefilled = self._prefilled * fade + (w * (prefill > 0)).sum()
             self._log_scale = self._log_scale * fade + (w * np.log(seconds / predicted)).sum()
             self._sum_w = self._sum_w * fade + w.sum()
+            self._sum_relative = self._sum_relative * fade + relative.sum()
             self._proposer = self._proposer * fade + (w * proposer).sum()
             self._steps += len(rows)
             return len(rows)
@@ -264,6 +266,8 @@ class StepCostLearner:
             if self._units is None or self._weight == 0:
                 return Fit(self.seed, self._steps, 0.0, 0.0)
             xx, xy, weight, units = self._xx.copy(), self._xy.copy(), self._weight, self._units
+            # a step's weight in the regression, on average: the unit of the prior's worth
+            mean_weight = self._sum_relative / self._sum_w if self._sum_w > 0 else 1.0
             prefill = (self._prefill / self._prefilled if self._prefilled > 0 else 0.0,
                        min(self._prefilled / self._sum_w, 1.0))
             proposer, steps, scale = self._proposer / self._sum_w, self._steps, self.scale()
@@ -272,7 +276,7 @@ class StepCostLearner:
         extra = np.asarray([seed.per_context, seed.per_attention, seed.per_request]) * units
         theta0 = scale * np.concatenate([seed.seconds(self.knots), extra])
         p = len(theta0)
-        reg = self.prior_steps / p * (np.eye(p) + self.smoothness * self._bend.T @ self._bend)
+        reg = self.prior_steps * mean_weight / p * (np.eye(p) + self.smoothness * self._bend.T @ self._bend)
         reg[k:, k:] *= CONTEXT_PRIOR  # second-order terms, moved by ample evidence only
         # Solved for the base's rises from knot to knot (its first value, then each step up) and
         # the three terms, every one >= 0, each term over its steps' deviation from their mean (that
@@ -301,22 +305,22 @@ class StepCostLearner:
 
 
 def _nonnegative(h: np.ndarray, g: np.ndarray) -> np.ndarray:
-    """argmin of z'hz/2 - g'z over z >= 0, h positive definite: Lawson and Hanson's active set
-    (a variable freed at a time, the one the objective pulls hardest; a step that would take a free
-    one below 0 stops where the first reaches 0, which is bound again)."""
+    """argmin of z'hz/2 - g'z over z >= 0, h positive definite: Lawson and Hanson's active set,
+    started from the unconstrained solution's positive part (most of the base's rises are free,
+    and freed one at a time they cost a solve each). Over the free variables the optimum is taken
+    as far as it stays >= 0 (a free one reaching 0 is bound again); then the bound variable the
+    objective pulls hardest is freed, until none is pulled."""
     p = len(g)
-    z, free = np.zeros(p), np.zeros(p, dtype=bool)
+    first = np.linalg.solve(h, g)
+    free = first > 0
+    z = np.where(free, first, 0.0)
     tol = 1e-12 * (np.abs(g).max() + 1e-300)
     for _ in range(3 * p):
-        pull = g - h @ z
-        pulled = np.flatnonzero(~free & (pull > tol))
-        if not len(pulled):
-            break
-        free[pulled[np.argmax(pull[pulled])]] = True
         for _ in range(3 * p):
             idx = np.flatnonzero(free)
             step = np.zeros(p)
-            step[idx] = np.linalg.solve(h[np.ix_(idx, idx)], g[idx])
+            if len(idx):
+                step[idx] = np.linalg.solve(h[np.ix_(idx, idx)], g[idx])
             if np.all(step[idx] > 0):
                 z = step
                 break
@@ -325,6 +329,10 @@ def _nonnegative(h: np.ndarray, g: np.ndarray) -> np.ndarray:
             z = z + np.min(np.where(gap > 0, z[below] / np.where(gap > 0, gap, 1.0), 0.0)) * (step - z)
             free &= z > 1e-12 * (z.max() + 1e-300)
             z[~free] = 0.0
+        pulled = np.flatnonzero(~free & (g - h @ z > tol))
+        if not len(pulled):
+            break
+        free[pulled[np.argmax((g - h @ z)[pulled])]] = True
     return z
 
 
