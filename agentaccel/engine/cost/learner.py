@@ -112,7 +112,6 @@ class StepCostLearner:
         self._prefilled = 0.0  # ... and of the steps that carried some
         self._log_scale = 0.0  # weighted sum of log(seconds / seed's seconds): the server's speed
         self._units: np.ndarray | None = None  # typical context, attention and requests (for conditioning)
-        self._typical = 1.0  # the seed's time of a typical step (the first steps' median): errors are weighed in it
         self._first: list[tuple] = []  # steps held until the units are known
         self._model: StepCostModel | None = None  # the last fit
         self._drift = 0.0  # running mean of log(seconds / the model's seconds) over recent steps
@@ -143,7 +142,6 @@ class StepCostLearner:
                 rows, self._first = self._first, []
                 data = np.asarray(rows, dtype=float)
                 self._units = np.maximum(np.sqrt(np.mean(data[:, 2:5] ** 2, axis=0)), 1.0)
-                self._typical = float(np.median(self.seed.seconds(*data[:, [0, 2, 3, 4]].T)))
             data = np.asarray(rows, dtype=float)
             tokens, decode, context, attention, requests, seconds, proposer, weight = data.T
             predicted = self.seed.seconds(tokens, context, attention, requests)
@@ -189,8 +187,10 @@ class StepCostLearner:
             x = self._features(tokens, context, attention, requests)
             # A step's error weighed as a share of its time, as steps stray: in seconds, a few long
             # prefills outweighed every decoding step and bent the terms to their scatter. Its time
-            # by the seed's shape, so that a server that got slower weighs as much as before.
-            relative = w * (self._typical / predicted) ** 2
+            # in plain steps as the fit so far has it, so that a server that got slower weighs as
+            # much as before.
+            shape = self._model or self.seed
+            relative = w * (float(shape.seconds(1.0)) / shape.seconds(tokens, context, attention, requests)) ** 2
             self._xx = self._xx * fade + (x * relative[:, None]).T @ x
             self._xy = self._xy * fade + (x * relative[:, None]).T @ seconds
             self._weight = self._weight * fade + age.sum()
