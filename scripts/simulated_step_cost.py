@@ -1,7 +1,7 @@
 """What step cost the simulated agentaccel learns in `bench vllm`'s simulator check, against the
-simulated server it runs on and the step cost the real server learned (issue 58: the check's chat
-blocks at 8 and 16 in flight are off because the simulated budget drafts about twice the tokens a
-step the real one did).
+simulated server it runs on and the step cost the real server learned (issue 58: it showed the
+check's learner fitting a step cost unlike its server's, which made the simulated budget draft
+about twice the tokens a step on chat; BENCHMARKS, "The check's learner").
 
 A kept run (`bench vllm --logs FOLDER`) is simulated for agentaccel alone, as the check does; then,
 at steps of 1 / 16 / 64 / 256 tokens (no context): the simulated server's seconds, what the
