@@ -6,7 +6,8 @@ A ridge regression over hat functions of T (at `model.knots`) plus C, A and R, p
 seed where the server has not been measured (a prior worth `prior_steps` steps; the context,
 attention and request terms, which move together with T in most steps, CONTEXT_PRIOR times more
 firmly), older steps weighing less (`half_life` steps), a step far off the recent ones less still
-(`outlier`; the first steps, before there are recent ones, against their median). The base is
+(`outlier`; the first steps, before there are recent ones, against their median), each step's
+error weighed as a share of its time (a step strays by a share of it). The base is
 non-decreasing and the three terms are >= 0, solved for together (`_nonnegative`), the terms
 over their steps' deviation from their mean. Set right afterwards instead (the base's dips
 flattened, a negative term pinned), the fit kept the level a term had taken from the base: at
@@ -189,7 +190,7 @@ class StepCostLearner:
             # prefills outweighed every decoding step and bent the terms to their scatter. Its time
             # in plain steps as the fit so far has it, so that a server that got slower weighs as
             # much as before.
-            shape = self._model or self.seed
+            shape = self._model if self._model is not None else self.seed
             relative = w * (float(shape.seconds(1.0)) / shape.seconds(tokens, context, attention, requests)) ** 2
             self._xx = self._xx * fade + (x * relative[:, None]).T @ x
             self._xy = self._xy * fade + (x * relative[:, None]).T @ seconds
