@@ -22,6 +22,7 @@ import dataclasses
 import statistics
 import subprocess
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -34,7 +35,6 @@ from agentaccel.bench.vllm import simulate as sim
 from agentaccel.bench.vllm.runner import Measurement
 from agentaccel.engine.cost import learner as current
 from agentaccel.engine.cost import seed
-from agentaccel.simulation import speculators
 from agentaccel.text.tokenization import load_tokenizer
 
 SHAPES = ((1, 300), (8, 150), (16, 100), (8, 800), (16, 800))  # (requests, context each), 1.4 tokens each
@@ -53,10 +53,10 @@ def learner_at(commit: str) -> types.ModuleType:
 
 
 def price(model, requests: int, context: float) -> float:
-    """One more token in a step of `requests` decoding requests over `context` tokens each."""
-    tokens = 1.4 * requests
-    plain = float(model.seconds(tokens, requests * context, tokens * context, requests))
-    return float(model.seconds(tokens + 1, requests * context, (tokens + 1) * context, requests)) / plain - 1
+    """One more token in a step of `requests` decoding requests over `context` tokens each, 1.4
+    tokens a request already (StepCostModel.relative: against the same requests' plain step)."""
+    drafted = 0.4 * requests
+    return model.relative(requests, drafted + 1, context) / model.relative(requests, drafted, context) - 1
 
 
 def main() -> None:
@@ -71,6 +71,7 @@ def main() -> None:
     shapes = read_step_log(args.folder / "steps-agentaccel.jsonl")
     versions = {**{commit: learner_at(commit) for commit in args.at}, "this tree": current}
     prices: dict[str, list[list[float]]] = {name: [] for name in versions}
+    fit_ms: dict[str, list[float]] = {name: [] for name in versions}
     for run in range(args.seeds):
         rng = np.random.default_rng(run)
         steps = [dataclasses.replace(s, seconds=float(truth.seconds(s.tokens, s.context, s.attention, s.requests))
@@ -79,17 +80,20 @@ def main() -> None:
             learner = module.StepCostLearner(seed("cpu"))
             for start in range(0, len(steps), BATCH):
                 learner.observe(steps[start:start + BATCH])
+            started = time.perf_counter()
             model = learner.fit().model
+            fit_ms[name].append(1e3 * (time.perf_counter() - started))
             prices[name].append([price(model, r, c) for r, c in SHAPES])
     table = Table(title=f"a draft token's learned price (share of the step), {args.seeds} runs of "
                         f"{truth.noise:.1%} scatter over {len(shapes):,} steps (min / median / max)")
     table.add_column("learner")
+    table.add_column("a fit, ms (median)", justify="right")
     for r, c in SHAPES:
         table.add_column(f"{r} x {c} (truth {price(truth.model, r, c):.3f})", justify="right")
     for name, rows in prices.items():
         a = np.asarray(rows)
-        table.add_row(name, *(f"{a[:, i].min():.3f} / {np.median(a[:, i]):.3f} / {a[:, i].max():.3f}"
-                              for i in range(len(SHAPES))))
+        spread = (f"{a[:, i].min():.3f} / {np.median(a[:, i]):.3f} / {a[:, i].max():.3f}" for i in range(len(SHAPES)))
+        table.add_row(name, f"{statistics.median(fit_ms[name]):.1f}", *spread)
     Console().print(table)
     if args.simulate:
         simulated(m, truth, versions)
@@ -106,11 +110,12 @@ def simulated(m: Measurement, truth, versions: dict[str, types.ModuleType]) -> N
     for w, level in cells:
         table.add_column(f"{w} at {level}", justify="right")
     for name, module in versions.items():
-        speculators.StepCostLearner = module.StepCostLearner
-        try:
-            ours = sim.predict(m, truth, ["agentaccel"], tok)
-        finally:
-            speculators.StepCostLearner = current.StepCostLearner
+        def make(method_name: str, module=module):  # the check's method, learning with this learner
+            method = sim.make_method(method_name)
+            method.learner = module.StepCostLearner(method.learner.seed)
+            return method
+
+        ours = sim.predict(m, truth, ["agentaccel"], tok, make=make)
         ratios = {cell: statistics.median(row["tokens_per_s"] / plain[("none", *k[1:])]["tokens_per_s"]
                                           for k, row in ours.items() if k[1:3] == cell) for cell in cells}
         table.add_row(name, *(f"{ratios[cell]:.3f}" for cell in cells))

@@ -131,9 +131,7 @@ def test_at_a_few_percent_of_scatter_a_draft_tokens_learned_price_holds():
     truth = StepCostModel(tuple((0.05 + 0.003 * np.maximum(t - 6, 0)).tolist()), per_context=6e-6)
 
     def price(model):  # of one more token in a step of 8 requests of 250 tokens, 1.4 tokens each
-        tokens, context = 1.4 * 8, 250.0
-        plain = float(model.seconds(tokens, 8 * context, tokens * context, 8))
-        return float(model.seconds(tokens + 1, 8 * context, (tokens + 1) * context, 8)) / plain - 1
+        return model.relative(8, 3.2 + 1, 250.0) / model.relative(8, 3.2, 250.0) - 1
 
     ratios = []
     for run in range(10):

@@ -330,10 +330,11 @@ def _nonnegative(h: np.ndarray, g: np.ndarray) -> np.ndarray:
             z = z + np.min(np.where(gap > 0, z[below] / np.where(gap > 0, gap, 1.0), 0.0)) * (step - z)
             free &= z > 1e-12 * (z.max() + 1e-300)
             z[~free] = 0.0
-        pulled = np.flatnonzero(~free & (g - h @ z > tol))
+        pull = g - h @ z
+        pulled = np.flatnonzero(~free & (pull > tol))
         if not len(pulled):
             break
-        free[pulled[np.argmax((g - h @ z)[pulled])]] = True
+        free[pulled[np.argmax(pull[pulled])]] = True
     return z
 
 
