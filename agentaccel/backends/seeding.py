@@ -23,6 +23,7 @@ class SeedReport:
     snapshot: object | None = None  # the snapshot the trees came from instead (backends/snapshots.py)
     after_snapshot: int = 0  # outputs recorded after the snapshot, read from the store at the start
     snapshot_refused: str = ""  # why a snapshot asked for was not used
+    pruned_meanwhile: int = 0  # calls listed for seeding that a prune removed before they were read
 
 
 def seed_from_store(engine: SuffixEngine, store: TraceStore, tokenizer, budget_bytes: int | None = None,
@@ -51,7 +52,10 @@ def seed_from_store(engine: SuffixEngine, store: TraceStore, tokenizer, budget_b
         part = chosen[start:start + chunk]
         tokens = store.response_tokens([i for i, _, _ in part], tokenizer.fingerprint)
         for call_id, stage, scope in part:
-            ids = tokens[call_id]
+            ids = tokens.get(call_id)
+            if ids is None:  # pruned since the list was read (another server's pruner, `traces prune`)
+                report.pruned_meanwhile += 1
+                continue
             engine.add_document(ids, stage=stage, scope=scope)
             report.calls += 1
             report.tokens += len(ids)

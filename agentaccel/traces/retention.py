@@ -253,11 +253,26 @@ def fair_cut(counts: dict, remove: int) -> dict:
     return {h: n for h, n in cut.items() if n}
 
 
+# meta: the highest call id a SQLite store has handed out, kept when a prune takes the newest calls
+CALLS_HIGH_WATER = "calls_high_water"
+
+
 def delete_calls(conn: Connection, ids: list[int]) -> tuple[int, int]:
     """Deletes these calls and whatever only they used, in one transaction; (blobs, sessions) gone."""
     marks = ",".join("?" * len(ids))
+    # PostgreSQL: the rows are locked as they are read, so a second prune of the same calls waits
+    # here and then reads only what is still there; it cannot count the same uses down twice (SQLite
+    # holds the write lock from BEGIN IMMEDIATE on)
+    lock = " FOR UPDATE" if conn.kind == "postgresql" else ""
     with conn.transaction():
-        rows = conn.execute(f"SELECT prompt, tools, session_id FROM calls WHERE id IN ({marks})", ids).fetchall()
+        if conn.kind == "sqlite":  # the ids handed out so far stay used (store.TraceStore._next_call_id)
+            newest = conn.execute("SELECT MAX(id) FROM calls").fetchone()[0]
+            kept = conn.execute("SELECT value FROM meta WHERE key = ?", (CALLS_HIGH_WATER,)).fetchone()
+            if newest is not None and (kept is None or int(kept[0]) < newest):
+                conn.execute("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = "
+                             "excluded.value", (CALLS_HIGH_WATER, str(newest)))
+        rows = conn.execute(f"SELECT prompt, tools, session_id FROM calls WHERE id IN ({marks}){lock}",
+                            ids).fetchall()
         used = [b for prompt, tools, _ in rows for b in blobs_of(prompt, tools)]
         sessions = sorted({s for _, _, s in rows})
         for table, column in (("call_tenants", "call_id"), ("baseline_calls", "call_id")):

@@ -384,11 +384,30 @@ class TraceStore:
                  p.call.response, _json_or_none(p.call.tool_calls), p.call.finish_reason, p.call.prompt_tokens,
                  p.call.completion_tokens, p.call.latency, p.content_hash, source_file, p.call.source_offset,
                  fmt, _json_or_none(p.call.metadata), now) for p in fresh]
+        columns = """session_id, position, stage, model, created_at, prompt, tools, response, tool_calls, finish_reason,
+               prompt_tokens, completion_tokens, latency, content_hash, source_file, source_offset, format,
+               metadata, imported_at"""
+        first = self._next_call_id()
+        if first is not None:  # ids past every one handed out before (a follower's cursor may be there)
+            rows = [(first + i, *row) for i, row in enumerate(rows)]
+            columns = "id, " + columns
         return dict(self._insert_rows(
-            """INSERT INTO calls (session_id, position, stage, model, created_at, prompt, tools, response,
-               tool_calls, finish_reason, prompt_tokens, completion_tokens, latency, content_hash,
-               source_file, source_offset, format, metadata, imported_at)
-               VALUES {} ON CONFLICT (content_hash) DO NOTHING RETURNING content_hash, id""", rows))
+            f"""INSERT INTO calls ({columns}) VALUES {{}} ON CONFLICT (content_hash) DO NOTHING
+                RETURNING content_hash, id""", rows))
+
+    def _next_call_id(self) -> int | None:
+        """SQLite only, after a prune took the newest calls: the id after the highest ever handed
+        out. SQLite gives a new row the highest id in the table plus one, so without this a call
+        recorded after the prune would get a pruned call's id back, at or below where a follower's
+        cursor already is (traces/tail.py), and the follower would never read it. (PostgreSQL's
+        identity never hands an id out twice.) None: the table's own next id is that id."""
+        if self.conn.kind != "sqlite":
+            return None
+        row = self.conn.execute("SELECT value FROM meta WHERE key = ?", (retention.CALLS_HIGH_WATER,)).fetchone()
+        if row is None:
+            return None
+        newest = self.conn.execute("SELECT COALESCE(MAX(id), 0) FROM calls").fetchone()[0]
+        return int(row[0]) + 1 if int(row[0]) > newest else None
 
     def _mark_inserted(self, fresh: list[_PlannedCall], inserted: dict[str, int],
                        result: WriteResult) -> dict[int, _PlannedCall]:
@@ -561,16 +580,18 @@ class TraceStore:
             sql += f" LIMIT {int(limit)}"
         blob_cache: dict[int, dict] = {}
         for row in self.conn.execute(sql, args).fetchall():
-            prompt_ids = json.loads(row[6])
-            yield StoredCall(row[0], row[1], row[2], row[3], row[4], row[5], self._messages(prompt_ids, blob_cache),
-                             row[7], json.loads(row[8]) if row[8] else None, row[9], row[10],
+            messages = self._messages(json.loads(row[6]), blob_cache)
+            if messages is None:  # pruned since the calls were listed (a server's pruner, `traces prune`)
+                continue
+            yield StoredCall(row[0], row[1], row[2], row[3], row[4], row[5], messages, row[7], json.loads(row[8]) if row[8] else None, row[9], row[10],
                              json.loads(row[11]) if row[11] else None, row[12], bool(row[13]))
 
-    def _messages(self, ids: list[int], cache: dict[int, dict]) -> list[dict]:
+    def _messages(self, ids: list[int], cache: dict[int, dict]) -> list[dict] | None:
+        """The prompt's messages; None when one is gone (its call was pruned after it was listed)."""
         missing = [i for i in ids if i not in cache]
         for blob_id, text in self._rows_where("SELECT id, json FROM blobs WHERE id IN ({})", missing):
             cache[blob_id] = json.loads(text)
-        return [cache[i] for i in ids]
+        return None if any(i not in cache for i in ids) else [cache[i] for i in ids]
 
     def output_lengths(self, tokenizer_fingerprint: str,
                        up_to: int | None = None) -> list[tuple[int, str, int, str | None]]:

@@ -35,6 +35,12 @@ def hybrid_config(drafter: Mapping, trees: Mapping = DEFAULT_SPECULATIVE_CONFIG)
         # sampled tokens reach the CPU, where the trees cannot draft yet
         raise ValueError(f"the hybrid runs beside vLLM's {', '.join(HYBRID_METHODS)} drafters, "
                          f"not method {drafter.get('method')!r}")
+    if drafter.get("draft_sample_method", "greedy") != "greedy":
+        # vLLM keeps the head's draft probabilities and judges every drafted row by them, the rows
+        # sent the trees' drafts included: tree tokens against probabilities of other tokens, and
+        # tree drafts longer than the head's passes with fewer rows than tokens
+        raise ValueError(f"the hybrid drafts greedily: draft_sample_method {drafter['draft_sample_method']!r} would "
+                         "judge the trees' drafts by the head's probabilities for its own tokens; leave it out")
     model_tokens = drafter.get("num_speculative_tokens")
     if not isinstance(model_tokens, int) or isinstance(model_tokens, bool) or model_tokens < 1:
         raise ValueError(f"the drafter's num_speculative_tokens (its chain a step) must be an integer >= 1, "
