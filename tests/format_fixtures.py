@@ -122,6 +122,61 @@ def _mt_bench(root: Path) -> Path:
     return path
 
 
+def _claude_code(root: Path) -> Path:
+    """A Claude Code session: the assistant's text and tool call as two entries of one message, the
+    tool's result, the final answer; a mid-conversation system reminder (an attachment); a synthetic
+    error message (not a call)."""
+    folder = root / ".claude" / "projects" / "-work-calc"
+    folder.mkdir(parents=True)
+    base = {"sessionId": "s-1", "version": "2.1.328", "cwd": "/work/calc", "isSidechain": False}
+
+    def entry(uuid, parent, kind, message=None, **extra):
+        return json.dumps({**base, "uuid": uuid, "parentUuid": parent, "type": kind,
+                           **({"message": message} if message else {}), **extra}) + "\n"
+
+    lines = [json.dumps({"type": "queue-operation", "operation": "enqueue", "sessionId": "s-1"}) + "\n",
+             entry("u1", None, "user", {"role": "user", "content": "Fix add in calc.py"}),
+             entry("a1", "u1", "attachment", attachment={"type": "date"}, renderedRole="system",
+                   rendered=[{"content": "<system-reminder>Today is Monday.</system-reminder>"}]),
+             entry("m1", "a1", "assistant", {"id": "msg_1", "role": "assistant", "model": "tiny",
+                                             "content": [{"type": "text", "text": "Reading it."}]}),
+             entry("m2", "m1", "assistant", {"id": "msg_1", "role": "assistant", "model": "tiny", "content": [
+                 {"type": "tool_use", "id": "toolu_1", "name": "Read", "input": {"file_path": "calc.py"}}]}),
+             entry("r1", "m2", "user", {"role": "user", "content": [
+                 {"type": "tool_result", "tool_use_id": "toolu_1", "content": "def add(a, b): return a - b"}]}),
+             entry("m3", "r1", "assistant", {"id": "msg_2", "role": "assistant", "model": "tiny",
+                                             "content": [{"type": "text", "text": "add returns a - b: fixed."}]}),
+             entry("x1", "m3", "assistant", {"id": "msg_3", "role": "assistant", "model": "<synthetic>",
+                                             "content": [{"type": "text", "text": "API Error"}]},
+                   isApiErrorMessage=True)]
+    path = folder / "s-1.jsonl"
+    path.write_text("".join(lines))
+    return path
+
+
+def _codex_rollout(root: Path) -> Path:
+    """A Codex rollout: the base instructions, a developer and a user turn, the model's reasoning and
+    function call, its output, the answer."""
+    folder = root / ".codex" / "sessions" / "2026" / "11" / "28"
+    folder.mkdir(parents=True)
+
+    def line(kind, payload):
+        return json.dumps({"timestamp": "2026-11-28T10:00:00.000Z", "type": kind, "payload": payload}) + "\n"
+
+    items = [{"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Be careful."}]},
+             {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Fix add in calc.py"}]},
+             {"type": "reasoning", "summary": [], "encrypted_content": "opaque"},
+             {"type": "function_call", "name": "exec_command", "arguments": "{\"cmd\": \"cat calc.py\"}",
+              "call_id": "call_1"},
+             {"type": "function_call_output", "call_id": "call_1", "output": "def add(a, b): return a - b"},
+             {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Fixed."}]}]
+    path = folder / "rollout-2026-11-28T10-00-00-r-1.jsonl"
+    path.write_text(line("session_meta", {"id": "r-1", "cli_version": "0.171.0", "model": "tiny",
+                                          "base_instructions": {"text": "You are Codex."}})
+                    + "".join(line("response_item", item) for item in items))
+    return path
+
+
 FIXTURES: dict[str, Callable[[Path], Path]] = {
     "swe-agent-traj": _swe_agent,
     "trajectory-records": _trajectory_records,
@@ -136,4 +191,6 @@ FIXTURES: dict[str, Callable[[Path], Path]] = {
     "bird-predictions": _bird_predictions,
     "alpaca-eval": _alpaca,
     "mt-bench-answers": _mt_bench,
+    "claude-code": _claude_code,
+    "codex-rollout": _codex_rollout,
 }

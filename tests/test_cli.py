@@ -49,8 +49,8 @@ def test_help_groups_the_commands_as_the_readme_introduces_them():
     panels = [line.strip("╭─ ").split(" ─")[0] for line in out.stdout.splitlines() if line.startswith("╭─ ")]
     assert panels == ["Options", "Serve", "Agent frameworks", "Traces", "Benchmarks"], panels
     listed = re.findall(r"^│ (\S+)\s", out.stdout, flags=re.M)
-    assert listed[listed.index("serve"):] == ["serve", "openhands-config", "import-traces", "export-traces", "tune",
-                                              "traces", "bench"], listed
+    assert listed[listed.index("serve"):] == ["serve", "openhands-config", "claude-code-config", "codex-config",
+                                              "import-traces", "export-traces", "tune", "traces", "bench"], listed
 
 
 def test_import_stats_export(tmp_path):
@@ -139,7 +139,9 @@ def test_serve_rejects_bad_settings_with_a_clear_message(tmp_path):
     assert r.returncode == 2 and "--backend vllm" in r.stderr
     for given, said in (("{eagle", "not JSON"), ('["eagle"]', "a JSON object"),
                         ('{"method": "draft_model", "model": "m", "num_speculative_tokens": 3}', "'draft_model'"),
-                        ('{"method": "eagle3", "model": "m"}', "num_speculative_tokens")):
+                        ('{"method": "eagle3", "model": "m"}', "num_speculative_tokens"),
+                        ('{"method": "eagle3", "model": "m", "num_speculative_tokens": 3, '
+                         '"draft_sample_method": "probabilistic"}', "the hybrid drafts greedily")):
         r = serve("--backend", "vllm", "--drafter", given)
         assert r.returncode == 2 and said in " ".join(r.stderr.split()) and "Traceback" not in r.stderr, r.stderr
 

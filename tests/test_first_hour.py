@@ -42,6 +42,8 @@ README_URL = "http://127.0.0.1:8000"
 #   fleet   the several-servers recipe (PostgreSQL, servers, vllm-router, a front proxy): needs
 #           a GPU model and a PostgreSQL of the user's; tests/test_shared_store.py runs the same
 #           topology for real (its own PostgreSQL, two servers with the real model, vllm-router)
+#   agents  reads what Claude Code and Codex wrote, which a fresh machine has not run: its options must
+#           parse; tests/test_agent_clients.py imports what the real CLIs wrote
 #   traces  reads the real-trace folder a fresh clone lacks: must say so (docs/TRACES.md) and exit 2;
 #           tests/test_template_miner.py and tests/test_stage_discovery.py run its parts on real data
 PLAN = {
@@ -50,6 +52,9 @@ PLAN = {
     'curl -s http://127.0.0.1:8000/metrics | grep -E "agentaccel_(mean_accepted_length|acceptance_rate)"': "run",
     "python examples/text2sql_pipeline.py --questions 3": "run",
     "agentaccel openhands-config": "run",
+    "agentaccel claude-code-config": "run",
+    "agentaccel codex-config": "run",
+    "agentaccel import-traces ~/.claude/projects ~/.codex/sessions": "agents",
     "agentaccel bench agent --limit 1": "bench",
     "agentaccel serve --backend vllm --model Qwen/Qwen2.5-7B-Instruct": "options",
     'agentaccel serve --host 0.0.0.0 --api-key "$KEY_TEAM_A" --api-key "$KEY_TEAM_B" --admin-key "$KEY_OPS"':
@@ -145,7 +150,7 @@ def on_port(command: str, url: str) -> str:
     command = command.replace(README_URL, url)
     if command == "agentaccel serve":
         return f"{command} --port {url.rsplit(':', 1)[1]}"
-    if command.startswith("agentaccel openhands-config"):
+    if command.startswith(("agentaccel openhands-config", "agentaccel claude-code-config", "agentaccel codex-config")):
         return f"{command} --url {url}"
     if command.startswith("python examples/"):
         return f"{command} --base-url {url}/v1"
@@ -224,7 +229,7 @@ def test_a_new_users_first_hour(machine):
                     assert 'agentaccel_mean_accepted_length{stage="sql"}' in out.stdout, out.stdout
             elif how == "traces":
                 assert_needs_traces(machine.run(command), command)
-            elif how in ("options", "bench"):
+            elif how in ("options", "bench", "agents"):
                 assert_clean(machine.run(f"{command} --help"), command)
             elif how == "fleet" and command.startswith(("agentaccel", "vllm-router")):  # installed, options known
                 program = command.split(" --", 1)[0].split(" -- ", 1)[0]

@@ -297,3 +297,38 @@ def test_render_prompt_with_the_model_chat_template(tok):
     parts = [{"role": "system", "content": [{"type": "text", "text": "Be "}, {"type": "text", "text": "brief."}]},
              {"role": "user", "content": [{"type": "text", "text": "Hi"}]}]
     assert render_prompt(parts, tok.chat_template) == templated
+
+
+def test_claude_code_and_codex_logs_rebuild_each_call_as_the_model_saw_it(tmp_path):
+    """Each model call of a Claude Code transcript (its blocks' entries joined into one message) and
+    of a Codex rollout, its prompt the turns before it in chat form; Claude Code's own synthetic
+    messages are no call; a broken line fails the file, naming the line."""
+    from format_fixtures import FIXTURES
+
+    from agentaccel.traces.formats import claude_code, codex
+    from agentaccel.traces.records import FormatError
+
+    [session] = claude_code.parse_transcript(FIXTURES["claude-code"](tmp_path))
+    first, second = session.calls
+    assert first.messages == [{"role": "user", "content": "Fix add in calc.py"},
+                              {"role": "system", "content": "<system-reminder>Today is Monday.</system-reminder>"}]
+    assert first.response.startswith("Reading it.") and first.tool_calls[0]["function"] == \
+        {"name": "Read", "arguments": '{"file_path": "calc.py"}'}
+    assert [m["role"] for m in second.messages] == ["user", "system", "assistant", "tool"]
+    assert second.messages[2]["tool_calls"] == first.tool_calls and second.messages[3]["tool_call_id"] == "toolu_1"
+    assert second.response == "add returns a - b: fixed." and {c.stage for c in session.calls} == {"claude-code"}
+
+    [session] = codex.parse_rollout(FIXTURES["codex-rollout"](tmp_path))
+    first, second = session.calls
+    assert first.messages == [{"role": "system", "content": "You are Codex."},
+                              {"role": "system", "content": "Be careful."},
+                              {"role": "user", "content": "Fix add in calc.py"}]
+    assert first.tool_calls == [{"id": "call_1", "type": "function",
+                                 "function": {"name": "exec_command", "arguments": '{"cmd": "cat calc.py"}'}}]
+    assert [m["role"] for m in second.messages] == ["system", "system", "user", "assistant", "tool"]
+    assert second.response == "Fixed." and {c.stage for c in session.calls} == {"codex"}
+
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text(FIXTURES["claude-code"](tmp_path / "again").read_text() + '{"uuid": "cut\n')
+    with pytest.raises(FormatError, match="line 9"):
+        claude_code.parse_transcript(broken)

@@ -420,3 +420,50 @@ def test_baseline_calls_are_not_learned_by_the_server_that_recorded_them(served)
         stored = [c for c in store.iter_calls(baselines=True) if c.stage == "baselines"]
         learnable = [c for c in store.iter_calls() if c.stage == "baselines"]
     assert len(stored) == 3 and all(c.baseline for c in stored) and not learnable
+
+
+CLAUDE_CODE_SHAPED = {  # what Claude Code sends besides its conversation (a local model has nothing to do with it)
+    "model": "smol", "max_tokens": 32000, "stream": True, "temperature": 0,
+    "system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.328"},
+               {"type": "text", "text": "You are an agent that writes SQL.", "cache_control": {"type": "ephemeral"}}],
+    "tools": [{"name": "Bash", "description": "Run a command",
+               "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}}}],
+    "thinking": {"type": "adaptive", "display": "omitted"}, "context_management": {"edits": []},
+    "output_config": {"effort": "high"},
+    "metadata": {"user_id": json.dumps({"device_id": "d", "session_id": "claude-code-session"})}}
+CODEX_SHAPED = {  # what Codex sends besides its conversation
+    "model": "smol", "stream": True, "temperature": 0, "instructions": None, "tool_choice": "auto",
+    "tools": [{"type": "function", "name": "exec_command", "description": "Runs a command", "strict": False,
+               "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}},
+              {"type": "web_search", "external_web_access": False}],
+    "parallel_tool_calls": True, "reasoning": {"summary": "auto"}, "store": False,
+    "include": ["reasoning.encrypted_content"], "prompt_cache_key": "codex-thread"}
+
+
+def sse_text(r, kind: str, field: str) -> str:
+    """The text of a translated API's stream: its `kind` events' `field`s, joined."""
+    assert r.status_code == 200, r.text
+    events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+    return "".join(e["delta"][field] if kind == "content_block_delta" else e[field]
+                   for e in events if e["type"] == kind)
+
+
+def test_claude_code_and_codex_shaped_requests_are_drafted_in_their_stage(served):
+    """The Messages and Responses APIs through vLLM: the proxy's translation reaches vLLM as chat,
+    the stage reaches the plugin, greedy outputs equal plain decoding's, drafts are accepted."""
+    url, _ = served
+    claude = {**CLAUDE_CODE_SHAPED, "messages": [{"role": "user", "content": [{"type": "text", "text": PROMPTS[0]}]}]}
+    codex = {**CODEX_SHAPED, "input": [
+        {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "You write SQL."}]},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": PROMPTS[0]}]}]}
+    for body, path, stage, kind, field in ((claude, "/v1/messages", "claude-code", "content_block_delta", "text"),
+                                           (codex, "/v1/responses", "codex", "response.output_text.delta",
+                                            "delta")):
+        plain, first, second = (sse_text(r, kind, field) for r in plain_and_drafted(url, body, stage, path))
+        assert plain and first == plain and second == plain, (stage, plain, second)
+        assert spec_metric(url, "agentaccel_accepted_tokens_total", stage) > 20, stage
+    # Claude Code's token count is vLLM's own: the prompt tokens vLLM reports for the same request
+    whole = post(url, {**claude, "stream": False}, "claude-code", "/v1/messages").json()
+    counted = post(url, {k: v for k, v in claude.items() if k not in ("stream", "max_tokens")}, "claude-code",
+                   "/v1/messages/count_tokens").json()
+    assert counted["input_tokens"] == whole["usage"]["input_tokens"] + whole["usage"]["cache_read_input_tokens"]

@@ -14,6 +14,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from agentaccel.engine import scoped_stage, split_stage  # noqa: F401 - the stage keys of per-stage statistics
+from agentaccel.text.messages import canonical_json, message_text
+from agentaccel.text.tokenization import load_tokenizer
 
 CHAT = "chat"
 COMPLETIONS = "completions"
@@ -46,6 +48,9 @@ class CallContext:
     # answered without speculation at the client's request (vllm_xargs.speculate=false), as the
     # backend decided in `prepare`: stored as a baseline, which no server learns from
     baseline: bool = False
+    # the request's max_tokens is a ceiling, not a demand (the Anthropic Messages API requires one and
+    # clients send their model's largest): a backend shortens it to what its context leaves
+    max_tokens_ceiling: bool = False
 
 
 def asks_no_speculation(body: dict) -> bool:
@@ -80,6 +85,13 @@ class Backend(ABC):
 
     @abstractmethod
     def stream(self, endpoint: str, body: dict, ctx: CallContext) -> AsyncIterator[bytes]: ...
+
+    async def count_tokens(self, body: dict) -> int:
+        """How many tokens a chat body's prompt is to this backend's model (the Messages API's
+        count_tokens). By default the bundled model's tokenizer over the prompt's text: a
+        backend that knows its model's tokenizer counts with it."""
+        text = "\n".join(message_text(m) for m in body["messages"]) + canonical_json(body.get("tools") or [])
+        return len(load_tokenizer().encode(text))
 
     def health(self) -> dict:
         return {"backend": self.name}

@@ -38,6 +38,7 @@ class OpenAIBackend(Backend):
         self.session_header = session_header.lower() if session_header else None  # for routers (backends/routing.py)
         self.data_parallel_ranks = 1  # >1: sessions pinned to a rank of the server's data parallelism
         self.session: aiohttp.ClientSession | None = None
+        self.context_lengths: dict[str, int] = {}  # a served model's context in tokens, where the upstream says
 
     async def start(self) -> None:
         headers = {"content-type": "application/json"}  # bodies go out pre-encoded (jsonfast)
@@ -86,7 +87,33 @@ class OpenAIBackend(Backend):
 
     async def models(self) -> list[str]:
         data = json.loads(await self._call("GET", "/models", "listing models")).get("data", [])
-        return [m["id"] for m in data if isinstance(m, dict) and "id" in m]
+        cards = [m for m in data if isinstance(m, dict) and "id" in m]
+        # vLLM lists each model's context (`max_model_len`); other servers may say `context_length`
+        self.context_lengths = {m["id"]: m.get("max_model_len") or m.get("context_length") for m in cards
+                                if isinstance(m.get("max_model_len") or m.get("context_length"), int)}
+        return [m["id"] for m in cards]
+
+    async def count_tokens(self, body: dict) -> int:
+        """The upstream's own count where it has vLLM's `/tokenize` (chat messages in, `count`
+        out), else the bundled tokenizer's."""
+        try:
+            # vLLM serves it at its root, beside /v1
+            content = await self._call("POST", "/../tokenize", "counting tokens", data=jsonfast.dumps(
+                {k: body[k] for k in ("model", "messages", "tools") if k in body}))
+            count = jsonfast.loads(content).get("count")
+        except (APIError, ValueError, AttributeError):
+            count = None
+        return count if isinstance(count, int) else await super().count_tokens(body)
+
+    def prepare(self, body: dict, ctx: CallContext) -> dict:
+        """A ceiling's max_tokens (ctx.max_tokens_ceiling) at most the model's context, where the
+        upstream lists it: vLLM refuses a larger one, and shortens one within it to what the
+        prompt leaves."""
+        body = super().prepare(body, ctx)
+        limit = self.context_lengths.get(body.get("model")) if ctx.max_tokens_ceiling else None
+        if limit is not None and isinstance(body.get("max_tokens"), int) and body["max_tokens"] > limit:
+            body = {**body, "max_tokens": limit}
+        return body
 
     async def complete(self, endpoint: str, body: dict, ctx: CallContext) -> dict:
         content = await self._call("POST", _PATHS[endpoint], "before answering", data=jsonfast.dumps(body),

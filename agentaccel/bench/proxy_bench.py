@@ -27,6 +27,11 @@ from agentaccel.bench import aio
 from agentaccel.bench.upstream import MODEL
 from agentaccel.processes import free_port, stop_group, wait_healthy
 
+# Each API's endpoint and the event its stream ends with (the upstream speaks chat alone)
+API_PATHS = {"chat": "/v1/chat/completions", "messages": "/v1/messages", "responses": "/v1/responses"}
+API_ENDS = {"chat": (b"data: [DONE]",), "messages": (b"event: message_stop",),
+            "responses": (b"event: response.completed", b"event: response.incomplete")}
+
 
 @dataclass
 class LoadResult:
@@ -44,11 +49,12 @@ class _Connection:
     """One keep-alive HTTP/1.1 connection speaking just enough to send a chat request and read a
     chunked SSE answer: a load generator much cheaper than the server it measures."""
 
-    def __init__(self, host: str, port: int, body: dict, key: str | None = None) -> None:
+    def __init__(self, host: str, port: int, body: dict, key: str | None = None, api: str = "chat") -> None:
         self.host, self.port = host, port
+        self.end = API_ENDS[api]
         payload = json.dumps(body).encode()
         auth = f"authorization: Bearer {key}\r\n" if key else ""
-        self.request = (f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}:{port}\r\n{auth}"
+        self.request = (f"POST {API_PATHS[api]} HTTP/1.1\r\nhost: {host}:{port}\r\n{auth}"
                         f"content-type: application/json\r\ncontent-length: {len(payload)}\r\n\r\n").encode() + payload
         self.reader = self.writer = None
 
@@ -79,8 +85,8 @@ class _Connection:
                 first = time.perf_counter() - t0
             if buf.endswith(b"\r\n0\r\n\r\n"):  # a chunked body's last, empty chunk
                 break
-        if b"data: [DONE]" not in buf[body_at:]:
-            raise RuntimeError("stream ended without [DONE]")
+        if not any(end in buf[body_at:] for end in self.end):
+            raise RuntimeError(f"stream ended without {self.end[0].decode()}")
         return first, time.perf_counter() - t0
 
     def close(self) -> None:
@@ -88,19 +94,26 @@ class _Connection:
             self.writer.close()
 
 
+def request_body(api: str, prompt: str, tokens: int) -> dict:
+    """One streamed request of `api` (chat completions, the Messages API, the Responses API; the
+    first two read the same fields here)."""
+    if api == "responses":
+        return {"model": MODEL, "input": prompt, "max_output_tokens": tokens, "stream": True}
+    return {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": tokens, "stream": True}
+
+
 async def run_load(url: str, streams: int, requests_per_stream: int, tokens: int, spread: float = 0.0,
-                   prompt: str = "hello", keys: list[str] | None = None) -> LoadResult:
+                   prompt: str = "hello", keys: list[str] | None = None, api: str = "chat") -> LoadResult:
     """`spread`: each stream starts after a random delay up to this many seconds, so that streams
     are not phase-locked (agents do not start their calls in the same millisecond; locked
     streams hit the proxy in bursts of N events at once). `keys`: stream i sends key i mod len."""
     host, port = url.removeprefix("http://").split(":")
-    body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": tokens,
-            "stream": True}
+    body = request_body(api, prompt, tokens)
     result = LoadResult()
 
     async def worker(key: str | None):
         await asyncio.sleep(random.uniform(0, spread))
-        conn = _Connection(host, int(port), body, key)
+        conn = _Connection(host, int(port), body, key, api)
         try:
             for _ in range(requests_per_stream):
                 try:
@@ -110,7 +123,7 @@ async def run_load(url: str, streams: int, requests_per_stream: int, tokens: int
                 except (OSError, RuntimeError, asyncio.IncompleteReadError, ValueError):
                     result.errors += 1
                     conn.close()
-                    conn = _Connection(host, int(port), body, key)
+                    conn = _Connection(host, int(port), body, key, api)
         finally:
             conn.close()
 
@@ -138,11 +151,13 @@ def serving_process(argv: list[str], url: str, health_path: str):
 
 def bench_proxy(concurrency: list[int], requests_per_stream: int, tokens: int, rounds: int, record: bool,
                 token_delay: float = 0.02, pin: bool = False, progress=None, discover: bool = True,
-                prompt_chars: int = 0, tenants: int = 0) -> list[dict]:
+                prompt_chars: int = 0, tenants: int = 0, apis: tuple[str, ...] = ("chat",)) -> list[dict]:
     """`token_delay`: seconds between the upstream's tokens (0.02: 50 tokens/s per stream, a fast
     GPU decode); 0 turns the run into a saturation test (the proxy's throughput ceiling).
     `prompt_chars`: the untagged prompt's length (0: "hello"), what stage discovery reads.
-    `tenants`: the proxy takes that many API keys, the streams sending them in turn."""
+    `tenants`: the proxy takes that many API keys, the streams sending them in turn. `apis`: the
+    APIs sent through the proxy, each in its own rounds beside the same direct chat rounds (a row
+    each)."""
     prompt = long_prompt(prompt_chars) if prompt_chars else "hello"
     up_port, proxy_port = free_port(), free_port()
     upstream = f"http://127.0.0.1:{up_port}"
@@ -166,7 +181,7 @@ def bench_proxy(concurrency: list[int], requests_per_stream: int, tokens: int, r
                 os.sched_setaffinity(upstream_proc.pid, set(cores[:-1]))
             try:
                 return _rounds(concurrency, requests_per_stream, tokens, token_delay, rounds, upstream, proxy, progress,
-                               prompt, keys)
+                               prompt, keys, apis)
             finally:
                 os.sched_setaffinity(0, set(cores))
 
@@ -185,34 +200,37 @@ def long_prompt(chars: int) -> str:
 
 
 def _rounds(concurrency, requests_per_stream, tokens, token_delay, rounds, upstream, proxy, progress,
-            prompt: str, keys: list[str]) -> list[dict]:
-    aio.run(run_load(proxy, 8, 5, tokens, prompt=prompt, keys=keys))  # warm both (connections, code paths)
+            prompt: str, keys: list[str], apis: tuple[str, ...]) -> list[dict]:
+    for api in apis:  # warm both (connections, code paths)
+        aio.run(run_load(proxy, 8, 5, tokens, prompt=prompt, keys=keys, api=api))
     aio.run(run_load(upstream, 8, 5, tokens, prompt=prompt))
     # Streams start at random offsets within one response time, as independent agents do.
     spread = tokens * token_delay
     rows = []
     for n in concurrency:
-        direct, proxied = LoadResult(), LoadResult()
+        direct = LoadResult()
+        proxied = {api: LoadResult() for api in apis}
         for r in range(rounds):
-            for target, into in ((upstream, direct), (proxy, proxied)):
+            for target, api, into in ((upstream, "chat", direct), *((proxy, a, proxied[a]) for a in apis)):
                 got = aio.run(run_load(target, n, requests_per_stream, tokens, spread, prompt,
-                                       keys if target == proxy else None))
+                                       keys if target == proxy else None, api))
                 into.latencies += got.latencies
                 into.first_chunk += got.first_chunk
                 into.errors += got.errors
                 into.seconds += got.seconds
                 if progress:
                     progress(n, r)
-        rows.append({
-            "streams": n, "requests": len(proxied.latencies) + proxied.errors,
-            "errors": proxied.errors + direct.errors,
-            "token_delay_ms": token_delay * 1000,
-            "added_first_chunk_p50_ms": proxied.pct(50, True) - direct.pct(50, True),
-            "added_first_chunk_p99_ms": proxied.pct(99, True) - direct.pct(99, True),
-            "direct_p50_ms": direct.pct(50), "direct_p99_ms": direct.pct(99),
-            "proxy_p50_ms": proxied.pct(50), "proxy_p99_ms": proxied.pct(99),
-            "added_p50_ms": proxied.pct(50) - direct.pct(50), "added_p99_ms": proxied.pct(99) - direct.pct(99),
-            "direct_rps": len(direct.latencies) / direct.seconds,
-            "proxy_rps": len(proxied.latencies) / proxied.seconds,
-        })
+        for api, through in proxied.items():
+            rows.append({
+                "streams": n, "api": api, "requests": len(through.latencies) + through.errors,
+                "errors": through.errors + direct.errors,
+                "token_delay_ms": token_delay * 1000,
+                "added_first_chunk_p50_ms": through.pct(50, True) - direct.pct(50, True),
+                "added_first_chunk_p99_ms": through.pct(99, True) - direct.pct(99, True),
+                "direct_p50_ms": direct.pct(50), "direct_p99_ms": direct.pct(99),
+                "proxy_p50_ms": through.pct(50), "proxy_p99_ms": through.pct(99),
+                "added_p50_ms": through.pct(50) - direct.pct(50), "added_p99_ms": through.pct(99) - direct.pct(99),
+                "direct_rps": len(direct.latencies) / direct.seconds,
+                "proxy_rps": len(through.latencies) / through.seconds,
+            })
     return rows

@@ -255,29 +255,36 @@ def bench_proxy_cmd(
     tenants: Annotated[int, typer.Option(help="The proxy takes this many API keys, the streams sending them in turn "
                                               "(each a tenant: its own prompt cache scope, trees and /metrics "
                                               "series; default: 0, no keys).", min=0)] = 0,
+    api: Annotated[str, typer.Option(help="The APIs sent through the proxy, comma-separated, each beside the same "
+                                          "direct chat requests: chat, messages (Anthropic, Claude Code's), "
+                                          "responses (OpenAI Responses, Codex's).")] = "chat",
     json_out: JsonOption = None,
 ) -> None:
     """Added latency of the proxy at N concurrent streams against a fast local upstream."""
     from rich.progress import Progress
 
-    from agentaccel.bench.proxy_bench import bench_proxy
+    from agentaccel.bench.proxy_bench import API_PATHS, bench_proxy
 
     levels = [int(x) for x in streams.split(",") if x.strip()]
+    apis = tuple(a.strip() for a in api.split(",") if a.strip())
+    if not apis or set(apis) - set(API_PATHS):
+        raise typer.BadParameter(f"{api!r}: name APIs among {', '.join(API_PATHS)}", param_hint="--api")
     with Progress(console=err, transient=True) as progress:
-        task = progress.add_task("load rounds", total=len(levels) * rounds * 2)
+        task = progress.add_task("load rounds", total=len(levels) * rounds * (1 + len(apis)))
         rows = bench_proxy(levels, requests, tokens, rounds, record, token_delay, pin,
-                           progress=lambda *_: progress.advance(task, 2), discover=discover_stages,
-                           prompt_chars=prompt_chars, tenants=tenants)
+                           progress=lambda *_: progress.advance(task, 1), discover=discover_stages,
+                           prompt_chars=prompt_chars, tenants=tenants, apis=apis)
     table = Table(title=f"proxy overhead ({tokens} tokens per stream, {token_delay * 1000:g} ms apart; prompt "
                         f"{prompt_chars or 5:,} chars; stage discovery {'on' if discover_stages else 'off'}; recording "
                         f"{'on' if record else 'off'}{'; proxy on its own core' if pin else ''}"
                         f"{f'; {tenants} tenants' if tenants else ''})")
-    for col in ("streams", "requests", "errors", "added 1st chunk p50 ms", "added 1st chunk p99 ms",
+    for col in ("streams", "api", "requests", "errors", "added 1st chunk p50 ms", "added 1st chunk p99 ms",
                 "direct p50 ms", "proxy p50 ms", "added p50 ms", "direct p99 ms", "proxy p99 ms", "added p99 ms",
                 "direct req/s", "proxy req/s"):
         table.add_column(col, justify="right")
     for r in rows:
-        table.add_row(str(r["streams"]), str(r["requests"]), str(r["errors"]), f"{r['added_first_chunk_p50_ms']:.2f}",
+        table.add_row(str(r["streams"]), r["api"], str(r["requests"]), str(r["errors"]),
+                      f"{r['added_first_chunk_p50_ms']:.2f}",
                       f"{r['added_first_chunk_p99_ms']:.2f}", f"{r['direct_p50_ms']:.2f}",
                       f"{r['proxy_p50_ms']:.2f}", f"{r['added_p50_ms']:.2f}", f"{r['direct_p99_ms']:.2f}",
                       f"{r['proxy_p99_ms']:.2f}", f"{r['added_p99_ms']:.2f}", f"{r['direct_rps']:.0f}",

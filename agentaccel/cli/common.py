@@ -158,3 +158,22 @@ def traces_folder(path: Path | None, missing: Callable[[Path], str | None] = lam
     except TracesMissing as e:
         raise fail(str(e)) from e
     return folder
+
+
+def served_model(url: str, api_key: str | None, model: str | None) -> tuple[str, str]:
+    """(the proxy's base URL without /v1, the model to name): asked of a running proxy, so the
+    settings printed for an agent are ones it serves."""
+    import httpx
+
+    base = url.rstrip("/").removesuffix("/v1")
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        r = httpx.get(base + "/v1/models", headers=headers, timeout=10)
+    except httpx.HTTPError as e:
+        raise fail(f"no proxy answering at {base} ({e}); start one with `agentaccel serve`") from e
+    if r.status_code != 200:
+        raise fail(f"{base}/v1/models answered {r.status_code}: {r.text[:300]}")
+    served = [m["id"] for m in r.json().get("data", [])]
+    if model is not None and model not in served:
+        raise fail(f"{base} does not serve {model!r} (it serves {served})")
+    return base, model or served[0]

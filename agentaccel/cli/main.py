@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from agentaccel.cli.agent_clients import claude_code_config, codex_config
 from agentaccel.cli.bench import bench_app
 from agentaccel.cli.openhands import openhands_config
 from agentaccel.cli.serve import serve
@@ -24,6 +25,8 @@ SERVE, AGENTS, TRACES, BENCH = "Serve", "Agent frameworks", "Traces", "Benchmark
 app.command("serve", rich_help_panel=SERVE,
             context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(serve)
 app.command("openhands-config", rich_help_panel=AGENTS)(openhands_config)
+app.command("claude-code-config", rich_help_panel=AGENTS)(claude_code_config)
+app.command("codex-config", rich_help_panel=AGENTS)(codex_config)
 app.command("import-traces", rich_help_panel=TRACES)(import_traces_cmd)
 app.add_typer(traces_app, name="traces", rich_help_panel=TRACES)
 traces_app.command("stats")(traces_stats)

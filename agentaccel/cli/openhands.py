@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from agentaccel.cli.common import fail
+from agentaccel.cli.common import served_model
 
 
 def openhands_config(
@@ -17,22 +17,9 @@ def openhands_config(
 ) -> None:
     """Print OpenHands' settings for a running proxy: the classic core's config.toml \\[llm] section, the
     SDK's LLM(...), and what the 1.x app takes in Settings (local and Docker runtime)."""
-    import httpx
-
     from agentaccel.adapters.openhands import app_settings, config_toml, sdk_snippet
 
-    base = url.rstrip("/").removesuffix("/v1")
-    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
-    try:
-        r = httpx.get(base + "/v1/models", headers=headers, timeout=10)
-    except httpx.HTTPError as e:
-        raise fail(f"no proxy answering at {base} ({e}); start one with `agentaccel serve`") from e
-    if r.status_code != 200:
-        raise fail(f"{base}/v1/models answered {r.status_code}: {r.text[:300]}")
-    served = [m["id"] for m in r.json().get("data", [])]
-    if model is not None and model not in served:
-        raise fail(f"{base} does not serve {model!r} (it serves {served})")
-    name = model or served[0]
+    base, name = served_model(url, api_key, model)
     print(config_toml(base, name, api_key))
     print(sdk_snippet(base, name, api_key))
     print(app_settings(base, name, api_key))

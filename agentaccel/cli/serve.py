@@ -128,6 +128,10 @@ def serve(
                                                        "in the trace store).")] = True,
     fingerprint: Annotated[bool, typer.Option(help="With --no-discover-stages: stage = fingerprint of the "
                                                    "system prompt of untagged requests.")] = True,
+    default_temperature: Annotated[float | None, typer.Option(
+        help="The temperature of requests that set none (Claude Code and Codex never do, and their APIs then "
+             "sample at 1.0); 0: greedy, the outputs speculation leaves unchanged (default: each API's own).",
+        min=0)] = None,
     drafter: Annotated[str | None, typer.Option(help="vllm: a model drafter to run beside the trees (the hybrid: "
                                                      "each request drafts from whichever expects more accepted "
                                                      "tokens), as vLLM's speculative config for it in JSON, e.g. "
@@ -210,7 +214,7 @@ def serve(
                          prefix_scope=prefix_cache_scope.value, speculation_scope=speculation_scope.value,
                          max_body_bytes=parse_size(max_body), record=record,
                          redact=redact, db_path=location, stage_rules=rules, discover_stages=discover_stages,
-                         fingerprint_system=fingerprint,
+                         fingerprint_system=fingerprint, default_temperature=default_temperature,
                          upstream_timeout=upstream_timeout, read_timeout=read_timeout,
                          max_connections=max_connections)
     if replaying_db and record:

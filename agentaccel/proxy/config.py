@@ -33,6 +33,9 @@ class ProxyConfig:
     # off, the fingerprint of the system prompt (when `fingerprint_system`), else "default".
     discover_stages: bool = True
     fingerprint_system: bool = True
+    # A request that sets no temperature gets this one (None: the API's own default, 1.0 for chat,
+    # Messages and Responses alike); 0 makes agents that never set one (Claude Code, Codex) greedy.
+    default_temperature: float | None = None
     upstream_timeout: float = 600.0
     # A client must send its request headers within this many seconds, and no gap between its body's
     # bytes may be longer (slow but steady clients are fine; one that stalls holds nothing for long).

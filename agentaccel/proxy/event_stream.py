@@ -14,6 +14,11 @@ from collections.abc import AsyncIterator
 _HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
 
 
+class LastEvent(bytes):
+    """An event that ends its stream, as `final` does, for streams whose last event is made at the
+    end (a translated API's closing events carry the usage)."""
+
+
 class EventStream:
     """`final`: the event that ends the response (the same object, e.g. `data: [DONE]`). The body
     is closed with it, so the client is done while the event source's clean-up (metrics, the
@@ -41,7 +46,7 @@ class EventStream:
             ended = False
             async for event in self.events:
                 if not ended:
-                    ended = event is self.final
+                    ended = event is self.final or type(event) is LastEvent
                     await send({"type": "http.response.body", "body": event, "more_body": not ended})
                     if ended:  # the client has it all: its leaving now must not cut the clean-up short
                         watcher.cancel()

@@ -31,9 +31,12 @@ from agentaccel.backends.base import CHAT, COMPLETIONS, Backend, CallContext
 from agentaccel.errors import APIError, bad_request
 from agentaccel.proxy import tagging
 from agentaccel.proxy.accumulate import Accumulated, Accumulator, from_body
+from agentaccel.proxy.apis import Api
+from agentaccel.proxy.apis.messages import MessagesApi
+from agentaccel.proxy.apis.responses import ResponsesApi
 from agentaccel.proxy.config import ProxyConfig
 from agentaccel.proxy.discovery import StageDiscovery
-from agentaccel.proxy.event_stream import EventStream
+from agentaccel.proxy.event_stream import EventStream, LastEvent
 from agentaccel.proxy.guard import guarded_protocol
 from agentaccel.proxy.metrics import Metrics
 from agentaccel.proxy.validation import parse_json, validate
@@ -42,6 +45,7 @@ from agentaccel.traces.recorder import RecordedCall, Recorder
 from agentaccel.traces.tenants import tenant_of
 
 SSE_DONE = b"data: [DONE]\n\n"
+MESSAGES, RESPONSES = MessagesApi(), ResponsesApi()
 CLIENT_GONE = 499  # nginx's status for a client that closed its connection before the answer
 log = logging.getLogger("agentaccel.proxy")
 
@@ -148,6 +152,8 @@ class Proxy:
         if not self._tenants:
             return None, True
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if not given and request.headers.get("x-api-key"):  # the Anthropic API's header (Claude Code sends it)
+            scheme, given = "bearer", request.headers["x-api-key"]
         given = given.strip().encode()
         found = None
         # Every key compared, each in constant time: how long a wrong key takes must not tell how
@@ -156,7 +162,7 @@ class Proxy:
             if hmac.compare_digest(given, key):
                 found = (tenant, admin)
         if scheme.lower() != "bearer" or found is None:
-            raise APIError(401, "invalid or missing API key (Authorization: Bearer <key>)",
+            raise APIError(401, "invalid or missing API key (Authorization: Bearer <key>, or x-api-key: <key>)",
                            type="authentication_error", code="invalid_api_key")
         return found
 
@@ -195,53 +201,75 @@ class Proxy:
     async def completions(self, request: Request) -> Response:
         return await self._complete(request, COMPLETIONS)
 
-    async def _complete(self, request: Request, endpoint: str) -> Response:
-        try:
-            return await self._handle(request, endpoint)
-        except Exception as e:  # noqa: BLE001 - whatever broke, the client gets an OpenAI-style 500
-            self.metrics.failed(endpoint, 500)
-            return _internal_error(e)
+    async def messages(self, request: Request) -> Response:
+        return await self._complete(request, CHAT, MESSAGES)
 
-    async def _handle(self, request: Request, endpoint: str) -> Response:
+    async def responses(self, request: Request) -> Response:
+        return await self._complete(request, CHAT, RESPONSES)
+
+    async def _complete(self, request: Request, endpoint: str, api: Api | None = None) -> Response:
+        try:
+            return await self._handle(request, endpoint, api)
+        except Exception as e:  # noqa: BLE001 - whatever broke, the client gets a 500 in its API's shape
+            self.metrics.failed(api.name if api else endpoint, 500)
+            return _internal_error(e, api)
+
+    async def _handle(self, request: Request, endpoint: str, api: Api | None = None) -> Response:
+        """`endpoint`: what the backend is asked (chat or completions); `api`: the API the client
+        speaks when it is not the backend's (Messages, Responses), translated both ways."""
         t0 = time.perf_counter()
         tenant = None
+        label = api.name if api else endpoint
+        original = None
         try:
             tenant = self._authorize(request)
             body = await self._read_body(request)
+            if api is not None:
+                original, body = body, api.to_chat(body)
             validate(endpoint, body)
+            if self.config.default_temperature is not None and body.get("temperature") is None:
+                body = {**body, "temperature": self.config.default_temperature}
             await self._check_model(body["model"])
             discover = (None if self.discovery is None else
                         lambda body, tenant=tenant: self.discovery.stage(body, tenant))
             tags = tagging.resolve(request.headers, body, self.config.stage_rules, self.config.fingerprint_system,
                                    discover)
         except APIError as e:
-            self.metrics.failed(endpoint, e.status, tenant)
-            return _error(e)
+            self.metrics.failed(label, e.status, tenant)
+            return _error(e, api)
         ctx = CallContext(stage=tags.stage, session_id=tags.session_id, request_id=next(self._request_ids),
                           headers=tagging.forward_headers(request.headers, not self._tenants), tenant=tenant,
                           cache_scope=tenant if self.config.prefix_scope == "key" else None,
-                          spec_scope=tenant if self.config.speculation_scope == "key" else None)
+                          spec_scope=tenant if self.config.speculation_scope == "key" else None,
+                          # the Messages API requires a max_tokens, and clients send their model's largest:
+                          # a ceiling, which each backend shortens to what its model's context allows
+                          max_tokens_ceiling=api is not None)
         try:
             forward = self.backend.prepare(tagging.strip_proxy_fields(body), ctx)
         except APIError as e:
-            self._observe(endpoint, ctx, e.status, t0)
-            return _error(e)
+            self._observe(label, ctx, e.status, t0)
+            return _error(e, api)
         if body.get("stream"):
-            return await self._stream(endpoint, body, forward, ctx, t0)
+            return await self._stream(endpoint, body, forward, ctx, t0, api, original)
         try:
             reply = await _unless_gone(request, self.backend.complete(endpoint, forward, ctx))
         except APIError as e:
-            self._observe(endpoint, ctx, e.status, t0)
-            return _error(e)
+            self._observe(label, ctx, e.status, t0)
+            return _error(e, api)
         except ClientGone:  # the backend's work was cancelled: nobody is there to answer
-            self._observe(endpoint, ctx, CLIENT_GONE, t0)
+            self._observe(label, ctx, CLIENT_GONE, t0)
             return Response(status_code=CLIENT_GONE)
         summary = from_body(endpoint, reply)
-        self._observe(endpoint, ctx, 200, t0, summary)
-        self._record(endpoint, body, ctx, summary, t0)
+        self._observe(label, ctx, 200, t0, summary)
+        self._record(endpoint, body, ctx, summary, t0, api)
+        if api is not None:
+            reply = api.reply(reply, original, ctx.request_id)
         return JSONResponse(reply, headers=_reply_headers(ctx))
 
-    async def _stream(self, endpoint: str, body: dict, forward: dict, ctx: CallContext, t0: float) -> Response:
+    async def _stream(self, endpoint: str, body: dict, forward: dict, ctx: CallContext, t0: float,
+                      api: Api | None = None, original: dict | None = None) -> Response:
+        label = api.name if api else endpoint
+        writer = api.stream(original, ctx.request_id) if api is not None else None
         want_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         # Usage is always asked of the backend (recording and metrics need it); the chunk that only
         # carries it is dropped again when the client did not ask.
@@ -250,8 +278,8 @@ class Proxy:
         try:
             first = await anext(chunks, None)  # errors before the first chunk become a proper HTTP status
         except APIError as e:
-            self._observe(endpoint, ctx, e.status, t0)
-            return _error(e)
+            self._observe(label, ctx, e.status, t0)
+            return _error(e, api)
         acc = Accumulator(endpoint)
 
         async def events() -> AsyncIterator[bytes]:
@@ -267,13 +295,18 @@ class Proxy:
                     acc.add(chunk)
                     if first_token_at is None and chunk.get("choices"):
                         first_token_at = time.perf_counter()
-                    if want_usage or chunk.get("choices") or not chunk.get("usage"):
+                    if writer is not None:
+                        translated = writer.feed(chunk)
+                        if translated:
+                            yield translated
+                    elif want_usage or chunk.get("choices") or not chunk.get("usage"):
                         yield b"data: " + payload + b"\n\n"
                     payload = await anext(chunks, None)
-                yield SSE_DONE
+                yield SSE_DONE if writer is None else LastEvent(writer.finish())
             except APIError as e:  # after the headers went out, the error travels as an SSE event
                 status = e.status
-                yield b"data: " + json.dumps(e.body()).encode() + b"\n\n"
+                yield (b"data: " + json.dumps(e.body()).encode() + b"\n\n" if writer is None
+                       else LastEvent(writer.fail(e)))
             except asyncio.CancelledError:  # the client went away: the backend stream is closed below
                 status = CLIENT_GONE
                 raise
@@ -282,9 +315,9 @@ class Proxy:
                 if first_token_at is not None:
                     self.metrics.ttft.labels(*self.metrics.who(ctx.stage, ctx.tenant)).observe(first_token_at - t0)
                 summary = acc.finish()
-                self._observe(endpoint, ctx, status, t0, summary)
+                self._observe(label, ctx, status, t0, summary)
                 if status == 200:
-                    self._record(endpoint, body, ctx, summary, t0)
+                    self._record(endpoint, body, ctx, summary, t0, api)
                 await chunks.aclose()
 
         return EventStream(events(), _reply_headers(ctx), final=SSE_DONE)
@@ -295,7 +328,9 @@ class Proxy:
                              summary.prompt_tokens if summary else 0, summary.output_tokens if summary else 0,
                              ctx.spec, ctx.tenant)
 
-    def _record(self, endpoint: str, body: dict, ctx: CallContext, summary: Accumulated, t0: float) -> None:
+    def _record(self, endpoint: str, body: dict, ctx: CallContext, summary: Accumulated, t0: float,
+                api: Api | None = None) -> None:
+        """`body`: the chat body (a translated API's too: the store keeps every call in chat's form)."""
         if self.recorder is None:
             return
         if endpoint == CHAT:
@@ -308,7 +343,7 @@ class Proxy:
             response=summary.text, tool_calls=summary.tool_calls or None, tools=body.get("tools"),
             finish_reason=summary.finish_reason, prompt_tokens=summary.prompt_tokens or None,
             completion_tokens=summary.output_tokens or None, latency=time.perf_counter() - t0,
-            metadata={"endpoint": endpoint, "spec": ctx.spec.as_dict() if ctx.spec else None},
+            metadata={"endpoint": api.name if api else endpoint, "spec": ctx.spec.as_dict() if ctx.spec else None},
             call_id=ctx.request_id, tenant=ctx.tenant,
             # a baseline (answered without speculation, as the client asked and the backend decided)
             # is kept, and no server learns from it
@@ -323,8 +358,28 @@ class Proxy:
         return JSONResponse(render(self._models))
 
     async def list_models(self, request: Request) -> Response:
+        if request.headers.get("anthropic-version"):  # an Anthropic client (Claude Code): its API's listing
+            return await self._served(request, lambda models: {
+                "data": [{"type": "model", "id": m, "display_name": m, "created_at": "1970-01-01T00:00:00Z"}
+                         for m in models],
+                "has_more": False, "first_id": models[0] if models else None,
+                "last_id": models[-1] if models else None})
         return await self._served(request, lambda models: {"object": "list", "data": [
             {"id": m, "object": "model", "created": 0, "owned_by": "agentaccel"} for m in models]})
+
+    async def count_tokens(self, request: Request) -> Response:
+        """The Messages API's `/v1/messages/count_tokens`: the prompt's tokens as the backend's
+        model would read them."""
+        try:
+            self._authorize(request)
+            body = await self._read_body(request)
+            chat = MESSAGES.to_chat({"max_tokens": 1, **body})
+            validate(CHAT, chat)
+            await self._check_model(chat["model"])
+            count = await self.backend.count_tokens(chat)
+        except APIError as e:
+            return _error(e, MESSAGES)
+        return JSONResponse({"input_tokens": count})
 
     async def model_info(self, request: Request) -> Response:
         """litellm proxy's `/v1/model/info` (OpenHands calls it for `litellm_proxy/` models)."""
@@ -368,8 +423,8 @@ def _reply_headers(ctx: CallContext) -> dict[str, str]:
             "x-agentaccel-call": ctx.request_id}
 
 
-def _error(e: APIError) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status,
+def _error(e: APIError, api: Api | None = None) -> JSONResponse:
+    return JSONResponse(e.body() if api is None else api.error(e), status_code=e.status,
                         headers={"connection": "close"} if e.code in _UNREAD_BODY else None)
 
 
@@ -416,10 +471,10 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-def _internal_error(exc: Exception) -> JSONResponse:
-    """A bug or an unexpected backend failure still answers in the OpenAI shape (and is logged)."""
+def _internal_error(exc: Exception, api: Api | None = None) -> JSONResponse:
+    """A bug or an unexpected backend failure still answers in the API's shape (and is logged)."""
     log.error("unhandled error", exc_info=exc)
-    return _error(APIError(500, f"internal error: {exc!r}", type="server_error"))
+    return _error(APIError(500, f"internal error: {exc!r}", type="server_error"), api)
 
 
 class HotPath:
@@ -449,8 +504,10 @@ class HotPath:
 def create_app(config: ProxyConfig, backend: Backend, recorder: Recorder | None = None,
                on_started: Callable[[], None] | None = None, pruner: Pruner | None = None) -> HotPath:
     proxy = Proxy(config, backend, recorder, on_started, pruner)
-    completions = {"/chat/completions": proxy.chat, "/completions": proxy.completions}
+    completions = {"/chat/completions": proxy.chat, "/completions": proxy.completions, "/messages": proxy.messages,
+                   "/responses": proxy.responses}
     api = [Route(path, handler, methods=["POST"]) for path, handler in completions.items()] + [
+        Route("/messages/count_tokens", proxy.count_tokens, methods=["POST"]),
         Route("/models", proxy.list_models, methods=["GET"]),
         Route("/model/info", proxy.model_info, methods=["GET"]),
     ]

@@ -21,7 +21,9 @@ from agentaccel.traces.stages import DEFAULT_STAGE, explicit_stage, system_finge
 
 STAGE_HEADER = "x-agentaccel-stage"
 MAX_STAGE_LENGTH = 128  # a stage is a Prometheus label value and a tree in the engine: names stay short
-SESSION_HEADERS = ("x-agentaccel-session", "x-litellm-session-id", "x-session-id")
+# ours, litellm's, the routers'; then the agents' own: Claude Code's, Codex's (`session-id`)
+SESSION_HEADERS = ("x-agentaccel-session", "x-litellm-session-id", "x-session-id", "x-claude-code-session-id",
+                   "session-id")
 # metadata keys the proxy consumes; anything else in metadata is forwarded untouched
 _METADATA_KEYS = ("stage", "tags", "session_id", "litellm_session_id")
 _SESSION_METADATA = ("session_id", "litellm_session_id")
@@ -119,10 +121,13 @@ def forward_headers(headers: Mapping[str, str], keep_authorization: bool) -> dic
     out = {}
     for name, value in headers.items():
         name = name.lower()
-        if name in _NOT_FORWARDED or name.startswith("x-agentaccel-") or (name == "authorization"
+        if name in _NOT_FORWARDED or name.startswith("x-agentaccel-") or (name in ("authorization", "x-api-key")
                                                                           and not keep_authorization):
             continue
         out[name] = header_text(value)  # goes out as UTF-8: the bytes the client sent, when they were UTF-8
+    if "x-api-key" in out:  # an Anthropic client's key: the upstream speaks chat, and reads a bearer token
+        key = out.pop("x-api-key")
+        out.setdefault("authorization", f"Bearer {key}")
     return out
 
 

@@ -33,7 +33,7 @@ def parse_json(raw: bytes) -> dict:
     return body
 
 
-def _check(body: dict, field: str, types: tuple, what: str, where: str = "") -> None:
+def check_field(body: dict, field: str, types: tuple, what: str, where: str = "") -> None:
     value = body.get(field)
     if value is not None and (not isinstance(value, types) or isinstance(value, bool) and bool not in types):
         raise bad_request(f"'{where}{field}' must be {what}, got {type(value).__name__}", param=where + field,
@@ -60,29 +60,29 @@ def validate(endpoint: str, body: dict) -> None:
                     raise bad_request(f"messages[{i}].content[{k}] must be a part object ({{'type': 'text', "
                                       "'text': '...'} or another type)", param=f"messages[{i}].content[{k}]",
                                       code="invalid_type")
-            _check(m, "tool_calls", (list,), "a list", f"messages[{i}].")
-        _check(body, "tools", (list,), "a list")
+            check_field(m, "tool_calls", (list,), "a list", f"messages[{i}].")
+        check_field(body, "tools", (list,), "a list")
     else:
         prompt = body.get("prompt")
         if not isinstance(prompt, str | list) or isinstance(prompt, list) and not prompt:
             raise bad_request("'prompt' must be a string or a non-empty list", param="prompt", code="invalid_type")
-    _check(body, "stream", (bool,), "a boolean")
-    _check(body, "max_tokens", (int,), "an integer")
-    _check(body, "max_completion_tokens", (int,), "an integer")
-    _check(body, "n", (int,), "an integer")
+    check_field(body, "stream", (bool,), "a boolean")
+    check_field(body, "max_tokens", (int,), "an integer")
+    check_field(body, "max_completion_tokens", (int,), "an integer")
+    check_field(body, "n", (int,), "an integer")
     for field in ("temperature", "top_p"):
-        _check(body, field, (int, float), "a number")
+        check_field(body, field, (int, float), "a number")
         if isinstance(body.get(field), float) and not math.isfinite(body[field]):
             raise bad_request(f"'{field}' must be a finite number", param=field, code="invalid_value")
     for field in ("top_k", "seed"):
-        _check(body, field, (int,), "an integer")
-    _check(body, "stop", (str, list), "a string or a list of strings")
-    _check(body, "metadata", (dict,), "an object")
-    _check(body, "stream_options", (dict,), "an object")
-    _check(body, "vllm_xargs", (dict,), "an object")
+        check_field(body, field, (int,), "an integer")
+    check_field(body, "stop", (str, list), "a string or a list of strings")
+    check_field(body, "metadata", (dict,), "an object")
+    check_field(body, "stream_options", (dict,), "an object")
+    check_field(body, "vllm_xargs", (dict,), "an object")
     xargs = body.get("vllm_xargs") or {}
-    _check(xargs, "speculate", (bool,), "true or false", "vllm_xargs.")
-    _check(xargs, "stage", (str,), "a string", "vllm_xargs.")
+    check_field(xargs, "speculate", (bool,), "true or false", "vllm_xargs.")
+    check_field(xargs, "stage", (str,), "a string", "vllm_xargs.")
     for field in ("max_tokens", "max_completion_tokens"):
         if isinstance(body.get(field), int) and body[field] < 1:
             raise bad_request(f"'{field}' must be >= 1", param=field, code="invalid_value")

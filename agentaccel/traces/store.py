@@ -583,7 +583,8 @@ class TraceStore:
             messages = self._messages(json.loads(row[6]), blob_cache)
             if messages is None:  # pruned since the calls were listed (a server's pruner, `traces prune`)
                 continue
-            yield StoredCall(row[0], row[1], row[2], row[3], row[4], row[5], messages, row[7], json.loads(row[8]) if row[8] else None, row[9], row[10],
+            yield StoredCall(row[0], row[1], row[2], row[3], row[4], row[5], messages, row[7],
+                             json.loads(row[8]) if row[8] else None, row[9], row[10],
                              json.loads(row[11]) if row[11] else None, row[12], bool(row[13]))
 
     def _messages(self, ids: list[int], cache: dict[int, dict]) -> list[dict] | None:

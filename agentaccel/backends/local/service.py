@@ -8,6 +8,7 @@ asyncio queue. A client that goes away cancels its generation at the next step.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import threading
@@ -179,8 +180,11 @@ class LocalBackend(Backend):
 
     def _run(self, endpoint: str, body: dict, params: SamplingParams, ctx: CallContext,
              on_tokens=None) -> GenerationResult:
+        prompt = self._prompt(endpoint, body)
+        if ctx.max_tokens_ceiling:
+            params = self._within_context(prompt, params)
         try:
-            result = self.generator.generate(self._prompt(endpoint, body), params, stage=ctx.stage,
+            result = self.generator.generate(prompt, params, stage=ctx.stage,
                                              speculate=not ctx.baseline, on_tokens=on_tokens,
                                              request_id=ctx.request_id,
                                              cache_scope=ctx.cache_scope, spec_scope=ctx.spec_scope)
@@ -188,6 +192,19 @@ class LocalBackend(Backend):
             raise bad_request(str(e)) from e
         ctx.spec = SpecStats(result.steps, result.drafted, result.accepted, result.saved_seconds)
         return result
+
+    def _within_context(self, prompt: list[int], params: SamplingParams) -> SamplingParams:
+        """A ceiling's max_tokens shortened to what the context leaves after the prompt; a prompt
+        that fills the context alone is refused, naming both sizes."""
+        context = self.generator.max_context
+        if len(prompt) >= context:
+            raise bad_request(f"the prompt is {len(prompt)} tokens, and this model's context is {context} tokens "
+                              f"({self.served_name}): shorten the prompt (fewer tools, a shorter system prompt)",
+                              param="messages", code="context_length_exceeded")
+        return dataclasses.replace(params, max_tokens=min(params.max_tokens, context - len(prompt)))
+
+    async def count_tokens(self, body: dict) -> int:
+        return len(await asyncio.to_thread(self._prompt, CHAT, body))
 
     async def complete(self, endpoint: str, body: dict, ctx: CallContext) -> dict:
         params = self._params(body)  # bad parameters fail before taking a worker

@@ -9,6 +9,8 @@ from pathlib import Path
 from agentaccel.traces.formats import (
     chat_eval,
     chat_jsonl,
+    claude_code,
+    codex,
     conversation,
     openhands,
     openhands_events,
@@ -25,6 +27,8 @@ PARSERS: dict[str, Parser] = {
     "swe-agent-traj": swe_agent.parse_traj,
     "trajectory-records": conversation.parse_trajectory_records,
     "chat-jsonl": chat_jsonl.parse_chat_jsonl,
+    "claude-code": claude_code.parse_transcript,
+    "codex-rollout": codex.parse_rollout,
     "openhands-completion": openhands.parse_completion_log,
     "openhands-output": openhands_events.parse_output_jsonl,
     "openhands-trajectory": openhands_events.parse_trajectory,
@@ -82,6 +86,10 @@ def file_format(path: Path) -> str | None:
             return "openhands-output"
         if {"question_id", "choices"} <= keys:
             return "mt-bench-answers"
+        if codex.looks_like(keys):
+            return "codex-rollout"
+        if claude_code.looks_like(keys, path):
+            return "claude-code"
         return None
     if first.container == "object":
         if keys & {"messages", "raw_messages"} or {"response", "args"} <= keys:

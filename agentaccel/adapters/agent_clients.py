@@ -1,0 +1,96 @@
+"""Claude Code and Codex pointed at a proxy: the settings each takes, and the pinned CLIs
+themselves (installed from npm once, cached), run headless as their users run them.
+
+Claude Code reads environment variables (`ANTHROPIC_BASE_URL` and a key; its model names for the
+main loop and for its small, fast calls); Codex a `[model_providers]` entry in `config.toml`
+whose `wire_api` is "responses" (it refuses chat completions). Neither is a dependency of
+agentaccel: they talk HTTP to the proxy.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from agentaccel.assets import cache_dir
+from agentaccel.traces.formats.claude_code import FRAMEWORK as CLAUDE_CODE_STAGE
+from agentaccel.traces.formats.codex import FRAMEWORK as CODEX_STAGE
+
+
+@dataclass(frozen=True)
+class Client:
+    name: str  # as `bench agent --client` names it
+    package: str  # on npm
+    version: str  # pinned: what the tests and the documented settings were checked against
+    command: str  # the executable the package installs
+
+
+CLAUDE_CODE = Client("claude-code", "@anthropic-ai/claude-code", "2.1.328", "claude")
+CODEX = Client("codex", "@openai/codex", "0.171.0", "codex")
+CLIENTS = {c.name: c for c in (CLAUDE_CODE, CODEX)}
+# What a local model's context allows an answer: Claude Code asks for 32,000 tokens by default.
+DEFAULT_MAX_OUTPUT = 4096
+
+
+def installed(client: Client, root: Path | None = None) -> Path:
+    """The client's executable, installed with npm into the cache on first use (`root`: elsewhere)."""
+    prefix = (root or cache_dir() / "clients") / f"{client.name}-{client.version}"
+    executable = prefix / "node_modules" / ".bin" / client.command
+    if executable.exists():
+        return executable
+    npm = shutil.which("npm")
+    if npm is None:
+        raise RuntimeError(f"{client.package} installs with npm (Node.js 20 or newer), and npm is not on PATH")
+    prefix.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--prefix", str(prefix),
+                           f"{client.package}@{client.version}"], capture_output=True, text=True, timeout=900)
+    if done.returncode != 0 or not executable.exists():
+        raise RuntimeError(f"npm install {client.package}@{client.version} failed:\n{done.stderr[-2000:]}")
+    return executable
+
+
+def claude_code_env(base_url: str, model: str, api_key: str | None = None,
+                    max_output: int = DEFAULT_MAX_OUTPUT) -> dict[str, str]:
+    """Claude Code's environment for a proxy: every model it calls (the main loop's, the small
+    fast one's, the subagents') is the proxy's model."""
+    return {
+        "ANTHROPIC_BASE_URL": base_url.rstrip("/").removesuffix("/v1"),
+        "ANTHROPIC_API_KEY": api_key or "none",
+        "ANTHROPIC_MODEL": model,
+        "ANTHROPIC_DEFAULT_SONNET_MODEL": model,
+        "ANTHROPIC_DEFAULT_OPUS_MODEL": model,
+        "ANTHROPIC_DEFAULT_HAIKU_MODEL": model,
+        "ANTHROPIC_SMALL_FAST_MODEL": model,
+        "CLAUDE_CODE_SUBAGENT_MODEL": model,
+        "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(max_output),
+        # no telemetry, error reports or update checks: a proxy on a private network reaches nothing else
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        # the stage its imported transcripts are filed under (traces/formats/claude_code.py): live calls
+        # draft from the user's own history
+        "ANTHROPIC_CUSTOM_HEADERS": f"X-Agentaccel-Stage: {CLAUDE_CODE_STAGE}",
+    }
+
+
+def codex_config(base_url: str, model: str, api_key: str | None = None, context_window: int | None = None) -> str:
+    """Codex's `~/.codex/config.toml` for a proxy (its key, when the proxy takes one, from the
+    AGENTACCEL_API_KEY environment variable)."""
+    base = base_url.rstrip("/").removesuffix("/v1") + "/v1"
+    lines = [f'model = "{model}"', 'model_provider = "agentaccel"']
+    if context_window:
+        lines.append(f"model_context_window = {context_window}")
+    lines += ["", "[model_providers.agentaccel]", 'name = "agentaccel"', f'base_url = "{base}"',
+              'wire_api = "responses"',
+              # the stage its imported rollouts are filed under (traces/formats/codex.py)
+              f'http_headers = {{ "X-Agentaccel-Stage" = "{CODEX_STAGE}" }}']
+    if api_key:
+        lines.append('env_key = "AGENTACCEL_API_KEY"')
+    return "\n".join(lines) + "\n"
+
+
+def environment(home: Path, extra: dict[str, str]) -> dict[str, str]:
+    """A client's process environment with its own home (its settings and session logs there)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "OPENAI_", "CODEX_", "CLAUDE_"))}
+    return {**env, "HOME": str(home), **extra}

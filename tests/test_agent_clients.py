@@ -1,0 +1,241 @@
+"""The real Claude Code and Codex CLIs (pinned, from npm) against `agentaccel serve`, headless as
+their users run them:
+
+- the embedded model answers a plain prompt: the CLI prints the answer the proxy served and exits 0;
+  a prompt beyond the model's context is a 400 the CLI shows, naming both sizes;
+- a multi-turn session with real tools (read a file, edit it, run its test in a scratch
+  repository), the model's turns replayed through the replay backend: the CLI runs the tools and
+  finishes with the bug fixed, the same with speculation off and on, and with the first run's own
+  session log imported as history, the second run's drafts are accepted;
+- the session logs the CLIs wrote import with every call accounted for, and again adds nothing.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+from servers import serving, wait_for
+
+from agentaccel.adapters.agent_clients import CLAUDE_CODE, CODEX, claude_code_env, codex_config, environment, installed
+from agentaccel.proxy.apis.messages import MessagesApi
+from agentaccel.proxy.apis.responses import ResponsesApi
+from agentaccel.text.tokenization import load_tokenizer
+from agentaccel.traces.importer import import_traces
+from agentaccel.traces.store import TraceStore
+
+MODEL = "SmolLM2-135M-Instruct"
+BUGGY = "def add(a, b):\n    return a - b\n"
+TEST = "from calc import add\n\nassert add(2, 3) == 5, add(2, 3)\nprint('test passed')\n"
+TASK = "The test in test_calc.py fails. Fix calc.py and run the test."
+FINAL = "Fixed: `add` returned a - b; it returns a + b now, and test_calc.py passes."
+
+
+@pytest.fixture(scope="module")
+def clis() -> dict[str, Path]:
+    """Both CLIs, installed from npm once (cached under ~/.cache/agentaccel/clients)."""
+    return {c.name: installed(c) for c in (CLAUDE_CODE, CODEX)}
+
+
+def run_claude(cli: Path, home: Path, cwd: Path, url: str, prompt: str, *args: str, max_output: int = 512,
+               timeout: float = 300) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    env = environment(home, claude_code_env(url, MODEL, max_output=max_output))
+    done = subprocess.run([str(cli), "-p", prompt, "--model", MODEL, "--output-format", "stream-json", "--verbose",
+                           *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    return done, [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def run_codex(cli: Path, home: Path, cwd: Path, url: str, prompt: str, *args: str,
+              timeout: float = 300) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    (home / ".codex").mkdir(parents=True, exist_ok=True)
+    (home / ".codex" / "config.toml").write_text(codex_config(url, MODEL))
+    done = subprocess.run([str(cli), "exec", "--json", "--skip-git-repo-check", *args, prompt], cwd=cwd,
+                          env=environment(home, {}), capture_output=True, text=True, timeout=timeout)
+    return done, [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def recorded(db: Path, stage: str, n: int) -> list:
+    """The calls the server recorded in `stage` (waiting for its writer to have `n`)."""
+    def calls():
+        with TraceStore(db) as store:
+            return [c for c in store.iter_calls() if c.stage == stage]
+    wait_for(lambda: len(calls()) >= n, 20)
+    return calls()
+
+
+def imported(db: Path, *folders: Path):
+    with TraceStore(db) as store:
+        return import_traces(list(folders), store, tokenizer=load_tokenizer())
+
+
+# ---------------------------------------------------------------------------- the embedded model
+def test_both_clis_print_the_embedded_models_answer(clis, tmp_path):
+    db, work, home = tmp_path / "traces.db", tmp_path / "work", tmp_path / "home"
+    work.mkdir()
+    # greedy (the CLIs send no temperature): the answer is short and the same every run
+    with serving(["--db", str(db), "--default-temperature", "0"], tmp_path / "serve.log") as url:
+        done, events = run_claude(clis["claude-code"], home, work, url, "Say hello", "--tools", "",
+                                  "--system-prompt", "You are a helpful assistant. Answer in one short sentence.")
+        result = events[-1]
+        assert done.returncode == 0 and result["type"] == "result" and not result["is_error"], done.stdout[-2000:]
+        [call] = recorded(db, "claude-code", 1)
+        assert result["result"] == call.response and call.response  # what the model answered, printed
+        assert call.metadata["endpoint"] == "messages"
+
+        done, events = run_codex(clis["codex"], home, work, url, "Say hello")
+        said = [e["item"]["text"] for e in events if e.get("type") == "item.completed"
+                and e["item"].get("type") == "agent_message"]
+        assert done.returncode == 0 and events[-1]["type"] == "turn.completed", done.stdout[-2000:]
+        [call] = recorded(db, "codex", 1)
+        assert said == [call.response] and call.metadata["endpoint"] == "responses"
+
+        # beyond the model's context: a 400 in the Messages API's shape, which the CLI shows
+        done, events = run_claude(clis["claude-code"], home, work, url, "word " * 9000, "--tools", "",
+                                  "--system-prompt", "Be brief.")
+        assert events[-1]["is_error"] and events[-1].get("api_error_status") == 400, done.stdout[-2000:]
+        assert "8192 tokens" in events[-1]["result"] and "prompt is 9" in events[-1]["result"]
+
+    # the session logs both CLIs wrote on this machine import with every answered call; again, nothing
+    report = imported(tmp_path / "history.db", home / ".claude" / "projects", home / ".codex" / "sessions")
+    assert {stage: row.calls for (_, stage), row in report.rows.items()} == {"claude-code": 1, "codex": 1}
+    again = imported(tmp_path / "history.db", home / ".claude" / "projects", home / ".codex" / "sessions")
+    assert again.calls == 0 and sum(r.skipped for r in again.rows.values()) == 2
+
+
+# ---------------------------------------------------------------------------- a replayed tool session
+class FirstRequest:
+    """A server on 127.0.0.1 that keeps the first body each path is sent and answers 400: what a
+    client's first call of a session holds (its tools, its system prompt, its first user turn),
+    for authoring the recorded session the replay backend answers with."""
+
+    def __init__(self) -> None:
+        self.bodies: dict[str, dict] = {}
+        bodies = self.bodies
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 - the standard library's name
+                body = json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)) or b"{}")
+                bodies.setdefault(self.path.split("?")[0], body)
+                reply = json.dumps({"type": "error", "error": {"type": "invalid_request_error",
+                                                               "message": "captured"}}).encode()
+                self.send_response(400)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __enter__(self):
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def scratch_repository(root: Path) -> Path:
+    root.mkdir(parents=True)
+    (root / "calc.py").write_text(BUGGY)
+    (root / "test_calc.py").write_text(TEST)
+    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    return root
+
+
+def call(call_id: str, name: str, arguments: dict) -> dict:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
+
+
+def authored_session(first_prompt: list[dict], turns: list[tuple[str, list[dict]]], stage: str) -> str:
+    """Chat JSONL of the session the replay backend answers: turn k's prompt is the client's first
+    prompt and k earlier answers (the replay backend finds a call by its first user message and
+    its turn; the tool results between are the ones the client's real tools produce)."""
+    rows, prompt = [], list(first_prompt)
+    for text, calls in turns:
+        reply = {"role": "assistant", "content": text, **({"tool_calls": calls} if calls else {})}
+        rows.append(json.dumps({"messages": [*prompt, reply], "stage": stage, "model": MODEL,
+                                "metadata": {"session": "authored-" + stage}}) + "\n")
+        prompt = [*prompt, reply, *({"role": "tool", "tool_call_id": c["id"], "content": "(the tool's output)"}
+                                    for c in calls)]
+    return "".join(rows)
+
+
+CLAUDE_TURNS = lambda repo: [  # noqa: E731 - a table of the session's turns
+    ("I'll read calc.py first.", [call("toolu_read", "Read", {"file_path": str(repo / "calc.py")})]),
+    ("", [call("toolu_edit", "Edit", {"file_path": str(repo / "calc.py"), "old_string": "return a - b",
+                                      "new_string": "return a + b"})]),
+    ("", [call("toolu_test", "Bash", {"command": "python3 test_calc.py", "description": "Run the test"})]),
+    (FINAL, [])]
+CODEX_TURNS = [
+    ("I'll read calc.py first.", [call("call_read", "exec_command", {"cmd": "cat calc.py"})]),
+    ("", [call("call_edit", "exec_command", {"cmd": "sed -i 's/return a - b/return a + b/' calc.py"})]),
+    ("", [call("call_test", "exec_command", {"cmd": "python3 test_calc.py"})]),
+    (FINAL, [])]
+
+
+def claude_session(cli: Path, url: str, home: Path, repo: Path):
+    return run_claude(cli, home, repo, url, TASK, "--allowedTools", "Read,Edit,Bash", "--permission-mode",
+                      "acceptEdits")
+
+
+def codex_session(cli: Path, url: str, home: Path, repo: Path):
+    return run_codex(cli, home, repo, url, TASK, "--dangerously-bypass-approvals-and-sandbox")
+
+
+@pytest.mark.parametrize("client", ["claude-code", "codex"])
+def test_a_replayed_tool_session_runs_its_tools_and_speculation_changes_no_output(clis, tmp_path, client):
+    cli = clis[client]
+    session, api, stage = ((claude_session, MessagesApi(), "claude-code") if client == "claude-code"
+                           else (codex_session, ResponsesApi(), "codex"))
+    # The client's first request, as it sends it from the scratch repository the runs use
+    with FirstRequest() as capture:
+        session(cli, capture.url, tmp_path / "capture-home", scratch_repository(tmp_path / "repo"))
+    [body] = capture.bodies.values()
+    first = api.to_chat(body)["messages"]
+    turns = CLAUDE_TURNS(tmp_path / "repo") if client == "claude-code" else CODEX_TURNS
+    (tmp_path / "authored.jsonl").write_text(authored_session(first, turns, stage))
+    imported(tmp_path / "recordings.db", tmp_path / "authored.jsonl")
+
+    outputs, accepted = [], []
+    for run, flags in (("off", ["--no-speculation"]), ("on", [])):
+        repo = tmp_path / "repo"
+        (repo / "calc.py").write_text(BUGGY)  # the same scratch state for every run
+        home = tmp_path / f"home-{run}"
+        db = tmp_path / f"history-{run}.db"
+        if run == "on":  # the first run's own session log, imported: the history its trees start from
+            folders = [tmp_path / "home-off" / ".claude" / "projects"] if client == "claude-code" else \
+                [tmp_path / "home-off" / ".codex" / "sessions"]
+            report = imported(db, *folders)
+            assert report.calls == len(turns), report.rows  # every model call of the session, no more
+        args = ["--backend", "replay", "--recordings", str(tmp_path / "recordings.db"), "--db", str(db),
+                "--step-ms", "2", *flags]
+        with serving(args, tmp_path / f"serve-{run}.log") as url:
+            done, events = session(cli, url, home, repo)
+            metrics = __import__("httpx").get(url + "/metrics").text
+        assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-2000:])
+        assert (repo / "calc.py").read_text() == BUGGY.replace("a - b", "a + b")  # the tools ran for real
+        if client == "claude-code":
+            final = events[-1]["result"]
+            ran = [b for e in events if e.get("type") == "user" for b in e["message"]["content"]
+                   if isinstance(b, dict) and b.get("type") == "tool_result"]
+        else:
+            final = [e["item"]["text"] for e in events if e.get("type") == "item.completed"
+                     and e["item"].get("type") == "agent_message"][-1]
+            ran = [e for e in events if e.get("type") == "item.completed"
+                   and e["item"].get("type") == "command_execution"]
+        assert final == FINAL and len(ran) == 3
+        assert any("test passed" in json.dumps(r) for r in ran)  # the test ran, after the fix
+        outputs.append(final)
+        accepted.append(sum(float(line.split()[-1]) for line in metrics.splitlines()
+                            if line.startswith("agentaccel_accepted_tokens_total{") and f'stage="{stage}"' in line))
+    assert outputs[0] == outputs[1]
+    assert accepted[0] == 0 and accepted[1] > 0, accepted  # drafts from the imported history were accepted
