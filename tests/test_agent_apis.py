@@ -6,7 +6,9 @@ recorded in chat form; x-api-key keys; 30 malformed requests each a 4xx in the A
 
 import json
 
+import anthropic
 import httpx
+import openai
 import pytest
 from servers import ServerThread
 
@@ -19,9 +21,6 @@ from agentaccel.text.tokenization import load_tokenizer
 from agentaccel.traces.importer import import_traces
 from agentaccel.traces.recorder import Recorder
 from agentaccel.traces.store import TraceStore
-
-anthropic = pytest.importorskip("anthropic")
-openai = pytest.importorskip("openai")
 
 TASK = "Fix the failing test in calc.py."
 READ = {"id": "call_read_1", "type": "function",
