@@ -42,8 +42,11 @@ def clis() -> dict[str, Path]:
 
 
 def run_claude(cli: Path, home: Path, cwd: Path, url: str, prompt: str, *args: str, max_output: int = 512,
-               timeout: float = 300) -> tuple[subprocess.CompletedProcess, list[dict]]:
-    env = environment(home, claude_code_env(url, MODEL, max_output=max_output))
+               timeout: float = 300, stage_header: bool = True) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    settings = claude_code_env(url, MODEL, max_output=max_output)
+    if not stage_header:  # untagged: stage discovery names the calls
+        settings.pop("ANTHROPIC_CUSTOM_HEADERS")
+    env = environment(home, settings)
     done = subprocess.run([str(cli), "-p", prompt, "--model", MODEL, "--output-format", "stream-json", "--verbose",
                            *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     return done, [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
@@ -239,3 +242,41 @@ def test_a_replayed_tool_session_runs_its_tools_and_speculation_changes_no_outpu
                             if line.startswith("agentaccel_accepted_tokens_total{") and f'stage="{stage}"' in line))
     assert outputs[0] == outputs[1]
     assert accepted[0] == 0 and accepted[1] > 0, accepted  # drafts from the imported history were accepted
+
+
+def test_discovery_tells_claude_codes_main_loop_from_its_subagents(clis, tmp_path):
+    """Untagged, Claude Code's main loop and the subagent it starts (the Agent tool) are two prompt
+    templates, so two stages: from each template's second call on (a second session), every
+    main-loop call is served as one `tmpl:` stage and every subagent call as another."""
+    cli, task, delegated = clis["claude-code"], "Find the Python files with a subagent.", "List the Python files here."
+    repo = scratch_repository(tmp_path / "repo")
+    with FirstRequest() as capture:
+        run_claude(cli, tmp_path / "capture-home", repo, capture.url, task, "--allowedTools", "Agent")
+    [body] = capture.bodies.values()
+    first = MessagesApi().to_chat(body)["messages"]
+    # the subagent's first user turn is the main loop's, the task replaced by the one delegated to it
+    user = next(m for m in first if m["role"] == "user")
+    delegated_turn = {**user, "content": [*user["content"][:-1], {"type": "text", "text": delegated}]}
+    main_turns = [("", [call("toolu_agent", "Agent", {"description": "List files", "prompt": delegated,
+                                                        "subagent_type": "general-purpose"})]),
+                  # the subagent runs in the background; its report comes back as a turn of its own
+                  ("The subagent is looking.", []), ("Two: calc.py and test_calc.py.", [])]
+    (tmp_path / "authored.jsonl").write_text(authored_session(first, main_turns, "main")
+                                             + authored_session([delegated_turn], [("calc.py, test_calc.py", [])],
+                                                                "subagent"))
+    imported(tmp_path / "recordings.db", tmp_path / "authored.jsonl")
+    db = tmp_path / "live.db"
+    with serving(["--backend", "replay", "--recordings", str(tmp_path / "recordings.db"), "--db", str(db),
+                  "--step-ms", "1"], tmp_path / "serve.log") as url:
+        for run in range(2):  # two sessions: each template's second call comes at the latest in the second
+            done, events = run_claude(cli, tmp_path / f"home-{run}", repo, url, task, "--allowedTools", "Agent",
+                                      stage_header=False)
+            assert done.returncode == 0 and events[-1]["result"] == "Two: calc.py and test_calc.py.", \
+                done.stdout[-3000:]
+    with TraceStore(db) as store:
+        stages = [(c.stage, c.response) for c in store.iter_calls()]
+    second = stages[len(stages) // 2:]  # the second session's calls
+    main = {s for s, r in second if r != "calc.py, test_calc.py"}
+    subagent = {s for s, r in second if r == "calc.py, test_calc.py"}
+    assert len(stages) == 8 and len(main) == 1 and len(subagent) == 1 and main != subagent, stages
+    assert all(s.startswith("tmpl:") for s in main | subagent), stages

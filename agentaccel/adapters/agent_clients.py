@@ -68,6 +68,10 @@ def claude_code_env(base_url: str, model: str, api_key: str | None = None,
         "CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(max_output),
         # no telemetry, error reports or update checks: a proxy on a private network reaches nothing else
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        # no attribution line at the head of the system prompt (Anthropic's billing, a hash that changes
+        # from call to call): the prompt then begins alike every call, so prefix caches reuse it and
+        # stage discovery sees one template
+        "CLAUDE_CODE_ATTRIBUTION_HEADER": "0",
         # the stage its imported transcripts are filed under (traces/formats/claude_code.py): live calls
         # draft from the user's own history
         "ANTHROPIC_CUSTOM_HEADERS": f"X-Agentaccel-Stage: {CLAUDE_CODE_STAGE}",
