@@ -205,7 +205,14 @@ def test_calls_are_recorded_in_chat_form_with_the_clients_sessions(store_path, t
             extra_body=CODEX_EXTRAS)
         httpx.post(server.url + "/v1/responses", headers={"session-id": "codex-header-session"},
                    json={"model": "replay", "instructions": SYSTEM, "input": RESPONSES_SECOND, "stream": True})
+        # a baseline asked by header (the clients' settings add headers, not body fields)
+        plain = httpx.post(server.url + "/v1/messages", headers={"x-agentaccel-speculate": "false"},
+                           json={"model": "replay", "max_tokens": 64, "system": SYSTEM, "messages": ANTHROPIC_SECOND})
+        wrong = httpx.post(server.url + "/v1/messages", headers={"x-agentaccel-speculate": "sometimes"},
+                           json={"model": "replay", "max_tokens": 64, "system": SYSTEM, "messages": ANTHROPIC_SECOND})
         metrics = httpx.get(server.url + "/metrics").text
+    assert plain.status_code == 200 and plain.json()["content"][0]["text"] == ANSWER
+    assert wrong.status_code == 400 and wrong.json()["error"]["type"] == "invalid_request_error"
     recorder.close()
     with TraceStore(tmp_path / "live.db") as store:
         calls = list(store.iter_calls())
@@ -221,6 +228,9 @@ def test_calls_are_recorded_in_chat_form_with_the_clients_sessions(store_path, t
         assert call.messages[3]["tool_call_id"] == "call_read_1"
         assert call.response == ANSWER
     assert 'endpoint="messages"' in metrics and 'endpoint="responses"' in metrics
+    with TraceStore(tmp_path / "live.db") as store:
+        baselines = [c for c in store.iter_calls(baselines=True) if c.baseline]
+    assert len(baselines) == 1 and baselines[0].metadata["endpoint"] == "messages"
 
 
 MALFORMED_MESSAGES = [

@@ -12,16 +12,16 @@ their users run them:
 
 from __future__ import annotations
 
-import http.server
 import json
 import subprocess
-import threading
+import sys
 from pathlib import Path
 
 import pytest
 from servers import serving, wait_for
 
 from agentaccel.adapters.agent_clients import CLAUDE_CODE, CODEX, claude_code_env, codex_config, environment, installed
+from agentaccel.bench.first_request import FirstRequest
 from agentaccel.proxy.apis.messages import MessagesApi
 from agentaccel.proxy.apis.responses import ResponsesApi
 from agentaccel.text.tokenization import load_tokenizer
@@ -110,42 +110,6 @@ def test_both_clis_print_the_embedded_models_answer(clis, tmp_path):
 
 
 # ---------------------------------------------------------------------------- a replayed tool session
-class FirstRequest:
-    """A server on 127.0.0.1 that keeps the first body each path is sent and answers 400: what a
-    client's first call of a session holds (its tools, its system prompt, its first user turn),
-    for authoring the recorded session the replay backend answers with."""
-
-    def __init__(self) -> None:
-        self.bodies: dict[str, dict] = {}
-        bodies = self.bodies
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 - the standard library's name
-                body = json.loads(self.rfile.read(int(self.headers.get("content-length") or 0)) or b"{}")
-                bodies.setdefault(self.path.split("?")[0], body)
-                reply = json.dumps({"type": "error", "error": {"type": "invalid_request_error",
-                                                               "message": "captured"}}).encode()
-                self.send_response(400)
-                self.send_header("content-type", "application/json")
-                self.send_header("content-length", str(len(reply)))
-                self.end_headers()
-                self.wfile.write(reply)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def __enter__(self):
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc):
-        self.server.shutdown()
-        self.server.server_close()
-
-
 def scratch_repository(root: Path) -> Path:
     root.mkdir(parents=True)
     (root / "calc.py").write_text(BUGGY)
@@ -280,3 +244,33 @@ def test_discovery_tells_claude_codes_main_loop_from_its_subagents(clis, tmp_pat
     subagent = {s for s, r in second if r == "calc.py, test_calc.py"}
     assert len(stages) == 8 and len(main) == 1 and len(subagent) == 1 and main != subagent, stages
     assert all(s.startswith("tmpl:") for s in main | subagent), stages
+
+
+def test_bench_agent_runs_claude_code_over_its_own_recorded_session(clis, tmp_path):
+    """`bench agent --client claude-code --recorded`: a session Claude Code itself logged (a replayed
+    tool session here), imported, is run again by the real CLI against its recorded answers,
+    speculation off then on, confined; every call of it is answered in both runs."""
+    cli = clis["claude-code"]
+    with FirstRequest() as capture:
+        claude_session(cli, capture.url, tmp_path / "capture-home", scratch_repository(tmp_path / "repo"))
+    [body] = capture.bodies.values()
+    turns = CLAUDE_TURNS(tmp_path / "repo")
+    (tmp_path / "authored.jsonl").write_text(authored_session(MessagesApi().to_chat(body)["messages"], turns,
+                                                              "claude-code"))
+    imported(tmp_path / "recordings.db", tmp_path / "authored.jsonl")
+    with serving(["--backend", "replay", "--recordings", str(tmp_path / "recordings.db"), "--db",
+                  str(tmp_path / "live.db"), "--step-ms", "1"], tmp_path / "serve.log") as url:
+        done, _ = claude_session(cli, url, tmp_path / "home", tmp_path / "repo")
+    assert done.returncode == 0, done.stdout[-2000:]
+    imported(tmp_path / "history.db", tmp_path / "home" / ".claude" / "projects")  # the CLI's own log
+    out = subprocess.run([sys.executable, "-m", "agentaccel.cli.main", "bench", "agent", "--client", "claude-code",
+                          "--recorded", "--db", str(tmp_path / "history.db"), "--limit", "1", "--step-ms", "1",
+                          "--json", str(tmp_path / "agent.json")], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    runs = json.loads((tmp_path / "agent.json").read_text())["runs"]
+    assert [(r["mode"], r["status"], r["calls"]) for r in runs] == [("off", "finished", len(turns)),
+                                                                    ("on", "finished", len(turns))], runs
+    assert runs[0]["drafted"] == 0 and runs[1]["output_tokens"] == runs[0]["output_tokens"] > 0
+    refused = subprocess.run([sys.executable, "-m", "agentaccel.cli.main", "bench", "agent", "--client", "codex"],
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "--recorded" in refused.stderr

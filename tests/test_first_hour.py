@@ -43,7 +43,8 @@ README_URL = "http://127.0.0.1:8000"
 #           a GPU model and a PostgreSQL of the user's; tests/test_shared_store.py runs the same
 #           topology for real (its own PostgreSQL, two servers with the real model, vllm-router)
 #   agents  reads what Claude Code and Codex wrote, which a fresh machine has not run: its options must
-#           parse; tests/test_agent_clients.py imports what the real CLIs wrote
+#           parse; tests/test_agent_clients.py imports what the real CLIs wrote and runs bench agent
+#           --client claude-code on it
 #   traces  reads the real-trace folder a fresh clone lacks: must say so (docs/TRACES.md) and exit 2;
 #           tests/test_template_miner.py and tests/test_stage_discovery.py run its parts on real data
 PLAN = {
@@ -55,6 +56,7 @@ PLAN = {
     "agentaccel claude-code-config": "run",
     "agentaccel codex-config": "run",
     "agentaccel import-traces ~/.claude/projects ~/.codex/sessions": "agents",
+    "agentaccel bench agent --client claude-code --recorded --limit 3": "agents",
     "agentaccel bench agent --limit 1": "bench",
     "agentaccel serve --backend vllm --model Qwen/Qwen2.5-7B-Instruct": "options",
     'agentaccel serve --host 0.0.0.0 --api-key "$KEY_TEAM_A" --api-key "$KEY_TEAM_B" --admin-key "$KEY_OPS"':

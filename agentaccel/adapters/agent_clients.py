@@ -53,7 +53,7 @@ def installed(client: Client, root: Path | None = None) -> Path:
 
 
 def claude_code_env(base_url: str, model: str, api_key: str | None = None,
-                    max_output: int = DEFAULT_MAX_OUTPUT) -> dict[str, str]:
+                    max_output: int = DEFAULT_MAX_OUTPUT, speculate: bool = True) -> dict[str, str]:
     """Claude Code's environment for a proxy: every model it calls (the main loop's, the small
     fast one's, the subagents') is the proxy's model."""
     return {
@@ -74,11 +74,13 @@ def claude_code_env(base_url: str, model: str, api_key: str | None = None,
         "CLAUDE_CODE_ATTRIBUTION_HEADER": "0",
         # the stage its imported transcripts are filed under (traces/formats/claude_code.py): live calls
         # draft from the user's own history
-        "ANTHROPIC_CUSTOM_HEADERS": f"X-Agentaccel-Stage: {CLAUDE_CODE_STAGE}",
+        "ANTHROPIC_CUSTOM_HEADERS": f"X-Agentaccel-Stage: {CLAUDE_CODE_STAGE}"
+                                    + ("" if speculate else "\nX-Agentaccel-Speculate: false"),
     }
 
 
-def codex_config(base_url: str, model: str, api_key: str | None = None, context_window: int | None = None) -> str:
+def codex_config(base_url: str, model: str, api_key: str | None = None, context_window: int | None = None,
+                 speculate: bool = True) -> str:
     """Codex's `~/.codex/config.toml` for a proxy (its key, when the proxy takes one, from the
     AGENTACCEL_API_KEY environment variable)."""
     base = base_url.rstrip("/").removesuffix("/v1") + "/v1"
@@ -88,7 +90,8 @@ def codex_config(base_url: str, model: str, api_key: str | None = None, context_
     lines += ["", "[model_providers.agentaccel]", 'name = "agentaccel"', f'base_url = "{base}"',
               'wire_api = "responses"',
               # the stage its imported rollouts are filed under (traces/formats/codex.py)
-              f'http_headers = {{ "X-Agentaccel-Stage" = "{CODEX_STAGE}" }}']
+              f'http_headers = {{ "X-Agentaccel-Stage" = "{CODEX_STAGE}"'
+              + ('' if speculate else ', "X-Agentaccel-Speculate" = "false"') + ' }']
     if api_key:
         lines.append('env_key = "AGENTACCEL_API_KEY"')
     return "\n".join(lines) + "\n"

@@ -19,6 +19,7 @@ killed with whatever it left running when the run ends.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -33,9 +34,10 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from agentaccel.adapters import openhands_runner, relay, sandbox
+from agentaccel.adapters import agent_clients, openhands_runner, relay, sandbox
 from agentaccel.backends.replay.recordings import first_user_text
 from agentaccel.processes import run_group
+from agentaccel.text.messages import message_text, reply_content, turn_of
 from agentaccel.traces.store import TraceStore
 
 BUNDLED = Path(__file__).resolve().parent / "agent_tasks"
@@ -58,6 +60,7 @@ class Instance:
     repo: Path | None = None  # a local folder copied into the workspace (None: an empty workspace)
     fail_to_pass: list[str] = field(default_factory=list)
     pass_to_pass: list[str] = field(default_factory=list)
+    session_id: int | None = None  # a recorded session standing in for the instance: its id in the store
 
 
 @dataclass
@@ -105,17 +108,28 @@ def _tests(value) -> list[str]:
     return json.loads(value) if isinstance(value, str) else list(value or [])
 
 
-def recorded_instances(store: TraceStore, stage: str | None = None, limit: int | None = None) -> list[Instance]:
+def first_prompt_text(messages: list) -> str | None:
+    """The task a CLI agent was given: its first user turn in the user's own words, not the
+    client's markup around it (Claude Code's `<system-reminder>`s, Codex's `<environment_context>`)."""
+    return next((text for m in messages if isinstance(m, dict) and m.get("role") == "user"
+                 and not (text := message_text(m).strip()).startswith("<")), None)
+
+
+def recorded_instances(store: TraceStore, stage: str | None = None, limit: int | None = None,
+                       task_of: Callable[[list], str | None] = first_user_text) -> list[Instance]:
     """One instance per recorded session that called tools (an agent's), in store order, named by
-    the session's recorded `instance_id` where it has one."""
+    the session's recorded `instance_id` where it has one; its task as `task_of` reads the
+    session's first call (a task that is a client's own markup, `<...>`, is no task to give)."""
     tasks: dict[int, str] = {}
     agentic: set[int] = set()
     for call in store.iter_calls(stage=stage):
-        tasks.setdefault(call.session_id, first_user_text(call.messages) or "")
+        text = task_of(call.messages) or ""
+        tasks.setdefault(call.session_id, "" if text.startswith("<") else text)
         if call.tool_calls:
             agentic.add(call.session_id)
     chosen = [s for s in tasks if s in agentic and tasks[s]][:limit]
-    return [Instance(str(store.session_metadata(s).get("instance_id") or f"session-{s}"), tasks[s]) for s in chosen]
+    return [Instance(str(store.session_metadata(s).get("instance_id") or f"session-{s}"), tasks[s], session_id=s)
+            for s in chosen]
 
 
 def scrape(url: str) -> dict[str, dict[str, float]]:
@@ -147,16 +161,111 @@ def loopback_port(url: str) -> int | None:
     return parsed.port if parsed.hostname in ("127.0.0.1", "localhost") and parsed.port else None
 
 
+@dataclass(frozen=True)
+class ClientRun:
+    """A CLI agent (Claude Code, Codex) run headless on a task, its settings pointing at the proxy
+    (adapters/agent_clients.py); speculation off is asked by header."""
+    client: agent_clients.Client
+    executable: Path
+    model: str = "replay"
+
+    def command(self, task: str, mode: str, url: str, home: Path) -> tuple[list[str], dict[str, str]]:
+        speculate = mode != "off"
+        if self.client is agent_clients.CLAUDE_CODE:
+            # the recorded answers are as long as the recording's: no shorter ceiling than the API's
+            env = agent_clients.claude_code_env(url, self.model, max_output=32000, speculate=speculate)
+            return [str(self.executable), "-p", task, "--model", self.model, "--output-format", "stream-json",
+                    "--verbose", "--allowedTools", CLAUDE_CODE_TOOLS], env
+        (home / ".codex").mkdir(parents=True, exist_ok=True)
+        (home / ".codex" / "config.toml").write_text(agent_clients.codex_config(url, self.model, speculate=speculate))
+        return [str(self.executable), "exec", "--json", "--skip-git-repo-check",
+                "--dangerously-bypass-approvals-and-sandbox", task], {}
+
+    def workspace(self, instance: Instance) -> Path:
+        """Where it runs: one path per task (Codex writes its working folder into the first user
+        turn, which the replay backend finds the recording by)."""
+        tag = hashlib.sha256(instance.instance_id.encode()).hexdigest()[:10]
+        return Path(tempfile.gettempdir()) / f"aa-{self.client.name}-{tag}"
+
+
+# Claude Code's tools that the recorded sessions call, allowed without asking (they run confined)
+CLAUDE_CODE_TOOLS = "Bash,Read,Edit,MultiEdit,Write,Glob,Grep,LS,TodoWrite,NotebookEdit,WebFetch,Task,Agent"
+
+
+def client_recordings(source, instances: list[Instance], run: ClientRun, into: Path) -> Path:
+    """A trace store answering `run`'s client on `instances` (recorded sessions, `recorded_instances`):
+    each session's calls with their first user turn replaced by the one the client sends for the
+    task from its workspace (caught as it sends it: bench/first_request.py), so that the replay
+    backend finds each call by that turn and the turn's place in the session; the model is
+    `run.model` throughout."""
+    from agentaccel.bench.first_request import FirstRequest
+    from agentaccel.text.dialects import anthropic, responses
+    from agentaccel.text.tokenization import load_tokenizer
+    from agentaccel.traces.formats.chat_jsonl import chat_jsonl_line
+    from agentaccel.traces.importer import import_traces
+
+    def conversation(body: dict) -> list[dict]:  # what the proxy makes of the request (text/dialects)
+        if run.client is agent_clients.CLAUDE_CODE:
+            return anthropic.chat_messages(body.get("system"), body.get("messages"))
+        return responses.chat_messages(body.get("instructions"), body.get("input"))
+
+    lines = []
+    with TraceStore(source) as store:
+        for instance in instances:
+            folder = run.workspace(instance)
+            shutil.rmtree(folder, ignore_errors=True)
+            (folder / "workspace").mkdir(parents=True)
+            (folder / "home").mkdir()
+            with FirstRequest() as capture:
+                command, env = run.command(instance.problem_statement, "on", capture.url, folder / "home")
+                # unconfined: the client is answered 400 at its first call, before any tool runs
+                run_group(command, env=agent_clients.environment(folder / "home", env), cwd=folder / "workspace",
+                          timeout=120)
+            shutil.rmtree(folder, ignore_errors=True)
+            if not capture.bodies:
+                raise RuntimeError(f"{run.client.name} sent no request for {instance.instance_id}")
+            live = conversation(next(iter(capture.bodies.values())))
+            first_user = next(m for m in live if m["role"] == "user")
+            task, turn = None, 0
+            for call in store.iter_calls(session_id=instance.session_id):
+                at = next(i for i, m in enumerate(call.messages) if m.get("role") == "user")
+                # the conversation the task began: a log may hold later ones (a cleared context) and
+                # retried turns, which the replay backend could not tell apart by turn
+                task = task or call.messages[at]
+                if call.messages[at] != task or turn_of(call.messages) < turn:
+                    continue
+                # the k-th call answers the client's k-th: the prompt says so (the replay backend
+                # finds a call by its first user turn and how many answers precede it), the
+                # recording's own turns may count otherwise (a message written in parts, a retry)
+                messages = [first_user, *({"role": "assistant", "content": f"(answer {k})"} for k in range(turn))]
+                turn += 1
+                reply = {"role": "assistant", "content": reply_content(call.response, call.tool_calls),
+                         **({"tool_calls": call.tool_calls} if call.tool_calls else {})}
+                lines.append(chat_jsonl_line(messages, reply, stage=call.stage, model=run.model,
+                                             metadata={"session": instance.instance_id}))
+    (into / "sessions.jsonl").write_text("".join(lines))
+    with TraceStore(into / "recordings.db") as store:
+        import_traces([into / "sessions.jsonl"], store, tokenizer=load_tokenizer())
+    return into / "recordings.db"
+
+
 class Harness:
-    def __init__(self, url: str, openhands_python: Path, *, model: str = "replay", max_iterations: int = 100,
-                 confine: bool = True) -> None:
+    def __init__(self, url: str, openhands_python: Path | None, *, model: str = "replay", max_iterations: int = 100,
+                 confine: bool = True, client: ClientRun | None = None) -> None:
+        """`client`: run this CLI agent instead of OpenHands (then `openhands_python` is not used)."""
         self.url, self.python, self.model, self.max_iterations = url.rstrip("/"), openhands_python, model, \
             max_iterations
+        self.client = client
         self.confine = confine and sandbox.available()
 
     def run(self, instance: Instance, mode: str, runner_args: tuple[str, ...] = ()) -> Run:
         """`runner_args`: more options for adapters/openhands_runner.py (--no-tag, --context-date)."""
-        root = Path(tempfile.mkdtemp(prefix="aa-agent-"))  # short: tmux's socket path lives under it
+        if self.client is not None:
+            root = self.client.workspace(instance)
+            shutil.rmtree(root, ignore_errors=True)
+            root.mkdir(parents=True)
+        else:
+            root = Path(tempfile.mkdtemp(prefix="aa-agent-"))  # short: tmux's socket path lives under it
         try:
             return self._run(instance, mode, root, runner_args)
         finally:
@@ -169,21 +278,30 @@ class Harness:
         for folder in (workspace, home, tmp):
             folder.mkdir(exist_ok=True)
         env = {**os.environ, "HOME": str(home), "TMPDIR": str(tmp), "TMUX_TMPDIR": str(tmp)}
-        # the runner is copied into the run's folder: where agentaccel lives may be hidden in the sandbox
-        runner = shutil.copy(openhands_runner.__file__, root / "openhands_runner.py")
-        command = [str(self.python), str(runner), "--base-url", self.url, "--model", self.model,
-                   "--workspace", str(workspace), "--state", str(state), "--task", instance.problem_statement,
-                   "--max-iterations", str(self.max_iterations), *runner_args] + (["--no-speculation"] if mode == "off"
-                                                                                   else [])
+        if self.client is not None:
+            command, settings = self.client.command(instance.problem_statement, mode, self.url, home)
+            env = {**agent_clients.environment(home, settings), "TMPDIR": str(tmp)}
+        else:
+            # the runner is copied into the run's folder: where agentaccel lives may be hidden in the sandbox
+            runner = shutil.copy(openhands_runner.__file__, root / "openhands_runner.py")
+            command = [str(self.python), str(runner), "--base-url", self.url, "--model", self.model,
+                       "--workspace", str(workspace), "--state", str(state), "--task", instance.problem_statement,
+                       "--max-iterations", str(self.max_iterations), *runner_args] + \
+                (["--no-speculation"] if mode == "off" else [])
         before = scrape(self.url)
         t0 = time.perf_counter()
         out = self.run_process(command, root, env, workspace)
         wall = time.perf_counter() - t0
         by_stage = _delta(before, scrape(self.url))
-        try:
-            outcome = json.loads(out.stdout.strip().splitlines()[-1])
-        except (IndexError, json.JSONDecodeError):
-            outcome = {"status": "crashed", "error": (out.stderr or out.stdout).strip()[-500:]}
+        if self.client is not None:  # a CLI's own exit says how it ended, its last event why
+            said = (out.stdout.strip().splitlines() or [out.stderr.strip()])[-1]
+            outcome = {"status": "finished" if out.returncode == 0 else "error",
+                       "error": None if out.returncode == 0 else said[-500:]}
+        else:
+            try:
+                outcome = json.loads(out.stdout.strip().splitlines()[-1])
+            except (IndexError, json.JSONDecodeError):
+                outcome = {"status": "crashed", "error": (out.stderr or out.stdout).strip()[-500:]}
         return Run(instance.instance_id, mode, outcome["status"], wall, self._resolved(instance, workspace, env, root),
                    by_stage, outcome.get("error"))
 
@@ -196,9 +314,9 @@ class Harness:
                              timeout=RUN_TIMEOUT)
 
     def _confined(self, command: list[str], root: Path, reach: tuple[int, Path] | None = None) -> list[str]:
-        # OpenHands' environment stays visible (read-only) wherever it lives
-        return sandbox.confined(command, writable=[root], readable=[self.python.parent.parent], reach=reach) \
-            if self.confine else command
+        # the agent's own install (OpenHands' environment, the CLI's npm folder) stays visible, read-only
+        own = self.client.executable.parents[2] if self.client is not None else self.python.parent.parent
+        return sandbox.confined(command, writable=[root], readable=[own], reach=reach) if self.confine else command
 
     def _resolved(self, instance: Instance, workspace: Path, env: dict, root: Path) -> bool | None:
         tests = instance.fail_to_pass + instance.pass_to_pass

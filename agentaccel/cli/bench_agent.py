@@ -27,6 +27,10 @@ from agentaccel.cli.common import (
 
 
 def bench_agent(
+    client: Annotated[str, typer.Option(help="The agent: openhands, or claude-code or codex (the CLIs from npm, "
+                                             "headless; they need --recorded: sessions of theirs imported into "
+                                             "--db, e.g. from ~/.claude/projects or ~/.codex/sessions).")]
+    = "openhands",
     instances: Annotated[Path | None, typer.Option(help="Task instances, SWE-bench JSONL with local `repo` folders "
                                                         "(default: the bundled tasks).")] = None,
     recorded: Annotated[bool, typer.Option(help="Instead: one instance per recorded agent session in --db (the "
@@ -51,8 +55,8 @@ def bench_agent(
     plot: Annotated[Path | None, typer.Option("--plot", help="Write agent_llm_time.png into this folder "
                                                              "(default: none).")] = None,
 ) -> None:
-    """An OpenHands agent over task instances through the proxy, speculation off then on: wall and LLM time,
-    tokens/s, acceptance by stage, resolved."""
+    """An agent (OpenHands, Claude Code or Codex) over task instances through the proxy, speculation off then on:
+    wall and LLM time, tokens/s, acceptance by stage, resolved."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from agentaccel.adapters import sandbox
@@ -63,32 +67,58 @@ def bench_agent(
     if not sandbox.available() and not unconfined:
         raise fail("no read-only sandbox can be made here (it needs root and `unshare`), and the agent's tools "
                    "would run recorded commands on this machine: pass --unconfined to run them anyway")
+    if client not in ("openhands", "claude-code", "codex"):
+        raise typer.BadParameter(f"{client!r}: openhands, claude-code or codex", param_hint="--client")
+    if client != "openhands" and not recorded:
+        raise fail(f"{client} has no bundled recorded runs: pass --recorded and a --db holding its sessions "
+                   "(agentaccel import-traces ~/.claude/projects or ~/.codex/sessions)")
     with contextlib.ExitStack() as stack:
-        chosen, recordings = _agent_instances(stack, instances, recorded, db, stage)
+        chosen, recordings = _agent_instances(stack, instances, recorded, db, stage or (None if client == "openhands"
+                                                                                           else client),
+                                              task_of=agent.first_user_text if client == "openhands"
+                                              else agent.first_prompt_text)
         chosen = chosen[:limit]
         if not chosen:
             raise fail("no task instances to run")
-        python = _openhands_python(openhands_python)
+        runner = None
+        if client != "openhands":
+            runner = _client_run(client)
+            folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="agentaccel-client-")))
+            with console.status(f"catching what {client} sends for each task"):
+                recordings = agent.client_recordings(recordings, chosen, runner, folder)
+        python = _openhands_python(openhands_python) if runner is None else None
         if url is None:
             from agentaccel.bench.replay_server import replay_server
 
             with console.status("starting the replay server"):
                 url = stack.enter_context(replay_server(recordings, step_ms=step_ms, cost_profile=cost_profile))
-        harness = agent.Harness(url, python, max_iterations=max_iterations, confine=True)
+        harness = agent.Harness(url, python, max_iterations=max_iterations, confine=True, client=runner)
         progress = Progress(TextColumn("[bold]agent runs"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                             TextColumn("{task.description}"), console=err, transient=True)
         with progress:
             task = progress.add_task("", total=len(agent.MODES) * len(chosen))
             runs = agent.run(harness, chosen,
                              progress=lambda what, done: progress.update(task, completed=done, description=what))
-    _agent_report(runs, agent.summary(runs), url, json_out, plot)
+    _agent_report(runs, agent.summary(runs), url, json_out, plot, client)
     if recorded:
         console.print("Recorded sessions: their repositories are not here, so the agent's tool calls ran against an "
                       "empty workspace and observed other things than the recording did; the model outputs, and "
                       "so the LLM time, are the recording's.")
 
 
-def _agent_instances(stack, instances, recorded, db, stage):
+def _client_run(client: str):
+    from agentaccel.adapters import agent_clients
+    from agentaccel.bench import agent
+
+    chosen = agent_clients.CLIENTS[client]
+    with console.status(f"installing {chosen.package}@{chosen.version} (npm, once, then cached)"):
+        try:
+            return agent.ClientRun(chosen, agent_clients.installed(chosen))
+        except RuntimeError as e:
+            raise fail(str(e)) from e
+
+
+def _agent_instances(stack, instances, recorded, db, stage, task_of):
     """(instances, the trace store the replay server answers from)."""
     from agentaccel.bench import agent
     from agentaccel.traces.importer import import_traces
@@ -97,7 +127,7 @@ def _agent_instances(stack, instances, recorded, db, stage):
     if recorded:
         store = open_store(db, must_exist=True)
         with store:
-            return agent.recorded_instances(store, stage), store.location
+            return agent.recorded_instances(store, stage, task_of=task_of), store.location
     try:
         chosen = agent.load_instances(instances or agent.BUNDLED / "tasks.jsonl")
     except (OSError, ValueError) as e:
@@ -125,8 +155,9 @@ def _openhands_python(given: Path | None) -> Path:
     return python
 
 
-def _agent_report(runs, summary: dict, url: str, json_out: Path | None, plot: Path | None) -> None:
-    table = Table(title=f"OpenHands agent through {url} (LLM time: the proxy's request latency; replay: "
+def _agent_report(runs, summary: dict, url: str, json_out: Path | None, plot: Path | None,
+                  client: str = "openhands") -> None:
+    table = Table(title=f"{client} agent through {url} (LLM time: the proxy's request latency; replay: "
                         "recorded outputs, simulated step times)")
     for col in ("instance", "speculation", "status", "wall s", "LLM s", "LLM share", "calls", "out tokens",
                 "tok/s", "MAT", "accept", "resolved"):

@@ -229,6 +229,7 @@ class Proxy:
             validate(endpoint, body)
             if self.config.default_temperature is not None and body.get("temperature") is None:
                 body = {**body, "temperature": self.config.default_temperature}
+            body = tagging.speculation_asked(request.headers, body)
             await self._check_model(body["model"])
             discover = (None if self.discovery is None else
                         lambda body, tenant=tenant: self.discovery.stage(body, tenant))

@@ -131,6 +131,26 @@ def forward_headers(headers: Mapping[str, str], keep_authorization: bool) -> dic
     return out
 
 
+SPECULATE_HEADER = "x-agentaccel-speculate"
+
+
+def speculation_asked(headers: Mapping[str, str], body: dict) -> dict:
+    """The body with `vllm_xargs.speculate` false when the `X-Agentaccel-Speculate: false` header
+    asks for plain decoding: what a client that cannot add body fields (Claude Code, Codex: their
+    settings add headers) sends for a baseline call."""
+    value = headers.get(SPECULATE_HEADER)
+    if value is None:
+        return body
+    asked = value.strip().lower()
+    if asked not in ("false", "true"):
+        raise bad_request(f"X-Agentaccel-Speculate: expected true or false, got {value!r}",
+                          param="X-Agentaccel-Speculate", code="invalid_header")
+    if asked == "true":
+        return body
+    xargs = body.get("vllm_xargs") if isinstance(body.get("vllm_xargs"), dict) else {}
+    return {**body, "vllm_xargs": {**xargs, "speculate": False}}
+
+
 def strip_proxy_fields(body: dict) -> dict:
     """A copy of the body without what only the proxy understands (it would confuse upstreams)."""
     out = dict(body)

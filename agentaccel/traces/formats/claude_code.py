@@ -106,7 +106,7 @@ def _in_context(row: dict) -> bool:
 
 def _as_message(entry: dict) -> dict:
     if entry.get("type") == "attachment":
-        text = "\n".join(str(r.get("content", "")) for r in entry["rendered"] if isinstance(r, dict))
+        text = "\n".join(_rendered_text(r.get("content")) for r in entry["rendered"] if isinstance(r, dict))
         role = entry.get("renderedRole") if entry.get("renderedRole") in anthropic.ROLES else "user"
         return {"role": role, "content": [{"type": "text", "text": text}]}
     message = entry["message"]
@@ -114,6 +114,13 @@ def _as_message(entry: dict) -> dict:
     if isinstance(content, str):
         content = [{"type": "text", "text": content}]
     return {"role": message.get("role") or entry["type"], "content": list(content or [])}
+
+
+def _rendered_text(content) -> str:
+    """An attachment's rendered content: a string, or text blocks."""
+    if isinstance(content, list):
+        return "".join(b.get("text", "") for b in content if isinstance(b, dict))
+    return content if isinstance(content, str) else ""
 
 
 def _path(entries: dict[str, dict], uuid: str | None) -> list[dict]:
