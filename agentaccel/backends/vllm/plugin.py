@@ -3,8 +3,9 @@
 
 * `SuffixDecodingProposer` (where vLLM looks it up) -> `AgentaccelProposer`;
 * the arctic-inference check of `method="suffix"` -> satisfied (our engine needs none);
-* with the settings' `model_tokens` (the hybrid): vLLM's `EagleProposer` and `DraftModelProposer`
-  -> their hybrids with the trees (hybrid.py).
+* with the settings' `model_tokens` (the hybrid): vLLM's `EagleProposer` (EAGLE, EAGLE-3, MTP) ->
+  its hybrid with the trees (hybrid.py); a draft model is refused (drafting.hybrid_config: vLLM
+  runs it only before the step's sampled tokens reach the CPU, where the trees cannot draft yet).
 
 `AGENTACCEL_VLLM_PLUGIN=0` leaves vLLM untouched.
 """
