@@ -119,12 +119,11 @@ def recorded_instances(store: TraceStore, stage: str | None = None, limit: int |
                        task_of: Callable[[list], str | None] = first_user_text) -> list[Instance]:
     """One instance per recorded session that called tools (an agent's), in store order, named by
     the session's recorded `instance_id` where it has one; its task as `task_of` reads the
-    session's first call (a task that is a client's own markup, `<...>`, is no task to give)."""
+    session's first call."""
     tasks: dict[int, str] = {}
     agentic: set[int] = set()
     for call in store.iter_calls(stage=stage):
-        text = task_of(call.messages) or ""
-        tasks.setdefault(call.session_id, "" if text.startswith("<") else text)
+        tasks.setdefault(call.session_id, task_of(call.messages) or "")
         if call.tool_calls:
             agentic.add(call.session_id)
     chosen = [s for s in tasks if s in agentic and tasks[s]][:limit]

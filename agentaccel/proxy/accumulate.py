@@ -1,4 +1,5 @@
-"""Rebuilds a whole response from streamed chunks (for recording and metrics)."""
+"""Rebuilds a whole response from streamed chunks (for recording, metrics, and the APIs translated
+from chat: `add` also says what each chunk added, which their event writers turn into events)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ class Accumulated:
     tool_calls: list[dict] = field(default_factory=list)
     finish_reason: str | None = None
     usage: dict | None = None
+    matched_stop: str | None = None  # the stop string that ended it (vLLM's `stop_reason`), when one did
 
     @property
     def output_tokens(self) -> int:
@@ -22,6 +24,17 @@ class Accumulated:
     def prompt_tokens(self) -> int:
         return int((self.usage or {}).get("prompt_tokens") or 0)
 
+    @property
+    def cached_tokens(self) -> int:
+        details = (self.usage or {}).get("prompt_tokens_details")
+        return int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
+
+    def take_finish(self, choice: dict) -> None:
+        if choice.get("finish_reason"):
+            self.finish_reason = choice["finish_reason"]
+            stop = choice.get("stop_reason")
+            self.matched_stop = stop if isinstance(stop, str) else None
+
 
 class Accumulator:
     def __init__(self, endpoint: str) -> None:
@@ -30,26 +43,38 @@ class Accumulator:
         self._parts: list[str] = []
         self._tools: dict[int, dict] = {}
 
-    def add(self, chunk: dict) -> None:
+    def add(self, chunk: dict) -> list[tuple]:
+        """Takes a chunk in; what it added, in order: ("text", piece), ("call", index) when a tool
+        call begins (its id and name so far: `call(index)`), ("arguments", index, piece)."""
+        added: list[tuple] = []
         if isinstance(chunk.get("usage"), dict):
             self.result.usage = chunk["usage"]
         for choice in chunk.get("choices") or []:
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue  # n > 1: the first choice is the one recorded
-            if choice.get("finish_reason"):
-                self.result.finish_reason = choice["finish_reason"]
+            self.result.take_finish(choice)
             if self.endpoint == CHAT:
                 delta = choice.get("delta") or {}
                 if isinstance(delta.get("content"), str):
                     self._parts.append(delta["content"])
+                    if delta["content"]:
+                        added.append(("text", delta["content"]))
                 for call in delta.get("tool_calls") or []:
-                    self._merge_tool_call(call)
+                    self._merge_tool_call(call, added)
             elif isinstance(choice.get("text"), str):
                 self._parts.append(choice["text"])
+        return added
 
-    def _merge_tool_call(self, call: dict) -> None:
-        slot = self._tools.setdefault(call.get("index", len(self._tools)),
-                                      {"id": None, "type": "function", "function": {"name": "", "arguments": ""}})
+    def call(self, index: int) -> dict:
+        """A tool call as it stands so far (chat's form: id, function name and arguments)."""
+        return self._tools[index]
+
+    def _merge_tool_call(self, call: dict, added: list[tuple]) -> None:
+        index = call.get("index", len(self._tools))
+        if index not in self._tools:
+            self._tools[index] = {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
+            added.append(("call", index))
+        slot = self._tools[index]
         if call.get("id"):
             slot["id"] = call["id"]
         fn = call.get("function") or {}
@@ -57,6 +82,7 @@ class Accumulator:
             slot["function"]["name"] += fn["name"]
         if fn.get("arguments"):
             slot["function"]["arguments"] += fn["arguments"]
+            added.append(("arguments", index, fn["arguments"]))
 
     def finish(self) -> Accumulated:
         self.result.text = "".join(self._parts)
@@ -71,6 +97,7 @@ def from_body(endpoint: str, body: dict) -> Accumulated:
     if choices and isinstance(choices[0], dict):
         choice = choices[0]
         out.finish_reason = choice.get("finish_reason")
+        out.take_finish(choice)
         if endpoint == CHAT:
             message = choice.get("message") or {}
             out.text = message.get("content") or ""

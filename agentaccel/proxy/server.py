@@ -264,13 +264,12 @@ class Proxy:
         self._observe(label, ctx, 200, t0, summary)
         self._record(endpoint, body, ctx, summary, t0, api)
         if api is not None:
-            reply = api.reply(reply, original, ctx.request_id)
+            reply = api.reply(summary, original, ctx.request_id)
         return JSONResponse(reply, headers=_reply_headers(ctx))
 
     async def _stream(self, endpoint: str, body: dict, forward: dict, ctx: CallContext, t0: float,
                       api: Api | None = None, original: dict | None = None) -> Response:
         label = api.name if api else endpoint
-        writer = api.stream(original, ctx.request_id) if api is not None else None
         want_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         # Usage is always asked of the backend (recording and metrics need it); the chunk that only
         # carries it is dropped again when the client did not ask.
@@ -282,6 +281,7 @@ class Proxy:
             self._observe(label, ctx, e.status, t0)
             return _error(e, api)
         acc = Accumulator(endpoint)
+        writer = api.stream(original, ctx.request_id, acc) if api is not None else None
 
         async def events() -> AsyncIterator[bytes]:
             status = 200
@@ -293,11 +293,11 @@ class Proxy:
                         chunk = jsonfast.loads(payload, exact=False)  # read for the record only
                     except ValueError:  # not ours to judge: relayed as it came, left out of the record
                         chunk = {"choices": [None]}
-                    acc.add(chunk)
+                    added = acc.add(chunk)
                     if first_token_at is None and chunk.get("choices"):
                         first_token_at = time.perf_counter()
                     if writer is not None:
-                        translated = writer.feed(chunk)
+                        translated = writer.feed(added)
                         if translated:
                             yield translated
                     elif want_usage or chunk.get("choices") or not chunk.get("usage"):

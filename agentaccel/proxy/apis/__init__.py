@@ -12,14 +12,20 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 from agentaccel.errors import APIError
+from agentaccel.proxy.accumulate import Accumulated, Accumulator
 
 
 class StreamWriter(ABC):
-    """Turns one call's chat chunks (parsed) into the API's own server-sent events."""
+    """Turns one call's chat stream into the API's own server-sent events. It reads the proxy's
+    accumulator of the stream (the one the record is made from): what each chunk added, and the
+    answer so far."""
+
+    def __init__(self, body: dict, call_id: str, acc: Accumulator) -> None:
+        self.body, self.call_id, self.acc = body, call_id, acc
 
     @abstractmethod
-    def feed(self, chunk: dict) -> bytes:
-        """The events a chat chunk makes (b"" when it only carries state for later)."""
+    def feed(self, added: list[tuple]) -> bytes:
+        """The events for what a chunk added (`Accumulator.add`; b"" when it added nothing shown)."""
 
     @abstractmethod
     def finish(self) -> bytes:
@@ -38,11 +44,11 @@ class Api(ABC):
         """The chat-completions body for this request; a field it cannot read is a 400 naming it."""
 
     @abstractmethod
-    def reply(self, chat: dict, body: dict, call_id: str) -> dict:
-        """The API's answer made from the backend's chat answer."""
+    def reply(self, answer: Accumulated, body: dict, call_id: str) -> dict:
+        """The API's answer made from the backend's chat answer (as `accumulate.from_body` read it)."""
 
     @abstractmethod
-    def stream(self, body: dict, call_id: str) -> StreamWriter: ...
+    def stream(self, body: dict, call_id: str, acc: Accumulator) -> StreamWriter: ...
 
     @abstractmethod
     def error(self, error: APIError) -> dict:
@@ -52,3 +58,9 @@ class Api(ABC):
 def sse(event: str, data: bytes) -> bytes:
     """One server-sent event with its name (both APIs name theirs; chat's are unnamed)."""
     return b"event: " + event.encode() + b"\ndata: " + data + b"\n\n"
+
+
+def call_parts(call: dict, index: int) -> tuple[str, str, str]:
+    """A chat tool call's (id, name, arguments as JSON text); an upstream that sent no id gets one."""
+    function = call.get("function") or {}
+    return call.get("id") or f"call_{index}", function.get("name") or "", function.get("arguments") or ""

@@ -15,8 +15,8 @@ import json
 
 from agentaccel import jsonfast
 from agentaccel.errors import APIError, bad_request
-from agentaccel.proxy.apis import Api, StreamWriter, sse
-from agentaccel.proxy.apis.chat_answer import Answer, Deltas, whole
+from agentaccel.proxy.accumulate import Accumulated, Accumulator
+from agentaccel.proxy.apis import Api, StreamWriter, call_parts, sse
 from agentaccel.proxy.validation import check_field
 from agentaccel.text.dialects import DialectError, anthropic
 
@@ -86,16 +86,17 @@ class MessagesApi(Api):
             chat["metadata"] = {"session_id": session}
         return chat
 
-    def reply(self, chat: dict, body: dict, call_id: str) -> dict:
-        answer = whole(chat)
+    def reply(self, answer: Accumulated, body: dict, call_id: str) -> dict:
         content = [{"type": "text", "text": answer.text}] if answer.text else []
-        content += [{"type": "tool_use", "id": c.id, "name": c.name, "input": c.input()} for c in answer.calls]
+        for i, call in enumerate(answer.tool_calls):
+            tool_id, name, arguments = call_parts(call, i)
+            content.append({"type": "tool_use", "id": tool_id, "name": name, "input": tool_input(arguments)})
         stop_reason, stop_sequence = _stop(answer, body)
         return {"id": _id(call_id), "type": "message", "role": "assistant", "model": body["model"], "content": content,
                 "stop_reason": stop_reason, "stop_sequence": stop_sequence, "usage": _usage(answer)}
 
-    def stream(self, body: dict, call_id: str) -> StreamWriter:
-        return _Events(body, call_id)
+    def stream(self, body: dict, call_id: str, acc: Accumulator) -> StreamWriter:
+        return _Events(body, call_id, acc)
 
     def error(self, error: APIError) -> dict:
         kind = _ERROR_TYPES.get(error.status, "api_error" if error.status >= 500 else "invalid_request_error")
@@ -106,13 +107,23 @@ def _id(call_id: str) -> str:
     return "msg_" + call_id.replace("-", "")
 
 
-def _stop(answer: Answer, body: dict) -> tuple[str, str | None]:
+def tool_input(arguments: str) -> dict:
+    """A call's arguments as an object (`tool_use.input`). Arguments a model wrote that are not a
+    JSON object are kept whole under "arguments", never dropped."""
+    try:
+        value = json.loads(arguments) if arguments.strip() else {}
+    except json.JSONDecodeError:
+        return {"arguments": arguments}
+    return value if isinstance(value, dict) else {"arguments": arguments}
+
+
+def _stop(answer: Accumulated, body: dict) -> tuple[str, str | None]:
     if answer.finish_reason == "stop" and answer.matched_stop in (body.get("stop_sequences") or ()):
         return "stop_sequence", answer.matched_stop
     return _STOP.get(answer.finish_reason or "stop", "end_turn"), None
 
 
-def _usage(answer: Answer) -> dict:
+def _usage(answer: Accumulated) -> dict:
     return {"input_tokens": answer.prompt_tokens - answer.cached_tokens, "output_tokens": answer.output_tokens,
             "cache_creation_input_tokens": 0, "cache_read_input_tokens": answer.cached_tokens}
 
@@ -125,10 +136,8 @@ class _Events(StreamWriter):
     """message_start, then a content block per run of text and per tool call (text_delta,
     input_json_delta), message_delta with the stop reason and usage, message_stop."""
 
-    def __init__(self, body: dict, call_id: str) -> None:
-        self.body = body
-        self.call_id = call_id
-        self.deltas = Deltas()
+    def __init__(self, body: dict, call_id: str, acc: Accumulator) -> None:
+        super().__init__(body, call_id, acc)
         self.started = False
         self.block = -1  # the index of the open content block (-1: none yet)
         self.open = None  # "text", or the index of the call whose block is open
@@ -152,17 +161,17 @@ class _Events(StreamWriter):
         self.open = what
         return out + _event("content_block_start", {"index": self.block, "content_block": block})
 
-    def feed(self, chunk: dict) -> bytes:
+    def feed(self, added: list[tuple]) -> bytes:
         out = b"" if self.started else self._start()
-        for piece in self.deltas.read(chunk):
+        for piece in added:
             if piece[0] == "text":
                 if self.open != "text":
                     out += self._open("text", {"type": "text", "text": ""})
                 out += _event("content_block_delta", {"index": self.block,
                                                       "delta": {"type": "text_delta", "text": piece[1]}})
             elif piece[0] == "call":
-                call = self.deltas.answer.calls[piece[1]]
-                out += self._open(piece[1], {"type": "tool_use", "id": call.id, "name": call.name, "input": {}})
+                tool_id, name, _ = call_parts(self.acc.call(piece[1]), piece[1])
+                out += self._open(piece[1], {"type": "tool_use", "id": tool_id, "name": name, "input": {}})
             else:
                 out += _event("content_block_delta", {"index": self.block,
                                                       "delta": {"type": "input_json_delta", "partial_json": piece[2]}})
@@ -170,7 +179,7 @@ class _Events(StreamWriter):
 
     def finish(self) -> bytes:
         out = (b"" if self.started else self._start()) + self._close()
-        answer = self.deltas.answer
+        answer = self.acc.finish()
         stop_reason, stop_sequence = _stop(answer, self.body)
         out += _event("message_delta", {"delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
                                         "usage": _usage(answer)})

@@ -16,8 +16,8 @@ import time
 
 from agentaccel import jsonfast
 from agentaccel.errors import APIError, bad_request
-from agentaccel.proxy.apis import Api, StreamWriter, sse
-from agentaccel.proxy.apis.chat_answer import Answer, Call, Deltas, whole
+from agentaccel.proxy.accumulate import Accumulated, Accumulator
+from agentaccel.proxy.apis import Api, StreamWriter, call_parts, sse
 from agentaccel.proxy.validation import check_field
 from agentaccel.text.dialects import DialectError, responses
 
@@ -70,24 +70,23 @@ class ResponsesApi(Api):
             chat["metadata"] = {"session_id": body["prompt_cache_key"]}
         return chat
 
-    def reply(self, chat: dict, body: dict, call_id: str) -> dict:
-        answer = whole(chat)
+    def reply(self, answer: Accumulated, body: dict, call_id: str) -> dict:
         response = _response(body, call_id, _status(answer), _usage(answer))
         response["output"] = _items(answer, call_id)
         return response
 
-    def stream(self, body: dict, call_id: str) -> StreamWriter:
-        return _Events(body, call_id)
+    def stream(self, body: dict, call_id: str, acc: Accumulator) -> StreamWriter:
+        return _Events(body, call_id, acc)
 
     def error(self, error: APIError) -> dict:
         return error.body()
 
 
-def _status(answer: Answer) -> str:
+def _status(answer: Accumulated) -> str:
     return "incomplete" if answer.finish_reason == "length" else "completed"
 
 
-def _usage(answer: Answer) -> dict:
+def _usage(answer: Accumulated) -> dict:
     return {"input_tokens": answer.prompt_tokens, "input_tokens_details": {"cached_tokens": answer.cached_tokens},
             "output_tokens": answer.output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": answer.prompt_tokens + answer.output_tokens}
@@ -122,24 +121,25 @@ def _message(call_id: str, text: str, status: str) -> dict:
             "content": [_text_part(text)] if status == "completed" else []}
 
 
-def _function_call(call: Call, status: str) -> dict:
-    return {"type": "function_call", "id": "fc_" + call.id, "call_id": call.id, "name": call.name,
-            "arguments": call.arguments if status == "completed" else "", "status": status}
+def _function_call(call: dict, index: int, status: str) -> dict:
+    """A chat tool call as a `function_call` item."""
+    tool_id, name, arguments = call_parts(call, index)
+    return {"type": "function_call", "id": "fc_" + tool_id, "call_id": tool_id, "name": name,
+            "arguments": arguments if status == "completed" else "", "status": status}
 
 
-def _items(answer: Answer, call_id: str) -> list[dict]:
+def _items(answer: Accumulated, call_id: str) -> list[dict]:
     items = [_message(call_id, answer.text, "completed")] if answer.text else []
-    return items + [_function_call(c, "completed") for c in answer.calls]
+    return items + [_function_call(c, i, "completed") for i, c in enumerate(answer.tool_calls)]
 
 
 class _Events(StreamWriter):
     """response.created, response.in_progress; per output item its added / delta / done events;
     response.completed (or response.incomplete) with the whole response and its usage."""
 
-    def __init__(self, body: dict, call_id: str) -> None:
-        self.body = body
-        self.call_id = call_id
-        self.deltas = Deltas()
+    def __init__(self, body: dict, call_id: str, acc: Accumulator) -> None:
+        super().__init__(body, call_id, acc)
+        self.text = ""  # the open message item's text so far
         self.sequence = 0
         self.started = False
         self.items: list[dict] = []  # the output so far, each item as it will be when done
@@ -163,7 +163,7 @@ class _Events(StreamWriter):
         item = self.items[index]
         out = b""
         if self.open == "text":
-            item.update(_message(self.call_id, self.deltas.answer.text, "completed"))
+            item.update(_message(self.call_id, self.text, "completed"))
             part = item["content"][0]
             out += self._event("response.output_text.done", {"item_id": item["id"], "output_index": index,
                                                              "content_index": 0, "text": part["text"],
@@ -171,18 +171,19 @@ class _Events(StreamWriter):
             out += self._event("response.content_part.done", {"item_id": item["id"], "output_index": index,
                                                               "content_index": 0, "part": part})
         else:
-            item.update(_function_call(self.deltas.answer.calls[self.open], "completed"))
+            item.update(_function_call(self.acc.call(self.open), self.open, "completed"))
             out += self._event("response.function_call_arguments.done", {
                 "item_id": item["id"], "output_index": index, "name": item["name"], "arguments": item["arguments"]})
         self.open = None
         return out + self._event("response.output_item.done", {"output_index": index, "item": item})
 
-    def feed(self, chunk: dict) -> bytes:
+    def feed(self, added: list[tuple]) -> bytes:
         out = b"" if self.started else self._start()
-        for piece in self.deltas.read(chunk):
+        for piece in added:
             if piece[0] == "text":
                 if self.open != "text":
                     out += self._close()
+                    self.text = ""
                     item = _message(self.call_id, "", "in_progress")
                     self.items.append(item)
                     self.open = "text"
@@ -190,12 +191,13 @@ class _Events(StreamWriter):
                     out += self._event("response.output_item.added", {"output_index": index, "item": item})
                     out += self._event("response.content_part.added", {
                         "item_id": item["id"], "output_index": index, "content_index": 0, "part": _text_part("")})
+                self.text += piece[1]
                 out += self._event("response.output_text.delta", {
                     "item_id": self.items[-1]["id"], "output_index": len(self.items) - 1, "content_index": 0,
                     "delta": piece[1], "logprobs": []})
             elif piece[0] == "call":
                 out += self._close()
-                item = _function_call(self.deltas.answer.calls[piece[1]], "in_progress")
+                item = _function_call(self.acc.call(piece[1]), piece[1], "in_progress")
                 self.items.append(item)
                 self.open = piece[1]
                 out += self._event("response.output_item.added", {"output_index": len(self.items) - 1, "item": item})
@@ -206,7 +208,7 @@ class _Events(StreamWriter):
 
     def finish(self) -> bytes:
         out = (b"" if self.started else self._start()) + self._close()
-        answer = self.deltas.answer
+        answer = self.acc.finish()
         status = _status(answer)
         response = _response(self.body, self.call_id, status, _usage(answer))
         response["output"] = self.items
