@@ -43,37 +43,39 @@ class Accumulator:
         self._parts: list[str] = []
         self._tools: dict[int, dict] = {}
 
-    def add(self, chunk: dict) -> list[tuple]:
-        """Takes a chunk in; what it added, in order: ("text", piece), ("call", index) when a tool
-        call begins (its id and name so far: `call(index)`), ("arguments", index, piece)."""
-        added: list[tuple] = []
+    def add(self, chunk: dict, added: list[tuple] | None = None) -> None:
+        """Takes a chunk in. `added` (a translated API's stream only: chat's relay needs none, and
+        its hot path pays nothing for it) gets what the chunk added, in order: ("text", piece),
+        ("call", index) when a tool call begins (its id and name so far: `call(index)`),
+        ("arguments", index, piece)."""
         if isinstance(chunk.get("usage"), dict):
             self.result.usage = chunk["usage"]
         for choice in chunk.get("choices") or []:
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue  # n > 1: the first choice is the one recorded
-            self.result.take_finish(choice)
+            if choice.get("finish_reason"):
+                self.result.take_finish(choice)
             if self.endpoint == CHAT:
                 delta = choice.get("delta") or {}
                 if isinstance(delta.get("content"), str):
                     self._parts.append(delta["content"])
-                    if delta["content"]:
+                    if added is not None and delta["content"]:
                         added.append(("text", delta["content"]))
                 for call in delta.get("tool_calls") or []:
                     self._merge_tool_call(call, added)
             elif isinstance(choice.get("text"), str):
                 self._parts.append(choice["text"])
-        return added
 
     def call(self, index: int) -> dict:
         """A tool call as it stands so far (chat's form: id, function name and arguments)."""
         return self._tools[index]
 
-    def _merge_tool_call(self, call: dict, added: list[tuple]) -> None:
+    def _merge_tool_call(self, call: dict, added: list[tuple] | None) -> None:
         index = call.get("index", len(self._tools))
         if index not in self._tools:
             self._tools[index] = {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
-            added.append(("call", index))
+            if added is not None:
+                added.append(("call", index))
         slot = self._tools[index]
         if call.get("id"):
             slot["id"] = call["id"]
@@ -82,7 +84,8 @@ class Accumulator:
             slot["function"]["name"] += fn["name"]
         if fn.get("arguments"):
             slot["function"]["arguments"] += fn["arguments"]
-            added.append(("arguments", index, fn["arguments"]))
+            if added is not None:
+                added.append(("arguments", index, fn["arguments"]))
 
     def finish(self) -> Accumulated:
         self.result.text = "".join(self._parts)

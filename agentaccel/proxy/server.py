@@ -293,7 +293,8 @@ class Proxy:
                         chunk = jsonfast.loads(payload, exact=False)  # read for the record only
                     except ValueError:  # not ours to judge: relayed as it came, left out of the record
                         chunk = {"choices": [None]}
-                    added = acc.add(chunk)
+                    added = None if writer is None else []
+                    acc.add(chunk, added)
                     if first_token_at is None and chunk.get("choices"):
                         first_token_at = time.perf_counter()
                     if writer is not None:
