@@ -24,7 +24,7 @@ from agentaccel.cli.common import (
     parse_size,
     traces_folder,
 )
-from agentaccel.cli.serve import PREFIX_CACHE, Dtype, DtypeOption, check_cost_profile
+from agentaccel.cli.serve_options import PREFIX_CACHE, Dtype, DtypeOption, check_cost_profile
 
 bench_app = typer.Typer(help="Benchmarks: replay your recorded calls, the engine, the embedded backend, the proxy "
                              "(results: docs/BENCHMARKS.md).", no_args_is_help=True)

@@ -13,7 +13,9 @@ import os
 import shutil
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agentaccel.backends.base import CallContext, follower_counters, seeded_counters
 from agentaccel.backends.openai_compat import OpenAIBackend
@@ -24,6 +26,9 @@ from agentaccel.backends.vllm.settings import PluginSettings, plugin_enabled
 from agentaccel.backends.vllm.supervisor import Supervisor
 from agentaccel.errors import APIError, bad_request
 from agentaccel.processes import free_port
+
+if TYPE_CHECKING:
+    from agentaccel.traces.database import Location
 
 
 def _has_cuda() -> bool:
@@ -82,48 +87,67 @@ def salted(body: dict, tenant: str | None) -> dict:
     return {**body, "cache_salt": tenant + (f"-{client_salt}" if client_salt else "")}
 
 
-class VLLMBackend(OpenAIBackend):
-    name = "vllm"
+@dataclass(frozen=True)
+class VLLMSettings:
+    """What the managed vLLM server is asked to be (`serve --backend vllm`'s options), read once by
+    VLLMBackend; what the plugin is told of it travels on as one PluginSettings."""
 
-    def __init__(self, model: str, *, served_name: str | None = None, extra_args: list[str] | None = None,
-                 db_path: str | Path | None = None, seed: bool = True, follow: bool = True,
-                 spec_config: str | Path | None = None,
-                 memory_budget_bytes: int = 0, timeout: float = 600.0, start_timeout: float = 900.0,
-                 port: int | None = None, echo=None, online: bool = True,
-                 session_header: str | None = SESSION_HEADER, snapshot: str | Path | None = None,
-                 scoped: bool = True, step_cost: str = "auto", record: bool = True,
-                 follow_log: str | Path | None = None, drafter: dict | None = None) -> None:
-        """`scoped`: each tenant's recorded answers join its own trees (serve --speculation-scope key).
-        `step_cost`: auto (learned from the server's own steps), off (each request sizes its own
-        draft), or a cost spec the learning starts from. `record` off (serve --no-record): the
-        plugin writes nothing to the trace store (its calibration and step cost stay in memory).
-        `follow_log`: a file the follower appends every other server's output to (with its times).
-        `drafter`: a model drafter's speculative config (an EAGLE head...): the hybrid, drafting beside
-        the trees (drafting.hybrid_config; a ValueError for a drafter it cannot run beside).
-        All of it reaches the plugin as one PluginSettings."""
-        self.port = port or free_port()
-        super().__init__(f"http://127.0.0.1:{self.port}", timeout=timeout, session_header=session_header)
-        self.model = model
-        self.served_name = served_name or model
-        extra = list(extra_args or [])
-        self.data_parallel_ranks = data_parallel_size(extra)  # sessions pinned to ranks (backends/routing.py)
-        self.stats_path = Path(tempfile.mkdtemp(prefix="agentaccel-vllm-")) / "spec_stats.json"
+    model: str  # a folder or a model hub name
+    served_name: str | None = None  # the model's name to clients (default: `model`)
+    extra_args: tuple[str, ...] = ()  # `vllm serve`'s own arguments (after `serve ... --`)
+    db: str | Path | Location | None = None  # the trace store (default: traces.store.default_db_path)
+    seed: bool = True  # the stage trees start from the store ...
+    follow: bool = True  # ... and add what any server records there while serving
+    scoped: bool = True  # each tenant's answers join its own trees (serve --speculation-scope key)
+    online: bool = True  # each stage's drafting adapts to what its drafts get accepted
+    record: bool = True  # off (serve --no-record): the plugin writes nothing to the store
+    snapshot: str | Path | None = None  # the trees saved here, and loaded from here at the next start
+    spec_config: str | Path | None = None  # per-stage drafting settings (engine/policy.read_file)
+    memory_budget_bytes: int = 0  # the global trees' memory (0: the engine's default)
+    step_cost: str = "auto"  # auto (learned from the server's steps), off (each request sizes its own draft), or
+    # a cost spec (or a file of one) the learning starts from
+    follow_log: str | Path | None = None  # a file every other server's output is appended to, with its times
+    drafter: dict | None = None  # a model drafter's speculative config: the hybrid (drafting.hybrid_config)
+    timeout: float = 600.0  # seconds before a call to vLLM gives up
+    session_header: str | None = SESSION_HEADER  # carries each call's session to vLLM (None: not sent)
+
+    def plugin_settings(self, stats: Path) -> PluginSettings:
+        """What the plugin in every worker is told (`stats`: the file its statistics go to)."""
         from agentaccel.traces.database import locate
         from agentaccel.traces.store import default_db_path
 
-        db = default_db_path() if db_path is None else locate(db_path)
-        step_spec = Path(step_cost).expanduser()
-        speculative, model_tokens = hybrid_config(drafter) if drafter is not None else (DEFAULT_SPECULATIVE_CONFIG, 0)
-        settings = PluginSettings(
-            db=db.spec, seed=seed, follow=follow, scoped=scoped, online=online, save=record,
-            snapshot=str(Path(snapshot).expanduser().resolve()) if snapshot is not None else None,
-            spec_config=str(Path(spec_config).resolve()) if spec_config is not None else None,
-            memory_budget=memory_budget_bytes, stats=str(self.stats_path),
-            follow_log=str(Path(follow_log).expanduser().resolve()) if follow_log is not None else None,
-            step_cost="" if step_cost == "auto" else str(step_spec.resolve()) if step_spec.is_file() else step_cost,
-            model_tokens=model_tokens)
-        ours = settings.environ()
-        argv, env = launch_command(model, self.port, served_name=self.served_name, extra_args=extra, env=ours,
+        def absolute(path):
+            return str(Path(path).expanduser().resolve()) if path is not None else None
+
+        db = default_db_path() if self.db is None else locate(self.db)
+        step_spec = Path(self.step_cost).expanduser()
+        return PluginSettings(
+            db=db.spec, seed=self.seed, follow=self.follow, scoped=self.scoped, online=self.online, save=self.record,
+            snapshot=absolute(self.snapshot), spec_config=absolute(self.spec_config),
+            memory_budget=self.memory_budget_bytes, stats=str(stats), follow_log=absolute(self.follow_log),
+            step_cost="" if self.step_cost == "auto" else str(step_spec.resolve()) if step_spec.is_file()
+            else self.step_cost, model_tokens=hybrid_config(self.drafter)[1] if self.drafter is not None else 0)
+
+
+class VLLMBackend(OpenAIBackend):
+    name = "vllm"
+
+    def __init__(self, settings: VLLMSettings, *, port: int | None = None, echo=None,
+                 start_timeout: float = 900.0) -> None:
+        """A `vllm serve` child on 127.0.0.1:`port` (default: a free one) as `settings` ask, started
+        by `start` and restarted by its supervisor (`echo`: where its output goes)."""
+        self.port = port or free_port()
+        super().__init__(f"http://127.0.0.1:{self.port}", timeout=settings.timeout,
+                         session_header=settings.session_header)
+        self.model = settings.model
+        self.served_name = settings.served_name or settings.model
+        extra = list(settings.extra_args)
+        self.data_parallel_ranks = data_parallel_size(extra)  # sessions pinned to ranks (backends/routing.py)
+        self.stats_path = Path(tempfile.mkdtemp(prefix="agentaccel-vllm-")) / "spec_stats.json"
+        speculative = hybrid_config(settings.drafter)[0] if settings.drafter is not None \
+            else DEFAULT_SPECULATIVE_CONFIG
+        argv, env = launch_command(settings.model, self.port, served_name=self.served_name, extra_args=extra,
+                                   env=settings.plugin_settings(self.stats_path).environ(),
                                    speculative_config=speculative)
         self.supervisor = Supervisor(argv, env, f"http://127.0.0.1:{self.port}/health",
                                      start_timeout=start_timeout, echo=echo)
