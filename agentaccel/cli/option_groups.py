@@ -9,10 +9,10 @@ import inspect
 import typing
 
 
-def receives(group: type, name: str):
+def receives(group: type, name: str, make=None):
     """A decorator: the command's own parameters, except `name`, plus one option per field of the
     dataclass `group` (each field annotated with its `typer.Option`); the command is called with
-    those options gathered into one `group` in its argument `name`."""
+    those options gathered into one `group` in its argument `name` (or what `make` makes of it)."""
     hints = typing.get_type_hints(group, include_extras=True)
     fields = dataclasses.fields(group)
 
@@ -24,7 +24,8 @@ def receives(group: type, name: str):
         @functools.wraps(command)
         def gathered(*args, **options):
             values = {f.name: options.pop(f.name) for f in fields}
-            return command(*args, **{name: group(**values)}, **options)
+            gathered_options = group(**values)
+            return command(*args, **{name: make(gathered_options) if make else gathered_options}, **options)
 
         gathered.__signature__ = inspect.Signature(own + added)
         gathered.__annotations__ = {p.name: p.annotation for p in own + added}

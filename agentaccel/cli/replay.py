@@ -3,10 +3,8 @@ offline, one program per command (cli/replay_tables.py runs each and prints what
 
 from __future__ import annotations
 
-import functools
-import inspect
 import json
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated
 
@@ -27,6 +25,7 @@ from agentaccel.cli.common import (
     open_store,
     open_tokenizer,
 )
+from agentaccel.cli.option_groups import receives
 from agentaccel.simulation.methods import PER_CALL
 from agentaccel.simulation.replay import CallSelection
 from agentaccel.simulation.replicas import MEASURED_SHARE_DELAY
@@ -67,28 +66,25 @@ PlotOption = Annotated[Path | None, typer.Option("--plot", help="Write PNG figur
 ServerOption = Annotated[str, typer.Option(help="The simulated server's step cost: " + COST_FORMS + ".")]
 
 
-# name, annotation (its option), default: what selects the calls, on every command that reads them
-_SELECTION_OPTIONS = (("stage", StageOption, None), ("model", ModelOption, None), ("source", SourceOption, None),
-                      ("sessions", SessionsOption, None), ("limit", LimitOption, None), ("warm", WarmOption, 0),
-                      ("tenant", TenantOption, None))
+@dataclass
+class SelectionOptions:
+    """What selects the recorded calls, the same options on every command that reads them."""
+
+    stage: StageOption = None
+    model: ModelOption = None
+    source: SourceOption = None
+    sessions: SessionsOption = None
+    limit: LimitOption = None
+    warm: WarmOption = 0
+    tenant: TenantOption = None
+
+    def selection(self) -> CallSelection:
+        return CallSelection(stages=tuple(self.stage or ()), model=self.model, source=self.source,
+                             sessions=self.sessions, limit=self.limit, warm=self.warm, tenant=self.tenant)
 
 
-def selects_calls(command):
-    """`command` with the options that select recorded calls added to its own; it receives them as
-    one CallSelection, its `calls` argument."""
-    own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "calls"]
-    added = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=default)
-             for name, annotation, default in _SELECTION_OPTIONS]
-
-    @functools.wraps(command)
-    def with_selection(**options):
-        chosen = {name: options.pop(name) for name, _, _ in _SELECTION_OPTIONS}
-        chosen["stages"] = tuple(chosen.pop("stage") or ())
-        return command(calls=CallSelection(**chosen), **options)
-
-    with_selection.__signature__ = inspect.Signature(
-        [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + added)
-    return with_selection
+# a command with the options that select recorded calls added to its own, received as one CallSelection
+selects_calls = receives(SelectionOptions, "calls", make=SelectionOptions.selection)
 
 
 @selects_calls
