@@ -93,7 +93,7 @@ size_t BatchDrafter::model_passes() const {
   return last_model_passes_;
 }
 
-void BatchDrafter::note_drafter(uint32_t passes, double seconds) {
+void BatchDrafter::drafter_ran(uint32_t passes, double seconds) {
   if (!(seconds >= 0.0) || !std::isfinite(seconds)) throw InvalidInput("a drafter's seconds must be finite and >= 0");
   std::lock_guard lock(admit_mu_);
   drafter_passes_ = passes;

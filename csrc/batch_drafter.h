@@ -129,7 +129,7 @@ class BatchDrafter {
   size_t model_passes() const;
   // The hybrid: the forward passes its model drafter ran after the last step and their time (the
   // next step's timing counts them apart from the target's step).
-  void note_drafter(uint32_t passes, double seconds);
+  void drafter_ran(uint32_t passes, double seconds);
   // The hybrid under a step budget: one more pass of the model drafter, as a share of the batch's
   // plain step (0: passes not priced). Each pass past the first must gain what it costs.
   void set_drafter_pass_share(double share);

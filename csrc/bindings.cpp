@@ -29,7 +29,7 @@ using Counts = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device:
 // One step of BatchDrafter: the Python lists are read with the GIL held, the drafting runs without it.
 static std::vector<std::vector<uint32_t>> batch_step(BatchDrafter& d, nb::list rids, Rows rows, Counts num_tokens,
                                                      nb::list sampled, int max_tokens, int max_model_len,
-                                                     int64_t scheduled, nb::object model) {
+                                                     int64_t scheduled, nb::object model_chains) {
   const size_t n = nb::len(sampled);
   if (nb::len(rids) < n || rows.shape(0) < n || num_tokens.shape(0) < n)
     throw agentaccel::InvalidInput("req_ids, rows and num_tokens need a row for every sampled list");
@@ -46,17 +46,17 @@ static std::vector<std::vector<uint32_t>> batch_step(BatchDrafter& d, nb::list r
                              offsets.data(), max_tokens, max_model_len, scheduled};
   std::vector<int32_t> model_flat;  // the hybrid's model chains, one list per row (None: no model)
   std::vector<int64_t> model_offsets;
-  if (nb::isinstance<nb::int_>(model)) {  // every row's chain this long, its tokens filled in after
-    const int64_t k = nb::cast<int64_t>(model);
+  if (nb::isinstance<nb::int_>(model_chains)) {  // every row's chain this long, its tokens filled in after
+    const int64_t k = nb::cast<int64_t>(model_chains);
     if (k < 0) throw agentaccel::InvalidInput("a model chain's length must be >= 0");
     model_flat.assign(n * size_t(k) + 1, 0);  // one past the chains: never null, even with none
     model_offsets.resize(n + 1);
     for (size_t i = 0; i <= n; ++i) model_offsets[i] = int64_t(i) * k;
     step.model_tokens = model_flat.data();
     step.model_offsets = model_offsets.data();
-  } else if (!model.is_none()) {
-    nb::list chains = nb::cast<nb::list>(model);
-    if (nb::len(chains) < n) throw agentaccel::InvalidInput("model needs a chain (possibly empty) for every row");
+  } else if (!model_chains.is_none()) {
+    nb::list chains = nb::cast<nb::list>(model_chains);
+    if (nb::len(chains) < n) throw agentaccel::InvalidInput("model_chains needs a chain (possibly empty) for every row");
     model_offsets.assign(n + 1, 0);
     for (size_t i = 0; i < n; ++i) {
       for (nb::handle t : chains[i]) {
@@ -208,7 +208,7 @@ NB_MODULE(_core, m) {
       .def("admit", &BatchDrafter::admit, "req_id"_a, "stage"_a, "speculate"_a, "max_total_tokens"_a = -1, Release())
       .def("release", &BatchDrafter::release, "req_id"_a, Release())
       .def("step", &batch_step, "req_ids"_a, "rows"_a, "num_tokens"_a, "sampled"_a, "max_tokens"_a, "max_model_len"_a,
-           "scheduled"_a = -1, "model"_a = nb::none())
+           "scheduled"_a = -1, "model_chains"_a = nb::none())
       .def("set_step_cost", &BatchDrafter::set_step_cost, "cost"_a, Release())
       .def("step_cost", &BatchDrafter::step_cost, Release())
       .def("drain_timings", &BatchDrafter::drain_timings, Release())
@@ -220,7 +220,7 @@ NB_MODULE(_core, m) {
       .def("candidate_probs", &BatchDrafter::candidate_probs, Release())
       .def("model_rows", &BatchDrafter::model_rows, Release())
       .def("model_passes", &BatchDrafter::model_passes, Release())
-      .def("note_drafter", &BatchDrafter::note_drafter, "passes"_a, "seconds"_a, Release())
+      .def("drafter_ran", &BatchDrafter::drafter_ran, "passes"_a, "seconds"_a, Release())
       .def("set_drafter_pass_share", &BatchDrafter::set_drafter_pass_share, "share"_a, Release())
       .def("drafter_pass_share", &BatchDrafter::drafter_pass_share)
       .def("model_records", &BatchDrafter::model_records, Release())

@@ -218,7 +218,7 @@ def test_the_hybrid_sends_the_model_chain_where_it_expects_more_and_counts_it_ap
     for _ in range(5):  # the known one's output lasts five steps of long drafts
         sampled = batch.sample(drafts)
         model = [[9, 9, 9], [int(t) for t in batch.rest[1][:3]]]  # wrong for the known one, right for the new
-        drafts = drafter.step(["known", "new"], batch.rows, batch.num_tokens, sampled, 16, MAX_LEN, model=model)
+        drafts = drafter.step(["known", "new"], batch.rows, batch.num_tokens, sampled, 16, MAX_LEN, model_chains=model)
         rows_sent.append(drafter.model_rows())
         assert drafts[1] == model[1]  # the trees hold nothing of it: the model's chain, whole (no budget)
         assert len(drafts[0]) > 3 and drafts[0][:3] != [9, 9, 9]  # the trees expect more than the model
@@ -242,7 +242,7 @@ def test_under_a_step_budget_the_model_chain_is_cut_once_its_record_says_it_is_n
     drafts, sent = [[]], []
     for _ in range(40):
         drafts = drafter.step(["new"], batch.rows, batch.num_tokens, batch.sample(drafts), 16, MAX_LEN,
-                              model=[[1, 2, 3]])  # never the output
+                              model_chains=[[1, 2, 3]])  # never the output
         sent.append(len(drafts[0]))
     assert sent[0] >= 1  # a new stage's record (0.5, 0.25, 0.125): worth sending at first
     assert sent[-1] == 0 and drafter.model_rows() == [False]
@@ -254,7 +254,7 @@ def test_under_a_step_budget_the_model_chain_is_cut_once_its_record_says_it_is_n
     again.set_model_record("s", record.tried, record.reached)
     again.admit("new", "s")
     first = again.step(["new"], batch.rows, batch.num_tokens, [[int(batch.rows[0, batch.num_tokens[0] - 1])]], 16,
-                       MAX_LEN, model=[[1, 2, 3]])
+                       MAX_LEN, model_chains=[[1, 2, 3]])
     assert first == [[]]
 
 
@@ -275,15 +275,16 @@ def test_the_model_chains_length_alone_chooses_and_the_drafter_runs_only_as_far_
         sampled = batches[0].sample(drafts)[:len(rids)]
         batches[1].sample(drafts)
         chains = [[9, 9, 9], [int(t) for t in batches[0].rest[1][:3]]][:len(rids)]
-        drafts = with_chains.step(rids, batches[0].rows, batches[0].num_tokens, sampled, 16, MAX_LEN, model=chains)
-        placed = with_length.step(rids, batches[1].rows, batches[1].num_tokens, sampled, 16, MAX_LEN, model=3)
+        drafts = with_chains.step(rids, batches[0].rows, batches[0].num_tokens, sampled, 16, MAX_LEN,
+                                  model_chains=chains)
+        placed = with_length.step(rids, batches[1].rows, batches[1].num_tokens, sampled, 16, MAX_LEN, model_chains=3)
         sent = with_length.model_rows()
         assert sent == with_chains.model_rows() and [len(d) for d in placed] == [len(d) for d in drafts]
         assert all(d == [0] * len(d) for d, s in zip(placed, sent, strict=True) if s)
         assert all(d == p for d, p, s in zip(drafts, placed, sent, strict=True) if not s)
         passes.append(with_length.model_passes())
         time.sleep(0.1)  # the drafter's passes and the target's step, of which the drafter took 0.09 s
-        with_length.note_drafter(max(passes[-1], 1), 0.09)
+        with_length.drafter_ran(max(passes[-1], 1), 0.09)
         drafts += [[]] * (2 - len(drafts))
     assert passes == [3, 3, 3, 0, 0, 0]
     timed = with_length.drain_timings()
@@ -292,7 +293,7 @@ def test_the_model_chains_length_alone_chooses_and_the_drafter_runs_only_as_far_
     assert all(t.drafter_seconds == pytest.approx(0.09) and t.seconds < 0.1 for t in timed)
     assert {t.drafter_passes for t in with_chains.drain_timings()} == {0}  # none noted: none counted
     with pytest.raises(ValueError, match="finite"):
-        with_length.note_drafter(1, -1.0)
+        with_length.drafter_ran(1, -1.0)
 
 
 def test_each_drafter_pass_past_the_first_is_sent_only_where_its_tokens_gain_its_price():
@@ -309,7 +310,7 @@ def test_each_drafter_pass_past_the_first_is_sent_only_where_its_tokens_gain_its
         for rid in rids:
             drafter.admit(rid, "s")
         last = [[int(batch.rows[i, batch.num_tokens[i] - 1])] for i in range(rows)]
-        drafts = drafter.step(rids, batch.rows, batch.num_tokens, last, 16, MAX_LEN, model=3)
+        drafts = drafter.step(rids, batch.rows, batch.num_tokens, last, 16, MAX_LEN, model_chains=3)
         assert drafter.model_rows() == [True] * rows
         return [len(d) for d in drafts], drafter.model_passes()
 
@@ -328,10 +329,10 @@ def test_each_drafter_pass_past_the_first_is_sent_only_where_its_tokens_gain_its
     for rid in rids:
         drafter.admit(rid, "s")
     last = [[int(batch.rows[i, batch.num_tokens[i] - 1])] for i in range(4)]
-    drafter.step(rids, batch.rows, batch.num_tokens, last, 16, MAX_LEN, model=3)
-    drafts = drafter.step(rids, batch.rows, batch.num_tokens, last, 16, MAX_LEN, model=3)
+    drafter.step(rids, batch.rows, batch.num_tokens, last, 16, MAX_LEN, model_chains=3)
+    drafts = drafter.step(rids, batch.rows, batch.num_tokens, last, 16, MAX_LEN, model_chains=3)
     assert [len(d) for d in drafts] == [2] * 4  # 4 rows: the third pass gains 0.40 < 0.3 x 4
-    one = drafter.step(rids[:1], batch.rows, batch.num_tokens, last[:1], 16, MAX_LEN, model=3)
+    one = drafter.step(rids[:1], batch.rows, batch.num_tokens, last[:1], 16, MAX_LEN, model_chains=3)
     assert len(one[0]) == 2  # alone, though expected to share with 4: its third pass gains 0.10 < 0.3
     with pytest.raises(ValueError, match=">= 0"):
         BatchDrafter(seeded_engine()).drafter_pass_share = -0.1
@@ -349,7 +350,7 @@ def test_the_model_chain_competes_with_the_trees_as_far_as_its_passes_pay():
         batch = Batch(corpus(seed=4, n=1))  # the trees expect about 1.2 tokens of their draft
         drafter.admit("r", "s")
         drafts = drafter.step(["r"], batch.rows, batch.num_tokens, [[int(batch.rows[0, batch.num_tokens[0] - 1])]],
-                              16, MAX_LEN, model=3)
+                              16, MAX_LEN, model_chains=3)
         return drafter.model_rows()[0], len(drafts[0])
 
     assert step(0.0) == (True, 3)  # passes free: the model's 1.67 beats the trees' draft
@@ -361,11 +362,11 @@ def test_the_hybrid_refuses_bad_model_input():
     drafter = BatchDrafter(seeded_engine())
     batch = Batch([fresh_doc(9)])
     with pytest.raises(ValueError, match="a chain .* for every row"):
-        drafter.step(["a"], batch.rows, batch.num_tokens, [[1]], 16, MAX_LEN, model=[])
+        drafter.step(["a"], batch.rows, batch.num_tokens, [[1]], 16, MAX_LEN, model_chains=[])
     with pytest.raises(ValueError, match=">= 0"):
-        drafter.step(["a"], batch.rows, batch.num_tokens, [[1]], 16, MAX_LEN, model=[[-1]])
+        drafter.step(["a"], batch.rows, batch.num_tokens, [[1]], 16, MAX_LEN, model_chains=[[-1]])
     with pytest.raises(ValueError, match="length must be >= 0"):
-        drafter.step(["a"], batch.rows, batch.num_tokens, [[1]], 16, MAX_LEN, model=-1)
+        drafter.step(["a"], batch.rows, batch.num_tokens, [[1]], 16, MAX_LEN, model_chains=-1)
     with pytest.raises(ValueError, match="more often"):
         drafter.set_model_record("s", [4, 4], [5, 0])
     with pytest.raises(ValueError, match="alike"):
@@ -390,7 +391,7 @@ def test_the_model_drafters_records_are_kept_in_the_trace_store_and_read_back(tm
     drafts = [[]]
     for _ in range(4):
         drafts = drafter.step(["new"], batch.rows, batch.num_tokens, batch.sample(drafts), 16, MAX_LEN,
-                              model=[[int(t) for t in batch.rest[0][:2]]])  # right for 2 tokens
+                              model_chains=[[int(t) for t in batch.rest[0][:2]]])  # right for 2 tokens
     keeper.close()
     again = BatchDrafter(seeded_engine())
     assert model_records.resume(again, db, "head for model") == 1

@@ -14,11 +14,11 @@ PROBE = """
 import vllm.v1.worker.gpu_model_runner as runner
 import vllm.v1.spec_decode.eagle as eagle
 original = eagle.EagleProposer
-from agentaccel.backends.vllm import hybrid
+from agentaccel.backends.vllm import hybrid, workers
 hybrid.install()
 hybrid.install()
 print(runner.EagleProposer is eagle.EagleProposer, eagle.EagleProposer.__name__,
-      eagle.EagleProposer.__mro__[1] is original, hybrid.drafts_alone())
+      eagle.EagleProposer.__mro__[1] is original, workers.this_worker().alone)
 """
 
 

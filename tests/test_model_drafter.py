@@ -198,7 +198,7 @@ def test_the_batched_server_prices_the_drafters_passes(calls):
 
 
 def test_the_hybrid_learns_the_targets_step_apart_from_its_drafters_passes(calls):
-    """As the plugin times its drafter apart (engine/batch.py note_drafter), the simulated hybrid's
+    """As the plugin times its drafter apart (engine/batch.py drafter_ran), the simulated hybrid's
     step-cost learner sees each step without the drafter's passes, which it is told apart; its
     budget prices the passes at the share it is given, and its drafts pay for them: a pass past the
     first is run only where some chain that deep is sent."""

@@ -23,11 +23,11 @@ class BatchDrafter:
         self._native = _core.BatchDrafter(engine._eng, threads)
         # The hot path goes straight to the native method: rows and num_tokens are int32 arrays
         # (vLLM's InputBatch.token_ids_cpu and num_tokens_no_spec), sampled a list of int lists,
-        # `scheduled` (optional) the tokens the step that just ran computed; `model` (optional, the
+        # `scheduled` (optional) the tokens the step that just ran computed; `model_chains` (optional, the
         # hybrid) a model drafter's chain for each row: each row is sent whichever of its trees'
         # draft and the model's chain expects more accepted tokens, the model's priced by what its
         # chains got accepted on the stage (`model_records`). The choice reads only the chains'
-        # lengths, so `model` may be one length for every row: the rows sent the model's chain
+        # lengths, so `model_chains` may be one length for every row: the rows sent the model's chain
         # hold placeholders, to be filled with the chain once the drafter has run `model_passes`.
         self.step = self._native.step
         self.step_cost: StepCostModel | None = None
@@ -87,11 +87,11 @@ class BatchDrafter:
         the batch (0: none sent)."""
         return self._native.model_passes()
 
-    def note_drafter(self, passes: int, seconds: float) -> None:
+    def drafter_ran(self, passes: int, seconds: float) -> None:
         """The hybrid's model drafter ran this many forward passes after the last step, in
         `seconds`: the next step's timing counts them apart (`drafter_passes`, `drafter_seconds`)
         and leaves their time out of the step's, so that the step cost learned is the target's."""
-        self._native.note_drafter(passes, seconds)
+        self._native.drafter_ran(passes, seconds)
 
     @property
     def drafter_pass_share(self) -> float:

@@ -190,12 +190,12 @@ class Drafter(Speculator):
     def step(self, batch: Batch) -> list:
         return [Chain(d) for d in self.native_step(batch)]
 
-    def native_step(self, batch: Batch, model: list[list[int]] | int | None = None) -> list[list[int]]:
-        """The plugin's one native call for the batch (`model`: the hybrid's model chains, one per
+    def native_step(self, batch: Batch, model_chains: list[list[int]] | int | None = None) -> list[list[int]]:
+        """The plugin's one native call for the batch (`model_chains`: the hybrid's model chains, one per
         row, or their length, as the plugin passes it: engine/batch.py)."""
         sampled = [() if s is None else s.tolist() if isinstance(s, np.ndarray) else s for s in batch.sampled]
         return self.drafter.step(batch.keys, batch.rows, batch.num_tokens, sampled, self.max_tokens, batch.max_len,
-                                 -1, model)
+                                 -1, model_chains)
 
     def observe(self, step):
         self._steps += 1

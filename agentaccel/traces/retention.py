@@ -154,15 +154,16 @@ def prune(store: OpenStore, retention: Retention, *, now: float | None = None, b
         per_call = None  # what a call frees: what the last round freed per call (the first round: a batch)
         while report.bytes_after > LOW_WATER * budget:
             pruning.urgent = report.bytes_after > URGENT * budget
-            held = pruning.by_tenant()
-            if not held:
+            unpinned = pruning.by_tenant()  # calls each tenant still has that may go
+            if not unpinned:
                 break  # only pinned calls are left
             # half the way at a time, so that a round of calls larger than those before overshoots little;
             # the first round a sample: a batch, or a twentieth of a small store
-            least = max(1, min(batch, sum(held.values()) // 20))
-            want = least if per_call is None else \
+            round_floor = max(1, min(batch, sum(unpinned.values()) // 20))
+            to_low_water = round_floor if per_call is None else \
                 math.ceil((report.bytes_after - LOW_WATER * budget) / max(per_call, 1.0) / 2)
-            taken = sum(pruning.take(tenant, n) for tenant, n in fair_cut(held, max(want, least)).items())
+            taken = sum(pruning.take(tenant, n)
+                        for tenant, n in fair_cut(unpinned, max(to_low_water, round_floor)).items())
             if not taken:
                 break
             before, report.bytes_after = report.bytes_after, used_bytes(store)
@@ -173,10 +174,11 @@ def prune(store: OpenStore, retention: Retention, *, now: float | None = None, b
             # meanwhile add to it) would size the next round far past the low water
             per_call = max(freed, mean)
     elif budget is not None and report.bytes_before > budget:
-        held = pruning.by_tenant()
+        unpinned = pruning.by_tenant()
         per_call = report.bytes_before / max(store.conn.execute("SELECT COUNT(*) FROM calls").fetchone()[0], 1)
-        want = math.ceil((report.bytes_before - LOW_WATER * budget) / per_call)
-        for tenant, n in fair_cut({t: n - report.by_tenant[t] for t, n in held.items()}, want).items():
+        to_low_water = math.ceil((report.bytes_before - LOW_WATER * budget) / per_call)
+        left = {t: n - report.by_tenant[t] for t, n in unpinned.items()}  # after the age limit's
+        for tenant, n in fair_cut(left, to_low_water).items():
             pruning.take(tenant, n, dry_run=True)
     if report.calls and not dry_run:
         report.bytes_after = used_bytes(store)
@@ -239,13 +241,13 @@ def fair_cut(counts: dict, remove: int) -> dict:
         return {}
     keep = sum(counts.values()) - remove
     sizes = sorted(counts.values())
-    level, below, held = 0, 0, len(sizes)  # the level, what holders under it keep, holders at or over it
+    level, below, at_or_over = 0, 0, len(sizes)  # the level, what holders under it keep, holders at or over it
     for n in sizes:
-        if below + n * held >= keep:
-            level = (keep - below) // held
+        if below + n * at_or_over >= keep:
+            level = (keep - below) // at_or_over
             break
         below += n
-        held -= 1
+        at_or_over -= 1
     cut = {h: max(n - level, 0) for h, n in counts.items()}
     extra = sum(cut.values()) - remove  # the level rounded down: give some back, largest holders first
     for h in sorted((h for h in counts if cut[h] > 0), key=lambda h: -counts[h])[:extra]:

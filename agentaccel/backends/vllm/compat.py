@@ -27,7 +27,7 @@ CALLABLES: list[tuple[str, str, tuple[str, ...] | None]] = [
     ("vllm.v1.spec_decode.eagle", "EagleProposer.prepare_next_token_ids_cpu",
      ("self", "sampled_token_ids", "requests", "gpu_input_batch")),
     ("vllm.v1.worker.gpu_model_runner", "EagleProposer", None),
-    # hybrid.drafts_alone and proposer.drafts_are_taken: which worker drafts, and whether alone
+    # workers.this_worker: which worker's drafts are taken, and whether it drafts alone
     ("vllm.distributed.parallel_state", "model_parallel_is_initialized", ()),
     ("vllm.distributed.parallel_state", "get_tp_group", ()),
     ("vllm.distributed.parallel_state", "get_pp_group", ()),

@@ -30,6 +30,7 @@ from __future__ import annotations
 import time
 
 from agentaccel.backends.vllm.settings import PluginSettings
+from agentaccel.backends.vllm.workers import this_worker
 
 
 def hybrid_of(base: type) -> type:
@@ -42,7 +43,7 @@ def hybrid_of(base: type) -> type:
 
             self._model_tokens = PluginSettings.from_environ().model_tokens
             self._trees = AgentaccelProposer(vllm_config)
-            self._passes_vary = drafts_alone()
+            self._passes_vary = this_worker().alone  # split over workers, each must run the same passes
             self._sampled: list[list[int]] | None = None
             self._input_batch = None
             if not vllm_config.speculative_config.disable_padded_drafter_batch:
@@ -56,34 +57,22 @@ def hybrid_of(base: type) -> type:
         def propose(self, num_speculative_tokens, *args, **kwargs):
             sampled, batch = self._sampled, self._input_batch
             self._sampled = self._input_batch = None
-            chain = min(self._model_tokens, num_speculative_tokens)
+            chain_tokens = min(self._model_tokens, num_speculative_tokens)  # the model's chain a request at most
             if sampled is None:  # no step's tokens seen (vLLM changed): the model's chains alone
-                return super().propose(chain, *args, **kwargs).tolist()
-            drafts = self._trees.propose(num_speculative_tokens, batch, sampled, model=chain)
-            passes = self._trees.model_passes() if self._passes_vary else chain
+                return super().propose(chain_tokens, *args, **kwargs).tolist()
+            drafts = self._trees.propose(num_speculative_tokens, batch, sampled, model_chains=chain_tokens)
+            passes = self._trees.model_passes() if self._passes_vary else chain_tokens
             started = time.perf_counter()
-            chains = super().propose(passes, *args, **kwargs).tolist()  # on the CPU: the passes are done
+            model_drafts = super().propose(passes, *args, **kwargs).tolist()  # on the CPU: the passes are done
             self._trees.drafter_ran(passes, time.perf_counter() - started, batch, sampled)
             if passes:
                 for row, sent in enumerate(self._trees.model_rows()):
                     if sent:
-                        drafts[row] = chains[row][:len(drafts[row])]
+                        drafts[row] = model_drafts[row][:len(drafts[row])]
             return drafts
 
     HybridProposer.__name__ = HybridProposer.__qualname__ = f"Hybrid{base.__name__}"
     return HybridProposer
-
-
-def drafts_alone() -> bool:
-    """Whether this worker runs the model drafter by itself (no tensor or pipeline parallelism), so
-    that it may choose each step's passes without the others."""
-    try:
-        from vllm.distributed import parallel_state as ps
-    except ImportError:
-        return True
-    if not ps.model_parallel_is_initialized():
-        return True
-    return ps.get_tp_group().world_size == 1 and ps.get_pp_group().world_size == 1
 
 
 def install() -> None:

@@ -23,7 +23,6 @@ output repeats. vLLM verifies a chain of draft tokens, so drafts are linear.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import multiprocessing.util
@@ -40,6 +39,7 @@ from agentaccel.backends.step_costs import LearnedStepCost, stored_curves
 from agentaccel.backends.vllm import stats_files
 from agentaccel.backends.vllm.drafting import plugin_drafting
 from agentaccel.backends.vllm.settings import PluginSettings
+from agentaccel.backends.vllm.workers import WorkerPlace, this_worker
 from agentaccel.engine import SuffixEngine
 from agentaccel.engine.batch import BatchDrafter
 from agentaccel.engine.cost import StepCostModel, parse, roofline, seed
@@ -161,36 +161,9 @@ def _tokenizer_file(spec: str) -> str:
     return cached if isinstance(cached, str) else spec
 
 
-def drafts_are_taken(vllm_config) -> bool:
-    """Whether vLLM takes this worker's drafts: it asks one worker for them (`take_draft_token_ids`,
-    `unique_reply_rank`: the first tensor- and context-parallel rank of the last pipeline stage)
-    and hands them to every worker through the scheduler; any other worker's would be thrown away."""
-    try:
-        from vllm.distributed import parallel_state as ps
-    except ImportError:
-        return True
-    if not ps.model_parallel_is_initialized():
-        return True
-    first = ps.get_tp_group().rank_in_group == 0 and ps.get_pp_group().is_last_rank
-    pcp = getattr(ps, "get_pcp_group", None)
-    with contextlib.suppress(AssertionError, AttributeError):  # a vLLM without context parallelism
-        first = first and (pcp is None or pcp().rank_in_group == 0)
-    return first
-
-
-def tensor_parallel_rank() -> int:
-    tp = 0
-    with contextlib.suppress(ImportError, AssertionError, AttributeError):
-        from vllm.distributed import parallel_state as ps
-
-        if ps.model_parallel_is_initialized():
-            tp = ps.get_tp_group().rank_in_group
-    return tp
-
-
-def rank_label(vllm_config) -> str:
+def rank_label(vllm_config, place: WorkerPlace) -> str:
     """dp<data-parallel rank> tp<tensor-parallel rank> (what log lines and statistics files carry)."""
-    return f"dp{data_parallel_rank(vllm_config)} tp{tensor_parallel_rank()}"
+    return f"dp{data_parallel_rank(vllm_config)} tp{place.tensor_rank}"
 
 
 def data_parallel_rank(vllm_config) -> int:
@@ -248,12 +221,13 @@ class AgentaccelProposer:
         global _DRAFTER
         from agentaccel.backends.vllm import compat
 
-        log.extra["rank"] = rank_label(vllm_config)
+        place = this_worker()
+        log.extra["rank"] = rank_label(vllm_config, place)
         config = vllm_config.speculative_config
         drafting = plugin_drafting(config)
         self.num_speculative_tokens = drafting.max_tokens
         self.max_model_len = vllm_config.model_config.max_model_len
-        self.drafts = drafts_are_taken(vllm_config)
+        self.drafts = place.drafts_taken
         if not self.drafts:  # no trees, follower, calibration, learning or statistics: nothing it did would count
             log.info("agentaccel: vLLM takes its drafts from another worker; this one drafts nothing")
             return
@@ -298,7 +272,7 @@ class AgentaccelProposer:
             if keeper is not None:
                 at_exit(keeper.close)
         if settings.stats:  # each data-parallel rank writes a file of its own
-            path = stats_files.rank_path(Path(settings.stats), data_parallel_rank(vllm_config), tensor_parallel_rank())
+            path = stats_files.rank_path(Path(settings.stats), data_parallel_rank(vllm_config), place.tensor_rank)
             StatsWriter(self.drafter, path, self.calibration, self.step_cost, self.follower, self.seeded,
                         worker=log.extra["rank"]).start()
 
@@ -336,14 +310,14 @@ class AgentaccelProposer:
             at_exit(self.follower.close)
 
     def propose(self, num_speculative_tokens, input_batch, sampled_token_ids, slot_mappings=None,
-                model: list[list[int]] | int | None = None) -> list[list[int]]:
-        """`model`: the hybrid's model chains, one per row, or their length: the rows sent one hold
+                model_chains: list[list[int]] | int | None = None) -> list[list[int]]:
+        """`model_chains`: the hybrid's model chains, one per row, or their length: the rows sent one hold
         placeholders until the drafter fills them (hybrid.py)."""
         if not self.drafts:
             return [[] for _ in input_batch.req_ids]
         return self.drafter.step(input_batch.req_ids, input_batch.token_ids_cpu, input_batch.num_tokens_no_spec,
                                  sampled_token_ids, min(num_speculative_tokens, self.num_speculative_tokens),
-                                 self.max_model_len, _SCHEDULED, model)
+                                 self.max_model_len, _SCHEDULED, model_chains)
 
     def model_rows(self) -> list[bool]:
         """The last step's rows sent the model's chain (the hybrid)."""
@@ -360,7 +334,7 @@ class AgentaccelProposer:
         past the first at the share of the batch's plain step they took (engine/cost/drafter_pass.py)."""
         if not self.drafts:
             return
-        self.drafter.note_drafter(max(passes, 1), seconds)
+        self.drafter.drafter_ran(max(passes, 1), seconds)
         cost = self.drafter.step_cost  # None until learned in seconds
         rows = sum(1 for tokens in sampled_token_ids if len(tokens))
         if cost is None or not rows:
