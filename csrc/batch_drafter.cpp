@@ -122,8 +122,7 @@ std::map<std::string, StageCounters> BatchDrafter::counters() const {
 
 std::vector<std::vector<uint32_t>> BatchDrafter::step(const BatchStep& s) {
   const auto started = std::chrono::steady_clock::now();
-  const auto& rids = *s.rids;
-  const size_t n = rids.size();
+  const size_t n = s.rids->size();
   std::vector<std::vector<uint32_t>> out(n);
   std::shared_ptr<const StepCost> cost;
   {
@@ -135,162 +134,187 @@ std::vector<std::vector<uint32_t>> BatchDrafter::step(const BatchStep& s) {
   jobs_.clear();
   rows_ = n;
   budgeted_ = cost != nullptr;
-  StepTiming timed;        // the step that just ran
-  bool continued = false;  // one of its requests was in the step before: the engine ran without a pause
-  size_t decoding = 0;     // requests that yield a token next step
-  size_t listed = 0;       // requests in the next step (decoding or prefilling)
-  // Requests whose draft the step that just ran verified: their stage's counters and accepted
-  // tokens (what speculation saved them is priced once the whole step is known).
+  StepScan scan = scan_rows(s);
+  if (scan.continued) record_timing(scan.timed, started);
+  if (cost && cost->in_seconds && !scan.verified->empty()) credit_saved(*cost, scan);
+  if (budgeted_) set_floors(*cost, scan, s.model_tokens != nullptr);
+  run_jobs(out);
+  if (budgeted_) {
+    spend_budget(*cost, scan.decoding, scan.next_context, scan.next_attention, double(scan.listed), out);
+    if (s.model_tokens) price_drafter_passes(double(scan.decoding), out);
+  }
+  note_drafts(out);
+  retire_absent();
+  last_start_ = started;
+  last_end_ = std::chrono::steady_clock::now();
+  proposer_ns_.fetch_add(uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(last_end_ - started).count()),
+                         std::memory_order_relaxed);
+  steps_.fetch_add(1, std::memory_order_relaxed);
+  timed_before_ = true;
+  return out;
+}
+
+BatchDrafter::StepScan BatchDrafter::scan_rows(const BatchStep& s) {
+  const auto& rids = *s.rids;
+  const size_t n = rids.size();
+  StepScan scan;
   thread_local std::vector<std::pair<StageCounters*, double>> verified;
   verified.clear();
-  double drafted_tokens = 0.0, drafted_attention = 0.0;  // the step's draft tokens, and their attention work
-  double next_context = 0.0, next_attention = 0.0;
-  {
-    std::lock_guard clock(counters_mu_);
-    for (size_t i = 0; i < n; ++i) {
-      const std::string& rid = rids[i];
-      if (rid.empty()) continue;
-      Entry& e = entries_[rid];  // never admitted (no stage known): the defaults
-      continued |= e.listed != 0 && e.listed + 1 == step_no_;
-      e.seen = e.listed = step_no_;
-      if (e.stage.empty()) e.stage = "default";
-      const int64_t lo = s.sampled_offsets[i], hi = s.sampled_offsets[i + 1];
-      const int32_t num_tokens = s.num_tokens[i];
-      const double before = double(std::max<int64_t>(int64_t(num_tokens) - (hi - lo), 0));  // its context then
-      ++timed.requests;
-      ++listed;
-      timed.context += before;
-      next_context += double(std::max(num_tokens, 0));
-      if (hi <= lo) continue;  // a partial prefill
-      const double queried = 1.0 + double(std::max(e.last_draft, 0));  // the token it fed plus the draft verified
-      timed.decode_tokens += queried;
-      timed.attention += queried * before;
-      drafted_tokens += queried - 1.0;
-      drafted_attention += (queried - 1.0) * before;
-      ++decoding;
-      next_attention += double(std::max(num_tokens, 0));
-      if (!e.speculate) continue;  // a baseline request
-      if (num_tokens < hi - lo || size_t(num_tokens) > s.stride)
-        throw InvalidInput("request " + rid + ": num_tokens out of range");
-      if (!e.started) {
-        // Everything before this step's tokens: the prompt, and after a preemption also what the
-        // request generated before it (vLLM re-adds preempted requests as new ones).
-        const int32_t* row = s.rows + i * s.stride;
-        static_assert(sizeof(int32_t) == sizeof(uint32_t));
-        e.prompt_len = size_t(num_tokens - (hi - lo));
-        engine_.start_request(rid, reinterpret_cast<const uint32_t*>(row), e.prompt_len, e.stage);
-        e.started = true;
-      }
-      if (!e.counters) {  // past kMaxCountedStages distinct names the rest share one entry
-        auto it = counters_.find(e.stage);
-        e.counters = it != counters_.end() ? &it->second
-                     : counters_.size() < kMaxCountedStages ? &counters_[e.stage] : &counters_[kOtherStages];
-      }
-      engine_.extend(rid, reinterpret_cast<const uint32_t*>(s.sampled + lo), size_t(hi - lo));
-      StageCounters& c = *e.counters;
-      c.tokens += uint64_t(hi - lo);
-      if (e.last_draft >= 0) {  // this step verified the draft proposed last time
-        const int64_t accepted = std::min<int64_t>(e.last_draft, hi - lo - 1);
-        c.steps += 1;
-        if (e.last_model) {  // the model's chain: its own counters, and its stage's record learns
-          c.model_drafted_steps += 1;
-          c.model_drafted += uint64_t(e.last_draft);
-          c.model_accepted += uint64_t(accepted);
-          c.model_predicted += e.last_score;
-          model_records_[e.stage].observe(size_t(e.last_draft), size_t(accepted));
-        } else {
-          c.drafted_steps += e.last_draft > 0;
-          c.drafted += uint64_t(e.last_draft);
-          c.accepted += uint64_t(accepted);
-          c.predicted += e.last_score;
-        }
-        verified.emplace_back(&c, double(accepted));
-      }
-      // A draft of d tokens yields up to d + 1: never more than the model may still give.
-      int64_t room = int64_t(s.max_model_len) - num_tokens - 1;
-      if (e.max_total_tokens >= 0) room = std::min<int64_t>(room, e.max_total_tokens - num_tokens - 1);
-      const int budget = int(std::min<int64_t>(s.max_tokens, room));
-      e.last_draft = 0;
-      e.last_score = 0.0;
-      e.last_model = false;
-      if (budget > 0) {
-        jobs_.emplace_back();
-        Job& j = jobs_.back();
-        j.index = i, j.rid = &rid, j.entry = &e, j.budget = budget, j.context = double(num_tokens);
-        if (s.model_tokens) {  // the hybrid: the model's chain, priced by its stage's record
-          const int64_t from = s.model_offsets[i], to = std::min<int64_t>(s.model_offsets[i + 1], from + budget);
-          auto found = model_records_.find(e.stage);
-          static const ModelRecord kNew;
-          const ModelRecord& record = found != model_records_.end() ? found->second : kNew;
-          double d = 1.0;
-          for (int64_t q = from; q < to; ++q) {
-            d = std::min(d, record.estimate(size_t(q - from)));  // a chain's D never rises along it
-            j.model.push_back(uint32_t(s.model_tokens[q]));
-            j.model_probs.push_back(d);
-          }
-        }
-      }
+  scan.verified = &verified;
+  std::lock_guard clock(counters_mu_);
+  for (size_t i = 0; i < n; ++i) {
+    const std::string& rid = rids[i];
+    if (rid.empty()) continue;
+    Entry& e = entries_[rid];  // never admitted (no stage known): the defaults
+    scan.continued |= e.listed != 0 && e.listed + 1 == step_no_;
+    e.seen = e.listed = step_no_;
+    if (e.stage.empty()) e.stage = "default";
+    const int64_t lo = s.sampled_offsets[i], hi = s.sampled_offsets[i + 1];
+    const int32_t num_tokens = s.num_tokens[i];
+    const double before = double(std::max<int64_t>(int64_t(num_tokens) - (hi - lo), 0));  // its context then
+    ++scan.timed.requests;
+    ++scan.listed;
+    scan.timed.context += before;
+    scan.next_context += double(std::max(num_tokens, 0));
+    if (hi <= lo) continue;  // a partial prefill
+    const double queried = 1.0 + double(std::max(e.last_draft, 0));  // the token it fed plus the draft verified
+    scan.timed.decode_tokens += queried;
+    scan.timed.attention += queried * before;
+    scan.drafted_tokens += queried - 1.0;
+    scan.drafted_attention += (queried - 1.0) * before;
+    ++scan.decoding;
+    scan.next_attention += double(std::max(num_tokens, 0));
+    if (!e.speculate) continue;  // a baseline request
+    if (num_tokens < hi - lo || size_t(num_tokens) > s.stride)
+      throw InvalidInput("request " + rid + ": num_tokens out of range");
+    if (!e.started) {
+      // Everything before this step's tokens: the prompt, and after a preemption also what the
+      // request generated before it (vLLM re-adds preempted requests as new ones).
+      const int32_t* row = s.rows + i * s.stride;
+      static_assert(sizeof(int32_t) == sizeof(uint32_t));
+      e.prompt_len = size_t(num_tokens - (hi - lo));
+      engine_.start_request(rid, reinterpret_cast<const uint32_t*>(row), e.prompt_len, e.stage);
+      e.started = true;
     }
+    if (!e.counters) {  // past kMaxCountedStages distinct names the rest share one entry
+      auto it = counters_.find(e.stage);
+      e.counters = it != counters_.end() ? &it->second
+                   : counters_.size() < kMaxCountedStages ? &counters_[e.stage] : &counters_[kOtherStages];
+    }
+    engine_.extend(rid, reinterpret_cast<const uint32_t*>(s.sampled + lo), size_t(hi - lo));
+    e.counters->tokens += uint64_t(hi - lo);
+    if (e.last_draft >= 0) verified.emplace_back(e.counters, double(count_verified(e, hi - lo)));
+    // A draft of d tokens yields up to d + 1: never more than the model may still give.
+    int64_t room = int64_t(s.max_model_len) - num_tokens - 1;
+    if (e.max_total_tokens >= 0) room = std::min<int64_t>(room, e.max_total_tokens - num_tokens - 1);
+    const int budget = int(std::min<int64_t>(s.max_tokens, room));
+    e.last_draft = 0;
+    e.last_score = 0.0;
+    e.last_model = false;
+    if (budget > 0) add_job(s, i, rid, e, budget, double(num_tokens));
   }
-  timed.tokens = s.scheduled >= 0 ? double(s.scheduled) : timed.decode_tokens;
+  scan.timed.tokens = s.scheduled >= 0 ? double(s.scheduled) : scan.timed.decode_tokens;
   // they ran after the last step, before this one's target pass
-  timed.drafter_passes = std::exchange(drafter_passes_, 0);
-  timed.drafter_seconds = std::exchange(drafter_seconds_, 0.0);
-  if (continued) record_timing(timed, started);
-  if (cost && cost->in_seconds && !verified.empty()) {
-    // Each request waited the step with drafts; plain decoding would have taken a step without them
-    // for each of its tokens. Prefill is left out of both: it is there either way. A relative
-    // seed's "seconds" are plain steps: nothing is counted until the curve is in seconds.
-    auto step = [&](double tokens, double attention) {
-      return cost->at(tokens) + cost->per_context * timed.context + cost->per_attention * attention +
-             cost->per_request * double(timed.requests);
-    };
-    const double with = step(timed.decode_tokens, timed.attention);
-    const double plain = step(timed.decode_tokens - drafted_tokens, timed.attention - drafted_attention);
-    std::lock_guard clock(counters_mu_);
-    for (const auto& [c, accepted] : verified) c->saved_seconds += accepted * plain - (with - plain);
-  }
+  scan.timed.drafter_passes = std::exchange(drafter_passes_, 0);
+  scan.timed.drafter_seconds = std::exchange(drafter_seconds_, 0.0);
+  return scan;
+}
 
-  if (budgeted_) {
-    // A token is worth drafting only if it gains at least the plain step's rate times what it adds
-    // to the step; below that floor a candidate stops growing.
-    // the rate to beat is decoding's, without the prefill the step carries (as step_budget.cpp)
-    const double t0 = cost->at(double(decoding)) + cost->per_context * next_context +
-                      cost->per_attention * next_attention + cost->per_request * double(listed);
-    const double rate = t0 > 0.0 ? double(decoding) / t0 : 0.0;
-    const double slope = std::max(cost->expected_min_slope_from(double(decoding)), 0.0);
-    for (Job& j : jobs_) j.floor = rate * (slope + cost->per_attention * j.context);
-    // A model token past the first pass needs one more pass for the batch, shared by the rows
-    // sent a chain that deep: before the choice, each is expected to share it with as many rows
-    // as the last step sent the model's chain (price_drafter_passes settles it once they are known).
-    const double share = drafter_pass_share_.load(std::memory_order_relaxed);
-    pass_floor_ = s.model_tokens ? share * double(decoding) / double(std::max<size_t>(last_model_rows_, 1)) : 0.0;
+int64_t BatchDrafter::count_verified(Entry& e, int64_t sampled) {
+  const int64_t accepted = std::min<int64_t>(e.last_draft, sampled - 1);
+  StageCounters& c = *e.counters;
+  c.steps += 1;
+  if (e.last_model) {  // the model's chain: its own counters, and its stage's record learns
+    c.model_drafted_steps += 1;
+    c.model_drafted += uint64_t(e.last_draft);
+    c.model_accepted += uint64_t(accepted);
+    c.model_predicted += e.last_score;
+    model_records_[e.stage].observe(size_t(e.last_draft), size_t(accepted));
+  } else {
+    c.drafted_steps += e.last_draft > 0;
+    c.drafted += uint64_t(e.last_draft);
+    c.accepted += uint64_t(accepted);
+    c.predicted += e.last_score;
   }
+  return accepted;
+}
+
+void BatchDrafter::add_job(const BatchStep& s, size_t i, const std::string& rid, Entry& e, int budget,
+                           double context) {
+  jobs_.emplace_back();
+  Job& j = jobs_.back();
+  j.index = i, j.rid = &rid, j.entry = &e, j.budget = budget, j.context = context;
+  if (!s.model_tokens) return;
+  // the hybrid: the model's chain, priced by its stage's record
+  const int64_t from = s.model_offsets[i], to = std::min<int64_t>(s.model_offsets[i + 1], from + budget);
+  auto found = model_records_.find(e.stage);
+  static const ModelRecord kNew;
+  const ModelRecord& record = found != model_records_.end() ? found->second : kNew;
+  double d = 1.0;
+  for (int64_t q = from; q < to; ++q) {
+    d = std::min(d, record.estimate(size_t(q - from)));  // a chain's D never rises along it
+    j.model.push_back(uint32_t(s.model_tokens[q]));
+    j.model_probs.push_back(d);
+  }
+}
+
+void BatchDrafter::credit_saved(const StepCost& cost, const StepScan& scan) {
+  // Each request waited the step with drafts; plain decoding would have taken a step without them
+  // for each of its tokens. Prefill is left out of both: it is there either way. A relative
+  // seed's "seconds" are plain steps: nothing is counted until the curve is in seconds.
+  const StepTiming& timed = scan.timed;
+  auto step = [&](double tokens, double attention) {
+    return cost.at(tokens) + cost.per_context * timed.context + cost.per_attention * attention +
+           cost.per_request * double(timed.requests);
+  };
+  const double with = step(timed.decode_tokens, timed.attention);
+  const double plain = step(timed.decode_tokens - scan.drafted_tokens, timed.attention - scan.drafted_attention);
+  std::lock_guard clock(counters_mu_);
+  for (const auto& [c, accepted] : *scan.verified) c->saved_seconds += accepted * plain - (with - plain);
+}
+
+void BatchDrafter::set_floors(const StepCost& cost, const StepScan& scan, bool hybrid) {
+  // A token is worth drafting only if it gains at least the plain step's rate times what it adds
+  // to the step; below that floor a candidate stops growing.
+  // the rate to beat is decoding's, without the prefill the step carries (as step_budget.cpp)
+  const double decoding = double(scan.decoding);
+  const double t0 = cost.at(decoding) + cost.per_context * scan.next_context +
+                    cost.per_attention * scan.next_attention + cost.per_request * double(scan.listed);
+  const double rate = t0 > 0.0 ? decoding / t0 : 0.0;
+  const double slope = std::max(cost.expected_min_slope_from(decoding), 0.0);
+  for (Job& j : jobs_) j.floor = rate * (slope + cost.per_attention * j.context);
+  // A model token past the first pass needs one more pass for the batch, shared by the rows
+  // sent a chain that deep: before the choice, each is expected to share it with as many rows
+  // as the last step sent the model's chain (price_drafter_passes settles it once they are known).
+  const double share = drafter_pass_share_.load(std::memory_order_relaxed);
+  pass_floor_ = hybrid ? share * decoding / double(std::max<size_t>(last_model_rows_, 1)) : 0.0;
+}
+
+void BatchDrafter::run_jobs(std::vector<std::vector<uint32_t>>& out) {
   out_ = &out;
   next_job_ = 0;
   if (workers_.empty() || jobs_.size() < kMinParallelJobs) {
     draft_range(out);
-  } else {
-    {
-      std::lock_guard plock(pool_mu_);
-      ++generation_;
-      busy_ = workers_.size();
-    }
-    pool_cv_.notify_all();
-    try {
-      draft_range(out);
-    } catch (...) {
-      std::lock_guard plock(pool_mu_);
-      if (!error_) error_ = std::current_exception();
-    }
-    std::unique_lock plock(pool_mu_);
-    done_cv_.wait(plock, [&] { return busy_ == 0; });
-    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+    return;
   }
-  if (budgeted_) {
-    spend_budget(*cost, decoding, next_context, next_attention, double(listed), out);
-    if (s.model_tokens) price_drafter_passes(double(decoding), out);
+  {
+    std::lock_guard plock(pool_mu_);
+    ++generation_;
+    busy_ = workers_.size();
   }
+  pool_cv_.notify_all();
+  try {
+    draft_range(out);
+  } catch (...) {
+    std::lock_guard plock(pool_mu_);
+    if (!error_) error_ = std::current_exception();
+  }
+  std::unique_lock plock(pool_mu_);
+  done_cv_.wait(plock, [&] { return busy_ == 0; });
+  if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+}
+
+void BatchDrafter::note_drafts(const std::vector<std::vector<uint32_t>>& out) {
   last_model_rows_ = last_model_passes_ = 0;
   for (Job& j : jobs_) {
     j.entry->last_draft = int32_t(out[j.index].size());
@@ -298,7 +322,9 @@ std::vector<std::vector<uint32_t>> BatchDrafter::step(const BatchStep& s) {
     j.entry->last_model = j.use_model;
     if (j.use_model) last_model_rows_ += 1, last_model_passes_ = std::max(last_model_passes_, out[j.index].size());
   }
+}
 
+void BatchDrafter::retire_absent() {
   // Requests that left the batch (finished, aborted or preempted) give their trees back; a
   // drafted request's output joins its stage tree.
   for (auto it = entries_.begin(); it != entries_.end();) {
@@ -311,13 +337,6 @@ std::vector<std::vector<uint32_t>> BatchDrafter::step(const BatchStep& s) {
     it = entries_.erase(it);
   }
   if (!pending_.empty()) flush();
-  last_start_ = started;
-  last_end_ = std::chrono::steady_clock::now();
-  proposer_ns_.fetch_add(uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(last_end_ - started).count()),
-                         std::memory_order_relaxed);
-  steps_.fetch_add(1, std::memory_order_relaxed);
-  timed_before_ = true;
-  return out;
 }
 
 void BatchDrafter::record_timing(StepTiming timed, std::chrono::steady_clock::time_point started) {

@@ -168,6 +168,31 @@ class BatchDrafter {
     bool use_model = false;             // the model's chain was chosen over the trees' draft
   };
 
+  // What reading a step's rows found: the step that just ran (its timing and the drafts it
+  // verified) and the one to come (what its budget prices).
+  struct StepScan {
+    StepTiming timed;        // the step that just ran
+    bool continued = false;  // one of its requests was in the step before: the engine ran without a pause
+    size_t decoding = 0;     // requests that yield a token next step
+    size_t listed = 0;       // requests in the next step (decoding or prefilling)
+    double drafted_tokens = 0.0, drafted_attention = 0.0;  // the step's draft tokens, and their attention work
+    double next_context = 0.0, next_attention = 0.0;       // the next step's context and attention work
+    // requests whose draft the step verified: their stage's counters and accepted tokens (what
+    // speculation saved them is priced once the whole step is known)
+    std::vector<std::pair<StageCounters*, double>>* verified = nullptr;
+  };
+
+  // A step's parts, in order: the bookkeeping of its rows (their requests started, extended and
+  // credited with what their last drafts got accepted, a job per request to draft for); the time
+  // saved priced; the budget's floors; the drafting; the drafts noted; absent requests retired.
+  StepScan scan_rows(const BatchStep& s);
+  int64_t count_verified(Entry& e, int64_t sampled);  // the last draft's accepted tokens, counted
+  void add_job(const BatchStep& s, size_t i, const std::string& rid, Entry& e, int budget, double context);
+  void credit_saved(const StepCost& cost, const StepScan& scan);
+  void set_floors(const StepCost& cost, const StepScan& scan, bool hybrid);
+  void run_jobs(std::vector<std::vector<uint32_t>>& out);  // on the pool when there are enough
+  void note_drafts(const std::vector<std::vector<uint32_t>>& out);
+  void retire_absent();
   void draft_range(std::vector<std::vector<uint32_t>>& out);
   // The hybrid's choice for one job: the model's chain where it expects more accepted tokens than
   // the trees' draft (`tree_score`) does.
