@@ -173,7 +173,8 @@ NB_MODULE(_core, m) {
       .def(nb::init<>())
       .def_rw("tried", &agentaccel::ModelRecord::tried)
       .def_rw("reached", &agentaccel::ModelRecord::reached)
-      .def("estimate", &agentaccel::ModelRecord::estimate, "depth"_a);
+      .def("estimate", &agentaccel::ModelRecord::estimate, "depth"_a)
+      .def("observe", &agentaccel::ModelRecord::observe, "drafted"_a, "accepted"_a);
 
   nb::class_<agentaccel::StepCost>(m, "StepCost")
       .def(nb::init<>())

@@ -27,6 +27,7 @@ from rich.table import Table
 
 from agentaccel.backends.vllm.drafting import DEFAULT_MODEL_TOKENS, plugin_drafting
 from agentaccel.engine.cost import parse
+from agentaccel.engine.cost.drafter_pass import DrafterPassCost
 from agentaccel.simulation import batch_replay as br
 from agentaccel.simulation import methods
 from agentaccel.simulation.drafter_predictions import DrafterPredictions
@@ -78,7 +79,8 @@ def main() -> None:
     ap.add_argument("--db", required=True)
     ap.add_argument("--drafter", type=Path, required=True, help="predictions from `bench drafter-predictions`")
     ap.add_argument("--drafter-tokens", type=int, default=DEFAULT_MODEL_TOKENS)
-    ap.add_argument("--drafter-cost", type=float, default=0.0)
+    ap.add_argument("--drafter-cost", type=DrafterPassCost.parse, default=DrafterPassCost(),
+                    help="FIRST[,FURTHER]: the drafter's passes, in plain steps of the batch")
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--server", default="llama-3.1-8b@h100")
     ap.add_argument("--stage", action="append", default=[])
@@ -101,10 +103,10 @@ def main() -> None:
         for call in warm:
             method.warm(call.output, call.stage)
         if warm_run:
-            br.simulate(br.sessions_of(warm), method, server, n, drafter_cost=cost)
-        return br.simulate(br.sessions_of(measured), method, server, n, drafter_cost=cost)
+            br.simulate(br.sessions_of(warm), method, server, n, pass_cost=cost)
+        return br.simulate(br.sessions_of(measured), method, server, n, pass_cost=cost)
 
-    build = lambda name: methods.build([name], server, drafter=predictions, drafter_tokens=k, drafter_cost=cost)[0]  # noqa: E731
+    build = lambda name: methods.build([name], server, drafter=predictions, drafter_tokens=k, pass_cost=cost)[0]  # noqa: E731
     hybrid = build("hybrid")
     choice = watch_choice(hybrid, k)
     results = {"hybrid": run(hybrid),

@@ -172,7 +172,8 @@ def test_the_hybrid_drafts_beside_an_eagle_head_and_changes_no_output(tmp_path, 
     simulated = json.loads(out.read_text())["simulator"]
     model = simulated["model_drafter"]
     assert model["model"] == str(head) and model["tokens"] == 2
-    assert model["pass_cost"] > 0.02  # two passes of a head with the model's own vocabulary head, on this CPU
+    # two passes of a head with the model's own vocabulary head, on this CPU, its first pass apart
+    assert model["pass_cost"]["first"] + model["pass_cost"]["further"] > 0.02
     predicted = {x["method"]: x for x in simulated["rows"]}
     assert {"none", "drafter", "agentaccel", "agentaccel-drafter"} <= set(predicted)
     # the untrained head's chains are almost never right, in the simulator as on the server

@@ -11,6 +11,7 @@ import pytest
 from traces_fixtures import repetitive_store
 
 from agentaccel.engine.cost import parse
+from agentaccel.engine.cost.drafter_pass import DrafterPassCost
 from agentaccel.simulation import drafter_predictions as dp
 from agentaccel.simulation import methods
 from agentaccel.simulation import replay as rp
@@ -78,9 +79,10 @@ def test_a_model_chain_is_accepted_as_far_as_its_predictions_are_right(calls):
     # from 0: right at 0-2, wrong at 3 (4 tokens in); from 4: 4-7 right (5 in); from 9: 9-10 right, 11 wrong
     assert tally.accepted_per_step[:3] == [3, 4, 2]
     assert sum(min(a + 1, n) for a in tally.accepted_per_step) >= n and tally.tokens == n
-    priced = rp.summarize({"drafter": {"*": tally}}, [parse("gpu")], drafter_cost=0.05)[0]
-    free = rp.summarize({"drafter": {"*": tally}}, [parse("gpu")], drafter_cost=0.0)[0]
-    assert priced["est_speedup"] < free["est_speedup"]  # its passes cost the steps time
+    priced = rp.summarize({"drafter": {"*": tally}}, [parse("gpu")], DrafterPassCost(0.05, 0.05))[0]
+    first = rp.summarize({"drafter": {"*": tally}}, [parse("gpu")], DrafterPassCost(0.05, 0.0))[0]
+    free = rp.summarize({"drafter": {"*": tally}}, [parse("gpu")])[0]
+    assert priced["est_speedup"] < first["est_speedup"] < free["est_speedup"]  # its passes cost the steps time
 
 
 def test_the_hybrid_asks_the_model_only_where_the_trees_expect_less(calls):
@@ -176,24 +178,28 @@ def test_the_model_weighs_the_trees_tokens_by_what_tokens_like_them_got_accepted
 
 
 def test_the_batched_server_prices_the_drafters_passes(calls):
-    """`bench server --drafter-cost`: each step a model drafter drafts for costs its passes as that
-    share of the batch's plain step; the same drafts, slower; a method without a model pays nothing."""
+    """`bench server --drafter-cost`: each step a model drafter drafts for costs its passes as
+    shares of the batch's plain step, the first apart from the rest; the same drafts, slower; a
+    method without a model pays nothing."""
     from agentaccel.simulation import batch_replay as br
 
     server = parse("llama-3.1-8b@h100")
     streams = br.sessions_of(calls[6:])
     results = {}
     for name in ("drafter", "agentaccel"):
-        for cost in (0.0, 0.5):
+        for cost in (0.0, 0.5, (0.5, 0.0)):
             (method,) = methods.build([name], server, drafter=made(calls))
             for call in calls[:6]:
                 method.warm(call.output, call.stage)
-            results[name, cost] = br.simulate(streams, method, server, 4, noise=0.0, drafter_cost=cost)
+            priced = DrafterPassCost(*cost) if isinstance(cost, tuple) else DrafterPassCost(cost, cost)
+            results[name, cost] = br.simulate(streams, method, server, 4, noise=0.0, pass_cost=priced)
     free, priced = results["drafter", 0.0], results["drafter", 0.5]
     assert priced.tokens == free.tokens and priced.steps == free.steps and priced.accepted == free.accepted
     # 4 passes at half a plain step each: 3 plain steps more a step, at most (prefill steps draft nothing)
     assert free.seconds < priced.seconds <= free.seconds + 3.0 * free.seconds, (free.seconds, priced.seconds)
     assert priced.seconds > 1.5 * free.seconds  # most steps are decoding steps the model drafted for
+    # its first pass alone priced: half a plain step a step, the three after it free
+    assert free.seconds < results["drafter", (0.5, 0.0)].seconds <= free.seconds * 1.5 < priced.seconds
     assert results["agentaccel", 0.5].seconds == results["agentaccel", 0.0].seconds
 
 
@@ -205,14 +211,14 @@ def test_the_hybrid_learns_the_targets_step_apart_from_its_drafters_passes(calls
     from agentaccel.simulation import batch_replay as br
 
     server = parse("llama-3.1-8b@h100")
-    (hybrid,) = methods.build(["hybrid"], server, drafter=made(calls), drafter_cost=0.5)
+    (hybrid,) = methods.build(["hybrid"], server, drafter=made(calls), pass_cost=DrafterPassCost(0.5, 0.5))
     assert hybrid.drafter.drafter_pass_share == 0.5
     seen = []
     learn = hybrid.observe
     hybrid.observe = lambda step: (seen.append(step), learn(step))
     for call in calls[:6]:
         hybrid.warm(call.output, call.stage)
-    br.simulate(br.sessions_of(calls[6:]), hybrid, server, 4, noise=0.0, drafter_cost=0.5)
+    br.simulate(br.sessions_of(calls[6:]), hybrid, server, 4, noise=0.0, pass_cost=DrafterPassCost(0.5, 0.5))
     drafted = [s for s in seen if s.drafter_passes]
     assert drafted and all(s.drafter_seconds > 0 for s in drafted)
     for s in drafted:  # the step's own time, as the profile prices it: the drafter's is not in it

@@ -334,8 +334,8 @@ def simulator_report(checked: dict) -> None:
                       f"predicted {r['predicted']:.3f}x, measured {r['measured']:.3f}x ({r['error']:+.1%})")
     if model := checked.get("model_drafter"):
         console.print(f"the model drafter ({model['model']}, {model['tokens']} tokens a step): teacher-forced on the "
-                      f"run's calls, a pass {model['pass_cost']:.3f} of the batch's plain step (the hybrid's steps "
-                      "beyond agentaccel's)")
+                      f"run's calls, its first pass {model['pass_cost']['first']:.3f} of the batch's plain step "
+                      f"and each after it {model['pass_cost']['further']:.3f} (as the hybrid's steps timed them)")
     for name, why in (checked.get("skipped") or {}).items():
         console.print(f"{name}: not simulated ({why})")
 

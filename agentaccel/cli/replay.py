@@ -26,20 +26,32 @@ from agentaccel.cli.common import (
     open_tokenizer,
 )
 from agentaccel.cli.option_groups import receives
+from agentaccel.engine.cost.drafter_pass import DrafterPassCost
 from agentaccel.simulation.methods import PER_CALL
 from agentaccel.simulation.replay import CallSelection
 from agentaccel.simulation.replicas import MEASURED_SHARE_DELAY
 
 REPLAY_SPECULATORS = ",".join(PER_CALL)
-DRAFTER_COST = 0.05  # an EAGLE-3 head is 2-5 % of its target's size (docs/BENCHMARKS.md says where that comes from)
+DRAFTER_COST = "0.05"  # an EAGLE-3 head is 2-5 % of its target's size (docs/BENCHMARKS.md says where that comes from)
+
 DrafterOption = Annotated[Path | None, typer.Option(help="A model drafter's predictions (`bench drafter-predictions`): "
                                                          "adds the methods drafter, hybrid, guided, branches and "
                                                          "branches-d (default: none).")]
-DrafterCostOption = Annotated[float, typer.Option(help="One forward pass of the model drafter, in plain steps of "
-                                                       "the target; the hybrid's budget prices its passes with it, "
-                                                       "as the plugin with the share it measures (default: an "
-                                                       "EAGLE-3 head's size, 2-5 % of its target's, at its upper "
-                                                       "end).", min=0.0)]
+
+
+def _pass_cost(text: str) -> DrafterPassCost:
+    try:
+        return DrafterPassCost.parse(text)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from e
+
+
+DrafterCostOption = Annotated[DrafterPassCost, typer.Option(
+    "--drafter-cost", parser=_pass_cost, metavar="FIRST[,FURTHER]",
+    help="The model drafter's passes for the batch, in plain steps of the target: its first pass, and each pass "
+         "after it (one number: every pass alike); the hybrid's budget prices each pass past the first with it, "
+         "as the plugin does with what it measures (default: an EAGLE-3 head's size, 2-5 % of its target's, at "
+         "its upper end, every pass alike).")]
 DrafterTokensOption = Annotated[int, typer.Option(help="The model drafter's chain a step: its num_speculative_tokens, "
                                                        "as `serve --drafter` and `bench vllm --drafter-tokens` give "
                                                        "it to the plugin.", min=1)]
@@ -117,7 +129,7 @@ def bench_replay(
     scaling: Annotated[bool, typer.Option(help="Also replay with 0-100% of the warm-up in the global tree.")]
     = False,
     drafter: DrafterOption = None,
-    drafter_cost: DrafterCostOption = DRAFTER_COST,
+    pass_cost: DrafterCostOption = DRAFTER_COST,
     drafter_tokens: DrafterTokensOption = DEFAULT_MODEL_TOKENS,
     tokenizer: TokenizerOption = None,
     json_out: JsonOption = None,
@@ -137,7 +149,7 @@ def bench_replay(
         speculators = "none,suffix,agentaccel,drafter,hybrid,oracle-2"
     run_replay(store, tok, replace(calls, tenants=tenants),
                speculators=speculators, costs=costs, sweep=sweep or [], sweep_base=sweep_base, scaling=scaling,
-               json_out=json_out, plot=plot, drafter=predictions, drafter_cost=drafter_cost,
+               json_out=json_out, plot=plot, drafter=predictions, pass_cost=pass_cost,
                drafter_tokens=drafter_tokens)
 
 
@@ -220,7 +232,7 @@ def bench_server(
     server: ServerOption = "llama-3.1-8b@h100",
     max_context: Annotated[int, typer.Option(help="Prompts keep their last N tokens.", min=16)] = 16384,
     drafter: DrafterOption = None,
-    drafter_cost: DrafterCostOption = DRAFTER_COST,
+    pass_cost: DrafterCostOption = DRAFTER_COST,
     drafter_tokens: DrafterTokensOption = DEFAULT_MODEL_TOKENS,
     tokenizer: TokenizerOption = None,
     json_out: JsonOption = None,
@@ -235,7 +247,7 @@ def bench_server(
     priced = cost_spec(server, "--server", db)
     store, tok = open_store(db, must_exist=True), open_tokenizer(tokenizer)
     run_server(store, tok, calls, methods=methods, levels=levels, server=priced, max_context=max_context,
-               json_out=json_out, plot=plot, drafter=_predictions(drafter), drafter_cost=drafter_cost,
+               json_out=json_out, plot=plot, drafter=_predictions(drafter), pass_cost=pass_cost,
                drafter_tokens=drafter_tokens)
 
 

@@ -14,6 +14,7 @@ from rich.table import Table
 from agentaccel.backends.vllm.drafting import DEFAULT_MODEL_TOKENS
 from agentaccel.cli.common import console, err, fail
 from agentaccel.engine.cost import Server
+from agentaccel.engine.cost.drafter_pass import FREE, DrafterPassCost
 from agentaccel.simulation import methods as registry
 from agentaccel.simulation import replay as rp
 from agentaccel.simulation import speculators as sp
@@ -77,16 +78,16 @@ def selected_calls(store, tokenizer, selection: CallSelection, least: int = 1) -
 
 def run_replay(store, tokenizer, selection: CallSelection, *, speculators: str, costs: list[Server], sweep: list[str],
                sweep_base: str, scaling: bool, json_out: Path | None, plot: Path | None, drafter=None,
-               drafter_cost: float = 0.0, drafter_tokens: int = DEFAULT_MODEL_TOKENS) -> None:
+               pass_cost: DrafterPassCost = FREE, drafter_tokens: int = DEFAULT_MODEL_TOKENS) -> None:
     """`bench replay`: each call replayed with each speculator, its steps priced by each cost
-    (`drafter`: a model drafter's predictions, each of its forward passes costing `drafter_cost`)."""
+    (`drafter`: a model drafter's predictions, its forward passes costing `pass_cost`)."""
     profiles = costs
     stages = selection.stages
     names = [n.strip() for n in speculators.split(",") if n.strip()]
     try:
         # the first profile drives drafting (a measured curve also cuts agentaccel's drafts, as serving does)
         specs = registry.build(names, profiles[0], drafter=drafter, drafter_tokens=drafter_tokens,
-                               drafter_cost=drafter_cost)
+                               pass_cost=pass_cost)
     except ValueError as e:
         raise fail(f"--speculators: {e}") from e
     try:
@@ -106,7 +107,7 @@ def run_replay(store, tokenizer, selection: CallSelection, *, speculators: str, 
         task = progress.add_task("", total=len(measured))
         tallies = rp.replay(measured, specs, warm=warm_calls, progress=lambda n, _: progress.update(task, completed=n))
     elapsed = time.perf_counter() - t0
-    rows = rp.summarize(tallies, profiles, drafter_cost)
+    rows = rp.summarize(tallies, profiles, pass_cost)
     table = Table(title=f"replay of {len(measured):,} calls ({len(warm_calls):,} warm-up) in {elapsed:.1f} s")
     cols = ["speculator", "stage", "steps", "MAT", "accept", "draft/step", "µs/step"] + [
         f"speedup {p.name}" for p in profiles] + (["drafts cut to accepted"] if profiles else [])
@@ -216,7 +217,7 @@ def run_policies(store, tokenizer, selection: CallSelection, *, cost: Server, on
 
 def run_server(store, tokenizer, selection: CallSelection, *, methods: str | None, levels: list[int], server: Server,
                max_context: int, json_out: Path | None, plot: Path | None, drafter=None,
-               drafter_cost: float = 0.0, drafter_tokens: int = DEFAULT_MODEL_TOKENS) -> None:
+               pass_cost: DrafterPassCost = FREE, drafter_tokens: int = DEFAULT_MODEL_TOKENS) -> None:
     """`bench server --concurrency N,...` (simulation/batch_replay.py): the recorded sessions as N
     concurrent streams through a simulated batching server, per method."""
     from agentaccel.simulation import batch_replay as br
@@ -227,7 +228,7 @@ def run_server(store, tokenizer, selection: CallSelection, *, methods: str | Non
     try:
         names = [n.strip() for n in methods.split(",") if n.strip()] if methods else list(registry.DEFAULT)
         # unknown names fail here, before loading anything
-        registry.build(names, profile, drafter=drafter, drafter_tokens=drafter_tokens, drafter_cost=drafter_cost)
+        registry.build(names, profile, drafter=drafter, drafter_tokens=drafter_tokens, pass_cost=pass_cost)
     except ValueError as e:
         raise fail(f"--methods: {e}") from e
     warm_calls, measured = selected_calls(store, tokenizer, selection)
@@ -239,13 +240,13 @@ def run_server(store, tokenizer, selection: CallSelection, *, methods: str | Non
         task = progress.add_task("", total=len(levels) * len(names) * (len(measured)))
         for n in levels:
             for method in registry.build(names, profile, drafter=drafter, drafter_tokens=drafter_tokens,
-                                         drafter_cost=drafter_cost):
+                                         pass_cost=pass_cost):
                 progress.update(task, description=f"{method.name}, {n} in flight")
                 if isinstance(method, Drafter):
                     for call in warm_calls:
                         method.engine.add_document(call.output, call.stage)
                 result = br.simulate(streams, method, profile, n, max_context=max_context,
-                                     progress=lambda k: progress.advance(task, k), drafter_cost=drafter_cost)
+                                     progress=lambda k: progress.advance(task, k), pass_cost=pass_cost)
                 rows.append(result.row())
     elapsed = time.perf_counter() - t0
     label = ", ".join(stages) if stages else "all stages"

@@ -33,6 +33,7 @@ import numpy as np
 
 from agentaccel import _core
 from agentaccel.engine.cost import Server, TimedStep
+from agentaccel.engine.cost.drafter_pass import FREE, DrafterPassCost
 from agentaccel.engine.verification import accepted_length
 from agentaccel.simulation.replay import ReplayCall
 from agentaccel.simulation.speculator import EMPTY, Batch, Chain, Speculator
@@ -124,13 +125,13 @@ class Work:
         """The step's time (the target's: what a drafter that learns the step cost fits)."""
         return float(server.seconds(self.tokens, self.context, self.attention, self.requests))
 
-    def drafter_seconds(self, server: Server, drafter_cost: float) -> float:
-        """A model drafter's passes before the step, each `drafter_cost` of the plain step of the
+    def drafter_seconds(self, server: Server, pass_cost: DrafterPassCost) -> float:
+        """A model drafter's passes before the step, priced by `pass_cost` in plain steps of the
         requests decoding (the drafter runs for the batch, one pass after another)."""
-        if not self.drafter_passes or not drafter_cost:
+        if not self.drafter_passes or not pass_cost:
             return 0.0
         plain = float(server.seconds(self.decoding, self.decoding_context, self.decoding_context, self.decoding))
-        return self.drafter_passes * drafter_cost * plain
+        return pass_cost.steps(self.drafter_passes) * plain
 
 
 @dataclass
@@ -247,7 +248,7 @@ def prefill_chunks(lanes: list, arrival: list[int], left: float) -> list[tuple[i
 def simulate(sessions: Sequence[Sequence[ReplayCall]], method: Speculator, server: Server, streams: int, *,
              max_context: int = 16384, noise: float = 0.03, seed: int = 0, proposer_time: bool = False,
              cache: BlockPrefixCache | None = None, progress: Callable[[int], None] | None = None,
-             drafter_cost: float = 0.0) -> Result:
+             pass_cost: DrafterPassCost = FREE) -> Result:
     """Replays `sessions` as `streams` concurrent streams through the simulated server.
 
     As vLLM's scheduler runs a step: the decoding requests first (each its token and its draft),
@@ -258,7 +259,7 @@ def simulate(sessions: Sequence[Sequence[ReplayCall]], method: Speculator, serve
     `server.gap` seconds after its last one ended (the client's own time); the server idles when
     nothing is in flight. `Result.seconds` is the wall time: steps, idle time and, with
     `proposer_time`, the drafting measured here; a model drafter's forward passes cost
-    `drafter_cost` of the batch's plain step each (simulation/model_drafter.py)."""
+    what `pass_cost` says (engine/cost/drafter_pass.py; simulation/model_drafter.py)."""
     run = _Run(sessions, method, server, streams, max_context, cache or server_cache(server))
     rng = np.random.default_rng(seed)
     result = run.result
@@ -280,7 +281,7 @@ def simulate(sessions: Sequence[Sequence[ReplayCall]], method: Speculator, serve
         # ran on without a pause): a prefill alone on the server is never timed
         timed, listed = not listed.isdisjoint(rids), rids
         work = run.compute(active)
-        seconds, drafting = work.seconds(server), work.drafter_seconds(server, drafter_cost)
+        seconds, drafting = work.seconds(server), work.drafter_seconds(server, pass_cost)
         if method.overlapped:
             seconds = max(seconds - server.overhead, server.overhead)
         # a drafter that learns the step cost sees steps stray from the profile as real ones do

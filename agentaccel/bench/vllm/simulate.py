@@ -22,6 +22,7 @@ import numpy as np
 from agentaccel.backends.step_costs import read_step_log
 from agentaccel.bench.vllm.runner import Measurement
 from agentaccel.engine.cost import Server, TimedStep, seed
+from agentaccel.engine.cost.drafter_pass import FREE, DrafterPassCost, DrafterPassShare
 from agentaccel.simulation import batch_replay as br
 from agentaccel.simulation import methods as registry
 from agentaccel.simulation import vllm_server
@@ -39,7 +40,7 @@ class ModelDrafting:
 
     predictions: DrafterPredictions  # what it predicts at each output position of the run's calls
     tokens: int  # its chain a step (the drafter's num_speculative_tokens)
-    cost: float  # one pass for the batch, in plain steps of the requests decoding (measured: pass_cost)
+    cost: DrafterPassCost  # its passes for the batch, in plain steps of the requests decoding (measured: pass_cost)
 
 
 def prefill_points(m: Measurement) -> list[TimedStep]:
@@ -92,12 +93,12 @@ def _jobs(m: Measurement, tag: str) -> list[list[ReplayCall]]:
 
 
 def _run(jobs: list[list[ReplayCall]], method: Speculator, server: Server, level: int,
-         cache: br.BlockPrefixCache, drafter_cost: float = 0.0) -> br.Result:
+         cache: br.BlockPrefixCache, pass_cost: DrafterPassCost = FREE) -> br.Result:
     """The jobs through the simulated server (prompts as sent: the bench truncated them already;
     the drafting's own time, measured here on the same kind of machine, included)."""
     longest = max((len(c.prompt) for job in jobs for c in job), default=1)
     return br.simulate(jobs, method, server, level, max_context=longest, noise=server.noise, proposer_time=True,
-                       cache=cache, seed=len(jobs), drafter_cost=drafter_cost)
+                       cache=cache, seed=len(jobs), pass_cost=pass_cost)
 
 
 def make_method(name: str, model: ModelDrafting | None = None) -> Speculator:
@@ -107,7 +108,7 @@ def make_method(name: str, model: ModelDrafting | None = None) -> Speculator:
         if model is None:
             raise ValueError(f"the {name} method needs the run's model drafter")
         (method,) = registry.build([MODEL_METHODS[name]], start=seed("cpu"), drafter=model.predictions,
-                                   drafter_tokens=model.tokens, drafter_cost=model.cost)
+                                   drafter_tokens=model.tokens, pass_cost=model.cost)
     else:
         (method,) = registry.build([name], start=seed("cpu"))
     return method
@@ -118,26 +119,37 @@ def _decoding_steps(path: Path) -> list[TimedStep]:
     return [s for s in read_step_log(path) if s.tokens and s.decode_tokens == s.tokens]
 
 
-def pass_cost(log_dir: Path, server: Server, tokens: int) -> float | None:
-    """One pass of the model drafter for the batch, in plain steps of the requests decoding, as this
-    run measured it: the drafter's calls as the hybrid's step log times them, over the passes they
-    ran and the plain step of each batch (`server`'s fit, scaled to what agentaccel's own decoding
-    steps took). A log from before the drafter was timed apart: how much longer the hybrid's
-    decoding steps took than agentaccel's server takes for the same work, over `tokens` passes a
-    step. None without both servers' steps."""
+def pass_cost(log_dir: Path, server: Server, tokens: int) -> DrafterPassCost | None:
+    """The model drafter's passes for the batch, in plain steps of the requests decoding, as this
+    run measured them and as the plugin learns them (engine/cost/drafter_pass.py): the drafter's
+    calls as the hybrid's step log times them, over the plain step of each batch (`server`'s fit,
+    scaled to what agentaccel's own decoding steps took), the first pass apart from the ones after
+    it; where a run's calls never varied their passes, every pass alike. A log from before the
+    drafter was timed apart: how much longer the hybrid's decoding steps took than agentaccel's
+    server takes for the same work, over `tokens` passes a step, every pass alike. None without
+    both servers' steps."""
     ours, hybrid = (_decoding_steps(log_dir / f"steps-{m}.jsonl") for m in ("agentaccel", "agentaccel-drafter"))
     if not ours or not hybrid:
         return None
+
+    def plain(s: TimedStep) -> float:
+        return float(server.seconds(s.requests, s.context, s.context, s.requests))
 
     def fitted(steps: list[TimedStep]) -> float:
         return sum(float(server.seconds(s.tokens, s.context, s.attention, s.requests)) for s in steps)
 
     scale = sum(s.seconds for s in ours) / fitted(ours)
-    timed = any(s.drafter_seconds for s in hybrid)
-    extra = sum(s.drafter_seconds for s in hybrid) if timed else sum(s.seconds for s in hybrid) - scale * fitted(hybrid)
-    passed = scale * sum((s.drafter_passes if timed else tokens) * float(server.seconds(
-        s.requests, s.context, s.context, s.requests)) for s in hybrid)
-    return max(extra / passed, 0.0) if passed > 0 else None
+    if not any(s.drafter_seconds for s in hybrid):
+        extra = sum(s.seconds for s in hybrid) - scale * fitted(hybrid)
+        passed = scale * sum(tokens * plain(s) for s in hybrid)
+        return DrafterPassCost(max(extra / passed, 0.0), max(extra / passed, 0.0)) if passed > 0 else None
+    fit = DrafterPassShare(half_life=float("inf"))  # one run: every call counts alike
+    for s in hybrid:
+        if s.drafter_seconds:
+            fit.observe(int(s.drafter_passes), s.drafter_seconds, scale * plain(s))
+    if (cost := fit.cost) is not None:
+        return cost
+    return None if fit.mean is None else DrafterPassCost(fit.mean, fit.mean)
 
 
 def model_drafting(m: Measurement, log_dir: Path, server: Server, drafter: dict) -> ModelDrafting:
@@ -156,7 +168,7 @@ def model_drafting(m: Measurement, log_dir: Path, server: Server, drafter: dict)
                                         np.asarray(r.output_ids, np.int32)))
     tokens = int(drafter["num_speculative_tokens"])
     cost = pass_cost(log_dir, server, tokens)
-    return ModelDrafting(predict(calls, drafter["model"]), tokens, 0.0 if cost is None else cost)
+    return ModelDrafting(predict(calls, drafter["model"]), tokens, FREE if cost is None else cost)
 
 
 def learned_server(log_dir: Path, m: Measurement, method: str = "agentaccel") -> Server:
@@ -178,7 +190,7 @@ def predict(m: Measurement, server: Server, methods: list[str], tok,
     history = _history(m, tok)
     out = {}
     for name in methods:
-        cost = model.cost if model is not None and name in MODEL_METHODS else 0.0
+        cost = model.cost if model is not None and name in MODEL_METHODS else FREE
         method, cache, learned = None, None, []
         blocks = sorted((b for b in m.blocks if b.method == name), key=lambda b: b.order)
         phase = None
@@ -273,7 +285,8 @@ def check(log_dir: Path, methods: list[str], tok, progress: Callable[[str], None
                      "max_batched_tokens": server.max_batched_tokens, "block_size": server.block_size,
                      "client_gap_seconds": server.gap, "step_cost": server.model.as_dict()}
     if model is not None:
-        out["model_drafter"] = {"model": m.drafter["model"], "tokens": model.tokens, "pass_cost": model.cost}
+        out["model_drafter"] = {"model": m.drafter["model"], "tokens": model.tokens,
+                                 "pass_cost": {"first": model.cost.first, "further": model.cost.further}}
     if skipped:
         out["skipped"] = {name: "the run kept no model drafter" for name in skipped}
     return out
