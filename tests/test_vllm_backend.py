@@ -211,30 +211,38 @@ def test_aborted_requests_leave_no_engine_entries(served):
     url, _ = served
     import threading
 
-    opened = threading.Barrier(5)
+    opened = [threading.Event() for _ in range(4)]
     release = threading.Event()
+    errors: list[BaseException] = []
 
     def stream_then_disconnect(i):
         body = {"model": "smol", "messages": [{"role": "user", "content": f"{PROMPTS[i % 4]} ({i})"}],
                 "max_tokens": 400, "temperature": 0, "stream": True, "ignore_eos": True}  # still running when cut
-        with httpx.Client(timeout=120) as client, client.stream(
-                "POST", url + "/v1/chat/completions", json=body, headers={"x-agentaccel-stage": "aborts"}) as r:
-            lines = r.iter_lines()
-            next(lines)
-            opened.wait(60)
-            for _ in lines:  # reading as a client does, until the connection closes mid-generation
-                if release.is_set():
-                    break
+        try:
+            with httpx.Client(timeout=300) as client, client.stream(
+                    "POST", url + "/v1/chat/completions", json=body, headers={"x-agentaccel-stage": "aborts"}) as r:
+                lines = r.iter_lines()
+                next(lines)
+                opened[i].set()
+                for _ in lines:  # reading as a client does, until the connection closes mid-generation
+                    if release.is_set():
+                        break
+        except BaseException as e:  # said by the test below, not lost in a thread
+            errors.append(e)
+            opened[i].set()
 
     threads = [threading.Thread(target=stream_then_disconnect, args=(i,)) for i in range(4)]
     for t in threads:
         t.start()
-    opened.wait(60)
+    deadline = time.monotonic() + 300  # a busy 2-core machine: the streams' first tokens, however long
+    waiting = [e for e in opened if not e.wait(max(deadline - time.monotonic(), 0))]
+    assert not waiting and not errors, (len(waiting), errors, httpx.get(url + "/health").json())
     time.sleep(3 * STATS_INTERVAL)
     live = httpx.get(url + "/health").json()["draft_requests"]
     release.set()
     for t in threads:
         t.join(60)
+    assert not errors, errors
     assert live >= 1  # the engine held trees for the streams in flight
     deadline = time.monotonic() + 60
     while (h := httpx.get(url + "/health").json())["draft_requests"] != 0:
