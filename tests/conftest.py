@@ -27,9 +27,24 @@ def _run_temp_folder(tmp_path_factory):
     _SESSION["temp"].append(tmp_path_factory.getbasetemp())
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(config, items):
+    """The suite runs on two pytest-xdist workers (pyproject's addopts, `--dist loadgroup`); a
+    module's tests stay together on one worker (its module-scoped servers start once), and a
+    module that names a group (`pytestmark = pytest.mark.xdist_group(...)`) shares a worker with
+    the group's other modules: those that start several vLLM servers at once (memory), or share
+    a session-scoped environment (OpenHands, the agent CLIs)."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__ if item.module else item.nodeid))
+
+
 def pytest_sessionfinish(session, exitstatus):
     """Fails the run, naming them, when processes it started are still alive (and kills them),
-    or when pytest itself still listens on a port (tests/leftovers.py)."""
+    or when pytest itself still listens on a port (tests/leftovers.py). Under pytest-xdist each
+    worker checks what it started; the controller, which runs no test, checks nothing."""
+    if getattr(session.config, "workerinput", None) is None and session.config.getoption("numprocesses", None):
+        return
     problems = check(_SESSION["mark"], _SESSION["temp"])
     if problems:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")

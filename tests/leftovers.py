@@ -22,7 +22,10 @@ OWN_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
 
 
 def mark_session() -> str:
-    os.environ[MARK] = os.environ.get(MARK) or uuid.uuid4().hex
+    """This run's mark; each pytest-xdist worker its own (the workers inherit the controller's
+    environment, and each checks only what it started itself)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    os.environ[MARK] = (f"{uuid.uuid4().hex}-{worker}" if worker else os.environ.get(MARK) or uuid.uuid4().hex)
     return os.environ[MARK]
 
 

@@ -183,6 +183,9 @@ def test_a_prune_while_a_recorder_writes_loses_no_call_it_did_not_mean_to(db, to
                                          response=f"SELECT {i};", call_id=f"call-{i}"))
             sent.append((f"call-{i}", time.time()))
             time.sleep(0.004)
+            backlog = time.monotonic() + 10
+            while recorder.written < i - 40 and time.monotonic() < backlog:  # a loaded machine's writer:
+                time.sleep(0.005)  # the calls reach the store while the prunes run, not after them
     finally:
         stop.set()  # the prunes end with the sending: the last ones ran while calls came in
         if thread.is_alive():
@@ -194,7 +197,9 @@ def test_a_prune_while_a_recorder_writes_loses_no_call_it_did_not_mean_to(db, to
     with TraceStore(db) as store:
         stored = {(c.metadata or {}).get("call_id") for c in store.iter_calls()}
         sound(store)
-    assert sum(p.calls for _, p in prunes) > 100  # the prunes did run during the recording
+    # the prunes did run during the recording: some took calls while calls were still being sent
+    # (how many depends on the machine's load: a busy one's writer and prunes share less time)
+    assert sum(p.calls for started, p in prunes if started < sent[-1][1]) >= 16
     # no prune's cutoff (its start less 0.3 s) reached the calls sent after the last one's (with
     # 0.1 s for a call to reach the store): those must all be there, and there are some
     last_cutoff = max(started for started, _ in prunes) - 0.3

@@ -9,6 +9,7 @@ agentaccel: they talk HTTP to the proxy.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -44,11 +45,19 @@ def installed(client: Client, root: Path | None = None) -> Path:
     npm = shutil.which("npm")
     if npm is None:
         raise RuntimeError(f"{client.package} installs with npm (Node.js 20 or newer), and npm is not on PATH")
-    prefix.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--prefix", str(prefix),
-                           f"{client.package}@{client.version}"], capture_output=True, text=True, timeout=900)
-    if done.returncode != 0 or not executable.exists():
-        raise RuntimeError(f"npm install {client.package}@{client.version} failed:\n{done.stderr[-2000:]}")
+    # installed beside it, then moved in whole: two installs at once (two commands, two test
+    # workers) never share a half-written folder, and the first one done is kept
+    partial = prefix.with_name(f"{prefix.name}.partial-{os.getpid()}")
+    partial.mkdir(parents=True, exist_ok=True)
+    try:
+        done = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--prefix", str(partial),
+                               f"{client.package}@{client.version}"], capture_output=True, text=True, timeout=900)
+        if done.returncode != 0 or not (partial / executable.relative_to(prefix)).exists():
+            raise RuntimeError(f"npm install {client.package}@{client.version} failed:\n{done.stderr[-2000:]}")
+        with contextlib.suppress(OSError):  # another install got there first: its folder is as good
+            partial.rename(prefix)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
     return executable
 
 

@@ -4,6 +4,8 @@ or any local HF causal-LM folder."""
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -32,10 +34,18 @@ def default_model_folder() -> Path:
     # The weights are plain float32 now; a leftover `quantization_config: gguf` makes vLLM refuse the folder.
     if hasattr(fresh.config, "quantization_config"):
         del fresh.config.quantization_config
-    tmp = folder.with_name(folder.name + ".tmp")
+    # written beside it, then moved in whole: a conversion running at the same time in another
+    # process never reads a half-written folder, and the first one done is kept
+    tmp = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
     fresh.save_pretrained(tmp)
     _save_tokenizer(tmp)
-    tmp.rename(folder)
+    try:
+        tmp.rename(folder)
+    except OSError:
+        if not (folder / "config.json").exists():
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return folder
 
 
