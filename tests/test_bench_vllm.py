@@ -41,11 +41,15 @@ def test_bench_vllm_compares_methods_on_bundled_workloads(tmp_path, cache):
     yet, the bundled OpenHands recordings (said in a note). agentaccel starts from a history of
     earlier jobs (made by plain decoding), the others from nothing; the methods take turns block by
     block at every level; the proposer's step log is profiled; the simulated server replays the
-    same calls, predicted beside measured."""
+    same calls, predicted beside measured. In the same run (one start of each server: the suite's
+    time), a model drafter: vLLM's eagle method with an EAGLE head for the bundled model, alone and
+    as the hybrid beside agentaccel's trees (checked in `hybrid_checks`)."""
+    head = _untrained_head(tmp_path)
     out, logs = tmp_path / "result.json", tmp_path / "logs"
-    r = bench(tmp_path, cache, "--methods", "none,suffix,agentaccel", "--workloads", "sql,agent", "--concurrency",
-              "1,2", "--calls", "1,2", "--reps", "1", "--warm", "1", "--history", "1", "--max-tokens", "24",
-              "--open-tokens", "24", "--json", str(out), "--plot", str(tmp_path / "bench.png"), "--logs", str(logs))
+    r = bench(tmp_path, cache, "--methods", "none,suffix,agentaccel,drafter,agentaccel-drafter", "--drafter",
+              str(head), "--drafter-tokens", "2", "--workloads", "sql,agent", "--concurrency", "1,2", "--calls",
+              "1,2", "--reps", "1", "--warm", "1", "--history", "1", "--max-tokens", "24", "--open-tokens", "24",
+              "--json", str(out), "--plot", str(tmp_path / "bench.png"), "--logs", str(logs), timeout=1800)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     result = json.loads(out.read_text())
     notes = [n for n in result["notes"] if "bundled" not in n and "vLLM logs kept" not in n]
@@ -55,23 +59,25 @@ def test_bench_vllm_compares_methods_on_bundled_workloads(tmp_path, cache):
     assert result["setup"]["sources"] == {"sql": "bundled text-to-SQL questions",
                                           "agent": "bundled OpenHands agent recordings"}
     rows = {(x["method"], x["workload"], x["concurrency"], x["stage"]): x for x in result["rows"]}
-    for method in ("suffix", "agentaccel"):
+    for method in ("suffix", "agentaccel", "drafter", "agentaccel-drafter"):
         for workload, level in (("sql", 1), ("sql", 2), ("agent", 1), ("agent", 2)):
             row = rows[(method, workload, level, "(all)")]
             assert row["differing_outputs"] == 0 and row["tokens"] > 0 and len(row["tokens_per_s_blocks"]) == 1, row
+    for method in ("suffix", "agentaccel"):
         # the pipeline's prompts carry its schema and earlier answers: both suffix methods draft and land
         assert rows[(method, "sql", 1, "(all)")]["acceptance"] > 0
     # the interleaved runner: every block of every level run by every method, the order rotating
     blocks = result["blocks"]
     for key in {(b["workload"], b["level"], b["rep"]) for b in blocks}:
         assert sorted(b["method"] for b in blocks if (b["workload"], b["level"], b["rep"]) == key) == \
-            ["agentaccel", "none", "suffix"]
+            ["agentaccel", "agentaccel-drafter", "drafter", "none", "suffix"]
     firsts = {min((b for b in blocks if (b["workload"], b["level"], b["rep"]) == key), key=lambda b: b["order"])[
         "method"] for key in {(b["workload"], b["level"], b["rep"]) for b in blocks}}
     assert len(firsts) > 1  # not always the same method first
     assert {(b["workload"], b["level"]) for b in blocks} == {("sql", 1), ("sql", 2), ("agent", 1), ("agent", 2)}
-    # the history: agentaccel's alone, and what it seeded shows in the proposer's statistics
+    # the history: agentaccel's (and its hybrid's) alone, and what it seeded shows in the proposer's statistics
     assert result["history"]["none"] is None and result["history"]["suffix"] is None
+    assert result["history"]["drafter"] is None
     assert sum(result["history"]["agentaccel"]["calls_by_stage"].values()) == 5 + 1  # a question, an agent call
     profile = result["profile"]["agentaccel"]
     assert profile["all"]["steps"] > 20 and 0 < profile["all"]["proposer_ms"] < profile["all"]["step_ms"]
@@ -84,13 +90,75 @@ def test_bench_vllm_compares_methods_on_bundled_workloads(tmp_path, cache):
     # the simulator replayed every method's blocks: a prediction beside every measured cell
     checked = result["simulator"]
     assert {(x["method"], x["workload"], x["concurrency"]) for x in checked["rows"]} == \
-        {(m, w, c) for m in ("none", "suffix", "agentaccel") for w in ("sql", "agent") for c in (1, 2)}
+        {(m, w, c) for m in ("none", "suffix", "agentaccel", "drafter", "agentaccel-drafter")
+         for w in ("sql", "agent") for c in (1, 2)}
     assert all(x["predicted_tokens_per_s"] > 0 for x in checked["rows"])
     assert (tmp_path / "bench.png").stat().st_size > 0
+    hybrid_checks(result, logs, head, r.stdout)
     # and again from the kept run: `bench simulate-vllm`
     again = subprocess.run([sys.executable, "-m", "agentaccel.cli.main", "bench", "simulate-vllm", str(logs)],
                            capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and "simulated vs measured" in again.stdout, again.stderr[-2000:]
+
+
+def _untrained_head(tmp_path):
+    """An EAGLE head for the bundled model, untrained: it starts as the identity on the model's state."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from agentaccel.backends.local.eagle_head import from_target, save_head
+    from agentaccel.backends.local.model import default_model_folder
+
+    target = AutoModelForCausalLM.from_pretrained(str(default_model_folder()), dtype=torch.float32)
+    return save_head(from_target(target).eval(), default_model_folder(), tmp_path / "head")
+
+
+def hybrid_checks(result: dict, logs, head, stdout: str) -> None:
+    """`--methods ...,drafter,agentaccel-drafter --drafter HEAD` (the run of the test above): vLLM's
+    eagle method with the head alone, and as the hybrid beside agentaccel's trees (backends/vllm/hybrid.py). The drafter alone
+    drafts its chain every step; the hybrid sends the trees' drafts where they expect more and the
+    head's chains elsewhere, counting each apart, and learns per stage what the head's chains get;
+    no output differs from plain decoding's. The simulator's check runs both as well, with the
+    head's predictions on the run's calls and its passes priced as the hybrid's steps timed them."""
+    methods = result["setup"]["methods"]
+    assert methods["drafter"] == {"method": "eagle", "model": str(head), "num_speculative_tokens": 2}
+    hybrid = methods["agentaccel-drafter"]  # vLLM verifies the trees' drafts; the head drafts 2 (its settings)
+    assert hybrid["method"] == "eagle" and hybrid["num_speculative_tokens"] == 32
+    assert hybrid["disable_padded_drafter_batch"] is True
+    rows = {(x["method"], x["workload"], x["concurrency"]): x for x in result["rows"] if x["stage"] == "(all)"}
+    for (method, workload, level), row in rows.items():
+        if method == "drafter" and workload == "sql":  # (an agent prompt near the context's end drafts less)
+            assert row["draft_tokens_per_step"] == 2, row
+        if method == "agentaccel-drafter":
+            assert row["tokens"] == rows[("none", workload, level)]["tokens"] > 0
+    stages = json.loads((logs / "stats-agentaccel-drafter.json").read_text())["stages"]
+    assert sum(s["model_drafted"] for s in stages.values()) > 0  # the head's chains where the trees had less
+    assert sum(s["drafted"] for s in stages.values()) > 0  # the trees' drafts where they expected more
+    for s in stages.values():  # every step verified one draft or none, from one source
+        assert s["steps"] >= s["drafted_steps"] + s["model_drafted_steps"]
+        assert s["model_accepted"] <= s["model_drafted"] and s["accepted"] <= s["drafted"]
+    # the head runs only as far as the longest chain a step sends: its first pass alone (which keeps
+    # its KV cache in step) where the trees drafted every row; each step's log counts the passes
+    from agentaccel.backends.step_costs import read_step_log
+
+    passes = [s.drafter_passes for s in read_step_log(logs / "steps-agentaccel-drafter.jsonl")]
+    assert set(passes) <= {1.0, 2.0} and 1.0 in passes
+    assert {s.drafter_passes for s in read_step_log(logs / "steps-agentaccel.jsonl")} == {0.0}
+    # what the head got per stage is kept in the server's trace store for its next start
+    with sqlite3.connect(logs / "store-agentaccel-drafter.db") as conn:
+        kept = conn.execute("SELECT drafter, stage, tried FROM drafter_records").fetchall()
+    drafted = {stage for stage, s in stages.items() if s["model_drafted_steps"]}
+    assert {stage for _, stage, _ in kept} == drafted and all(d.startswith("head for ") for d, _, _ in kept)
+    assert all(json.loads(tried)[0] == stages[stage]["model_drafted_steps"] for _, stage, tried in kept)
+    simulated = result["simulator"]
+    model = simulated["model_drafter"]
+    assert model["model"] == str(head) and model["tokens"] == 2
+    # two passes of a head with the model's own vocabulary head, on this CPU, its first pass apart
+    assert model["pass_cost"]["first"] + model["pass_cost"]["further"] > 0.02
+    predicted = {x["method"]: x for x in simulated["rows"] if x["workload"] == "sql"}
+    # the untrained head's chains are almost never right, in the simulator as on the server
+    assert predicted["drafter"]["predicted_acceptance"] < 0.2 and predicted["drafter"]["measured_acceptance"] < 0.2
+    assert "the model drafter (" in stdout and "not simulated" not in stdout
 
 
 def test_agentaccel_off_is_our_proposer_drafting_nothing(tmp_path):
@@ -117,68 +185,6 @@ def test_agentaccel_off_is_our_proposer_drafting_nothing(tmp_path):
     off, on = PluginSettings.from_environ(off), PluginSettings.from_environ(on)
     assert drafted(off.spec_config) == 0
     assert drafted(on.spec_config) > 10
-
-
-def test_the_hybrid_drafts_beside_an_eagle_head_and_changes_no_output(tmp_path, cache):
-    """`--methods none,drafter,agentaccel-drafter --drafter HEAD`: vLLM's eagle method with an EAGLE
-    head for the bundled model (untrained: it starts as the identity on the model's state), alone
-    and as the hybrid beside agentaccel's trees (backends/vllm/hybrid.py). The drafter alone drafts
-    its chain every step; the hybrid sends the trees' drafts where they expect more and the head's
-    chains elsewhere, counting each apart, and learns per stage what the head's chains get; no
-    output differs from plain decoding's. The simulator's check runs both as well, with the head's
-    predictions on the run's calls and its passes priced as the hybrid's steps measured them."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from agentaccel.backends.local.eagle_head import from_target, save_head
-    from agentaccel.backends.local.model import default_model_folder
-
-    target = AutoModelForCausalLM.from_pretrained(str(default_model_folder()), dtype=torch.float32)
-    head = save_head(from_target(target).eval(), default_model_folder(), tmp_path / "head")
-    out, logs = tmp_path / "result.json", tmp_path / "logs"
-    r = bench(tmp_path, cache, "--methods", "none,drafter,agentaccel,agentaccel-drafter", "--drafter", str(head),
-              "--drafter-tokens", "2", "--workloads", "sql", "--concurrency", "1", "--calls", "1", "--reps", "1",
-              "--warm", "0", "--history", "0", "--open-tokens", "24", "--json", str(out), "--logs", str(logs))
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    methods = json.loads(out.read_text())["setup"]["methods"]
-    assert methods["drafter"] == {"method": "eagle", "model": str(head), "num_speculative_tokens": 2}
-    hybrid = methods["agentaccel-drafter"]  # vLLM verifies the trees' drafts; the head drafts 2 (its settings)
-    assert hybrid["method"] == "eagle" and hybrid["num_speculative_tokens"] == 32
-    assert hybrid["disable_padded_drafter_batch"] is True
-    rows = {(x["method"], x["stage"]): x for x in json.loads(out.read_text())["rows"] if x["workload"] == "sql"}
-    alone = rows[("drafter", "(all)")]
-    assert alone["differing_outputs"] == 0 and alone["draft_tokens_per_step"] == 2
-    assert rows[("agentaccel-drafter", "(all)")]["differing_outputs"] == 0
-    assert rows[("agentaccel-drafter", "(all)")]["tokens"] == rows[("none", "(all)")]["tokens"] > 0
-    stages = json.loads((logs / "stats-agentaccel-drafter.json").read_text())["stages"]
-    assert sum(s["model_drafted"] for s in stages.values()) > 0  # the head's chains where the trees had less
-    assert sum(s["drafted"] for s in stages.values()) > 0  # the trees' drafts where they expected more
-    for s in stages.values():  # every step verified one draft or none, from one source
-        assert s["steps"] >= s["drafted_steps"] + s["model_drafted_steps"]
-        assert s["model_accepted"] <= s["model_drafted"] and s["accepted"] <= s["drafted"]
-    # the head runs only as far as the longest chain a step sends: its first pass alone (which keeps
-    # its KV cache in step) where the trees drafted every row; each step's log counts the passes
-    from agentaccel.backends.step_costs import read_step_log
-
-    passes = [s.drafter_passes for s in read_step_log(logs / "steps-agentaccel-drafter.jsonl")]
-    assert set(passes) <= {1.0, 2.0} and 1.0 in passes
-    assert {s.drafter_passes for s in read_step_log(logs / "steps-agentaccel.jsonl")} == {0.0}
-    # what the head got per stage is kept in the server's trace store for its next start
-    with sqlite3.connect(logs / "store-agentaccel-drafter.db") as conn:
-        kept = conn.execute("SELECT drafter, stage, tried FROM drafter_records").fetchall()
-    drafted = {stage for stage, s in stages.items() if s["model_drafted_steps"]}
-    assert {stage for _, stage, _ in kept} == drafted and all(d.startswith("head for ") for d, _, _ in kept)
-    assert all(json.loads(tried)[0] == stages[stage]["model_drafted_steps"] for _, stage, tried in kept)
-    simulated = json.loads(out.read_text())["simulator"]
-    model = simulated["model_drafter"]
-    assert model["model"] == str(head) and model["tokens"] == 2
-    # two passes of a head with the model's own vocabulary head, on this CPU, its first pass apart
-    assert model["pass_cost"]["first"] + model["pass_cost"]["further"] > 0.02
-    predicted = {x["method"]: x for x in simulated["rows"]}
-    assert {"none", "drafter", "agentaccel", "agentaccel-drafter"} <= set(predicted)
-    # the untrained head's chains are almost never right, in the simulator as on the server
-    assert predicted["drafter"]["predicted_acceptance"] < 0.2 and predicted["drafter"]["measured_acceptance"] < 0.2
-    assert "the model drafter (" in r.stdout and "not simulated" not in r.stdout
 
 
 def test_bench_vllm_says_what_is_missing(tmp_path, cache):
