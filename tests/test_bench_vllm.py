@@ -115,11 +115,12 @@ def _untrained_head(tmp_path):
 
 def hybrid_checks(result: dict, logs, head, stdout: str) -> None:
     """`--methods ...,drafter,agentaccel-drafter --drafter HEAD` (the run of the test above): vLLM's
-    eagle method with the head alone, and as the hybrid beside agentaccel's trees (backends/vllm/hybrid.py). The drafter alone
-    drafts its chain every step; the hybrid sends the trees' drafts where they expect more and the
-    head's chains elsewhere, counting each apart, and learns per stage what the head's chains get;
-    no output differs from plain decoding's. The simulator's check runs both as well, with the
-    head's predictions on the run's calls and its passes priced as the hybrid's steps timed them."""
+    eagle method with the head alone, and as the hybrid beside agentaccel's trees
+    (backends/vllm/hybrid.py). The drafter alone drafts its chain every step; the hybrid sends the
+    trees' drafts where they expect more and the head's chains elsewhere, counting each apart, and
+    learns per stage what the head's chains get; no output differs from plain decoding's. The
+    simulator's check runs both as well, with the head's predictions on the run's calls and its
+    passes priced as the hybrid's steps timed them."""
     methods = result["setup"]["methods"]
     assert methods["drafter"] == {"method": "eagle", "model": str(head), "num_speculative_tokens": 2}
     hybrid = methods["agentaccel-drafter"]  # vLLM verifies the trees' drafts; the head drafts 2 (its settings)
