@@ -13,6 +13,9 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.enviro
 
 # litellm fetches a price list from the internet at import unless told not to (no network here).
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+# The commands the tests run print errors in typer's panels, which wrap at 80 columns without a
+# terminal: a temporary path in a message (longer under a pytest-xdist worker's folder) would be cut.
+os.environ.setdefault("COLUMNS", "250")
 
 
 import pytest  # noqa: E402
@@ -37,6 +40,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(item.module.__name__ if item.module else item.nodeid))
+    # the longest groups first (each worker takes the next group when it is done): none is left to
+    # start on one worker while the other has nothing left (their minutes: docs/DEVELOPING.md)
+    first = {name: rank for rank, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: first.get(_group(item), len(first)))
+
+
+def _group(item) -> str:
+    mark = item.get_closest_marker("xdist_group")
+    return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+
+
+# the groups that take longest, longest first (a run's --durations=0 output, summed by module)
+LONGEST_FIRST = ()
 
 
 def pytest_sessionfinish(session, exitstatus):
