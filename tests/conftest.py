@@ -52,7 +52,9 @@ def _group(item) -> str:
 
 
 # the groups that take longest, longest first (a run's --durations=0 output, summed by module)
-LONGEST_FIRST = ()
+LONGEST_FIRST = ("vllm-many", "test_wheel_install", "test_vllm_backend", "test_no_record", "test_openhands",
+                 "test_first_hour", "test_fault_suite", "test_stage_discovery", "test_local_backend",
+                 "test_proxy_local", "test_vllm_tenants", "test_clean_exit", "test_shared_store", "test_agent_clients")
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -11,6 +11,8 @@ import sys
 import pytest
 
 pytest.importorskip("vllm")
+# several vLLM servers at once: never beside another such module (tests/conftest.py, memory)
+pytestmark = pytest.mark.xdist_group("vllm-many")
 
 
 @pytest.fixture(scope="module")

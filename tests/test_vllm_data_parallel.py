@@ -12,6 +12,8 @@ import httpx
 import pytest
 
 pytest.importorskip("vllm")
+# several vLLM servers at once: never beside another such module (tests/conftest.py, memory)
+pytestmark = pytest.mark.xdist_group("vllm-many")
 
 from servers import free_port, wait_healthy  # noqa: E402
 

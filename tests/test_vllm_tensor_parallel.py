@@ -13,6 +13,8 @@ import httpx
 import pytest
 
 pytest.importorskip("vllm")
+# several vLLM servers at once: never beside another such module (tests/conftest.py, memory)
+pytestmark = pytest.mark.xdist_group("vllm-many")
 torch = pytest.importorskip("torch")
 
 from servers import serving  # noqa: E402
