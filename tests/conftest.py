@@ -18,7 +18,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("COLUMNS", "250")
 # Every vLLM server the suite starts reserves this much KV cache (GiB; agentaccel's own default for
 # CPU is 2): the bench's five servers and the other worker's start at once, and vLLM refuses to
-# start when the node's free memory is below what it reserves (1 GiB holds 11,000 tokens of
+# start when the node's free memory is below what it reserves (1 GiB holds 23,000 tokens of
 # SmolLM2, past every test's max_model_len times its requests in flight).
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
