@@ -34,6 +34,8 @@ TEST = "from calc import add\n\nassert add(2, 3) == 5, add(2, 3)\nprint('test pa
 TASK = "The test in test_calc.py fails. Fix calc.py and run the test."
 FINAL = "Fixed: `add` returned a - b; it returns a + b now, and test_calc.py passes."
 
+pytestmark = pytest.mark.slow  # the fast tier leaves it out (docs/DEVELOPING.md)
+
 
 @pytest.fixture(scope="module")
 def clis() -> dict[str, Path]:

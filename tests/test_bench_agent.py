@@ -12,6 +12,8 @@ import pytest
 from agentaccel.adapters import sandbox
 from agentaccel.bench import agent
 
+pytestmark = pytest.mark.slow  # the fast tier leaves it out (docs/DEVELOPING.md)
+
 
 def test_bundled_tasks_are_valid_instances():
     instances = agent.load_instances(agent.BUNDLED / "tasks.jsonl")

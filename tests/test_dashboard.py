@@ -24,6 +24,8 @@ KEYS = {"team-a": "key-team-a-123456", "team-b": "key-team-b-654321"}
 ADMIN = "key-ops-000000"
 SQL = "Write one SQL query that lists every customer in Paris with their orders, newest first."
 
+pytestmark = pytest.mark.slow  # the fast tier leaves it out (docs/DEVELOPING.md)
+
 
 def queries() -> list[tuple[str, str]]:
     """(panel title, PromQL) of every panel target, its variables as "All" gives them."""

@@ -10,6 +10,8 @@ from safetensors import safe_open
 from agentaccel.backends.local.draft_model import cut_model, drafter_folder
 from agentaccel.backends.local.model import default_model_folder
 
+pytestmark = pytest.mark.slow  # the fast tier leaves it out (docs/DEVELOPING.md)
+
 
 @pytest.fixture(scope="module")
 def target():

@@ -24,6 +24,8 @@ from agentaccel.bench.vllm.servers import drafter_config
 
 IDS = torch.tensor([1, 4093, 314, 253, 1345, 28, 17, 1064, 30, 2, 4093, 314, 253, 1345, 28, 17, 1064, 30])
 
+pytestmark = pytest.mark.slow  # the fast tier leaves it out (docs/DEVELOPING.md)
+
 
 @pytest.fixture(scope="module")
 def target():

@@ -93,6 +93,8 @@ PLAN = {
 # What a command reads real traces for says so, with where to get them: never a traceback.
 NEEDS_TRACES = ["agentaccel bench e2e --n 1", "agentaccel bench engine --requests 5"]
 
+pytestmark = pytest.mark.slow  # the fast tier leaves it out (docs/DEVELOPING.md)
+
 
 def fenced_blocks(text: str, lang: str) -> list[str]:
     return re.findall(rf"^```{lang}\n(.*?)^```", text, flags=re.S | re.M)

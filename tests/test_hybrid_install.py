@@ -21,6 +21,8 @@ print(runner.EagleProposer is eagle.EagleProposer, eagle.EagleProposer.__name__,
       eagle.EagleProposer.__mro__[1] is original, workers.this_worker().alone)
 """
 
+pytestmark = pytest.mark.slow  # the fast tier leaves it out (docs/DEVELOPING.md)
+
 
 def test_install_after_the_runner_is_imported_swaps_its_name_once():
     out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=300)

@@ -20,6 +20,8 @@ from agentaccel.traces.formats.chat_jsonl import parse_chat_jsonl  # noqa: E402
 
 EAGER = SpecConfig(min_score=0.0, cost=0.02)  # always draft: exercises rejections too
 
+pytestmark = pytest.mark.slow  # the fast tier leaves it out (docs/DEVELOPING.md)
+
 
 @pytest.fixture(scope="module")
 def model_tok():

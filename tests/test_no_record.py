@@ -30,6 +30,8 @@ VLLM_ARGS = ["--", "--dtype", "float32", "--enforce-eager", "--max-model-len", "
              "--speculative-config", '{"method": "suffix", "num_speculative_tokens": 16, '
                                      '"suffix_decoding_max_tree_depth": 64}']
 
+pytestmark = pytest.mark.slow  # the fast tier leaves it out (docs/DEVELOPING.md)
+
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):

@@ -41,6 +41,8 @@ from agentaccel.traces.store import TraceStore
 TASK = "Make hello.txt"  # the recorded conversations' task
 STAGE = "openhands:CodeActAgent"
 
+pytestmark = pytest.mark.slow  # the fast tier leaves it out (docs/DEVELOPING.md)
+
 
 def recorded_store(tmp_path: Path, source: Path) -> Path:
     db = tmp_path / "recorded.db"

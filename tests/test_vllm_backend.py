@@ -27,6 +27,8 @@ KEPT_STEP_COST = StepCostModel(tuple(0.0123 + 0.0001 * t for t in range(8193)))
 PROMPTS = ["Write a SQL query counting users per country.", "List three colors.",
            "Write a Python function that reverses a string.", "Explain recursion in one sentence."]
 
+pytestmark = pytest.mark.slow  # the fast tier leaves it out (docs/DEVELOPING.md)
+
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("vllm")
 # several vLLM servers at once: never beside another such module (tests/conftest.py, memory)
-pytestmark = pytest.mark.xdist_group("vllm-many")
+pytestmark = [pytest.mark.xdist_group("vllm-many"), pytest.mark.slow]
 
 from servers import free_port, wait_healthy  # noqa: E402
 

@@ -7,6 +7,8 @@ pytest.importorskip("vllm")
 
 from agentaccel.backends.vllm import compat  # noqa: E402
 
+pytestmark = pytest.mark.slow  # the fast tier leaves it out (docs/DEVELOPING.md)
+
 
 def test_installed_vllm_has_what_the_plugin_patches():
     assert compat.problems() == []

