@@ -21,6 +21,11 @@ os.environ.setdefault("COLUMNS", "250")
 # start when the node's free memory is below what it reserves (1 GiB holds 23,000 tokens of
 # SmolLM2, past every test's max_model_len times its requests in flight).
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+# Two workers on two cores: a torch that spreads each product over both (its default) spins for
+# the core the other worker holds (the embedded model's tests ran 4-9 times slower than alone).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 
 import pytest  # noqa: E402
@@ -57,9 +62,10 @@ def _group(item) -> str:
 
 
 # the groups that take longest, longest first (a run's --durations=0 output, summed by module)
-LONGEST_FIRST = ("vllm-many", "test_wheel_install", "test_vllm_backend", "test_no_record", "test_openhands",
-                 "test_first_hour", "test_fault_suite", "test_stage_discovery", "test_local_backend",
-                 "test_proxy_local", "test_vllm_tenants", "test_clean_exit", "test_shared_store", "test_agent_clients")
+LONGEST_FIRST = ("vllm-many", "test_wheel_install", "test_local_backend", "test_no_record", "test_openhands",
+                 "test_vllm_backend", "test_first_hour", "test_stage_discovery", "test_agent_clients",
+                 "test_shared_store", "test_proxy_local", "test_bench_agent", "test_vllm_tenants", "test_prefix_cache",
+                 "test_fleet_reliability", "test_tenants", "test_replay_every_format", "test_model_drafter")
 
 
 def pytest_sessionfinish(session, exitstatus):
