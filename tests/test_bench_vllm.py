@@ -38,6 +38,7 @@ def bench(tmp_path, cache, *args, timeout=1200):
                           capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.slow
 def test_bench_vllm_compares_methods_on_bundled_workloads(tmp_path, cache):
     """A fresh machine: the bundled SQL questions, and for the agent workload, with no trace store
     yet, the bundled OpenHands recordings (said in a note). agentaccel starts from a history of
@@ -190,6 +191,7 @@ def test_agentaccel_off_is_our_proposer_drafting_nothing(tmp_path):
     assert drafted(on.spec_config) > 10
 
 
+@pytest.mark.slow
 def test_bench_vllm_says_what_is_missing(tmp_path, cache):
     r = bench(tmp_path, cache, "--methods", "none,eagle", timeout=120)
     assert r.returncode == 2 and "eagle" in r.stderr and "Traceback" not in r.stderr
@@ -298,6 +300,7 @@ def alive(p) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_sigterm_stops_every_vllm_server_the_bench_started(tmp_path, cache):
     """`timeout 45 agentaccel bench vllm --quick` on a fresh machine: SIGTERM while its servers run
     stops every one of them, whole process groups, within a bounded time, and says so."""
@@ -328,6 +331,7 @@ def test_sigterm_stops_every_vllm_server_the_bench_started(tmp_path, cache):
     assert proc.returncode == 2 and "interrupted" in stderr and took < 30, (proc.returncode, took, stderr[-2000:])
 
 
+@pytest.mark.slow
 def test_a_server_killed_mid_run_is_named_with_its_log_and_the_rest_stop(tmp_path, cache):
     """A vLLM worker killed with -9 mid-run (what the kernel's out-of-memory killer does when too
     many servers share the machine): the bench stops every process it started and says which

@@ -38,6 +38,7 @@ def made(calls, wrong=lambda call, top: top) -> DrafterPredictions:
     return out
 
 
+@pytest.mark.slow
 def test_teacher_forced_predictions_are_the_models_own_greedy_choices(calls, monkeypatch):
     """On outputs the bundled model wrote itself (greedy), its predictions at every position are
     those outputs, in windows too; so its chains are accepted whole."""
@@ -112,6 +113,7 @@ def test_the_hybrid_asks_the_model_only_where_the_trees_expect_less(calls):
     assert h.steps <= t.steps + 10
 
 
+@pytest.mark.slow
 def test_bench_drafter_predictions_then_replay_with_the_drafter(tmp_path):
     db = repetitive_store(tmp_path)
     out = tmp_path / "p.npz"

@@ -120,6 +120,7 @@ def stage_prompts(tok):
     return [tok.encode(f"{head}{t}<|im_end|>\n<|im_start|>assistant\n") for t in tails]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("slots", [0, 1])
 def test_reused_prompts_decode_exactly_as_fresh_ones(model_tok, slots):
     model, tok = model_tok

@@ -46,6 +46,7 @@ def greedy(backend, messages, n):
     return gen.generate(prompt, SamplingParams(max_tokens=n), speculate=False).text
 
 
+@pytest.mark.slow
 def test_same_text_as_plain_greedy_streamed_or_not(local):
     server, backend, recorder, db = local
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
@@ -82,6 +83,7 @@ def test_stop_strings_and_completions_endpoint(local):
     assert c.choices[0].text and c.usage.completion_tokens == 8 and c.choices[0].finish_reason == "length"
 
 
+@pytest.mark.slow
 def test_eight_concurrent_streams_and_one_failing_request(local):
     server, backend, _, _ = local
     questions = [f"Name {i + 2} animals." for i in range(8)]
@@ -212,6 +214,7 @@ def test_a_generation_failing_as_it_is_cancelled_is_logged_not_swallowed(local, 
     assert ok.status_code == 200
 
 
+@pytest.mark.slow
 def test_seeded_sampling_repeats_with_speculation_on(local):
     """The same sampled request with the same seed gives the same output, however much the trees
     learned in between, and the same as plain decoding with that seed."""

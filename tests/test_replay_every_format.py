@@ -109,6 +109,7 @@ except FileNotFoundError:
     TRACES = None
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(TRACES is None, reason="../shared/traces is not present")
 def test_every_call_of_the_real_traces_is_answered_with_its_own_recording(tmp_path, tok):
     db = tmp_path / "real.db"

@@ -402,6 +402,7 @@ def ask(url: str, question: str, session: str | None = None) -> dict:
     return r.json()
 
 
+@pytest.mark.slow
 def test_a_call_answered_by_one_server_drafts_on_another_within_a_second(two_servers):
     """After server A answers a question, server B drafts A's answer when the question comes to it
     a fraction of a second later, accepting as many tokens as A itself does when asked again: B
@@ -425,6 +426,7 @@ def test_a_call_answered_by_one_server_drafts_on_another_within_a_second(two_ser
     assert abs(accepted - one_server) <= 0.1 * one_server, (accepted, one_server)
 
 
+@pytest.mark.slow
 def test_the_readme_recipe_through_vllm_router(two_servers, tmp_path):
     """The README's several-servers recipe: agents -> agentaccel proxy (forwards the session id as
     X-Session-ID) -> vllm-router (consistent_hash) -> servers sharing one store. A session stays on

@@ -143,6 +143,7 @@ def test_traces_stages_discover_and_apply(upstream, db, tmp_path):
     assert empty.returncode == 0 and "nothing to group" in empty.stdout, empty.stderr
 
 
+@pytest.mark.slow
 def test_openhands_sdk_runs_across_workspaces_and_days_share_one_discovered_stage(tmp_path, openhands_python):
     """The SDK's system message changes with the workspace's AGENTS.md and the minute
     (<CURRENT_DATETIME>), and it sends no tag: a fingerprint gives every run a stage of its own."""
@@ -156,6 +157,7 @@ def test_openhands_sdk_runs_across_workspaces_and_days_share_one_discovered_stag
     assert first == "default" and len(set(later)) == 1 and later[0].startswith("tmpl:")
 
 
+@pytest.mark.slow
 def test_classic_openhands_runs_in_different_workspaces_share_one_discovered_stage(tmp_path, classic_python):
     """The classic core (openhands-ai 0.62) sends no tag either: its runs on different tasks in
     different workspaces, through `serve`, get one discovered stage from the second call on."""

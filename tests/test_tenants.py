@@ -103,6 +103,7 @@ def start_tenants_serve(args: list[str], log: Path) -> tuple[str, subprocess.Pop
     return start_serve(["--backend", "local", "--cost-profile", "off", "--no-online-tuning", *keys, *args], log)
 
 
+@pytest.mark.slow
 def test_tenants_stay_apart_across_a_shared_store_and_a_restart(postgres, tmp_path):
     """`agentaccel serve` (its default scope) x 2 on one PostgreSQL store, the second with a
     snapshot: tenant A's answer on the first reaches A's drafts on the second, and no other
