@@ -103,6 +103,7 @@ def test_serve_stopped_with_sigterm_exits_clean(tmp_path):
     assert proc.returncode == 0 and "leaked" not in said, said[-3000:]
 
 
+@pytest.mark.slow
 def test_serve_stopped_while_its_vllm_still_starts_ends_at_once(tmp_path):
     """uvicorn looks at SIGTERM only once started, and a managed vLLM takes a minute or more to be
     healthy (a large model on a GPU: many): a SIGTERM then stops the start, vLLM's processes with

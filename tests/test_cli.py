@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 from traces_fixtures import write_v0_logs
 
 from agentaccel.traces.store import TraceStore
@@ -22,6 +23,7 @@ def commands(command, path=()):
         yield from commands(sub, (*path, name))
 
 
+@pytest.mark.slow
 def test_every_command_and_option_says_what_it_does_and_its_default():
     import typer
 

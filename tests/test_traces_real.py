@@ -30,6 +30,7 @@ def swe_db(tmp_path_factory):
     return db
 
 
+@pytest.mark.slow
 def test_swe_agent_trajectories_yield_6165_calls(swe_db):
     with TraceStore(swe_db) as store:
         rows = store.conn.execute(
