@@ -28,7 +28,6 @@ def build_backend(options: ServeOptions, vllm_args: list[str], recorder):
 def vllm_settings(options: ServeOptions, vllm_args: list[str]):
     """What the managed vLLM server is asked to be (backends/vllm/backend.VLLMSettings)."""
     from agentaccel.backends.vllm.backend import VLLMSettings
-    from agentaccel.cli.common import parse_size
 
     model, served = options.model, options.served_model_name
     if not model:  # the bundled model, as the embedded backend serves it
@@ -37,7 +36,7 @@ def vllm_settings(options: ServeOptions, vllm_args: list[str]):
         model=model, served_name=served, extra_args=tuple(vllm_args), db=options.location, seed=options.seed,
         follow=options.follow, scoped=options.scoped, online=options.online_tuning, record=options.record,
         snapshot=options.snapshot, spec_config=options.spec_config,
-        memory_budget_bytes=parse_size(options.memory_budget), step_cost=options.cost_profile,
+        memory_budget_bytes=options.memory_budget_bytes, step_cost=options.cost_profile,
         follow_log=options.follow_log, drafter=options.model_drafter, timeout=options.upstream_timeout,
         session_header=options.session_header or None)
 
@@ -51,7 +50,7 @@ def _local_backend(options: ServeOptions, recorder):
     from agentaccel.cli.common import parse_size
     from agentaccel.engine import SuffixEngine
 
-    engine = SuffixEngine(memory_budget_bytes=parse_size(options.memory_budget))
+    engine = SuffixEngine(memory_budget_bytes=options.memory_budget_bytes)
 
     def on_ready(engine, tokenizer):
         if recorder is not None:
@@ -69,21 +68,21 @@ def _local_backend(options: ServeOptions, recorder):
 def _replay_backend(options: ServeOptions, recorder):
     from agentaccel.backends.policies import resume_online, serving_policies
     from agentaccel.backends.replay import ReplayBackend
-    from agentaccel.cli.common import parse_size
     from agentaccel.engine import SuffixEngine
     from agentaccel.engine.policy import default_config
 
     db = options.answers or options.location
     profile = cost_spec("gpu" if options.cost_profile == "auto" else options.cost_profile, "--cost-profile", db)
     store = open_store(db, must_exist=True)
-    engine = SuffixEngine(memory_budget_bytes=parse_size(options.memory_budget))
+    tokenizer = open_tokenizer(None)  # the recordings' and, with --recordings, the trees' and the recorder's
+    engine = SuffixEngine(memory_budget_bytes=options.memory_budget_bytes)
     # the recordings' store also holds tuned policies; a replay does not save its calibration back
     policies, resumed = serving_policies(default_config(profile), db=store.location, spec_config=options.spec_config,
                                          say=_say)
     policies.install(engine)
     calibration = resume_online(engine, resumed) if options.online_tuning else None
     with store:
-        backend = ReplayBackend(store, open_tokenizer(None), profile, step_ms=options.step_ms,
+        backend = ReplayBackend(store, tokenizer, profile, step_ms=options.step_ms,
                                 speculate=options.speculation, served_name=options.served_model_name or "replay",
                                 engine=engine, online=calibration)
     if not len(backend.recordings):
@@ -92,7 +91,6 @@ def _replay_backend(options: ServeOptions, recorder):
               f"takes {options.step_ms:g} ms, a verifying one {profile.name}'s cost (simulated); speculation "
               f"{'on' if options.speculation else 'off'}")
     if options.answers is not None:  # --db is this server's own store, as a real server's
-        tokenizer = open_tokenizer(None)
         if recorder is not None:
             recorder.set_tokenizer((tokenizer.fingerprint, tokenizer.encode_batch))
         backend.follower = _trees_from_store(engine, tokenizer, options)

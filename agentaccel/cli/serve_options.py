@@ -189,6 +189,10 @@ class ServeOptions:
     def scoped(self) -> bool:
         return self.speculation_scope is Scope.key
 
+    @property
+    def memory_budget_bytes(self) -> int:
+        return parse_size(self.memory_budget)
+
     @cached_property
     def retention(self):
         return retention_of(self.store_budget, self.keep_days, self.pin_source)
@@ -225,7 +229,7 @@ class ServeOptions:
         if self.drafter is not None and self.backend is not BackendKind.vllm:
             raise typer.BadParameter("a model drafter runs beside the trees in vLLM: --backend vllm",
                                      param_hint="--drafter")
-        _ = self.model_drafter
+        self.model_drafter  # noqa: B018 - parsed and checked now, before anything starts
         if self.backend is BackendKind.openai and not self.upstream:
             raise typer.BadParameter("the openai backend needs --upstream URL", param_hint="--upstream")
         if self.spec_config is not None:  # checked here for every backend (each resolves it, vLLM in its worker)

@@ -58,7 +58,6 @@ class DrafterPassShare:
             raise ValueError("half_life must be > 0")
         self.keep = 0.5 ** (1.0 / half_life)
         self._w = self._x = self._xx = self._y = self._xy = 0.0
-        self._x_passes = 0.0  # the passes, weighed as the rest (mean)
         self.calls = 0
 
     def observe(self, passes: int, seconds: float, plain_seconds: float) -> None:
@@ -70,7 +69,6 @@ class DrafterPassShare:
         k = self.keep
         self._w, self._x, self._xx = self._w * k + 1.0, self._x * k + x, self._xx * k + x * x
         self._y, self._xy = self._y * k + y, self._xy * k + x * y
-        self._x_passes = self._x_passes * k + x + 1.0
         self.calls += 1
 
     @property
@@ -96,4 +94,5 @@ class DrafterPassShare:
     def mean(self) -> float | None:
         """The calls' mean time over their passes, in plain steps of the batch a pass (what a flat
         price would be: where the passes never varied, the line cannot be fitted)."""
-        return self._y / self._x_passes if self._w > 0 and self._x_passes > 0 else None
+        passes = self._x + self._w  # the calls' passes, weighed alike (each is its x + 1)
+        return self._y / passes if passes > 0 else None
