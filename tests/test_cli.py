@@ -111,6 +111,7 @@ def test_openhands_config_names_the_served_model(tmp_path):
     assert down.returncode == 2 and "no proxy answering" in down.stderr
 
 
+@pytest.mark.slow
 def test_serve_rejects_bad_settings_with_a_clear_message(tmp_path):
     def serve(*args):
         return subprocess.run([sys.executable, "-m", "agentaccel.cli.main", "serve", "--no-record", *args],

@@ -228,6 +228,11 @@ DAMAGED = {
     "another cursor of this store": lambda d: {**d, "cursor": 1},
     "store id of another": lambda d: {**d, "store_id": "0" * 32},
     "a list": lambda d: [d],
+    "origin as text": lambda d: {**d, "origin": "2"},
+    "origin negative": lambda d: {**d, "origin": -1},
+    "origin beyond its cursor": lambda d: {**d, "origin": d["cursor"] + 1},
+    "followed as a list": lambda d: {**d, "followed": ["s"]},
+    "followed stages not names": lambda d: {**d, "followed": {"stages": [1], "tenants": None}},
 }
 
 
@@ -425,6 +430,7 @@ def test_prompts_that_each_come_twice_do_not_hold_the_stage_names():
     assert len(miner.named) == 128 and len(miner.take_retired()) >= 2  # ...and gave two back
 
 
+@pytest.mark.slow
 def test_a_flood_kept_across_a_restart_gives_its_names_back(db):
     """The flood's names are kept in the store; after a restart a real pipeline still gets stages,
     and the names it took from the flood leave the store."""

@@ -128,6 +128,9 @@ def test_openai_backend_in_front_of_a_real_model(local, tmp_path):
 
 def test_seeding_from_the_trace_store_drafts_on_the_first_call(local, tmp_path):
     server, backend, recorder, db = local
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+    client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": QUESTIONS[0]}], max_tokens=48,
+                                   temperature=0, extra_headers={"X-Agentaccel-Stage": "qa"})  # recorded in "qa"
     recorder.flush()
     engine = SuffixEngine()
     with TraceStore(db) as store:

@@ -150,6 +150,7 @@ def test_seeding_and_following_put_each_call_in_its_tenants_trees(db, tok):
     assert {split_stage(k) for k in scoped.stats()["stages"]} == {("s", None), ("s", "tA")}
     assert set(shared.stats()["stages"]) == {"s"} and len(shared.document_ids("s")) == 2
     follower = StoreFollower(SuffixEngine(), db, tok, after=0, scoped=True).open()
+    follower.engine.note_use("s", "tA")  # it serves tenant A (it reads the base's calls and A's)
     try:
         assert follower.step() == 2
         assert len(follower.engine.document_ids("s", "tA")) == 1 and len(follower.engine.document_ids("s")) == 1

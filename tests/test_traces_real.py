@@ -50,6 +50,7 @@ def test_swe_agent_trajectories_yield_6165_calls(swe_db):
         assert models == {"deepseek-chat-v2", "doubao-pro-128k", "gpt-4o-2024-05-13"}
 
 
+@pytest.mark.slow
 def test_reimport_adds_nothing(swe_db):
     with TraceStore(swe_db) as store:
         before = store.total_calls()

@@ -125,6 +125,9 @@ def follower_counters(per_rank: dict[str, dict]) -> list[tuple[str, str, str, di
     return [("agentaccel_followed_outputs", "Outputs other servers recorded into the shared trace store that the "
              "trees learned (their own coming back are not counted)", "rank",
              {rank: float(s.get("learned", 0)) for rank, s in per_rank.items()}),
+            ("agentaccel_followed_skipped", "Calls of stages or tenants this server does not draft for: only their ids "
+             "were read from the shared trace store", "rank",
+             {rank: float(s.get("skipped", 0)) for rank, s in per_rank.items()}),
             ("agentaccel_follower_errors", "Times following the trace store failed (the follower goes on)", "rank",
              {rank: float(s.get("errors", 0)) for rank, s in per_rank.items()})]
 

@@ -2,7 +2,12 @@
 all proxies record into (traces/tail.py) and adds each new output to this server's stage trees,
 skipping the outputs this server produced itself (the engine recognises those: they are in its
 trees already). It never blocks a decoding step: it holds the tree lock for one document at a
-time, and a store that cannot be read is logged and tried again, never raised."""
+time, and a store that cannot be read is logged and tried again, never raised.
+
+It reads the outputs only of the calls this server can draft from (`interest`): the stages it has
+drafted for, or every stage once one of them draws from the union of stages, and with tenants kept
+apart the base's and its own tenants' calls. A stage or tenant it starts serving later is caught
+up from the start (the trees were seeded with every call up to there), then followed."""
 
 from __future__ import annotations
 
@@ -23,13 +28,22 @@ from agentaccel.backends.seeding import SeedReport, seed_from_store
 from agentaccel.engine.suffix_engine import SuffixEngine
 from agentaccel.traces.database import Location, errors, locate
 from agentaccel.traces.store import TraceStore
-from agentaccel.traces.tail import CallTail
+from agentaccel.traces.tail import EVERYTHING, CallTail, Interest
 
 log = logging.getLogger("agentaccel.follower")
 
 WAIT_SECONDS = 0.5  # longest sleep between polls (PostgreSQL wakes the tail sooner, at each commit)
+PACE_SECONDS = 0.05  # polls that read calls begin at least this far apart (writers may commit far more often)
 LAG_WINDOW = 2048  # outputs the lag percentiles are taken over
 RETRY_SECONDS = 5.0  # after a failed read
+
+
+@dataclass(frozen=True)
+class Held:
+    """What a follower's trees hold: every call up to `origin` and those `followed` matches up to `cursor`."""
+    cursor: int
+    origin: int
+    followed: Interest
 
 
 @dataclass
@@ -37,6 +51,7 @@ class FollowStats:
     learned: int = 0  # outputs of other servers added to the trees
     own: int = 0  # this server's own outputs seen coming back (skipped)
     empty: int = 0  # calls without an output (redacted, tool calls only)
+    skipped: int = 0  # calls of stages or tenants this server does not draft for: their outputs not read
     errors: int = 0  # polls that failed
     cursor: int = 0  # the newest call id read
     lag_seconds: float = 0.0  # from the newest call's recording to its arrival in the trees
@@ -48,28 +63,47 @@ class FollowStats:
 
 class StoreFollower:
     def __init__(self, engine: SuffixEngine, db: str | Location, tokenizer, *, after: int | None = None,
-                 wait_seconds: float = WAIT_SECONDS, scoped: bool = False, log_path: str | Path | None = None) -> None:
+                 wait_seconds: float = WAIT_SECONDS, scoped: bool = False, log_path: str | Path | None = None,
+                 origin: int | None = None, followed: Interest | None = None, everything: bool = False) -> None:
         """`scoped`: a tenant's calls join that tenant's trees (else every call joins the base's).
         `log_path`: every other server's output is appended there as it joins the trees, with its
-        times (a JSON line each: scripts/bench_fleet_lag.py reads them)."""
+        times (a JSON line each: scripts/bench_fleet_lag.py reads them). `origin`, `followed`: what
+        the trees hold besides (a snapshot's: traces/tail.py, CallTail). `everything`: read every
+        call, whatever this server drafts for (a server that reads the store once, not following it)."""
         self.engine, self.db, self.tokenizer, self.wait_seconds = engine, db, tokenizer, wait_seconds
-        self.scoped = scoped
+        self.scoped, self.everything = scoped, everything
         self.store_name = str(locate(db))
         self.stats = FollowStats()
         self._lags: collections.deque[float] = collections.deque(maxlen=LAG_WINDOW)
         self._log = open(log_path, "a", buffering=1) if log_path else None  # noqa: SIM115 - open while following
         self.keeper: snapshots.SnapshotKeeper | None = None  # saves the trees now and then, when set
-        self._after = after
+        self._after, self._origin, self._followed = after, origin, followed
         self._tail: CallTail | None = None
         self._lock = threading.Lock()  # a poll's additions vs a snapshot of the trees
         self._stop = threading.Event()
+        self._wake = threading.Event()  # a stage or tenant drafted for the first time: catch it up now
+        engine.on_new_use(self._wake.set)
         self._thread = threading.Thread(target=self._run, name="agentaccel-follow", daemon=True)
 
     def open(self) -> StoreFollower:
         """Opens the tail (a bad store fails here); `step` then polls by hand."""
-        self._tail = CallTail(self.db, self.tokenizer, after=self._after)
+        self._tail = self._new_tail(self._after, self._origin, self._followed)
         self.stats.cursor = self._tail.cursor
         return self
+
+    def _new_tail(self, after: int | None, origin: int | None, followed: Interest | None) -> CallTail:
+        return CallTail(self.db, self.tokenizer, after=after, interest=self.interest, origin=origin,
+                        followed=followed)
+
+    def interest(self) -> Interest:
+        """The calls this server can draft from now: of the stages it drafted for (every stage once
+        one of them draws from the union of the stages) and, scoped, of the base and its tenants."""
+        if self.everything:
+            return EVERYTHING
+        used = self.engine.used_stages()
+        union = any("union" in self.engine.policy(stage).trees for stage, _ in used)
+        return Interest(stages=None if union else frozenset(stage for stage, _ in used),
+                        tenants=frozenset(scope for _, scope in used if scope is not None) if self.scoped else None)
 
     def start(self) -> StoreFollower:
         """Opens the tail (unless `open` did) and follows on a background thread."""
@@ -79,23 +113,29 @@ class StoreFollower:
         return self
 
     @contextlib.contextmanager
-    def paused(self) -> Iterator[tuple[int, TraceStore | None]]:
-        """Holds polls off and gives the cursor the trees are complete up to (below the oldest
-        call still expected to commit late) and the tail's store (None before `open`)."""
+    def paused(self) -> Iterator[tuple[Held, TraceStore | None]]:
+        """Holds polls off and gives what the trees hold (every call up to `origin`, and those
+        `followed` matches up to `cursor`, below the oldest call still expected to commit late) and
+        the tail's store (None before `open`)."""
         with self._lock:
             if self._tail is None:
-                yield self._after or 0, None
+                after = self._after or 0
+                yield Held(after, after if self._origin is None else self._origin, self._followed or EVERYTHING), None
             else:
-                yield self._tail.safe_cursor, self._tail.store
+                tail = self._tail
+                yield Held(tail.safe_cursor, min(tail.origin, tail.safe_cursor), tail.followed), tail.store
 
     def step(self) -> int:
-        """One poll: adds what arrived; returns how many calls were read."""
+        """One poll: adds what arrived; returns how many calls were read (their outputs, or only
+        their ids: of a stage or tenant this server does not draft for)."""
         with self._lock:
             return self._step()
 
     def _step(self) -> int:
         read_at = time.time()
         calls = self._tail.poll()
+        skipped, self._tail.skipped = self._tail.skipped, 0
+        self.stats.skipped += skipped
         learned = False
         for call in calls:
             if not len(call.tokens):
@@ -120,13 +160,13 @@ class StoreFollower:
                 self.stats.lag_seconds = max(0.0, time.time() - newest)
         if learned:
             self.stats.lag_p50, self.stats.lag_p99 = (float(q) for q in np.percentile(self._lags, (50, 99)))
-        return len(calls)
+        return len(calls) + skipped
 
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                if self.step() == 0:
-                    self._tail.wait(self.wait_seconds)
+                self._wake.clear()
+                self._tail.wait_next(self.step(), self.wait_seconds, PACE_SECONDS, self._wake)
             except errors() as e:
                 self.stats.errors += 1
                 log.warning("agentaccel: reading new calls from the trace store failed: %s", e)
@@ -137,14 +177,14 @@ class StoreFollower:
                 self._stop.wait(RETRY_SECONDS)
 
     def _reconnect(self) -> None:
-        cursor = self._tail.cursor
+        cursor, origin, followed = self._tail.cursor, self._tail.origin, self._tail.followed
         try:
             self._tail.close()
         except errors():
             pass
         while not self._stop.wait(RETRY_SECONDS):
             try:
-                self._tail = CallTail(self.db, self.tokenizer, after=cursor)
+                self._tail = self._new_tail(cursor, origin, followed)
                 return
             except (ValueError, *errors()) as e:
                 log.warning("agentaccel: trace store still unreachable: %s", e)
@@ -153,6 +193,7 @@ class StoreFollower:
         if self.keeper is not None:
             self.keeper.close()
         self._stop.set()
+        self._wake.set()  # out of a wait at once
         if self._thread.is_alive():
             self._thread.join(10)
         if self._tail is not None:
@@ -181,8 +222,11 @@ def seed_then_follow(engine: SuffixEngine, db: str | Location, tokenizer, *, fol
             report.snapshot_refused = refused
     if info is None and not follow:
         return report, None
-    follower = StoreFollower(engine, db, tokenizer, after=cursor, scoped=scoped, log_path=log_path).open()
-    if info is not None:  # the calls recorded after the snapshot join the trees before the first request
+    origin, followed = info.held if info is not None else (None, None)
+    follower = StoreFollower(engine, db, tokenizer, after=cursor, scoped=scoped, log_path=log_path, origin=origin,
+                             followed=followed, everything=not follow).open()
+    if info is not None:  # the calls recorded after the snapshot join the trees before the first request (those of
+        # the stages and tenants it will draft for: when its first request of one comes, when following)
         while follower.step():
             pass
         report.after_snapshot = follower.stats.learned

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from agentaccel.engine.suffix_engine import SuffixEngine
 from agentaccel.traces.store import TraceStore
+from agentaccel.traces.tail import Interest
 
 log = logging.getLogger("agentaccel.snapshots")
 
@@ -60,6 +61,20 @@ class SnapshotInfo:
     index_checksum: int
     saved_at: float
     scoped: bool = False  # tenants' outputs in their own trees (serve --speculation-scope key)
+    # the trees hold every call up to `origin` and, up to `cursor`, those of the stages and tenants
+    # `followed` names (traces/tail.py); a sidecar without them: every call up to `cursor`
+    origin: int | None = None
+    followed: Interest | None = None
+
+    @property
+    def held(self) -> tuple[int, Interest | None]:
+        """(origin, followed) for the follower that carries on from here."""
+        return (self.cursor if self.origin is None else self.origin), self.followed
+
+    def as_json(self) -> dict:
+        out = asdict(self)
+        out["followed"] = None if self.followed is None else self.followed.as_json()
+        return out
 
     @classmethod
     def parse(cls, data: object, where: Path) -> SnapshotInfo:
@@ -68,11 +83,19 @@ class SnapshotInfo:
             raise SnapshotRefused(f"{where}: not a snapshot sidecar (not a JSON object)")
         kinds = {"cursor": int, "cursor_call": (str, type(None)), "store_id": str, "store": str, "tokenizer": str,
                  "max_depth": int, "index_bytes": int, "index_checksum": int, "saved_at": (int, float)}
-        data = {"scoped": False, **data}  # (a sidecar written before tenants: shared trees)
+        data = {"scoped": False, "origin": None, "followed": None, **data}  # (older sidecars: shared trees, all)
         if not isinstance(data["scoped"], bool):
             raise SnapshotRefused(f"{where}: damaged snapshot sidecar: scoped is {repr(data['scoped'])[:40]}")
+        origin = data["origin"]
+        if origin is not None and (isinstance(origin, bool) or not isinstance(origin, int) or origin < 0):
+            raise SnapshotRefused(f"{where}: damaged snapshot sidecar: origin is {repr(origin)[:40]}")
+        if data["followed"] is not None:
+            try:
+                data["followed"] = Interest.from_json(data["followed"])
+            except ValueError as e:
+                raise SnapshotRefused(f"{where}: damaged snapshot sidecar: followed: {e}") from None
         for f in fields(cls):
-            if f.name == "scoped":
+            if f.name in ("scoped", "origin", "followed"):
                 continue
             value = data.get(f.name)
             if f.name not in data or isinstance(value, bool) or not isinstance(value, kinds[f.name]):
@@ -80,6 +103,8 @@ class SnapshotInfo:
                                       f"{'missing' if f.name not in data else repr(value)[:40]}")
         if data["cursor"] < 0 or data["max_depth"] < 1 or data["index_bytes"] < 0:
             raise SnapshotRefused(f"{where}: damaged snapshot sidecar: a negative cursor or size")
+        if origin is not None and origin > data["cursor"]:
+            raise SnapshotRefused(f"{where}: damaged snapshot sidecar: origin {origin} beyond the cursor")
         return cls(**{f.name: data[f.name] for f in fields(cls)})
 
 
@@ -182,24 +207,28 @@ def load(engine: SuffixEngine, path: Path, store: TraceStore, tokenizer,
 
 
 def save(engine: SuffixEngine, path: Path, cursor: int, store: TraceStore, tokenizer,
-         scoped: bool = False) -> SnapshotInfo:
+         scoped: bool = False, origin: int | None = None, followed: Interest | None = None) -> SnapshotInfo:
+    """Saves the trees, which hold every call up to `cursor` (or: up to `origin`, and those
+    `followed` matches up to `cursor`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     engine.save(path)  # atomic (a temporary file renamed)
     payload, checksum = index_header(path)
     info = SnapshotInfo(cursor, store.call_key(cursor) if cursor else None, store.store_id or "", store.name,
-                        tokenizer.fingerprint, engine.max_depth, payload, checksum, time.time(), scoped)
+                        tokenizer.fingerprint, engine.max_depth, payload, checksum, time.time(), scoped, origin,
+                        followed)
     tmp = meta_path(path).with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(asdict(info)))
+    tmp.write_text(json.dumps(info.as_json()))
     tmp.replace(meta_path(path))
     return info
 
 
 class SnapshotKeeper:
-    """Saves the follower's engine with its cursor now and then (when it moved) and at `close`."""
+    """Saves the follower's engine with its cursor now and then (when it moved, or the trees took in
+    more stages or tenants) and at `close`."""
 
     def __init__(self, follower, path: Path, every: float = SAVE_EVERY) -> None:
         self.follower, self.path, self.every = follower, Path(path), every
-        self._saved_cursor: int | None = None
+        self._saved = None  # what the trees held when last saved (follower.Held): saved again once it changes
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="agentaccel-snapshot", daemon=True)
         self._thread.start()
@@ -211,16 +240,18 @@ class SnapshotKeeper:
 
     def save(self) -> None:
         follower = self.follower
-        with follower.paused() as (cursor, store):  # no call added while the trees are written
-            if cursor == self._saved_cursor or store is None:
+        with follower.paused() as (held, store):  # no call added while the trees are written
+            cursor = held.cursor
+            if held == self._saved or store is None:
                 return
             if store.store_id is None:
                 log.warning("agentaccel: no snapshot saved to %s: the trace store %s has no id", self.path, store.name)
                 return
             try:
                 t0 = time.perf_counter()
-                save(follower.engine, self.path, cursor, store, follower.tokenizer, follower.scoped)
-                self._saved_cursor = cursor
+                save(follower.engine, self.path, cursor, store, follower.tokenizer, follower.scoped, held.origin,
+                     held.followed)
+                self._saved = held
                 log.info("agentaccel: snapshot up to call %d saved to %s in %.1f s", cursor, self.path,
                          time.perf_counter() - t0)
             except (OSError, ValueError) as e:

@@ -67,6 +67,8 @@ class BatchDrafter:
         if limit < -1:
             raise ValueError(f"max_total_tokens must be >= 0, got {max_total_tokens!r}")
         self._native.admit(_rid(req_id), scoped_stage(stage, scope), bool(speculate), limit)
+        if speculate:
+            self.engine.note_use(stage, scope)
 
     def release(self, req_id: str | int) -> None:
         """The request left the batch (finished, aborted, preempted): its tree is freed now and its

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Literal
 
@@ -184,6 +184,9 @@ class SuffixEngine:
         self._policy_lock = threading.RLock()
         self._eng.set_policy("", self.config.to_native())
         self._native_params: dict[tuple[SpecConfig, int], _core.SpecParams] = {}
+        # (stage, scope) of every request drafted for so far: what a follower of a shared store reads
+        self._used: set[tuple[str, str | None]] = set()
+        self._on_new_use: list[Callable[[], None]] = []  # told when a (stage, scope) is first drafted for
 
     # ------------------------------------------------------------------ drafting policy
     def set_policy(self, config: SpecConfig, stage: str | None = None) -> None:
@@ -293,7 +296,27 @@ class SuffixEngine:
         joins its scope's tree of `stage`."""
         prompt = as_token_array(prompt_token_ids, self.vocab_size, "start_request")
         previous = "" if continue_from is None else _rid(continue_from)
-        return self._eng.start_request(_rid(req_id), prompt, scoped_stage(stage, scope), previous)
+        key = scoped_stage(stage, scope)  # (checks both names before they are noted)
+        self.note_use(stage, scope)
+        return self._eng.start_request(_rid(req_id), prompt, key, previous)
+
+    def note_use(self, stage: str, scope: str | None = None) -> None:
+        """A request of `stage` (of `scope`'s, None: the base's) is drafted for (`start_request`
+        and the batch drafter's `admit` say so)."""
+        key = (_stage(stage), scope)
+        if key not in self._used:
+            self._used.add(key)
+            for tell in self._on_new_use:
+                tell()
+
+    def on_new_use(self, tell: Callable[[], None]) -> None:
+        """`tell()` runs (on the drafting thread: it must return at once) when a request of a
+        stage and scope not drafted for before comes."""
+        self._on_new_use.append(tell)
+
+    def used_stages(self) -> frozenset[tuple[str, str | None]]:
+        """(stage, scope) of every request this engine drafted for so far."""
+        return frozenset(self._used)
 
     def extend(self, req_id: str | int, token_ids: Sequence[int] | np.ndarray) -> None:
         """Appends tokens the model produced to the request's context."""

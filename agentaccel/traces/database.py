@@ -143,6 +143,13 @@ class Connection:
             return self.raw.execute(sql, params)
         return self.raw.execute(_pg(sql), params, prepare=False)
 
+    def execute_prepared(self, sql: str, params=()):
+        """`execute` for a statement run again and again with other values (a tail's poll): on
+        PostgreSQL prepared once, not parsed and planned anew each time."""
+        if self.kind == "sqlite":
+            return self.raw.execute(sql, params)
+        return self.raw.execute(_pg(sql), params, prepare=True)
+
     def executemany(self, sql: str, rows) -> None:
         if self.kind == "sqlite":
             self.raw.executemany(sql, rows)
