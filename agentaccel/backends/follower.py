@@ -229,7 +229,7 @@ def seed_then_follow(engine: SuffixEngine, db: str | Location, tokenizer, *, fol
         # the stages and tenants it will draft for: when its first request of one comes, when following)
         while follower.step():
             pass
-        report.after_snapshot = follower.stats.learned
+        report.after_snapshot, report.after_snapshot_later = follower.stats.learned, follower.stats.skipped
     if not follow:
         follower.close()
         return report, None

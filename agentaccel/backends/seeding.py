@@ -22,6 +22,7 @@ class SeedReport:
     skipped_for_budget: int = 0
     snapshot: object | None = None  # the snapshot the trees came from instead (backends/snapshots.py)
     after_snapshot: int = 0  # outputs recorded after the snapshot, read from the store at the start
+    after_snapshot_later: int = 0  # ... of stages not drafted for yet: read when the server first drafts for one
     snapshot_refused: str = ""  # why a snapshot asked for was not used
     pruned_meanwhile: int = 0  # calls listed for seeding that a prune removed before they were read
 

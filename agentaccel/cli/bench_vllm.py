@@ -14,6 +14,7 @@ import typer
 from rich.table import Table
 
 from agentaccel.backends.vllm.drafting import DEFAULT_MODEL_TOKENS
+from agentaccel.bench.intervals import describe
 from agentaccel.cli.common import (
     JsonOption,
     TracesOption,
@@ -282,7 +283,7 @@ def _vllm_report(result: dict, json_out: Path | None, plot: Path | None) -> None
                       "-" if r["differing_outputs"] is None else str(r["differing_outputs"]))
     console.print(table)
     for key, s in result["ratios"].items():
-        console.print(f"tokens/s, {key}: {s['median']:.3f}x (blocks {s['min']:.3f}-{s['max']:.3f}, {s['blocks']})")
+        console.print(f"tokens/s, {key}: {describe(s)}")
     for method, had in result["history"].items():
         console.print(f"history of {method}: " + (
             f"{sum(had['calls_by_stage'].values()):,} calls of earlier sessions in its trace store "

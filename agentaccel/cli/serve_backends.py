@@ -127,7 +127,9 @@ def _trees_from_store(engine, tokenizer, options: ServeOptions):
                                                                                            total=total))
         if report.snapshot is not None:
             err.print(f"agentaccel: stage trees from the snapshot {snapshot} (calls up to {report.snapshot.cursor}), "
-                      f"then the {report.after_snapshot} outputs recorded after it in {db}")
+                      f"then the {report.after_snapshot} outputs recorded after it in {db}"
+                      + (f" ({report.after_snapshot_later} more are read as it first drafts for their stages)"
+                         if report.after_snapshot_later else ""))
         else:
             if snapshot is not None:
                 err.print(f"agentaccel: snapshot not used: {report.snapshot_refused}", markup=False, highlight=False)

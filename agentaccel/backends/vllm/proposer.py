@@ -297,7 +297,8 @@ class AgentaccelProposer:
             self.seeded = {stage: {"documents": s["documents"], "tokens": s["tokens"]}
                            for stage, s in self.engine.stats()["stages"].items() if s["documents"]}
             where = (f"the snapshot {snapshot} (calls up to {report.snapshot.cursor}), then {report.after_snapshot} "
-                     "recorded after it in the store"
+                     f"recorded after it in the store ({report.after_snapshot_later} more as it first drafts for "
+                     "their stages)"
                      if report.snapshot is not None else "the trace store")
             log.info("agentaccel: seeded %d outputs (%d tokens) in %d stages from %s %s: %s", sum(
                 s["documents"] for s in self.seeded.values()), sum(s["tokens"] for s in self.seeded.values()),

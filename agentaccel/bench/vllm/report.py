@@ -1,6 +1,7 @@
 """What a measurement says: per method, workload, level of requests in flight (and restart phase):
 tokens/s of each block and their median, acceptance, mean accepted length, outputs differing from
-plain decoding; agentaccel's ratio to every other method per block, as a median with its min-max;
+plain decoding; agentaccel's ratio to every other method over the paired blocks, as the ratio of
+totals with a bootstrap interval (bench/intervals.py), and per block as a median with its min-max;
 per stage at one in flight; and the proposer's own profile (its step log and statistics)."""
 
 from __future__ import annotations
@@ -10,16 +11,13 @@ import statistics
 from pathlib import Path
 
 from agentaccel.backends.step_costs import read_step_log
+from agentaccel.bench.intervals import BlockPair, paired_ratio
 from agentaccel.bench.vllm.client import SPEC_COUNTERS, CallRecord
 from agentaccel.bench.vllm.runner import Block, Measurement
 
 
 def _calls(records: dict[tuple, CallRecord], tag: str) -> list[tuple[tuple, CallRecord]]:
     return [(k, r) for k, r in records.items() if k[0] == tag]
-
-
-def _ratio_stats(values: list[float]) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "blocks": len(values)}
 
 
 def summarize(m: Measurement, methods: list[str], log_dir: Path) -> dict:
@@ -52,15 +50,15 @@ def summarize(m: Measurement, methods: list[str], log_dir: Path) -> dict:
             o = by_block.get((other, workload, level, rep))
             if other == method or o is None or not o.wall or not b.wall:
                 continue
-            mine = sum(r.tokens for _, r in _calls(m.records[method], b.tag)) / b.wall
-            theirs = sum(r.tokens for _, r in _calls(m.records[other], o.tag)) / o.wall
+            mine = sum(r.tokens for _, r in _calls(m.records[method], b.tag))
+            theirs = sum(r.tokens for _, r in _calls(m.records[other], o.tag))
             if theirs:
                 key = f"{method} / {other}, {workload} at {level}{', ' + b.phase if b.phase else ''}"
-                ratios.setdefault(key, []).append(mine / theirs)
+                ratios.setdefault(key, []).append(BlockPair(mine, b.wall, theirs, o.wall))
     profile = {meth: p for meth in methods if (p := step_profile(log_dir / f"steps-{meth}.jsonl"))}
     for meth, p in profile.items():
         p["stages"] = stage_profile(log_dir / f"stats-{meth}.json")
-    return {"rows": rows, "ratios": {k: _ratio_stats(v) for k, v in ratios.items()}, "profile": profile,
+    return {"rows": rows, "ratios": {k: paired_ratio(v) for k, v in ratios.items()}, "profile": profile,
             "blocks": [{"method": b.method, "workload": b.workload, "level": b.level, "rep": b.rep, "phase": b.phase,
                         "order": b.order, "seconds": b.wall} for b in m.blocks],
             "history": {meth: ({"calls_by_stage": m.history_calls, "store": str(m.history)} if meth in m.stores
