@@ -84,6 +84,12 @@ def main() -> None:
         try:
             wait_healthy(a_url, a, 120)
             wait_healthy(b_url, b, 300)
+            # B serves the stage once, as a server of the fleet does: a follower reads the outputs
+            # only of the stages its server drafts for (traces/tail.py)
+            b_model = httpx.get(b_url + "/v1/models").json()["data"][0]["id"]
+            httpx.post(b_url + "/v1/chat/completions", timeout=300, json={
+                "model": b_model, "max_tokens": 4, "messages": [{"role": "user", "content": "hello"}],
+                "metadata": {"stage": "lag"}}).raise_for_status()
             for streams in (int(x) for x in args.streams.split(",")):
                 t0 = time.time()
                 sent = asyncio.run(load(a_url, streams, args.seconds, streams, args.think))
