@@ -91,9 +91,11 @@ class Signature:
         text = text[: config.max_chars]
         try:
             return cls(_core.line_hashes(text, config.max_chars), text)
-        except UnicodeEncodeError:  # lone surrogates: no UTF-8 of their own
-            text = text.encode("utf-8", "replace").decode("utf-8")
-            return cls(_core.line_hashes(text, config.max_chars), text)
+        except (UnicodeEncodeError, TypeError):  # lone surrogates: no UTF-8 of their own (the binding refuses the str)
+            cleaned = text.encode("utf-8", "replace").decode("utf-8")
+            if cleaned == text:
+                raise
+            return cls(_core.line_hashes(cleaned, config.max_chars), cleaned)
 
     def lines(self, config: MinerConfig) -> list[str]:
         return _core.masked_lines(self.text, config.max_chars)
