@@ -442,3 +442,51 @@ def test_a_reader_of_the_store_skips_the_calls_pruned_while_it_reads(db, tok):
             retention.delete_calls(other.conn, ids[2:])  # the newest two go, their own messages with them
         rest = list(reading)
     assert [len(c.messages) for c in [first, *rest]] == [2, 4]
+
+
+def test_a_prune_batch_rolled_back_in_a_deadlock_is_deleted_again(postgres):
+    """A real PostgreSQL deadlock: another transaction holds one of the batch's blob counts and then
+    asks for one the batch holds. PostgreSQL rolls one of the two back (the prune, waiting first);
+    the prune deletes its batch again and loses nothing it meant to keep."""
+    import psycopg
+
+    url = postgres.new_database()
+    with TraceStore(url) as store:
+        store.write_sessions([Session(key="old", framework="test", calls=[Call(
+            messages=[{"role": "user", "content": "first message"}, {"role": "user", "content": "second message"}],
+            response="an answer", created_at=1.0, stage="s")])], stage_of=lambda _s, c: c.stage)
+        low, high = store.conn.execute("SELECT MIN(blob_id), MAX(blob_id) FROM blob_uses").fetchone()
+    assert low != high
+    other = psycopg.connect(url)  # a transaction of its own, not autocommit
+    other.execute("UPDATE blob_uses SET calls = calls WHERE blob_id = %s", (high,))  # holds the later count
+    result: dict = {}
+
+    def pruning() -> None:
+        with TraceStore(url) as store:
+            try:
+                result["report"] = prune(store, Retention(keep_days=1.0))
+            except Exception as e:  # noqa: BLE001 - the test says what went wrong
+                result["error"] = e
+
+    thread = threading.Thread(target=pruning)
+    thread.start()
+
+    def waits_on_the_count() -> bool:  # the prune holds the earlier count and waits for the later
+        with psycopg.connect(url, autocommit=True) as watch:
+            return watch.execute("SELECT COUNT(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                                 "AND datname = current_database()").fetchone()[0] > 0
+
+    deadline = time.monotonic() + 30
+    while not waits_on_the_count() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    try:
+        other.execute("UPDATE blob_uses SET calls = calls WHERE blob_id = %s", (low,))  # the cycle
+        other.commit()
+    except psycopg.errors.DeadlockDetected:  # PostgreSQL chose this side: the prune goes on by itself
+        other.rollback()
+    other.close()
+    thread.join(60)
+    assert "error" not in result, result
+    assert result["report"].calls == 1 and result["report"].blobs == 2
+    with TraceStore(url) as store:
+        assert store.total_calls() == 0 and store.conn.execute("SELECT COUNT(*) FROM blobs").fetchone()[0] == 0

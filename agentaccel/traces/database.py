@@ -94,6 +94,16 @@ def errors() -> tuple[type[BaseException], ...]:
     return (sqlite3.Error, psycopg.Error)
 
 
+def in_conflict(error: BaseException) -> bool:
+    """A PostgreSQL deadlock or serialization failure between concurrent transactions: this one was
+    rolled back whole, and run again it may well succeed."""
+    try:
+        import psycopg
+    except ImportError:
+        return False
+    return isinstance(error, psycopg.errors.DeadlockDetected | psycopg.errors.SerializationFailure)
+
+
 # Column types where the two disagree: SQLite's INTEGER PRIMARY KEY is its rowid; PostgreSQL's
 # INTEGER is 32-bit and its REAL single precision (a timestamp would lose its seconds).
 _TYPES = {

@@ -39,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agentaccel.traces.database import Location
+from agentaccel.traces.database import Location, in_conflict
 from agentaccel.traces.records import Call, Session, without_lone_surrogates
 from agentaccel.traces.store import TraceStore
 
@@ -439,7 +439,7 @@ def _worth_retrying(error: Exception) -> str | None:
         import psycopg
     except ImportError:
         return None
-    if isinstance(error, psycopg.errors.DeadlockDetected | psycopg.errors.SerializationFailure):
+    if in_conflict(error):
         return "in conflict with another writer"
     if isinstance(error, psycopg.errors.ForeignKeyViolation):  # a prune took a session or message it was using
         return "in conflict with a prune"

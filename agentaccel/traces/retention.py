@@ -28,7 +28,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from agentaccel.traces.database import Connection, OpenStore
+from agentaccel.traces.database import Connection, OpenStore, errors, in_conflict
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS blob_uses (  -- how many stored calls use each blob (a blob at 0 may go)
@@ -40,6 +40,7 @@ CREATE INDEX IF NOT EXISTS calls_tools ON calls(tools);  -- a blob deleted is ch
 """
 
 BATCH = 256  # calls deleted in one transaction
+CONFLICT_TRIES = 5  # tries of a batch that PostgreSQL rolls back in a deadlock with a writer
 SAMPLE_ROWS = 20_000  # PostgreSQL: rows whose size stands for a larger table's
 LOW_WATER = 0.9  # a budget prune brings the store down to this share of the budget (not to its edge)
 URGENT = 0.95  # above this share of its budget a prune does not rest (prune's docstring)
@@ -211,14 +212,22 @@ class _Pruning:
             return n
         while taken < n:
             t0 = time.monotonic()
-            ids = [r[0] for r in self.conn.execute(
-                "SELECT c.id FROM calls c LEFT JOIN call_tenants ct ON ct.call_id = c.id WHERE "
-                + ("ct.tenant IS NULL" if tenant is None else "ct.tenant = ?") + f" {self.pinned_sql} "
-                "ORDER BY COALESCE(c.created_at, c.imported_at), c.id LIMIT ?",
-                (*(() if tenant is None else (tenant,)), *self.pinned_args, min(self.batch, n - taken))).fetchall()]
-            if not ids:
-                break
-            blobs, sessions = delete_calls(self.conn, ids)
+            for attempt in range(CONFLICT_TRIES):
+                ids = [r[0] for r in self.conn.execute(
+                    "SELECT c.id FROM calls c LEFT JOIN call_tenants ct ON ct.call_id = c.id WHERE "
+                    + ("ct.tenant IS NULL" if tenant is None else "ct.tenant = ?") + f" {self.pinned_sql} "
+                    "ORDER BY COALESCE(c.created_at, c.imported_at), c.id LIMIT ?",
+                    (*(() if tenant is None else (tenant,)), *self.pinned_args, min(self.batch, n - taken))).fetchall()]
+                if not ids:
+                    return taken
+                try:
+                    blobs, sessions = delete_calls(self.conn, ids)
+                    break
+                except errors() as e:  # a writer's transaction and this one locked each other: PostgreSQL
+                    # rolled this one back whole; the batch is read and deleted again
+                    if not in_conflict(e) or attempt + 1 == CONFLICT_TRIES:
+                        raise
+                    time.sleep(0.05 * (attempt + 1))
             taken += len(ids)
             report.calls += len(ids)
             report.blobs += blobs
