@@ -7,6 +7,7 @@ where its trees were complete, and nothing is read or learned twice."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from servers import wait_for
@@ -48,7 +49,12 @@ class Fetched:
         self.conn, self.values = conn, []
 
     def execute(self, sql, params=()):
-        rows = self.conn.execute(sql, params).fetchall()
+        return self._kept(self.conn.execute(sql, params).fetchall())
+
+    def execute_prepared(self, sql, params=()):
+        return self._kept(self.conn.execute_prepared(sql, params).fetchall())
+
+    def _kept(self, rows) -> _Rows:
         self.values += [v for row in rows for v in row]
         return _Rows(rows)
 
@@ -243,6 +249,7 @@ def test_a_stage_first_served_wakes_the_follower_to_catch_it_up(db, tok):
     follower = StoreFollower(engine, db, tok, after=0, wait_seconds=30.0).start()
     try:
         assert wait_for(lambda: follower.stats.skipped == 1)
+        time.sleep(0.5)  # past its pace: waiting for a commit (none comes) or 30 s
         engine.start_request("r1", tok.encode("plan it"), stage="plan")
         assert wait_for(lambda: len(engine.document_ids("plan")) == 1, 10)
     finally:
