@@ -123,7 +123,7 @@ class StoreFollower:
                 yield Held(after, after if self._origin is None else self._origin, self._followed or EVERYTHING), None
             else:
                 tail = self._tail
-                yield Held(tail.safe_cursor, min(tail.origin, tail.safe_cursor), tail.followed), tail.store
+                yield Held(tail.safe_cursor, tail.origin, tail.followed), tail.store  # (gaps lie above the origin)
 
     def step(self) -> int:
         """One poll: adds what arrived; returns how many calls were read (their outputs, or only
