@@ -36,6 +36,18 @@ void ModelRecord::observe(size_t drafted, size_t accepted) {
     ++tried[j];
     reached[j] += j < accepted;
   }
+  if (!tried.empty() && tried[0] >= kHorizon) scale(1, 2);
+}
+
+void ModelRecord::pass_over() {
+  if (++passed < kFadeAfter) return;
+  passed = 0;
+  scale(3, 4);
+}
+
+void ModelRecord::scale(uint64_t num, uint64_t den) {
+  // floor(x * num / den) keeps every order between counts: reached <= tried, deeper <= shallower
+  for (size_t j = 0; j < tried.size(); ++j) tried[j] = tried[j] * num / den, reached[j] = reached[j] * num / den;
 }
 
 BatchDrafter::BatchDrafter(Engine& engine, int threads) : engine_(engine) {
@@ -105,14 +117,26 @@ std::map<std::string, ModelRecord> BatchDrafter::model_records() const {
   return model_records_;
 }
 
-void BatchDrafter::set_model_record(const std::string& stage, ModelRecord record) {
+bool BatchDrafter::set_model_record(const std::string& stage, ModelRecord record) {
   if (record.tried.size() != record.reached.size()) throw InvalidInput("a model record needs tried and reached alike");
   for (size_t j = 0; j < record.tried.size(); ++j)
     if (record.reached[j] > record.tried[j] || (j && record.tried[j] > record.tried[j - 1]) ||
         (j && record.reached[j] > record.reached[j - 1]))
       throw InvalidInput("a model record must not reach a depth more often than it tried it or the depth before");
   std::lock_guard lock(counters_mu_);
+  auto found = model_records_.find(stage);
+  if (found == model_records_.end() && model_records_.size() >= kMaxCountedStages) return false;
   model_records_[stage] = std::move(record);
+  return true;
+}
+
+ModelRecord* BatchDrafter::record_of(const std::string& stage, bool make) {
+  auto found = model_records_.find(stage);
+  if (found != model_records_.end()) return &found->second;
+  const bool full = model_records_.size() >= kMaxCountedStages;
+  if (make) return &model_records_[full ? std::string(kOtherStages) : stage];
+  found = full ? model_records_.find(kOtherStages) : model_records_.end();
+  return found != model_records_.end() ? &found->second : nullptr;
 }
 
 std::map<std::string, StageCounters> BatchDrafter::counters() const {
@@ -229,7 +253,7 @@ int64_t BatchDrafter::count_verified(Entry& e, int64_t sampled) {
     c.model_drafted += uint64_t(e.last_draft);
     c.model_accepted += uint64_t(accepted);
     c.model_predicted += e.last_score;
-    model_records_[e.stage].observe(size_t(e.last_draft), size_t(accepted));
+    record_of(e.stage, /*make=*/true)->observe(size_t(e.last_draft), size_t(accepted));
   } else {
     c.drafted_steps += e.last_draft > 0;
     c.drafted += uint64_t(e.last_draft);
@@ -247,9 +271,10 @@ void BatchDrafter::add_job(const BatchStep& s, size_t i, const std::string& rid,
   if (!s.model_tokens) return;
   // the hybrid: the model's chain, priced by its stage's record
   const int64_t from = s.model_offsets[i], to = std::min<int64_t>(s.model_offsets[i + 1], from + budget);
-  auto found = model_records_.find(e.stage);
   static const ModelRecord kNew;
-  const ModelRecord& record = found != model_records_.end() ? found->second : kNew;
+  const ModelRecord* kept = record_of(e.stage, /*make=*/false);
+  const ModelRecord& record = kept ? *kept : kNew;
+  j.offered = to > from;
   double d = 1.0;
   for (int64_t q = from; q < to; ++q) {
     d = std::min(d, record.estimate(size_t(q - from)));  // a chain's D never rises along it
@@ -316,12 +341,19 @@ void BatchDrafter::run_jobs(std::vector<std::vector<uint32_t>>& out) {
 
 void BatchDrafter::note_drafts(const std::vector<std::vector<uint32_t>>& out) {
   last_model_rows_ = last_model_passes_ = 0;
+  size_t passed_over = 0;
   for (Job& j : jobs_) {
     j.entry->last_draft = int32_t(out[j.index].size());
     j.use_model = j.use_model && !out[j.index].empty();  // a model chain cut to nothing drafts nothing
     j.entry->last_model = j.use_model;
     if (j.use_model) last_model_rows_ += 1, last_model_passes_ = std::max(last_model_passes_, out[j.index].size());
+    passed_over += j.offered && !j.use_model;
   }
+  if (!passed_over) return;
+  std::lock_guard clock(counters_mu_);  // the records fade with disuse (ModelRecord)
+  for (const Job& j : jobs_)
+    if (j.offered && !j.use_model)
+      if (ModelRecord* record = record_of(j.entry->stage, /*make=*/false)) record->pass_over();
 }
 
 void BatchDrafter::retire_absent() {

@@ -44,12 +44,24 @@ struct StageCounters {
 // chain, how many chains reached it (`tried`) and how many had tokens 0..j all accepted
 // (`reached`). Its estimate of depth j, (reached + prior) / (tried + weight), is the model's D:
 // the budget prices the model's tokens with it as it prices the trees' with theirs.
+// The counts fade, so that no past locks the model out of a stage: past kHorizon chains they are
+// halved (what the head gets now outweighs what it got long ago, a retrained head included), and
+// every kFadeAfter rows offered a chain and not sent it they lose a quarter, which brings the
+// estimate back towards the prior: a stage whose record fell below what a token must gain is
+// tried again now and then, and sent the model's chains again if they are accepted now.
 struct ModelRecord {
   std::vector<uint64_t> tried, reached;
+  uint64_t passed = 0;  // rows offered a chain and not sent it since the last fade (not kept in the store)
   static constexpr double kPrior = 0.5;   // a new stage's chain: each token accepted half the time ...
   static constexpr double kWeight = 4.0;  // ... worth this many chains
+  static constexpr uint64_t kHorizon = 1024;   // chains a record holds before its counts are halved
+  static constexpr uint64_t kFadeAfter = 256;  // rows passed over before the counts lose a quarter
   double estimate(size_t depth) const;    // P(tokens 0..depth all accepted)
   void observe(size_t drafted, size_t accepted);
+  void pass_over();  // a row offered the model's chain was not sent it
+  // counts times num / den, rounded down (depth by depth, so that no depth is reached more often
+  // than it was tried or than the depth before)
+  void scale(uint64_t num, uint64_t den);
 };
 
 // One step's input, as vLLM's InputBatch holds it: row i of `rows` (row stride `stride`) holds
@@ -136,7 +148,8 @@ class BatchDrafter {
   double drafter_pass_share() const { return drafter_pass_share_.load(std::memory_order_relaxed); }
   // Per stage: what the model drafter's chains got accepted (a restart starts from a kept record).
   std::map<std::string, ModelRecord> model_records() const;
-  void set_model_record(const std::string& stage, ModelRecord record);
+  // Starts a stage's record from a kept one; false (nothing kept) for a new stage past kMaxCountedStages.
+  bool set_model_record(const std::string& stage, ModelRecord record);
   size_t tracked() const;  // requests the drafter knows (admitted, not yet finished)
   size_t pending_outputs() const;  // finished outputs waiting to join their stage trees
 
@@ -166,6 +179,7 @@ class BatchDrafter {
     std::vector<uint32_t> model;        // the hybrid: the model's chain for this row (cut to `budget`)
     std::vector<double> model_probs;    // its tokens' D from the stage's model record
     bool use_model = false;             // the model's chain was chosen over the trees' draft
+    bool offered = false;               // the model offered a chain for this row (sent or not)
   };
 
   // What reading a step's rows found: the step that just ran (its timing and the drafts it
@@ -209,7 +223,10 @@ class BatchDrafter {
   Engine& engine_;
   std::unordered_map<std::string, Entry> entries_;
   std::map<std::string, StageCounters> counters_;
-  std::map<std::string, ModelRecord> model_records_;  // by stage (under counters_mu_)
+  std::map<std::string, ModelRecord> model_records_;  // by stage (under counters_mu_), at most kMaxCountedStages
+  // A stage's record (under counters_mu_); past kMaxCountedStages stages the rest share kOtherStages'.
+  // A new stage's is made only when `make` (a chain was verified); otherwise null: the prior.
+  ModelRecord* record_of(const std::string& stage, bool make);
   static constexpr size_t kMaxCountedStages = 512;  // as the proxy's metrics: stage names are client-chosen
   static constexpr const char* kOtherStages = "other";
   mutable std::mutex counters_mu_;  // counters_ are read by a stats thread while steps run

@@ -174,7 +174,11 @@ NB_MODULE(_core, m) {
       .def_rw("tried", &agentaccel::ModelRecord::tried)
       .def_rw("reached", &agentaccel::ModelRecord::reached)
       .def("estimate", &agentaccel::ModelRecord::estimate, "depth"_a)
-      .def("observe", &agentaccel::ModelRecord::observe, "drafted"_a, "accepted"_a);
+      .def_ro("passed", &agentaccel::ModelRecord::passed)
+      .def("observe", &agentaccel::ModelRecord::observe, "drafted"_a, "accepted"_a)
+      .def("pass_over", &agentaccel::ModelRecord::pass_over)
+      .def_ro_static("horizon", &agentaccel::ModelRecord::kHorizon)
+      .def_ro_static("fade_after", &agentaccel::ModelRecord::kFadeAfter);
 
   nb::class_<agentaccel::StepCost>(m, "StepCost")
       .def(nb::init<>())

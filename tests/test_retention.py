@@ -57,6 +57,23 @@ def write(db, sessions: list[Session], tok, source: str = "") -> None:
     with TraceStore(db) as store:
         store.write_sessions(sessions, stage_of=lambda _s, c: c.stage, source_file=source,
                              tokenize=(tok.fingerprint, tok.encode_batch))
+    settled(db)
+
+
+def settled(db) -> None:
+    """On PostgreSQL the budget reads the row counts of its statistics, which another connection's
+    writes reach within seconds (retention.live_rows): a test that sizes a budget from what it just
+    wrote waits for them, as a server's next check would."""
+    with TraceStore(db) as store:
+        if store.conn.kind != "postgresql":
+            return
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            counted = {t: store.conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in retention._TABLES}
+            if retention.live_rows(store.conn) == counted:
+                return
+            time.sleep(0.05)
+    raise AssertionError("PostgreSQL's row counts did not reach the rows written within 30 s")
 
 
 def snapshot(store: TraceStore) -> dict[str, tuple]:
@@ -490,3 +507,59 @@ def test_a_prune_batch_rolled_back_in_a_deadlock_is_deleted_again(postgres):
     assert result["report"].calls == 1 and result["report"].blobs == 2
     with TraceStore(url) as store:
         assert store.total_calls() == 0 and store.conn.execute("SELECT COUNT(*) FROM blobs").fetchone()[0] == 0
+
+
+def test_a_prune_forgets_the_records_of_model_drafters_no_server_uses_any_more(db, tok):
+    """`drafter_records` (what a hybrid's head got accepted per stage) would otherwise grow by every
+    retrained head: a prune with an age limit drops the drafters not updated within it, and any
+    prune keeps at most KEEP_DRAFTERS drafters, the most recently updated; calls are left alone."""
+    from agentaccel.traces import drafter_records
+
+    write(db, [session("recent", 0.5, 2)], tok)
+    stamp = lambda days: time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(time.time() - days * DAY))  # noqa: E731
+    with TraceStore(db) as store:
+        for k in range(12):
+            drafter_records.write(store, f"head-{k}", {"sql": ([3, 2], [2, 1]), "qa": ([1], [1])})
+            store.conn.execute("UPDATE drafter_records SET updated_at = ? WHERE drafter = ?", (stamp(k), f"head-{k}"))
+        report = prune(store, Retention(keep_days=10.0))  # heads 10 and 11 are older
+        kept = {r[0] for r in store.conn.execute("SELECT DISTINCT drafter FROM drafter_records").fetchall()}
+        assert report.drafter_records == 8 and kept == {f"head-{k}" for k in range(drafter_records.KEEP_DRAFTERS)}
+        assert drafter_records.read(store, "head-0") == {"sql": ([3, 2], [2, 1]), "qa": ([1], [1])}
+        assert report.calls == 0 and store.total_calls() == 2
+
+
+def test_the_postgresql_size_costs_the_same_however_large_the_store_and_survives_lost_statistics(postgres, tok,
+                                                                                                  monkeypatch):
+    """The budget's size on PostgreSQL reads a fixed sample and PostgreSQL's own row counts: the
+    pages it touches do not grow with the store (a COUNT(*) per table did, each check); a prune's
+    own deletes are in the next size at once; statistics lost (reset, as a crash does) are counted
+    again, not read as an empty store."""
+    monkeypatch.setattr(retention, "SAMPLE_ROWS", 40)  # a store past the sample, at a test's size
+    url = postgres.new_database()
+
+    def pages_read(store) -> tuple[int, int]:
+        """(pages the size read, the size)"""
+        def touched() -> int:
+            store.conn.execute("SELECT pg_stat_force_next_flush()")
+            store.conn.execute("SELECT pg_stat_clear_snapshot()")
+            return int(store.conn.execute(
+                "SELECT SUM(COALESCE(heap_blks_hit, 0) + COALESCE(heap_blks_read, 0) + COALESCE(idx_blks_hit, 0) + "
+                "COALESCE(idx_blks_read, 0) + COALESCE(toast_blks_hit, 0) + COALESCE(toast_blks_read, 0)) "
+                "FROM pg_statio_user_tables WHERE schemaname = current_schema()").fetchone()[0])
+        before = touched()
+        size = retention.used_bytes(store)
+        return touched() - before, size
+
+    write(url, [session(f"s{k}", 5, 8, width=400) for k in range(40)], tok)
+    with TraceStore(url) as store:
+        small, small_size = pages_read(store)
+    write(url, [session(f"t{k}", 5, 8, width=400) for k in range(120)], tok)
+    with TraceStore(url) as store:
+        large, large_size = pages_read(store)
+        assert large_size > 3 * small_size  # four times the calls
+        assert large <= 1.5 * small + 10, (small, large)  # not four times the pages
+        report = prune(store, Retention(budget_bytes=int(large_size * 0.5)))
+        assert report.calls > 0 and retention.used_bytes(store) <= 0.5 * large_size
+        kept = retention.used_bytes(store)
+        store.conn.execute("SELECT pg_stat_reset()")  # every table's counts gone
+        assert retention.used_bytes(store) == pytest.approx(kept, rel=0.25)

@@ -4,6 +4,7 @@ that a restart prices the drafter's tokens with what it learned, not with the pr
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from pathlib import Path
 
@@ -16,6 +17,37 @@ from agentaccel.traces.store import StoreMissing, TraceStore
 log = logging.getLogger("agentaccel")
 
 Records = dict[str, tuple[list[int], list[int]]]  # stage -> (tried, reached) by depth
+
+
+SAMPLED = 1 << 20  # bytes of a weights file read from each of its start, middle and end
+
+
+def drafter_key(head: str, target: str) -> str:
+    """What a model drafter's records belong to: the head itself and the model it drafts for. A
+    local head is known by what it holds, not by its folder's name: a head retrained into the same
+    folder starts from the prior, and copies of one head on a fleet's servers share one record."""
+    return f"{Path(head).name}#{head_identity(head)} for {Path(target).name}"
+
+
+def head_identity(head: str) -> str:
+    """A digest of a head's config and weights (each weights file's size, and a megabyte read from
+    its start, middle and end: retraining changes every weight, so the sampled ones too, at a cost
+    that does not grow with the head); a head named on a hub, not on disk, by its name."""
+    folder = Path(head)
+    if not folder.is_dir():
+        return hashlib.sha256(head.encode()).hexdigest()[:12]
+    digest = hashlib.sha256()
+    for path in sorted(p for p in folder.iterdir() if p.is_file()):
+        if path.name == "config.json":
+            digest.update(path.read_bytes())
+        elif path.suffix in (".safetensors", ".bin", ".pt", ".pth", ".gguf"):
+            size = path.stat().st_size
+            digest.update(f"{path.name}:{size}".encode())
+            with path.open("rb") as f:
+                for at in (0, max(size // 2 - SAMPLED // 2, 0), max(size - SAMPLED, 0)):
+                    f.seek(at)
+                    digest.update(f.read(SAMPLED))
+    return digest.hexdigest()[:12]
 
 
 def current(drafter: BatchDrafter) -> Records:
@@ -36,8 +68,7 @@ def resume(drafter: BatchDrafter, db: str | Path | None, key: str) -> int:
     started = 0
     for stage, (tried, reached) in kept.items():
         try:
-            drafter.set_model_record(stage, tried, reached)
-            started += 1
+            started += drafter.set_model_record(stage, tried, reached)
         except ValueError as e:
             log.warning("agentaccel: the model drafter's record of stage %s not used: %s", stage, e)
     return started

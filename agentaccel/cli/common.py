@@ -34,7 +34,9 @@ def parse_size(text: str) -> int:
 
 StoreBudgetOption = Annotated[str | None, typer.Option(
     "--store-budget", help="Keep the trace store under this size (e.g. 20GiB): the oldest calls go first, each tenant "
-                           "keeping an equal share, with whatever only they used (default: no budget).")]
+                           "keeping an equal share, with whatever only they used (default: no budget). SQLite: the "
+                           "pages its file uses; PostgreSQL: its live rows' bytes, without indexes and free space "
+                           "(the disk holds about 1.35 times it, docs/TRACES.md).")]
 KeepDaysOption = Annotated[float | None, typer.Option(help="Keep calls this many days (default: no limit).", min=0)]
 PinSourceOption = Annotated[list[str] | None, typer.Option(
     "--pin-source", help="Never prune calls whose source file contains this (e.g. an imported history; "

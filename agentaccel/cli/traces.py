@@ -159,6 +159,9 @@ def traces_prune(
         size += f" -> {report.bytes_after / 2**20:,.1f} MiB; {report.blobs:,} messages and {report.sessions:,} " \
                 f"sessions no call used any more went too"
     console.print(f"{report.calls:,} calls; the store: {size}", highlight=False)
+    if report.drafter_records:
+        console.print(f"{report.drafter_records:,} stage records of model drafters no server uses any more went too",
+                      highlight=False)
 
 
 def _tenants_table(store, selected: str | None) -> None:

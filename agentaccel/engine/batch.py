@@ -110,11 +110,12 @@ class BatchDrafter:
         every token up to it accepted (its estimate there is the model's D)."""
         return self._native.model_records()
 
-    def set_model_record(self, stage: str, tried: list[int], reached: list[int]) -> None:
-        """Starts a stage's model record from a kept one."""
+    def set_model_record(self, stage: str, tried: list[int], reached: list[int]) -> bool:
+        """Starts a stage's model record from a kept one; False (nothing kept) for a new stage once
+        the drafter holds as many stages as it counts (stage names are client-chosen)."""
         record = _core.ModelRecord()
         record.tried, record.reached = list(tried), list(reached)
-        self._native.set_model_record(stage, record)
+        return self._native.set_model_record(stage, record)
 
     @property
     def pending_outputs(self) -> int:

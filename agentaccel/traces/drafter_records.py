@@ -5,8 +5,11 @@ model, so that a restart prices the drafter's tokens with what it learned instea
 from __future__ import annotations
 
 import json
+import time
 
 from agentaccel.traces.database import OpenStore, now
+
+KEEP_DRAFTERS = 8  # the drafters whose records a prune keeps at most, the most recently updated
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS drafter_records (
@@ -42,3 +45,18 @@ def write(store: OpenStore, drafter: str, records: dict[str, tuple[list[int], li
                ON CONFLICT(drafter, stage) DO UPDATE SET tried=excluded.tried, reached=excluded.reached,
                  updated_at=excluded.updated_at""",
             (drafter, stage, json.dumps(list(tried)), json.dumps(list(reached)), at))
+
+
+def prune(store: OpenStore, older_than: float | None = None) -> int:
+    """Forgets the records of drafters that no server uses any more (a retrained head is a new
+    drafter): those not updated since `older_than` (seconds since the epoch; None: no age limit),
+    and every drafter's past the KEEP_DRAFTERS most recently updated. How many rows went."""
+    conn, gone = store.conn, 0
+    if older_than is not None:
+        cutoff = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(older_than))  # as `now()` writes it
+        gone += conn.execute("DELETE FROM drafter_records WHERE updated_at < ?", (cutoff,)).rowcount
+    drafters = [r[0] for r in conn.execute(
+        "SELECT drafter FROM drafter_records GROUP BY drafter ORDER BY MAX(updated_at) DESC, drafter").fetchall()]
+    for drafter in drafters[KEEP_DRAFTERS:]:
+        gone += conn.execute("DELETE FROM drafter_records WHERE drafter = ?", (drafter,)).rowcount
+    return gone

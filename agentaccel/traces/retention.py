@@ -14,9 +14,13 @@ kept by every write), with its tokens; its session when none of its calls is lef
 one short transaction, so a prune never holds the store from a recorder for long.
 
 The size. SQLite: the pages the file uses (freed pages are reused by later writes, so the file
-stops growing once the budget is reached). PostgreSQL: the live rows' bytes (`pg_column_size` of a
-sample of each table, times its rows): what the tables hold, not the space autovacuum keeps for
-reuse.
+stops growing once the budget is reached). PostgreSQL: the bytes of the live rows as PostgreSQL
+stores them (`pg_column_size` of a sample of each table, compressed text included, times the live
+rows its statistics count): what the tables hold. Not counted: indexes, page and TOAST overhead,
+and the space autovacuum keeps for reuse, which on disk add to it (docs/BENCHMARKS.md measures
+how much). Its cost does not grow with the store: the rows are PostgreSQL's own count (this
+connection's deletes reach it at once, other servers' writes within seconds), the sample a fixed
+number of rows.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from agentaccel.traces import drafter_records
 from agentaccel.traces.database import Connection, OpenStore, errors, in_conflict
 
 SCHEMA = """
@@ -67,6 +72,7 @@ class PruneReport:
     bytes_before: int = 0
     bytes_after: int = 0
     seconds: float = 0.0
+    drafter_records: int = 0  # rows of model drafters no server uses any more (traces/drafter_records.py)
 
 
 def count_uses(conn: Connection, blob_ids: Iterable[int], sign: int = 1) -> None:
@@ -112,8 +118,9 @@ def used_bytes(store: OpenStore) -> int:
                                                                                    "page_size"))
         return int((pages - free) * size)
     total = 0
+    counted = live_rows(conn)
     for table in _TABLES:
-        rows = conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
+        rows = counted.get(table, 0)
         if not rows:
             continue
         # every row of a small table; a repeatable sample of a large one's pages (about SAMPLE_ROWS rows)
@@ -125,6 +132,25 @@ def used_bytes(store: OpenStore) -> int:
                                 f"{SAMPLE_ROWS}) t").fetchone()[0]
         total += int(rows * float(mean or 0))
     return total
+
+
+def live_rows(conn: Connection, tables: tuple[str, ...] = _TABLES) -> dict[str, int]:
+    """Each table's live rows. SQLite: counted. PostgreSQL: its statistics' count (constant cost),
+    this connection's own writes flushed to them first; a table whose statistics are gone (a crash
+    or a reset clears them) while it holds pages is counted once, and counted right from then on."""
+    if conn.kind == "sqlite":
+        return {table: conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0] for table in tables}
+    conn.execute("SELECT pg_stat_force_next_flush()")  # flushed as this connection goes idle after it
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    rows = {}
+    for table, live, dead, pages in conn.execute(
+            "SELECT c.relname, s.n_live_tup, s.n_dead_tup, c.relpages FROM pg_class c "
+            "JOIN pg_stat_user_tables s ON s.relid = c.oid WHERE s.schemaname = current_schema() "
+            f"AND c.relname IN ({', '.join('?' for _ in tables)})", tables).fetchall():
+        rows[table] = int(live)
+        if not live and not dead and (pages or conn.execute(f"SELECT EXISTS (SELECT 1 FROM {table})").fetchone()[0]):
+            rows[table] = conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
+    return rows
 
 
 def prune(store: OpenStore, retention: Retention, *, now: float | None = None, batch: int = BATCH,
@@ -153,9 +179,12 @@ def prune(store: OpenStore, retention: Retention, *, now: float | None = None, b
     if budget is not None and not dry_run:
         report.bytes_after = used_bytes(store) if report.calls else report.bytes_before
         per_call = None  # what a call frees: what the last round freed per call (the first round: a batch)
+        # calls each tenant has that may go, counted once (the rounds take them off: a count per
+        # round would grow with the store; calls recorded meanwhile are the newest, the last to go)
+        unpinned = pruning.by_tenant() if report.bytes_after > LOW_WATER * budget else {}
         while report.bytes_after > LOW_WATER * budget:
             pruning.urgent = report.bytes_after > URGENT * budget
-            unpinned = pruning.by_tenant()  # calls each tenant still has that may go
+            unpinned = {t: n for t, n in unpinned.items() if n > 0}
             if not unpinned:
                 break  # only pinned calls are left
             # half the way at a time, so that a round of calls larger than those before overshoots little;
@@ -163,24 +192,30 @@ def prune(store: OpenStore, retention: Retention, *, now: float | None = None, b
             round_floor = max(1, min(batch, sum(unpinned.values()) // 20))
             to_low_water = round_floor if per_call is None else \
                 math.ceil((report.bytes_after - LOW_WATER * budget) / max(per_call, 1.0) / 2)
-            taken = sum(pruning.take(tenant, n)
-                        for tenant, n in fair_cut(unpinned, max(to_low_water, round_floor)).items())
+            taken = 0
+            for tenant, n in fair_cut(unpinned, max(to_low_water, round_floor)).items():
+                went = pruning.take(tenant, n)
+                # fewer than asked: the tenant has none left (a writer's calls are newer than the count)
+                unpinned[tenant] = unpinned[tenant] - went if went == n else 0
+                taken += went
             if not taken:
                 break
             before, report.bytes_after = report.bytes_after, used_bytes(store)
             freed = (before - report.bytes_after) / taken
-            mean = report.bytes_after / max(store.conn.execute("SELECT COUNT(*) FROM calls").fetchone()[0], 1)
+            mean = report.bytes_after / max(live_rows(store.conn, ("calls",)).get("calls", 0), 1)
             # what a call frees, never read as less than a mean call: a round that freed little as
             # measured (SQLite frees whole pages; PostgreSQL's size is sampled, and calls recorded
             # meanwhile add to it) would size the next round far past the low water
             per_call = max(freed, mean)
     elif budget is not None and report.bytes_before > budget:
         unpinned = pruning.by_tenant()
-        per_call = report.bytes_before / max(store.conn.execute("SELECT COUNT(*) FROM calls").fetchone()[0], 1)
+        per_call = report.bytes_before / max(live_rows(store.conn, ("calls",)).get("calls", 0), 1)
         to_low_water = math.ceil((report.bytes_before - LOW_WATER * budget) / per_call)
         left = {t: n - report.by_tenant[t] for t, n in unpinned.items()}  # after the age limit's
         for tenant, n in fair_cut(left, to_low_water).items():
             pruning.take(tenant, n, dry_run=True)
+    if not dry_run:
+        report.drafter_records = drafter_records.prune(store, cutoff if retention.keep_days is not None else None)
     if report.calls and not dry_run:
         report.bytes_after = used_bytes(store)
     report.seconds = time.monotonic() - t0

@@ -193,12 +193,6 @@ def server_key(vllm_config) -> str:
     return f"{model}|{device}|tp{vllm_config.parallel_config.tensor_parallel_size}"
 
 
-def drafter_key(vllm_config) -> str:
-    """What the hybrid's model records belong to: the model drafter and the model it drafts for."""
-    spec = vllm_config.speculative_config
-    return f"{Path(str(spec.model)).name} for {Path(str(vllm_config.model_config.model)).name}"
-
-
 def seed_cost(vllm_config, mode: str, db: str | None = None) -> tuple[StepCostModel, bool]:
     """Where the step cost starts before this server's steps say more (`mode`: the settings'
     step_cost), and whether it prices in seconds (a relative seed does not: 1.0 is a plain step)."""
@@ -248,7 +242,7 @@ class AgentaccelProposer:
         self.drafter = _DRAFTER = BatchDrafter(self.engine, threads=_draft_threads(settings.draft_threads))
         self.calibration = self.keeper = self.model_keeper = None
         if settings.model_tokens > 0:  # the hybrid: what the model drafter got per stage, kept in the store
-            key = drafter_key(vllm_config)
+            key = model_records.drafter_key(str(config.model), str(vllm_config.model_config.model))
             found = model_records.resume(self.drafter, db, key)
             log.info("agentaccel: the model drafter beside the trees (%s): %d stages' records from the store",
                      key, found)
