@@ -262,7 +262,7 @@ def _run_vllm_bench(plan, tok, simulate: bool) -> dict:
                         "keep_prompt": plan.keep_prompt, "warm": plan.sizes.warm, "reps": plan.sizes.reps,
                         "history_jobs": plan.sizes.history, "restart": plan.restart,
                         "jobs_per_block": plan.sizes.per_level,
-                        "methods": {m: method_config(m, plan.drafter) for m in plan.methods}}
+                        "methods": {m: method_config(m, plan.drafter, plan.model) for m in plan.methods}}
     return summary
 
 

@@ -21,7 +21,7 @@ from agentaccel.backends.base import CallContext, follower_counters, seeded_coun
 from agentaccel.backends.openai_compat import OpenAIBackend
 from agentaccel.backends.routing import SESSION_HEADER, data_parallel_size
 from agentaccel.backends.vllm import stats_files
-from agentaccel.backends.vllm.drafting import DEFAULT_SPECULATIVE_CONFIG, hybrid_config
+from agentaccel.backends.vllm.drafting import DEFAULT_SPECULATIVE_CONFIG, hybrid_config, predict_layers
 from agentaccel.backends.vllm.settings import PluginSettings, plugin_enabled
 from agentaccel.backends.vllm.supervisor import Supervisor
 from agentaccel.errors import APIError, bad_request
@@ -144,8 +144,8 @@ class VLLMBackend(OpenAIBackend):
         extra = list(settings.extra_args)
         self.data_parallel_ranks = data_parallel_size(extra)  # sessions pinned to ranks (backends/routing.py)
         self.stats_path = Path(tempfile.mkdtemp(prefix="agentaccel-vllm-")) / "spec_stats.json"
-        speculative = hybrid_config(settings.drafter)[0] if settings.drafter is not None \
-            else DEFAULT_SPECULATIVE_CONFIG
+        speculative = hybrid_config(settings.drafter, n_predict=predict_layers(settings.drafter, settings.model))[0] \
+            if settings.drafter is not None else DEFAULT_SPECULATIVE_CONFIG
         argv, env = launch_command(settings.model, self.port, served_name=self.served_name, extra_args=extra,
                                    env=settings.plugin_settings(self.stats_path).environ(),
                                    speculative_config=speculative)

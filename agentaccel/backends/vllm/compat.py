@@ -27,19 +27,30 @@ CALLABLES: list[tuple[str, str, tuple[str, ...] | None]] = [
     ("vllm.v1.spec_decode.eagle", "EagleProposer.prepare_next_token_ids_cpu",
      ("self", "sampled_token_ids", "requests", "gpu_input_batch")),
     ("vllm.v1.worker.gpu_model_runner", "EagleProposer", None),
+    ("vllm.v1.spec_decode.eagle", "EagleProposer.__init__", ("self", "vllm_config", "device")),
+    # proposer._fit_drafts_per_request replaces it: only the model drafter's passes need the room
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner._input_fits_in_drafter", ("self", "common_attn_metadata")),
     # workers.this_worker: which worker's drafts are taken, and whether it drafts alone
     ("vllm.distributed.parallel_state", "model_parallel_is_initialized", ()),
     ("vllm.distributed.parallel_state", "get_tp_group", ()),
     ("vllm.distributed.parallel_state", "get_pp_group", ()),
+    ("vllm.distributed.parallel_state", "GroupCoordinator.is_last_rank", None),
     # proposer._capture_scheduled wraps it to read each step's scheduled tokens
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.propose_draft_token_ids", ("self", "scheduler_output")),
 ]
-# Read by the proposer: InputBatch's arrays (set in __init__) and the configs' fields.
-INPUT_BATCH_ARRAYS = ("token_ids_cpu", "num_tokens_no_spec", "req_id_to_index")
+# Read by the proposer: attributes a class's __init__ sets (InputBatch's arrays, a parallel group's
+# place, the runner's room for the drafter) and the configs' fields.
+ASSIGNED = {
+    ("vllm.v1.worker.gpu_input_batch", "InputBatch.__init__"): ("token_ids_cpu", "num_tokens_no_spec",
+                                                                "req_id_to_index"),
+    ("vllm.distributed.parallel_state", "GroupCoordinator.__init__"): ("world_size", "rank_in_group"),
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.__init__"): ("effective_drafter_max_model_len",),
+}
 CONFIG_FIELDS = {
     "vllm.config.speculative.SpeculativeConfig": ("num_speculative_tokens", "suffix_decoding_max_tree_depth",
                                                   "suffix_decoding_max_spec_factor",
-                                                  "suffix_decoding_min_token_prob", "disable_padded_drafter_batch"),
+                                                  "suffix_decoding_min_token_prob", "disable_padded_drafter_batch",
+                                                  "model", "draft_sample_method"),
     "vllm.sampling_params.SamplingParams": ("extra_args",),
     "vllm.v1.worker.gpu_input_batch.CachedRequestState": ("req_id", "sampling_params", "prompt_token_ids"),
     "vllm.v1.core.sched.output.SchedulerOutput": ("total_num_scheduled_tokens",),
@@ -73,12 +84,14 @@ def problems() -> list[str]:
             have = tuple(inspect.signature(target).parameters)
             if have[: len(params)] != params:
                 out.append(f"{module}.{path}: parameters are {have}, the plugin expects {params}")
-    try:
-        source = inspect.getsource(_resolve("vllm.v1.worker.gpu_input_batch", "InputBatch.__init__"))
-        out += [f"InputBatch.__init__ no longer sets self.{name}" for name in INPUT_BATCH_ARRAYS
+    for (module, path), names in ASSIGNED.items():
+        try:
+            source = inspect.getsource(_resolve(module, path))
+        except (ImportError, AttributeError, OSError) as e:
+            out.append(f"{path}: cannot be read ({e})")
+            continue
+        out += [f"{path} no longer sets self.{name}" for name in names
                 if f"self.{name} " not in source and f"self.{name}:" not in source]
-    except (ImportError, AttributeError, OSError) as e:
-        out.append(f"InputBatch.__init__: cannot be read ({e})")
     for dotted, names in CONFIG_FIELDS.items():
         module, _, cls_name = dotted.rpartition(".")
         try:

@@ -5,8 +5,10 @@ simulators run without vLLM."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from agentaccel.engine import SpecConfig
 from agentaccel.engine.cost import parse
@@ -24,12 +26,14 @@ DEFAULT_MODEL_TOKENS = 3
 HYBRID_METHODS = ("eagle", "eagle3", "mtp")  # vLLM's EagleProposer: it drafts after the sampled tokens reach the CPU
 
 
-def hybrid_config(drafter: Mapping, trees: Mapping = DEFAULT_SPECULATIVE_CONFIG) -> tuple[dict, int]:
+def hybrid_config(drafter: Mapping, trees: Mapping = DEFAULT_SPECULATIVE_CONFIG,
+                  n_predict: int = 1) -> tuple[dict, int]:
     """vLLM's speculative config for the hybrid (hybrid.py) from a model drafter's (`{"method":
     "eagle3", "model": ..., "num_speculative_tokens": 3}`: what its user runs it with) and the
     trees' (their longest draft and depth): vLLM verifies drafts as long as the trees', runs the
     drafter after the step's sampled tokens reach the CPU, and the drafter's own draft length comes
-    back as the second value (the settings' `model_tokens`)."""
+    back as the second value (the settings' `model_tokens`). `n_predict`: the tokens one call of the
+    drafter's model predicts (`predict_layers`; vLLM requires a longer draft to be a multiple of it)."""
     if drafter.get("method") not in HYBRID_METHODS:
         # vLLM 0.32 runs a draft model (draft_model) only on its padded path, before the step's
         # sampled tokens reach the CPU, where the trees cannot draft yet
@@ -45,10 +49,35 @@ def hybrid_config(drafter: Mapping, trees: Mapping = DEFAULT_SPECULATIVE_CONFIG)
     if not isinstance(model_tokens, int) or isinstance(model_tokens, bool) or model_tokens < 1:
         raise ValueError(f"the drafter's num_speculative_tokens (its chain a step) must be an integer >= 1, "
                          f"got {model_tokens!r}")
-    config = {**drafter, "disable_padded_drafter_batch": True,
-              "num_speculative_tokens": max(model_tokens, int(trees["num_speculative_tokens"]))}
+    verified = max(model_tokens, int(trees["num_speculative_tokens"]))
+    if verified > n_predict and verified % n_predict:  # an MTP model of several prediction layers
+        verified += n_predict - verified % n_predict
+    config = {**drafter, "disable_padded_drafter_batch": True, "num_speculative_tokens": verified}
     config.setdefault("suffix_decoding_max_tree_depth", trees.get("suffix_decoding_max_tree_depth", VLLM_TREE_DEPTH))
     return config, model_tokens
+
+
+# where a model's config says how many tokens one call of its drafter predicts (vLLM's n_predict,
+# which it derives from these for MTP models), top level or in its text_config
+PREDICT_FIELDS = ("n_predict", "num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_modules")
+
+
+def predict_layers(drafter: Mapping, model: str) -> int:
+    """The tokens one call of the drafter's model predicts, read from its config.json (an MTP
+    drafter's model is the served `model` itself unless it names one); 1 where the config is not
+    on disk or says nothing."""
+    config = Path(str(drafter.get("model") or model)).expanduser() / "config.json"
+    try:
+        found = json.loads(config.read_text())
+    except (OSError, ValueError):
+        return 1
+    for place in (found, found.get("text_config") if isinstance(found, dict) else None):
+        if isinstance(place, dict):
+            for name in PREDICT_FIELDS:
+                value = place.get(name)
+                if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+                    return value
+    return 1
 
 
 @dataclass(frozen=True)

@@ -137,6 +137,26 @@ def _capture_scheduled() -> None:
     GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids
 
 
+def _fit_drafts_per_request(model_passes: int) -> None:
+    """vLLM runs the drafter for a step only if its longest request plus num_speculative_tokens
+    fits the model: with our 32, a whole batch drafts nothing once any one request is within 33
+    tokens of max_model_len. The trees' drafts are cut per request to its own room (BatchDrafter),
+    and vLLM's EAGLE clamps a row's positions past the end, so only the model drafter's passes need
+    the room: `model_passes` (the hybrid's model_tokens), none for the trees alone."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    if getattr(GPUModelRunner._input_fits_in_drafter, "_agentaccel", False):
+        return
+
+    def _input_fits_in_drafter(self, common_attn_metadata) -> bool:
+        if common_attn_metadata is None:
+            return False
+        return common_attn_metadata.max_seq_len + model_passes <= self.effective_drafter_max_model_len
+
+    _input_fits_in_drafter._agentaccel = True
+    GPUModelRunner._input_fits_in_drafter = _input_fits_in_drafter
+
+
 def _draft_threads(given: int) -> int:
     """`given` (the settings' draft_threads), else one on CPU (vLLM's worker already runs on every
     core), else a quarter of the cores up to 4 (a GPU host's cores are idle while the proposer runs)."""
@@ -222,6 +242,8 @@ class AgentaccelProposer:
         self.num_speculative_tokens = drafting.max_tokens
         self.max_model_len = vllm_config.model_config.max_model_len
         self.drafts = place.drafts_taken
+        # in every worker, drafting or not: split over workers, all run the drafter's passes or none
+        _fit_drafts_per_request(PluginSettings.from_environ().model_tokens)
         if not self.drafts:  # no trees, follower, calibration, learning or statistics: nothing it did would count
             log.info("agentaccel: vLLM takes its drafts from another worker; this one drafts nothing")
             return

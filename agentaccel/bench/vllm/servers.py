@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 
 from agentaccel.backends.vllm.backend import launch_command
-from agentaccel.backends.vllm.drafting import DEFAULT_SPECULATIVE_CONFIG, hybrid_config
+from agentaccel.backends.vllm.drafting import DEFAULT_SPECULATIVE_CONFIG, hybrid_config, predict_layers
 from agentaccel.backends.vllm.settings import PluginSettings
 from agentaccel.processes import free_port, run_group, stop_groups
 
@@ -62,13 +62,13 @@ def drafter_config(folder: Path, tokens: int) -> dict:
     return {"method": method, "model": str(folder), "num_speculative_tokens": tokens}
 
 
-def method_config(method: str, drafter: dict | None = None) -> dict | None:
+def method_config(method: str, drafter: dict | None = None, model: str = "") -> dict | None:
     """The speculative config a method's server starts with (`drafter`: drafter_config's, for the
-    drafter method)."""
+    drafter method; `model`: the served model, whose config an MTP drafter's is)."""
     if method in NEEDS_DRAFTER:
         if drafter is None:
             raise ValueError(f"the {method} method needs a draft model (--drafter)")
-        return drafter if method == "drafter" else hybrid_config(drafter)[0]
+        return drafter if method == "drafter" else hybrid_config(drafter, n_predict=predict_layers(drafter, model))[0]
     return METHODS[method]
 
 
@@ -128,7 +128,7 @@ class MethodServer:
     def __init__(self, method: str, model: str, vllm_args: list[str], log_dir: Path, arctic: Path | None,
                  store: Path | None = None, served_name: str = "bench", drafter: dict | None = None) -> None:
         self.method, self.model, self.vllm_args, self.log_dir = method, model, vllm_args, log_dir
-        self.speculative, self.drafter = method_config(method, drafter), drafter
+        self.speculative, self.drafter = method_config(method, drafter, model), drafter
         self.arctic, self.store, self.served_name = arctic, store, served_name
         self.log_path = log_dir / f"vllm-{method}.log"
         self.url = ""
