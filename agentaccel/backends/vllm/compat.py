@@ -34,6 +34,7 @@ CALLABLES: list[tuple[str, str, tuple[str, ...] | None]] = [
     ("vllm.distributed.parallel_state", "model_parallel_is_initialized", ()),
     ("vllm.distributed.parallel_state", "get_tp_group", ()),
     ("vllm.distributed.parallel_state", "get_pp_group", ()),
+    ("vllm.distributed.parallel_state", "get_dp_group", ()),
     ("vllm.distributed.parallel_state", "GroupCoordinator.is_last_rank", None),
     # proposer._capture_scheduled wraps it to read each step's scheduled tokens
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.propose_draft_token_ids", ("self", "scheduler_output")),

@@ -14,7 +14,8 @@ proposer for a subclass that, every step:
    takes the passes per step; with none sent it still runs its first pass, which keeps its KV
    cache in step with what the target accepted) and puts its chains in the rows sent them.
    Split over workers (tensor or pipeline parallel), every worker must run the same passes, and
-   only one drafts with the trees: there it runs all `model_tokens` passes every step.
+   only one drafts with the trees: there it runs all `model_tokens` passes every step; so it does
+   with data parallelism, where vLLM's EAGLE meets the other ranks in a collective at each pass.
 
 The drafter's calls are timed: under a step budget each pass past the first is priced at the share
 of the batch's plain step it takes (AgentaccelProposer.drafter_ran), and a chain goes only as deep

@@ -13,7 +13,9 @@ class WorkerPlace:
     # and context-parallel rank of the last pipeline stage) and hands them to every worker through the
     # scheduler: any other worker's would be thrown away
     drafts_taken: bool = True
-    # no tensor or pipeline parallelism: it may choose each step's drafter passes without the others
+    # no tensor, pipeline or data parallelism: it may choose each step's drafter passes without the
+    # others (vLLM's EAGLE meets the other data-parallel ranks in a collective at every pass, so
+    # ranks that ran different passes would wait on each other for good)
     alone: bool = True
     tensor_rank: int = 0
 
@@ -31,5 +33,8 @@ def this_worker() -> WorkerPlace:
     pcp = getattr(ps, "get_pcp_group", None)
     with contextlib.suppress(AssertionError, AttributeError):  # a vLLM without context parallelism
         taken = taken and (pcp is None or pcp().rank_in_group == 0)
-    return WorkerPlace(drafts_taken=taken, alone=tp.world_size == 1 and pp.world_size == 1,
+    data_parallel = 1
+    with contextlib.suppress(AssertionError, AttributeError):  # no data-parallel group: one rank
+        data_parallel = ps.get_dp_group().world_size
+    return WorkerPlace(drafts_taken=taken, alone=tp.world_size == 1 and pp.world_size == 1 and data_parallel == 1,
                        tensor_rank=tp.rank_in_group)
