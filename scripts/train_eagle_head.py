@@ -12,9 +12,11 @@ the state at the position before and the token between, with noise on the states
 that it learns to continue from its own. The target stays frozen; only the head's `fc` and layer
 train (AdamW, cosine).
 
-Measured after every epoch on calls held out (every 20th): the head's first-choice agreement with
-the target, teacher-forced, and the accepted tokens of its own greedy chains of --chain as vLLM
-runs them (eagle_head.score), on the held-out calls' answers only.
+Measured after every epoch on calls held out: those of every 20th session (`--held-out session`,
+the default: an agent's later calls repeat its earlier ones, so a call held out from a session
+the head learned from is not unseen), or every 20th call (`--held-out call`): the head's
+first-choice agreement with the target, teacher-forced, and the accepted tokens of its own greedy
+chains of --chain as vLLM runs them (eagle_head.score), on the held-out calls' answers only.
 
     python scripts/train_eagle_head.py --store traces.db --tokens 400000 --epochs 3
 """
@@ -61,8 +63,9 @@ def last_messages(messages: list[dict], chars: int) -> list[dict]:
     return kept[::-1]
 
 
-def sequences(store_path: str, tok, seq: int, budget: int, seed: int) -> list[tuple[list[int], int]]:
-    """(tokens, where the answer starts) of calls taken in turn from each family, up to `budget` tokens."""
+def sequences(store_path: str, tok, seq: int, budget: int, seed: int) -> list[tuple[list[int], int, int]]:
+    """(tokens, where the answer starts, its session) of calls taken in turn from each family, up to
+    `budget` tokens."""
     by_family: dict[str, list] = defaultdict(list)
     with TraceStore(store_path, create=False) as store:
         for call in store.iter_calls(baselines=True):
@@ -84,7 +87,7 @@ def sequences(store_path: str, tok, seq: int, budget: int, seed: int) -> list[tu
         ids = (prompt + answer)[-seq:]
         if len(ids) < 16:
             continue
-        out.append((ids, max(0, len(ids) - len(answer))))
+        out.append((ids, max(0, len(ids) - len(answer)), call.session_id))
         total += len(ids)
     print(f"{len(out)} calls, {total:,} tokens from " + ", ".join(f"{f} ({len(c)} left)" for f, c in by_family.items()))
     return out
@@ -141,6 +144,17 @@ def evaluate(head, embedding, items: list[dict], chain: int) -> dict:
             "positions": len(agree_all)}
 
 
+def split(items: list[dict], by: str) -> tuple[list[dict], list[dict]]:
+    """(held out, learned from): every 20th session's calls (`by` "session"), or every 20th call."""
+    if by == "call" or any("session" not in item for item in items):
+        if by == "session":
+            print("these target passes were kept without their sessions: every 20th call held out")
+        return items[::20], [item for i, item in enumerate(items) if i % 20]
+    sessions = sorted({item["session"] for item in items})
+    held = set(sessions[::20])
+    return [i for i in items if i["session"] in held], [i for i in items if i["session"] not in held]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--store", required=True, help="a trace store of recorded calls")
@@ -158,6 +172,8 @@ def main() -> None:
     parser.add_argument("--unroll", type=int, default=1,
                         help="chain steps trained on the head's own states (1: the next state only)")
     parser.add_argument("--init", help="start from this trained head (default: the identity on the state)")
+    parser.add_argument("--held-out", choices=("session", "call"), default="session",
+                        help="what is held out for the measure: every 20th session's calls, or every 20th call")
     args = parser.parse_args()
     from transformers import AutoModelForCausalLM
 
@@ -175,15 +191,15 @@ def main() -> None:
         items = []
         t0 = time.time()
         with Progress() as bar:
-            task = bar.add_task("the target's states", total=sum(len(ids) for ids, _ in data))
-            for ids, answer_at in data:
-                items.append({**target_pass(model, ids, args.top_k), "answer_at": answer_at})
+            task = bar.add_task("the target's states", total=sum(len(ids) for ids, _, _ in data))
+            for ids, answer_at, session in data:
+                items.append({**target_pass(model, ids, args.top_k), "answer_at": answer_at, "session": session})
                 bar.advance(task, len(ids))
         print(f"target passes: {time.time() - t0:.0f} s")
         if args.features:
             torch.save(items, args.features)
-    held = items[::20]
-    train = [item for i, item in enumerate(items) if i % 20]
+    held, train = split(items, args.held_out)
+    print(f"held out: {len(held)} calls ({args.held_out}s), {len(train)} to learn from")
     head = load_head(Path(args.init)).train() if args.init else from_target(model)
     before = evaluate(head, embedding, held, args.chain)
     print(f"the head before training: agreement {before['agreement']:.3f}, accepted per chain of {args.chain} "

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import time
 
+import torch
+
 from agentaccel.backends.vllm.settings import PluginSettings
 from agentaccel.backends.vllm.workers import this_worker
 
@@ -64,7 +66,10 @@ def hybrid_of(base: type) -> type:
             drafts = self._trees.propose(num_speculative_tokens, batch, sampled, model_chains=chain_tokens)
             passes = self._trees.model_passes() if self._passes_vary else chain_tokens
             started = time.perf_counter()
-            model_drafts = super().propose(passes, *args, **kwargs).tolist()  # on the CPU: the passes are done
+            chains = super().propose(passes, *args, **kwargs)
+            if chains.is_cuda:  # with 0 passes `tolist` has nothing to wait for: the first pass's time
+                torch.cuda.synchronize(chains.device)  # would land in the target's next step, not here
+            model_drafts = chains.tolist()
             self._trees.drafter_ran(passes, time.perf_counter() - started, batch, sampled)
             if passes:
                 for row, sent in enumerate(self._trees.model_rows()):
