@@ -62,10 +62,11 @@ def _group(item) -> str:
 
 
 # the groups that take longest, longest first (a run's --durations=0 output, summed by module)
-LONGEST_FIRST = ("vllm-many", "test_wheel_install", "test_local_backend", "test_no_record", "test_openhands",
-                 "test_vllm_backend", "test_first_hour", "test_stage_discovery", "test_agent_clients",
-                 "test_shared_store", "test_proxy_local", "test_bench_agent", "test_vllm_tenants", "test_prefix_cache",
-                 "test_fleet_reliability", "test_tenants", "test_replay_every_format", "test_model_drafter")
+LONGEST_FIRST = ("vllm-many", "test_wheel_install", "test_openhands", "test_local_backend", "test_vllm_backend",
+                 "test_stage_discovery", "test_first_hour", "test_no_record", "test_fleet_reliability",
+                 "test_proxy_local", "test_replay_every_format", "test_agent_clients", "test_bench_agent",
+                 "test_shared_store", "test_cli", "test_vllm_tenants", "test_tenants", "test_bad_input_suite",
+                 "test_prefix_cache", "test_model_drafter")
 
 
 def pytest_sessionfinish(session, exitstatus):
