@@ -19,8 +19,8 @@ stores them (`pg_column_size` of a sample of each table, compressed text include
 rows its statistics count): what the tables hold. Not counted: indexes, page and TOAST overhead,
 and the space autovacuum keeps for reuse, which on disk add to it (docs/BENCHMARKS.md measures
 how much). Its cost does not grow with the store: the rows are PostgreSQL's own count (this
-connection's deletes reach it at once, other servers' writes within seconds), the sample a fixed
-number of rows.
+connection's deletes reach it at once, other servers' writes within seconds; before PostgreSQL
+15 the rows are counted), the sample a fixed number of rows.
 """
 
 from __future__ import annotations
@@ -138,8 +138,11 @@ def live_rows(conn: Connection, tables: tuple[str, ...] = _TABLES) -> dict[str, 
     """Each table's live rows. SQLite: counted. PostgreSQL: its statistics' count (constant cost),
     this connection's own writes flushed to them first; a table whose statistics are gone (a crash
     or a reset clears them) while it holds pages is counted once, and counted right from then on."""
-    if conn.kind == "sqlite":
-        return {table: conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0] for table in tables}
+    counted = {table: f"SELECT COUNT(*) FROM {table}" for table in tables}
+    # before PostgreSQL 15 a connection cannot flush its own statistics: a prune's deletes would
+    # reach the count only later, so there the rows are counted
+    if conn.kind == "sqlite" or int(conn.execute("SHOW server_version_num").fetchone()[0]) < 150000:
+        return {table: conn.execute(sql).fetchone()[0] for table, sql in counted.items()}
     conn.execute("SELECT pg_stat_force_next_flush()")  # flushed as this connection goes idle after it
     conn.execute("SELECT pg_stat_clear_snapshot()")
     rows = {}
@@ -149,7 +152,7 @@ def live_rows(conn: Connection, tables: tuple[str, ...] = _TABLES) -> dict[str, 
             f"AND c.relname IN ({', '.join('?' for _ in tables)})", tables).fetchall():
         rows[table] = int(live)
         if not live and not dead and (pages or conn.execute(f"SELECT EXISTS (SELECT 1 FROM {table})").fetchone()[0]):
-            rows[table] = conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
+            rows[table] = conn.execute(counted[table]).fetchone()[0]
     return rows
 
 
