@@ -205,6 +205,24 @@ def test_the_batched_server_prices_the_drafters_passes(calls):
     assert results["agentaccel", 0.5].seconds == results["agentaccel", 0.0].seconds
 
 
+def test_the_model_alone_with_async_scheduling_hides_each_steps_host_work(calls):
+    """`drafter-async`: EAGLE alone keeps vLLM's async scheduling (the hybrid, needing the sampled
+    tokens on the CPU, gives it up): the same drafts and steps, each step shorter by the server's
+    host work, so the hybrid is priced against what a GPU user would otherwise run."""
+    from agentaccel.simulation import batch_replay as br
+
+    server = parse("llama-3.1-8b@h100")
+    assert server.overhead > 0
+    streams = br.sessions_of(calls[6:])
+    results = {}
+    for name in ("drafter", "drafter-async"):
+        (method,) = methods.build([name], server, drafter=made(calls))
+        results[name] = br.simulate(streams, method, server, 4, noise=0.0)
+    sync, overlapped = results["drafter"], results["drafter-async"]
+    assert (overlapped.tokens, overlapped.steps, overlapped.accepted) == (sync.tokens, sync.steps, sync.accepted)
+    assert sync.seconds - server.overhead * sync.steps <= overlapped.seconds < sync.seconds
+
+
 def test_the_hybrid_learns_the_targets_step_apart_from_its_drafters_passes(calls):
     """As the plugin times its drafter apart (engine/batch.py drafter_ran), the simulated hybrid's
     step-cost learner sees each step without the drafter's passes, which it is told apart; its

@@ -30,7 +30,9 @@ and `suffix` as vLLM's own suffix decoding does with the same knobs.
   true step cost on candidates grown as far as the trees go, knowing whether each one's first K
   tokens will be accepted (`oracle-known-0`: none of them): what a signal about them could buy;
 * with a model drafter's predictions (simulation/model_drafter.py): `drafter`, the model drafting
-  its chain (`drafter_tokens`, as the plugin is given it) every step; `hybrid`: the plugin's native
+  its chain (`drafter_tokens`, as the plugin is given it) every step; `drafter-async`: the same
+  with vLLM's async scheduling, which EAGLE alone keeps (each step's host work hidden, as
+  `none-async`) and the hybrid gives up; `hybrid`: the plugin's native
   choice, each request drafting from its trees or the model, whichever expects more accepted tokens
   (SuffixDecoding's hybrid, the budget pricing both);
   `guided`: the hybrid with the model weighing the plugin's candidates for the budget (each
@@ -127,6 +129,7 @@ def build(names: Sequence[str], server: Server | None = None, *, start: StepCost
             factories[f"oracle-known-{k}"] = lambda k=k: KnownTokens(plugin.config, k, server.model)
     if drafter is not None:
         factories["drafter"] = lambda: ModelDrafter(drafter, drafter_tokens)
+        factories["drafter-async"] = lambda: ModelDrafter(drafter, drafter_tokens, "drafter-async", overlapped=True)
         factories["hybrid"] = lambda: Hybrid("hybrid", drafter, **chain, k=drafter_tokens,
                                              pass_share=pass_cost.further, learn_from=start or seed("gpu"))
         factories["guided"] = lambda: Guided("guided", drafter, **chain, k=drafter_tokens,

@@ -41,10 +41,12 @@ class ModelChain(Chain):
 
 
 class ModelDrafter(PerRequest):
-    """The model drafter alone: every step, a greedy chain of `k` tokens."""
+    """The model drafter alone: every step, a greedy chain of `k` tokens (`overlapped`: with vLLM's
+    async scheduling, which EAGLE alone keeps and the hybrid gives up)."""
 
-    def __init__(self, predictions: DrafterPredictions, k: int = DEFAULT_MODEL_TOKENS, name: str = "drafter") -> None:
-        self.predictions, self.k, self.name = predictions, k, name
+    def __init__(self, predictions: DrafterPredictions, k: int = DEFAULT_MODEL_TOKENS, name: str = "drafter",
+                 overlapped: bool = False) -> None:
+        self.predictions, self.k, self.name, self.overlapped = predictions, k, name, overlapped
         self._prompt: dict[str, np.ndarray] = {}
         self._found: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray] | None] = {}  # (top, prob, output)
         self._pos: dict[str, int] = {}
