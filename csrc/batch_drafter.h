@@ -223,7 +223,7 @@ class BatchDrafter {
   Engine& engine_;
   std::unordered_map<std::string, Entry> entries_;
   std::map<std::string, StageCounters> counters_;
-  std::map<std::string, ModelRecord> model_records_;  // by stage (under counters_mu_), at most kMaxCountedStages
+  std::map<std::string, ModelRecord> model_records_;  // by stage (under counters_mu_): kMaxCountedStages, then kOtherStages
   // A stage's record (under counters_mu_); past kMaxCountedStages stages the rest share kOtherStages'.
   // A new stage's is made only when `make` (a chain was verified); otherwise null: the prior.
   ModelRecord* record_of(const std::string& stage, bool make);
