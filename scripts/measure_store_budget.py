@@ -24,7 +24,7 @@ from agentaccel.traces.store import TraceStore  # noqa: E402
 
 def on_disk(store: TraceStore) -> int:
     return sum(store.conn.execute("SELECT pg_total_relation_size(?)", (table,)).fetchone()[0]
-               for table in retention._TABLES)
+               for table in retention.SIZED_TABLES)
 
 
 def import_traces(folders: list[str], url: str) -> None:

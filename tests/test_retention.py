@@ -69,7 +69,7 @@ def settled(db) -> None:
             return
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            counted = {t: store.conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in retention._TABLES}
+            counted = {t: store.conn.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0] for t in retention.SIZED_TABLES}
             if retention.live_rows(store.conn) == counted:
                 return
             time.sleep(0.05)

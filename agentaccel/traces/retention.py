@@ -49,7 +49,8 @@ CONFLICT_TRIES = 5  # tries of a batch that PostgreSQL rolls back in a deadlock 
 SAMPLE_ROWS = 20_000  # PostgreSQL: rows whose size stands for a larger table's
 LOW_WATER = 0.9  # a budget prune brings the store down to this share of the budget (not to its edge)
 URGENT = 0.95  # above this share of its budget a prune does not rest (prune's docstring)
-_TABLES = ("calls", "blobs", "tokens", "sessions", "call_tenants", "baseline_calls", "blob_uses")
+SIZED_TABLES = (  # the tables whose rows the budget counts
+    "calls", "blobs", "tokens", "sessions", "call_tenants", "baseline_calls", "blob_uses")
 
 
 @dataclass(frozen=True)
@@ -119,7 +120,7 @@ def used_bytes(store: OpenStore) -> int:
         return int((pages - free) * size)
     total = 0
     counted = live_rows(conn)
-    for table in _TABLES:
+    for table in SIZED_TABLES:
         rows = counted.get(table, 0)
         if not rows:
             continue
@@ -134,7 +135,7 @@ def used_bytes(store: OpenStore) -> int:
     return total
 
 
-def live_rows(conn: Connection, tables: tuple[str, ...] = _TABLES) -> dict[str, int]:
+def live_rows(conn: Connection, tables: tuple[str, ...] = SIZED_TABLES) -> dict[str, int]:
     """Each table's live rows. SQLite: counted. PostgreSQL: its statistics' count (constant cost),
     this connection's own writes flushed to them first; a table whose statistics are gone (a crash
     or a reset clears them) while it holds pages is counted once, and counted right from then on."""
