@@ -84,9 +84,13 @@ def recording_proxy(upstream: str, db: Path, log: Path):
 
 
 def listeners_beyond_loopback() -> set[tuple[str, int, int | None]]:
-    """(address, port, pid) of every socket of the host listening on an address other than loopback."""
+    """(address, port, pid) of every socket of the host's network listening on an address other than
+    loopback, held by a process this one started. Only those: the other pytest workers' servers
+    share the host meanwhile (vLLM's torch.distributed store listens on every address, for one)."""
+    ours = {p.pid for p in psutil.Process().children(recursive=True)}
     return {(c.laddr.ip, c.laddr.port, c.pid) for c in psutil.net_connections(kind="inet")
-            if c.status == psutil.CONN_LISTEN and not ipaddress.ip_address(c.laddr.ip).is_loopback}
+            if c.status == psutil.CONN_LISTEN and c.pid in ours
+            and not ipaddress.ip_address(c.laddr.ip).is_loopback}
 
 
 def descendants() -> set[str]:
