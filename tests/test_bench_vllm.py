@@ -24,11 +24,12 @@ def cache(tmp_path_factory):
 
 
 def fresh_env(tmp_path, cache) -> dict:
-    """A fresh HOME and no published traces; the module's cache."""
+    """A fresh HOME and no published traces; the module's cache, vLLM's own in it (what vLLM
+    learns of the model's class once, in a process of its own, rather than at every start)."""
     empty = tmp_path / "no-traces"
     empty.mkdir(exist_ok=True)
     env = {**os.environ, "HOME": str(tmp_path / "home"), "AGENTACCEL_TRACES": str(empty),
-           "AGENTACCEL_CACHE": str(cache)}
+           "AGENTACCEL_CACHE": str(cache), "VLLM_CACHE_ROOT": str(cache / "vllm")}
     env.pop("AGENTACCEL_DB", None)
     return env
 
@@ -103,6 +104,7 @@ def test_bench_vllm_compares_methods_on_bundled_workloads(tmp_path, cache):
     again = subprocess.run([sys.executable, "-m", "agentaccel.cli.main", "bench", "simulate-vllm", str(logs)],
                            capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and "simulated vs measured" in again.stdout, again.stderr[-2000:]
+    assert "read back from" in again.stdout and "drafter-predictions.npz" in again.stdout
 
 
 def _untrained_head(tmp_path):
@@ -162,6 +164,8 @@ def hybrid_checks(result: dict, logs, head, stdout: str) -> None:
     simulated = result["simulator"]
     model = simulated["model_drafter"]
     assert model["model"] == str(head) and model["tokens"] == 2
+    # its predictions on the run's calls made once, kept in the run's folder for the next check
+    assert not model["predictions_kept"] and model["predictions"] == str(logs / "drafter-predictions.npz")
     # two passes of a head with the model's own vocabulary head, on this CPU, its first pass apart
     assert model["pass_cost"]["first"] + model["pass_cost"]["further"] > 0.02
     predicted = {x["method"]: x for x in simulated["rows"] if x["workload"] == "sql"}

@@ -144,6 +144,32 @@ def test_bench_drafter_predictions_then_replay_with_the_drafter(tmp_path):
     assert no_drafter.returncode == 2 and "unknown method(s) hybrid" in no_drafter.stderr
 
 
+@pytest.mark.slow
+def test_a_runs_drafter_predictions_are_made_once_and_read_back_only_for_the_same_drafter_and_calls(
+        calls, tmp_path):
+    """`bench simulate-vllm` on a kept run: the model drafter's predictions on its calls are made at
+    the first check and kept in the run's folder; a later check reads them back, and makes them
+    again for another drafter, a call they lack, or a file that is not theirs."""
+    from agentaccel.bench.vllm.simulate import kept_predictions
+
+    short = [rp.ReplayCall(c.call_id, c.session, c.stage, c.prompt[-24:], c.output[:6]) for c in calls[:3]]
+    path = tmp_path / "run" / "drafter-predictions.npz"
+    path.parent.mkdir()
+    first, kept = kept_predictions(path, "cut:1", short[:2])
+    assert not kept and path.is_file() and first.model.startswith("SmolLM2") and "#" in first.model
+    again, kept = kept_predictions(path, "cut:1", short[:2])
+    assert kept and again.model == first.model
+    for c in short[:2]:
+        assert np.array_equal(again.of(c.prompt, c.output)[0], first.of(c.prompt, c.output)[0])
+    other, kept = kept_predictions(path, "cut:2", short[:2])  # another drafter: its own predictions
+    assert not kept and other.model != first.model
+    more, kept = kept_predictions(path, "cut:2", short)  # a call the kept file lacks
+    assert not kept and len(more.top) == 3
+    path.write_text("not predictions")
+    remade, kept = kept_predictions(path, "cut:2", short)
+    assert not kept and len(DrafterPredictions.load(path).top) == 3
+
+
 def knowing(calls) -> DrafterPredictions:
     """A model that gives the recorded token 0.9 and three others 0.01 each."""
     out = DrafterPredictions("knowing", 0)

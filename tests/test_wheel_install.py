@@ -13,6 +13,11 @@ The virtualenv with the wheel's dependencies (torch, vLLM, transformers: gigabyt
 test's 20 minutes to install) is made once per set of dependencies and kept in the cache
 (`~/.cache/agentaccel/wheel-venvs`, as the agent CLIs are); each run installs the wheel into it,
 its dependencies checked as pip resolves them, and removes it after, leaving the dependencies alone.
+Beside it are kept the empty home the commands run in (emptied at every run: a fixed path, so that
+the model converted into it has one) and vLLM's own cache (`VLLM_CACHE_ROOT`): `serve --backend
+vllm` is the one command of the suite that lets vLLM compile the model (the suite's longest
+start, docs/DEVELOPING.md), and vLLM keys what it compiled by the model's path among its config.
+A set of dependencies no longer wanted is removed, with its home and cache, when a new one is made.
 """
 
 from __future__ import annotations
@@ -76,6 +81,7 @@ def dependencies_venv(wheel: Path, env: dict, scratch: Path) -> Path:
     venv = cache_dir() / "wheel-venvs" / dependencies_key()
     if (venv / "ready").exists():
         return venv
+    _drop_unused_venvs(venv)
     partial = venv.with_name(f"{venv.name}.partial-{os.getpid()}")
     try:
         run([sys.executable, "-m", "venv", str(partial)], scratch, env, 120)
@@ -91,6 +97,27 @@ def dependencies_venv(wheel: Path, env: dict, scratch: Path) -> Path:
     finally:
         shutil.rmtree(partial, ignore_errors=True)
     return venv
+
+
+def kept_beside(venv: Path, what: str) -> Path:
+    """A folder kept with the dependencies' virtualenv (and removed with it)."""
+    return venv.with_name(f"{venv.name}.{what}")
+
+
+def _drop_unused_venvs(wanted: Path) -> None:
+    """Removes the kept virtualenvs of other sets of dependencies (gigabytes each), with what is
+    kept beside them, except those a run is using now (it holds their lock)."""
+    for other in wanted.parent.glob("*/ready"):
+        venv = other.parent
+        if venv == wanted or ".partial-" in venv.name:
+            continue
+        with other.open("a") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue
+            for folder in (kept_beside(venv, "home"), kept_beside(venv, "vllm-cache"), venv):
+                shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +137,10 @@ def installed(tmp_path_factory):
     with (venv / "ready").open("a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one run at a time installs its wheel into the kept virtualenv
         try:
+            home = kept_beside(venv, "home")
+            shutil.rmtree(home, ignore_errors=True)
+            home.mkdir()
+            env["HOME"], env["VLLM_CACHE_ROOT"] = str(home), str(kept_beside(venv, "vllm-cache"))
             # the wheel alone, then each of its requirements (the extras' too) found installed at a
             # version it accepts (the dependencies' own were resolved when the virtualenv was made)
             run([python, "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", str(wheel)], root, env, 300)

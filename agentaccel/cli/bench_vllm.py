@@ -335,8 +335,10 @@ def simulator_report(checked: dict) -> None:
                       f"predicted {r['predicted']:.3f}x, measured {r['measured']:.3f}x ({r['error']:+.1%})")
     if model := checked.get("model_drafter"):
         console.print(f"the model drafter ({model['model']}, {model['tokens']} tokens a step): teacher-forced on the "
-                      f"run's calls, its first pass {model['pass_cost']['first']:.3f} of the batch's plain step "
-                      f"and each after it {model['pass_cost']['further']:.3f} (as the hybrid's steps timed them)")
+                      f"run's calls ({'read back from' if model['predictions_kept'] else 'kept in'} "
+                      f"{model['predictions']}), its first pass {model['pass_cost']['first']:.3f} of the batch's "
+                      f"plain step and each after it {model['pass_cost']['further']:.3f} (as the hybrid's steps "
+                      f"timed them)")
     for name, why in (checked.get("skipped") or {}).items():
         console.print(f"{name}: not simulated ({why})")
 

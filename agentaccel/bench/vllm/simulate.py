@@ -32,6 +32,7 @@ from agentaccel.simulation.speculator import Speculator
 
 # bench vllm's methods with a model drafter -> the simulated method that drafts as its server does
 MODEL_METHODS = {"drafter": "drafter", "agentaccel-drafter": "hybrid"}
+PREDICTIONS = "drafter-predictions.npz"  # in a run's folder: its model drafter's predictions on its calls
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class ModelDrafting:
     predictions: DrafterPredictions  # what it predicts at each output position of the run's calls
     tokens: int  # its chain a step (the drafter's num_speculative_tokens)
     cost: DrafterPassCost  # its passes for the batch, in plain steps of the requests decoding (measured: pass_cost)
+    kept: bool = False  # the predictions read back from the run's folder (an earlier check made them)
 
 
 def prefill_points(m: Measurement) -> list[TimedStep]:
@@ -156,8 +158,6 @@ def model_drafting(m: Measurement, log_dir: Path, server: Server, drafter: dict)
     """The run's model drafter (`drafter`: vLLM's speculative config it ran with) on every call the
     run sent, teacher-forced (simulation/drafter_predictions.py), its pass priced as the run
     measured it (or, without the hybrid's steps, free)."""
-    from agentaccel.simulation.drafter_predictions import predict
-
     calls, seen = [], set()
     for records in m.records.values():
         for r in records.values():
@@ -168,7 +168,31 @@ def model_drafting(m: Measurement, log_dir: Path, server: Server, drafter: dict)
                                         np.asarray(r.output_ids, np.int32)))
     tokens = int(drafter["num_speculative_tokens"])
     cost = pass_cost(log_dir, server, tokens)
-    return ModelDrafting(predict(calls, drafter["model"]), tokens, FREE if cost is None else cost)
+    predictions, kept = kept_predictions(log_dir / PREDICTIONS, drafter["model"], calls)
+    return ModelDrafting(predictions, tokens, FREE if cost is None else cost, kept)
+
+
+def kept_predictions(path: Path, model: str, calls: list[ReplayCall]) -> tuple[DrafterPredictions, bool]:
+    """The model's teacher-forced predictions on `calls`: read from `path` when an earlier check
+    of the run kept them there (the same drafter, known by what it holds, and every call), else
+    made (minutes on a CPU) and kept there. Whether they were read."""
+    from agentaccel.backends.local.draft_model import drafter_folder
+    from agentaccel.backends.model_records import head_identity
+    from agentaccel.simulation.drafter_predictions import predict
+
+    folder = drafter_folder(model)
+    identity = f"{folder.name}#{head_identity(str(folder))}"
+    if path.is_file():
+        try:
+            found = DrafterPredictions.load(path)
+        except ValueError:
+            found = None  # not a file of ours: made again, and written over
+        if found is not None and found.model == identity and all(found.of(c.prompt, c.output) for c in calls):
+            return found, True
+    made = predict(calls, folder)
+    made.model = identity
+    made.save(path)
+    return made, False
 
 
 def learned_server(log_dir: Path, m: Measurement, method: str = "agentaccel") -> Server:
@@ -271,7 +295,8 @@ def compare(m: Measurement, simulated: dict, methods: list[str]) -> dict:
 
 def check(log_dir: Path, methods: list[str], tok, progress: Callable[[str], None] = lambda _: None) -> dict:
     """The whole check from a run's logs folder: the profile, the predictions, the comparison.
-    The methods with a model drafter run its predictions on the run's calls (made here: minutes)."""
+    The methods with a model drafter run its predictions on the run's calls (made here once:
+    minutes; kept in the folder for the next check)."""
     m = Measurement.load(log_dir)
     server = learned_server(log_dir, m)
     model, skipped = None, [name for name in methods if name in MODEL_METHODS]
@@ -286,7 +311,8 @@ def check(log_dir: Path, methods: list[str], tok, progress: Callable[[str], None
                      "client_gap_seconds": server.gap, "step_cost": server.model.as_dict()}
     if model is not None:
         out["model_drafter"] = {"model": m.drafter["model"], "tokens": model.tokens,
-                                 "pass_cost": {"first": model.cost.first, "further": model.cost.further}}
+                                 "pass_cost": {"first": model.cost.first, "further": model.cost.further},
+                                 "predictions": str(log_dir / PREDICTIONS), "predictions_kept": model.kept}
     if skipped:
         out["skipped"] = {name: "the run kept no model drafter" for name in skipped}
     return out
