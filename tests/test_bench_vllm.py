@@ -106,6 +106,11 @@ def test_bench_vllm_compares_methods_on_bundled_workloads(tmp_path, cache):
     assert again.returncode == 0 and "simulated vs measured" in again.stdout, again.stderr[-2000:]
     said = " ".join(again.stdout.split())  # rich wraps its long lines
     assert f"read back from {logs / 'drafter-predictions.npz'}" in said, said[-2000:]
+    head.rename(head.with_name("moved"))  # the run's head gone: named, not a traceback
+    gone = subprocess.run([sys.executable, "-m", "agentaccel.cli.main", "bench", "simulate-vllm", str(logs)],
+                          capture_output=True, text=True, timeout=600)
+    assert gone.returncode == 2 and "the run's model drafter is not where it was" in gone.stderr, gone.stderr[-2000:]
+    assert "Traceback" not in gone.stderr
 
 
 def _untrained_head(tmp_path):

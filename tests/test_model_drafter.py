@@ -168,6 +168,10 @@ def test_a_runs_drafter_predictions_are_made_once_and_read_back_only_for_the_sam
     path.write_text("not predictions")
     remade, kept = kept_predictions(path, "cut:2", short)
     assert not kept and len(DrafterPredictions.load(path).top) == 3
+    # a folder that cannot be written (missing here: the tests run as root) keeps nothing, and fails nothing
+    nowhere = tmp_path / "missing" / "drafter-predictions.npz"
+    unkept, kept = kept_predictions(nowhere, "cut:1", short[:1])
+    assert not kept and len(unkept.top) == 1 and not nowhere.exists()
 
 
 def knowing(calls) -> DrafterPredictions:

@@ -314,6 +314,13 @@ def _vllm_report(result: dict, json_out: Path | None, plot: Path | None) -> None
         console.print(f"plot: {plot}")
 
 
+def kept_where(model: dict) -> str:
+    """Where the model drafter's predictions on the run's calls came from, or went."""
+    if model["predictions"] is None:
+        return "not kept: the run's folder cannot be written"
+    return f"{'read back from' if model['predictions_kept'] else 'kept in'} {model['predictions']}"
+
+
 def simulator_report(checked: dict) -> None:
     """The simulated server beside the real one: tokens/s per cell, and agentaccel's ratios."""
     server = checked["server"]
@@ -335,10 +342,9 @@ def simulator_report(checked: dict) -> None:
                       f"predicted {r['predicted']:.3f}x, measured {r['measured']:.3f}x ({r['error']:+.1%})")
     if model := checked.get("model_drafter"):
         console.print(f"the model drafter ({model['model']}, {model['tokens']} tokens a step): teacher-forced on the "
-                      f"run's calls ({'read back from' if model['predictions_kept'] else 'kept in'} "
-                      f"{model['predictions']}), its first pass {model['pass_cost']['first']:.3f} of the batch's "
-                      f"plain step and each after it {model['pass_cost']['further']:.3f} (as the hybrid's steps "
-                      f"timed them)")
+                      f"run's calls ({kept_where(model)}), its first pass {model['pass_cost']['first']:.3f} of the "
+                      f"batch's plain step and each after it {model['pass_cost']['further']:.3f} (as the hybrid's "
+                      f"steps timed them)")
     for name, why in (checked.get("skipped") or {}).items():
         console.print(f"{name}: not simulated ({why})")
 

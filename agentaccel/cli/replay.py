@@ -296,9 +296,17 @@ def bench_simulate_vllm(
 
     if not (folder / MEASUREMENT).is_file():
         raise fail(f"{folder}: no {MEASUREMENT} (a `agentaccel bench vllm --logs {folder}` run writes one)")
-    methods = list(dict.fromkeys(b.method for b in Measurement.load(folder).blocks))
+    run = Measurement.load(folder)
+    methods = list(dict.fromkeys(b.method for b in run.blocks))
     if "agentaccel" not in methods:
         raise fail(f"{folder}: the run has no agentaccel server, whose steps the profile is learned from")
+    if run.drafter is not None and any(m in sim.MODEL_METHODS for m in methods):
+        from agentaccel.backends.local.draft_model import drafter_folder
+
+        try:  # its predictions are made from it, or read back only when it is the same drafter
+            drafter_folder(run.drafter["model"])
+        except ValueError as e:
+            raise fail(f"{folder}: the run's model drafter is not where it was: {e}") from None
     with console.status("simulating") as status:
         checked = sim.check(folder, methods, open_tokenizer(tokenizer), status.update)
     simulator_report(checked)

@@ -12,6 +12,7 @@ everything it had learned.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -175,7 +176,7 @@ def model_drafting(m: Measurement, log_dir: Path, server: Server, drafter: dict)
 def kept_predictions(path: Path, model: str, calls: list[ReplayCall]) -> tuple[DrafterPredictions, bool]:
     """The model's teacher-forced predictions on `calls`: read from `path` when an earlier check
     of the run kept them there (the same drafter, known by what it holds, and every call), else
-    made (minutes on a CPU) and kept there. Whether they were read."""
+    made (minutes on a CPU) and kept there when it can be written. Whether they were read."""
     from agentaccel.backends.local.draft_model import drafter_folder
     from agentaccel.backends.model_records import head_identity
     from agentaccel.simulation.drafter_predictions import predict
@@ -191,7 +192,8 @@ def kept_predictions(path: Path, model: str, calls: list[ReplayCall]) -> tuple[D
             return found, True
     made = predict(calls, folder)
     made.model = identity
-    made.save(path)
+    with contextlib.suppress(OSError):  # a run's folder this user cannot write: the check runs all the same
+        made.save(path)
     return made, False
 
 
@@ -310,9 +312,10 @@ def check(log_dir: Path, methods: list[str], tok, progress: Callable[[str], None
                      "max_batched_tokens": server.max_batched_tokens, "block_size": server.block_size,
                      "client_gap_seconds": server.gap, "step_cost": server.model.as_dict()}
     if model is not None:
+        kept = log_dir / PREDICTIONS
         out["model_drafter"] = {"model": m.drafter["model"], "tokens": model.tokens,
                                  "pass_cost": {"first": model.cost.first, "further": model.cost.further},
-                                 "predictions": str(log_dir / PREDICTIONS), "predictions_kept": model.kept}
+                                 "predictions": str(kept) if kept.is_file() else None, "predictions_kept": model.kept}
     if skipped:
         out["skipped"] = {name: "the run kept no model drafter" for name in skipped}
     return out
