@@ -155,22 +155,22 @@ def test_a_runs_drafter_predictions_are_made_once_and_read_back_only_for_the_sam
     short = [rp.ReplayCall(c.call_id, c.session, c.stage, c.prompt[-24:], c.output[:6]) for c in calls[:3]]
     path = tmp_path / "run" / "drafter-predictions.npz"
     path.parent.mkdir()
-    first, kept = kept_predictions(path, "cut:1", short[:2])
+    first, kept, _ = kept_predictions(path, "cut:1", short[:2])
     assert not kept and path.is_file() and first.model.startswith("SmolLM2") and "#" in first.model
-    again, kept = kept_predictions(path, "cut:1", short[:2])
+    again, kept, _ = kept_predictions(path, "cut:1", short[:2])
     assert kept and again.model == first.model
     for c in short[:2]:
         assert np.array_equal(again.of(c.prompt, c.output)[0], first.of(c.prompt, c.output)[0])
-    other, kept = kept_predictions(path, "cut:2", short[:2])  # another drafter: its own predictions
+    other, kept, _ = kept_predictions(path, "cut:2", short[:2])  # another drafter: its own predictions
     assert not kept and other.model != first.model
-    more, kept = kept_predictions(path, "cut:2", short)  # a call the kept file lacks
+    more, kept, _ = kept_predictions(path, "cut:2", short)  # a call the kept file lacks
     assert not kept and len(more.top) == 3
     path.write_text("not predictions")
-    remade, kept = kept_predictions(path, "cut:2", short)
+    remade, kept, _ = kept_predictions(path, "cut:2", short)
     assert not kept and len(DrafterPredictions.load(path).top) == 3
     # a folder that cannot be written (missing here: the tests run as root) keeps nothing, and fails nothing
     nowhere = tmp_path / "missing" / "drafter-predictions.npz"
-    unkept, kept = kept_predictions(nowhere, "cut:1", short[:1])
+    unkept, kept, _ = kept_predictions(nowhere, "cut:1", short[:1])
     assert not kept and len(unkept.top) == 1 and not nowhere.exists()
 
 

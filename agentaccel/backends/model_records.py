@@ -26,7 +26,12 @@ def drafter_key(head: str, target: str) -> str:
     """What a model drafter's records belong to: the head itself and the model it drafts for. A
     local head is known by what it holds, not by its folder's name: a head retrained into the same
     folder starts from the prior, and copies of one head on a fleet's servers share one record."""
-    return f"{Path(head).name}#{head_identity(head)} for {Path(target).name}"
+    return f"{head_name(head)} for {Path(target).name}"
+
+
+def head_name(head: str) -> str:
+    """A head as its folder's name and a digest of what it holds (`head_identity`)."""
+    return f"{Path(head).name}#{head_identity(head)}"
 
 
 def head_identity(head: str) -> str:

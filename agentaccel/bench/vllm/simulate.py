@@ -12,7 +12,6 @@ everything it had learned.
 
 from __future__ import annotations
 
-import contextlib
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,6 +43,7 @@ class ModelDrafting:
     tokens: int  # its chain a step (the drafter's num_speculative_tokens)
     cost: DrafterPassCost  # its passes for the batch, in plain steps of the requests decoding (measured: pass_cost)
     kept: bool = False  # the predictions read back from the run's folder (an earlier check made them)
+    file: Path | None = None  # where they are kept for the next check (None: the folder cannot be written)
 
 
 def prefill_points(m: Measurement) -> list[TimedStep]:
@@ -169,32 +169,37 @@ def model_drafting(m: Measurement, log_dir: Path, server: Server, drafter: dict)
                                         np.asarray(r.output_ids, np.int32)))
     tokens = int(drafter["num_speculative_tokens"])
     cost = pass_cost(log_dir, server, tokens)
-    predictions, kept = kept_predictions(log_dir / PREDICTIONS, drafter["model"], calls)
-    return ModelDrafting(predictions, tokens, FREE if cost is None else cost, kept)
+    path = log_dir / PREDICTIONS
+    predictions, kept, saved = kept_predictions(path, drafter["model"], calls)
+    return ModelDrafting(predictions, tokens, FREE if cost is None else cost, kept, path if saved else None)
 
 
-def kept_predictions(path: Path, model: str, calls: list[ReplayCall]) -> tuple[DrafterPredictions, bool]:
+def kept_predictions(path: Path, model: str,
+                     calls: list[ReplayCall]) -> tuple[DrafterPredictions, bool, bool]:
     """The model's teacher-forced predictions on `calls`: read from `path` when an earlier check
     of the run kept them there (the same drafter, known by what it holds, and every call), else
-    made (minutes on a CPU) and kept there when it can be written. Whether they were read."""
+    made (minutes on a CPU) and kept there when it can be written. Whether they were read, and
+    whether they are in `path` now."""
     from agentaccel.backends.local.draft_model import drafter_folder
-    from agentaccel.backends.model_records import head_identity
+    from agentaccel.backends.model_records import head_name
     from agentaccel.simulation.drafter_predictions import predict
 
     folder = drafter_folder(model)
-    identity = f"{folder.name}#{head_identity(str(folder))}"
+    identity = head_name(str(folder))
     if path.is_file():
         try:
             found = DrafterPredictions.load(path)
         except ValueError:
             found = None  # not a file of ours: made again, and written over
         if found is not None and found.model == identity and all(found.of(c.prompt, c.output) for c in calls):
-            return found, True
+            return found, True, True
     made = predict(calls, folder)
     made.model = identity
-    with contextlib.suppress(OSError):  # a run's folder this user cannot write: the check runs all the same
+    try:
         made.save(path)
-    return made, False
+    except OSError:  # a run's folder this user cannot write: the check runs all the same
+        return made, False, False
+    return made, False, True
 
 
 def learned_server(log_dir: Path, m: Measurement, method: str = "agentaccel") -> Server:
@@ -312,10 +317,10 @@ def check(log_dir: Path, methods: list[str], tok, progress: Callable[[str], None
                      "max_batched_tokens": server.max_batched_tokens, "block_size": server.block_size,
                      "client_gap_seconds": server.gap, "step_cost": server.model.as_dict()}
     if model is not None:
-        kept = log_dir / PREDICTIONS
         out["model_drafter"] = {"model": m.drafter["model"], "tokens": model.tokens,
                                  "pass_cost": {"first": model.cost.first, "further": model.cost.further},
-                                 "predictions": str(kept) if kept.is_file() else None, "predictions_kept": model.kept}
+                                 "predictions": str(model.file) if model.file else None,
+                                 "predictions_kept": model.kept}
     if skipped:
         out["skipped"] = {name: "the run kept no model drafter" for name in skipped}
     return out
