@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -12,26 +13,63 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import httpx
 import psutil
 
-# Ports free_port handed out in this process. The OS may pick the same free port twice in a row,
-# and two servers given one port while both still start both bind it (vLLM sets SO_REUSEADDR and
-# listens late): one of them then answers for both.
+# Ports free_port handed out in this process. The same port offered twice in a row, and two servers
+# given one port while both still start both bind it (vLLM sets SO_REUSEADDR and listens late):
+# one of them then answers for both.
 _HANDED_OUT: set[int] = set()
 _HANDED_OUT_LOCK = threading.Lock()
+_CHOOSER = random.Random()  # its own generator: a test's random.seed must not make two processes pick alike
+_EPHEMERAL_DEFAULT = (32768, 60999)  # Linux's default, where the kernel's setting cannot be read
+_LOWEST = 15000  # below: ports that services on a developer's machine tend to hold (5432, 8000, 8080)
+
+
+def _ephemeral_ports() -> range:
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = _EPHEMERAL_DEFAULT
+    return range(low, high + 1)
+
+
+def _candidates() -> list[range]:
+    ephemeral = _ephemeral_ports()
+    return [r for r in (range(_LOWEST, ephemeral.start), range(ephemeral.stop, 65536)) if len(r)]
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:  # no SO_REUSEADDR: a port any socket still holds is not free
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _offered() -> int:
+    """A port to try: outside the kernel's ephemeral range where there is room, else the OS's pick."""
+    ranges = _candidates()
+    if not ranges:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    chosen = _CHOOSER.choices(ranges, weights=[len(r) for r in ranges])[0]
+    return _CHOOSER.choice(chosen)
 
 
 def free_port() -> int:
-    """A port on 127.0.0.1 that nothing listens on now (the OS picks it) and that this process has
-    not handed out before."""
+    """A port on 127.0.0.1 that nothing holds now and that this process has not handed out before.
+    It lies outside the kernel's ephemeral range: every outgoing connection and every port-0 bind of
+    any process on the host takes its port from there, so a port the OS picked and we let go may be
+    taken before our server binds it (CI once lost a replay server's port that way)."""
     with _HANDED_OUT_LOCK:
         for _ in range(1000):
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-            if port not in _HANDED_OUT:
+            port = _offered()
+            if port not in _HANDED_OUT and _bindable(port):
                 _HANDED_OUT.add(port)
                 return port
     raise RuntimeError("no free port on 127.0.0.1 that this process has not handed out already")

@@ -23,7 +23,6 @@ met as a user in a container meets it: the test's sandbox names that host 127.0.
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -133,10 +132,9 @@ def main() -> None:
     parser.add_argument("--task", required=True)
     parser.add_argument("--timeout", type=float, default=240)
     parser.add_argument("--log", type=Path, required=True, help="where the app server's output goes")
+    parser.add_argument("--port", type=int, required=True, help="the app server's (the test's free_port)")
     args = parser.parse_args()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = args.port
     app = f"http://127.0.0.1:{port}"
     log = args.log.open("w")  # noqa: SIM115 - open for the server's lifetime
     server = subprocess.Popen([sys.executable, __file__, "serve", str(port)], stdout=log, stderr=subprocess.STDOUT,

@@ -9,10 +9,11 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import uuid
 from pathlib import Path
+
+from agentaccel.processes import free_port
 
 USER = "agentaccel"  # the database superuser initdb creates
 INSTALL_HINT = ("PostgreSQL server binaries (initdb, pg_ctl) not found: install them with "
@@ -31,18 +32,12 @@ def find_binaries() -> Path:
     raise RuntimeError(INSTALL_HINT)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class PostgresServer:
     def __init__(self, folder: Path) -> None:
         self.bin = find_binaries()
         self.folder = Path(folder)
         self.data = self.folder / "data"
-        self.port = _free_port()
+        self.port = free_port()
         self._as_user: list[str] = []
         if os.geteuid() == 0:  # initdb refuses root: the server runs as nobody, in a folder it owns
             self._as_user = ["runuser", "-u", "nobody", "--"]

@@ -225,37 +225,6 @@ def test_bench_vllm_says_what_is_missing(tmp_path, cache):
     assert r.returncode == 2 and "the hybrid runs beside vLLM's eagle" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_servers_started_together_never_share_a_port(monkeypatch):
-    """The OS may offer the same free port twice in a row. It once did to two of bench vllm's
-    servers: both bound it while starting, one answered for both, and agentaccel's was measured on
-    the other's server. free_port never hands out a port twice (the OS's repeat injected here)."""
-    import socket
-
-    from agentaccel import processes
-
-    offered = iter([41001, 41001, 41001, 41002])
-
-    class RepeatingSocket:  # what socket.socket gives, with the port the OS picks replaced
-        def __init__(self):
-            self.real = socket.socket()
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            self.real.close()
-
-        def bind(self, address):
-            self.real.bind(address)
-
-        def getsockname(self):
-            return ("127.0.0.1", next(offered))
-
-    monkeypatch.setattr(processes, "socket", type("socket_module", (), {"socket": RepeatingSocket}))
-    monkeypatch.setattr(processes, "_HANDED_OUT", set(), raising=False)  # a fresh record of ports handed out
-    assert [processes.free_port(), processes.free_port()] == [41001, 41002]
-
-
 def _jobs(sessions: list[int]):
     from agentaccel.bench.vllm.sources import Job
 

@@ -331,7 +331,8 @@ def test_the_openhands_app_runs_through_the_proxy_and_its_history_seeds_its_live
         settings = app_settings_body(url, "replay")
         for _ in range(2):
             run = run_confined([str(app_python), str(harness), "--settings", json.dumps(settings), "--task", TASK,
-                                "--log", str(tmp_path / log)], tmp_path, app_python, env, url,
+                                "--log", str(tmp_path / log), "--port", str(free_port())],
+                               tmp_path, app_python, env, url,
                                loopback_names=("host.docker.internal",))  # what the app rewrites localhost to here
             # the app waits 30 s (fixed: process_sandbox_service._wait_for_server_ready) for its agent
             # server to start, which a machine busy with the suite's other worker can exceed: once more
