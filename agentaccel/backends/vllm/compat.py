@@ -62,6 +62,8 @@ def _resolve(module: str, path: str):
     obj = importlib.import_module(module)
     for part in path.split("."):
         obj = getattr(obj, part)
+        if isinstance(obj, type) and vars(obj).get("_agentaccel"):  # our hybrid in vLLM's place (hybrid.install):
+            obj = obj.__bases__[0]  # what is checked is vLLM's own class beneath it
     return obj
 
 
