@@ -41,8 +41,11 @@ import numpy as np
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-BATCH_SECONDS = 0.05  # a recorder commits (and would publish) what it holds this often
+from fanout_harness import (  # noqa: E402
+    Pace, label_axes, plot_command, save_figure, stop_all, wait_started, write_for)
+
 LAG_LIMIT = 1.0  # seconds: a level whose lag p99 passes this is where the fan-out stopped
 DRAIN_SECONDS = 20.0  # after a level, how long the subscribers may take to receive everything
 STAMP = struct.Struct("<d")  # the publish time at the head of every message
@@ -96,25 +99,22 @@ def publisher(index: int, url: str, stages: int, payload_bytes: int, rate, writi
         nc = await nats.connect(url)
         rng = random.Random(index)
         body = bytes(rng.randrange(256) for _ in range(payload_bytes - STAMP.size))
-        owed, last = 0.0, time.monotonic()
+        pace = Pace()
         while not stop.is_set():
             if not writing.is_set():
                 idle[index] = 1
-                owed, last = 0.0, time.monotonic()
+                pace.reset()
                 await asyncio.sleep(0.005)
                 continue
             idle[index] = 0
-            now = time.monotonic()
-            owed += rate.value * (now - last)
-            last = now
-            n, owed = int(owed), owed - int(owed)
+            n = pace.due(rate.value)
             for _ in range(n):
                 stage = rng.randrange(stages)
                 await nc.publish(f"calls.stage-{stage}", STAMP.pack(time.time()) + body)
                 sent[index * stages + stage] += 1
             if n:
                 await nc.flush()
-            await asyncio.sleep(max(0.0, BATCH_SECONDS - (time.monotonic() - now)))
+            await asyncio.sleep(pace.rest())
         await nc.close()
 
     asyncio.run(run())
@@ -178,12 +178,7 @@ def run_fleet(n: int, broker: Broker, args) -> list[dict]:
         p.start()
     rows = []
     try:
-        deadline = time.monotonic() + 120
-        while not (all(ready) and all(idle)):
-            if time.monotonic() > deadline or not all(p.is_alive() for p in procs):
-                raise RuntimeError(f"{sum(ready)} of {groups} subscriber processes and {sum(idle)} of "
-                                   f"{args.publishers} publishers started")
-            time.sleep(0.05)
+        wait_started(procs, ready, idle, 120, "subscriber processes")
         subscribed = np.zeros(args.stages, dtype=np.int64)  # how many servers use each stage
         for mine in uses:
             subscribed[[stages.index(s) for s in mine] if mine is not None else slice(None)] += 1
@@ -199,12 +194,7 @@ def run_fleet(n: int, broker: Broker, args) -> list[dict]:
                     or row["delivered_share"] < 0.999):
                 break
     finally:
-        stop.set()
-        writing.clear()
-        for p in procs:
-            p.join(15)
-            if p.is_alive():
-                p.kill()
+        stop_all(stop, writing, procs)
     return rows
 
 
@@ -215,14 +205,7 @@ def per_stage(sent, stages: int) -> np.ndarray:
 def one_level(n, level, target, subscribed, broker, args, groups, report_level, rate, writing, idle, sent,
               results) -> dict:
     v0, cpu0, sent0 = broker.varz(), broker.cpu_seconds(), per_stage(sent, args.stages)
-    rate.value = target / args.publishers
-    t0 = time.monotonic()
-    writing.set()
-    time.sleep(args.seconds)
-    writing.clear()
-    while not all(idle):
-        time.sleep(0.005)
-    published_for = time.monotonic() - t0
+    published_for = write_for(args.seconds, target / args.publishers, rate, writing, idle)
     published_per_stage = per_stage(sent, args.stages) - sent0
     published, expected = int(published_per_stage.sum()), int(published_per_stage @ subscribed)
     drained_by = time.monotonic() + DRAIN_SECONDS
@@ -258,10 +241,7 @@ def one_level(n, level, target, subscribed, broker, args, groups, report_level, 
 
 
 def main() -> None:
-    if sys.argv[1:2] == ["plot"]:  # plot NAME=RUN.json ... OUT.png: several runs' --json side by side
-        *named, out = sys.argv[2:]
-        plot({name: json.loads(Path(run).read_text())["rows"] for name, run in (n.split("=", 1) for n in named)},
-             Path(out))
+    if plot_command(sys.argv[1:], plot):
         return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--subscribers", default="2,8,32,64,256", help="fleet sizes: one connection per server")
@@ -322,17 +302,9 @@ def plot(runs: dict[str, list[dict]], path: Path) -> None:
             a.plot(copies, [r["lag_p99_ms"] for r in mine], marker="o", label=f"{n} servers")
             b.plot(copies, [r["broker_us_per_copy"] for r in mine], marker="o", label=f"{n} servers")
         a.axhline(LAG_LIMIT * 1000, color="grey", linestyle=":")
-        for ax, label in ((a, "lag p99 (ms)"), (b, "broker CPU per copy (µs)")):
-            ax.set_xscale("log")
-            ax.set_yscale("log")
-            ax.set_xlabel("copies delivered per second")
-            ax.set_ylabel(label)
-            ax.set_title(name, fontsize=9)
-            ax.legend(fontsize=7)
-    fig.suptitle("one NATS server carrying each output to the servers that use its stage")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+        label_axes(((a, "lag p99 (ms)"), (b, "broker CPU per copy (µs)")), "copies delivered per second", name,
+                   log_y=True)
+    save_figure(fig, "one NATS server carrying each output to the servers that use its stage", path)
 
 
 if __name__ == "__main__":

@@ -34,8 +34,11 @@ import numpy as np
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/postgres_server.py
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-BATCH_SECONDS = 0.05  # a recorder commits what it holds this often
+from fanout_harness import (  # noqa: E402
+    BATCH_SECONDS, Pace, label_axes, plot_command, save_figure, stop_all, wait_started, write_for)
+
 CATCH_UP_SECONDS = 30.0  # after a level, how long the followers may take to read everything
 LAG_LIMIT = 1.0  # seconds: a level whose lag p99 passes this is where the store stopped
 
@@ -198,21 +201,18 @@ def writer(index: int, db: str, stages: int, observation_bytes: int, rate, writi
     tok = load_tokenizer()
     calls = AgentCalls(index, stages, observation_bytes)
     with TraceStore(db) as store:
-        owed, last = 0.0, time.monotonic()
+        pace = Pace()
         while not stop.is_set():
             if not writing.is_set():
                 idle[index] = 1
-                owed, last = 0.0, time.monotonic()
+                pace.reset()
                 time.sleep(0.005)
                 continue
             idle[index] = 0
-            now = time.monotonic()
-            owed += rate.value * (now - last)
-            last = now
-            n, owed = int(owed), owed - int(owed)
+            n = pace.due(rate.value)
             if n:
                 write(store, tok, calls.sessions(n, time.time(), BATCH_SECONDS))
-            time.sleep(max(0.0, BATCH_SECONDS - (time.monotonic() - now)))
+            time.sleep(pace.rest())
 
 
 def prefill(url: str, n: int, args) -> None:
@@ -288,11 +288,7 @@ def run_fleet(n: int, url: str, data_dir: Path | None, args) -> list[dict]:
         p.start()
     rows = []
     try:
-        deadline = time.monotonic() + 300
-        while not (all(ready) and all(idle)):
-            if time.monotonic() > deadline or not all(p.is_alive() for p in procs):
-                raise RuntimeError(f"{sum(ready)} of {n} followers and {sum(idle)} of {args.writers} writers started")
-            time.sleep(0.1)
+        wait_started(procs, ready, idle, 300, "followers")
         for level, target in enumerate(args.rates):
             row = one_level(n, level, target, url, data_dir, args, cursors, report_level, rate, writing, idle,
                             results)
@@ -303,26 +299,14 @@ def run_fleet(n: int, url: str, data_dir: Path | None, args) -> list[dict]:
             if row["lag_p99_ms"] > LAG_LIMIT * 1000 or row["written_per_s"] < 0.85 * target or row["behind"]:
                 break
     finally:
-        stop.set()
-        writing.clear()
-        for p in procs:
-            p.join(15)
-            if p.is_alive():
-                p.kill()
+        stop_all(stop, writing, procs)
     return rows
 
 
 def one_level(n, level, target, url, data_dir, args, cursors, report_level, rate, writing, idle, results) -> dict:
     start_id = newest_id(url)
     counters0, cpu0 = database_counters(url), server_cpu_seconds(data_dir, url)
-    rate.value = target / args.writers
-    t0 = time.monotonic()
-    writing.set()
-    time.sleep(args.seconds)
-    writing.clear()
-    while not all(idle):
-        time.sleep(0.005)
-    written_for = time.monotonic() - t0
+    written_for = write_for(args.seconds, target / args.writers, rate, writing, idle)
     end_id = newest_id(url)
     caught_up_by = time.monotonic() + CATCH_UP_SECONDS
     while min(cursors, default=end_id) < end_id and time.monotonic() < caught_up_by:
@@ -393,10 +377,7 @@ def read_costs(url: str, data_dir: Path | None, uses: list[str] | None) -> dict:
 
 
 def main() -> None:
-    if sys.argv[1:2] == ["plot"]:  # plot NAME=RUN.json ... OUT.png: several runs' --json side by side
-        *named, out = sys.argv[2:]
-        plot({name: json.loads(Path(run).read_text())["rows"] for name, run in (n.split("=", 1) for n in named)},
-             Path(out))
+    if plot_command(sys.argv[1:], plot):
         return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--followers", default="0,2,8,32,64",
@@ -482,17 +463,9 @@ def plot(runs: dict[str, list[dict]], path: Path) -> None:
         b.plot([r["written_per_s"] for r in alone], [r["db_cores"] for r in alone], color="grey", linestyle="--",
                label="writers alone")
         a.axhline(LAG_LIMIT * 1000, color="grey", linestyle=":")
-        for ax, label in ((a, "lag p99 (ms)"), (b, "database CPU (cores)")):
-            ax.set_xscale("log")
-            ax.set_xlabel("calls recorded per second")
-            ax.set_ylabel(label)
-            ax.set_title(name, fontsize=9)
-            ax.legend(fontsize=7)
+        label_axes(((a, "lag p99 (ms)"), (b, "database CPU (cores)")), "calls recorded per second", name)
         a.set_yscale("log")
-    fig.suptitle("one shared PostgreSQL trace store, N followers (the real tail)")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, "one shared PostgreSQL trace store, N followers (the real tail)", path)
 
 
 if __name__ == "__main__":
