@@ -4,6 +4,7 @@ give one, waiting until it is healthy, and stopping it with everything it starte
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import random
 import signal
@@ -28,6 +29,7 @@ _EPHEMERAL_DEFAULT = (32768, 60999)  # Linux's default, where the kernel's setti
 _LOWEST = 15000  # below: ports that services on a developer's machine tend to hold (5432, 8000, 8080)
 
 
+@functools.cache  # read once a process: free_port may try many ports in a row
 def _ephemeral_ports() -> range:
     try:
         low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
