@@ -461,13 +461,9 @@ void BatchDrafter::release(const std::string& rid) {
 
 void BatchDrafter::retire(const std::string& rid, const Entry& e) {
   if (!e.started || !engine_.has_request(rid)) return;
-  std::vector<uint32_t> tokens = engine_.request_tokens(rid);
-  if (tokens.size() > e.prompt_len) {
-    pending_.push_back({e.stage, std::vector<uint32_t>(tokens.begin() + e.prompt_len, tokens.end())});
-    // now, not at flush: the recorded copy may come back from the store before the flush
-    engine_.remember_own_output(e.stage, pending_.back().second.data(), pending_.back().second.size());
-  }
-  engine_.finish_request(rid, /*keep_output=*/false);
+  // remembered as this engine's own now, not at flush: the recorded copy may come back from the store before
+  std::vector<uint32_t> output = engine_.finish_request_deferred(rid);
+  if (!output.empty()) pending_.push_back({e.stage, std::move(output)});
 }
 
 void BatchDrafter::flush() {

@@ -113,6 +113,12 @@ uint64_t output_key(const std::string& stage, const uint32_t* tokens, size_t n) 
   for (size_t i = 0; i < n; ++i) h = (h ^ tokens[i]) * 1099511628211ull;
   return h;
 }
+
+// Whether a recorded document is this output: the same tokens, or all but the output's last (the
+// end-of-sequence token, which the recorded text, re-tokenized from the store, does not have).
+bool is_recorded_copy(const uint32_t* doc, size_t n, const uint32_t* out, size_t have) {
+  return (have == n || have == n + 1) && std::equal(doc, doc + n, out);
+}
 }  // namespace
 
 void Engine::remember_own_output(const std::string& stage, const uint32_t* tokens, size_t n) {
@@ -133,6 +139,9 @@ void Engine::remember_own_output(const std::string& stage, const uint32_t* token
 }
 
 int64_t Engine::add_peer_document(const std::string& stage, const uint32_t* tokens, size_t n) {
+  // Live requests first, then the finished: a finish remembers its output before it leaves
+  // requests_, so a request missed here is found in own_recent_ below.
+  if (hold_for_live_request(stage, tokens, n)) return -1;
   {
     std::lock_guard lock(own_mu_);
     auto it = own_recent_.find(output_key(stage, tokens, n));
@@ -142,6 +151,36 @@ int64_t Engine::add_peer_document(const std::string& stage, const uint32_t* toke
     }
   }
   return int64_t(add_document(stage, tokens, n));
+}
+
+bool Engine::hold_for_live_request(const std::string& stage, const uint32_t* tokens, size_t n) {
+  uint32_t idx;
+  {
+    std::shared_lock lock(stages_mu_);
+    auto it = stage_by_name_.find(stage);
+    if (it == stage_by_name_.end()) return false;  // no stage, so no live request of it
+    idx = it->second;
+  }
+  std::vector<std::shared_ptr<Request>> live;
+  {
+    std::lock_guard lock(requests_mu_);
+    for (const auto& [rid, req] : requests_) live.push_back(req);
+  }
+  for (const auto& req : live) {
+    std::lock_guard lock(req->mu);
+    if (req->finished || req->stage != idx) continue;
+    const auto& toks = req->sam.tokens();
+    const uint32_t* out = toks.data() + req->prompt_len;
+    const size_t have = toks.size() - req->prompt_len;
+    // Its output so far, or a prefix of it not longer behind than a step adds (the worker learns
+    // a step's tokens at the next one).
+    const bool so_far = have > 0 && have < n && n - have <= kStepTokens && std::equal(out, out + have, tokens);
+    if (so_far || is_recorded_copy(tokens, n, out, have)) {
+      req->held_peers.emplace_back(tokens, tokens + n);
+      return true;
+    }
+  }
+  return false;
 }
 
 bool Engine::remove_document(uint64_t doc_id) {
@@ -310,28 +349,50 @@ void Engine::extend(const std::string& rid, const uint32_t* tokens, size_t n) {
 }
 
 int64_t Engine::finish_request(const std::string& rid, bool keep_output, bool retain) {
-  std::shared_ptr<Request> req;
-  {
-    std::lock_guard lock(requests_mu_);
-    auto it = requests_.find(rid);
-    if (it == requests_.end()) throw UnknownKey("unknown request id: " + rid);
-    req = std::move(it->second);
-    requests_.erase(it);
-  }
+  return finish(rid, keep_output ? Output::kKeep : Output::kDrop, retain, nullptr);
+}
+
+std::vector<uint32_t> Engine::finish_request_deferred(const std::string& rid) {
+  std::vector<uint32_t> output;
+  finish(rid, Output::kDefer, /*retain=*/false, &output);
+  return output;
+}
+
+int64_t Engine::finish(const std::string& rid, Output output, bool retain, std::vector<uint32_t>* deferred) {
+  std::shared_ptr<Request> req = find_request(rid);
   int64_t doc = -1;
   {
     std::lock_guard rlock(req->mu);
+    if (req->finished) throw UnknownKey("unknown request id: " + rid);  // finished by another thread
+    req->finished = true;
+    std::string stage;
+    {
+      std::shared_lock lock(stages_mu_);
+      stage = stages_[req->stage]->name;
+    }
     const auto& toks = req->sam.tokens();
-    if (keep_output && toks.size() > req->prompt_len) {
-      std::string stage;
-      {
-        std::shared_lock lock(stages_mu_);
-        stage = stages_[req->stage]->name;
-      }
-      doc = int64_t(add_document(stage, toks.data() + req->prompt_len, toks.size() - req->prompt_len));
-      remember_own_output(stage, toks.data() + req->prompt_len, toks.size() - req->prompt_len);
+    const uint32_t* out = toks.data() + req->prompt_len;
+    const size_t have = toks.size() - req->prompt_len;
+    // Held peer documents: the one that is this output came back recorded (it is this output,
+    // added or dropped below); the others are other servers' after all.
+    bool came_back = false;
+    for (const auto& peer : req->held_peers) {
+      if (output != Output::kDrop && !came_back && is_recorded_copy(peer.data(), peer.size(), out, have))
+        came_back = true;
+      else
+        add_document(stage, peer.data(), peer.size());
+    }
+    req->held_peers.clear();
+    if (output != Output::kDrop && have > 0) {
+      if (output == Output::kKeep) doc = int64_t(add_document(stage, out, have));
+      else deferred->assign(out, out + have);
+      if (!came_back) remember_own_output(stage, out, have);
     }
     req->matches.clear();
+    {
+      std::lock_guard lock(requests_mu_);  // after the above: a peer document missing it finds it remembered
+      requests_.erase(rid);
+    }
     std::unique_lock lock(stages_mu_);
     --stages_[req->stage]->live;
     recycle_if_unused_locked(req->stage);

@@ -82,7 +82,10 @@ class Engine {
   uint64_t add_document(const std::string& stage, const uint32_t* tokens, size_t n);
   // A document another server produced (read from the shared trace store): skipped, returning -1,
   // when it is one of this engine's own recent outputs coming back recorded (each such output is
-  // skipped once: the same text produced elsewhere as well still counts).
+  // skipped once: the same text produced elsewhere as well still counts). Also -1 when it is what
+  // a live request of its stage has produced so far: a server's recorded answer can come back
+  // before its own worker learns the request finished. It is held by that request then, and its
+  // finish adds it unless it is that request's own output.
   int64_t add_peer_document(const std::string& stage, const uint32_t* tokens, size_t n);
   // Notes an output of this engine's own requests (finish_request and BatchDrafter call it when
   // they keep one), for add_peer_document to recognise.
@@ -122,6 +125,9 @@ class Engine {
   // `retain`: keep the request tree (up to kMaxRetained, least recently finished dropped first)
   // so that the next call of the same session can continue from it.
   int64_t finish_request(const std::string& rid, bool keep_output, bool retain = false);
+  // Frees the request as finish_request does and returns its output, which the caller adds later
+  // (BatchDrafter batches them); it is remembered as this engine's own now, not when added.
+  std::vector<uint32_t> finish_request_deferred(const std::string& rid);
   Draft prompt_lookup(const std::string& rid, int min_n, int max_n, int k);
   std::vector<uint32_t> request_tokens(const std::string& rid);
   bool has_request(const std::string& rid);
@@ -176,7 +182,13 @@ class Engine {
     std::vector<Match> matches;  // indexed by stage
     std::shared_ptr<const SpecParams> policy;  // its stage's policy as of policy_version (guarded by mu)
     uint64_t policy_version = 0;
+    bool finished = false;                         // set by its finish, before it leaves requests_
+    std::vector<std::vector<uint32_t>> held_peers;  // peer documents equal to its output so far
   };
+  enum class Output { kDrop, kKeep, kDefer };  // what a finish does with a request's output
+  int64_t finish(const std::string& rid, Output output, bool retain, std::vector<uint32_t>* deferred);
+  // Holds a peer document in a live request of `stage` whose output so far it could be; see add_peer_document.
+  bool hold_for_live_request(const std::string& stage, const uint32_t* tokens, size_t n);
   struct Tree {  // one candidate tree for a speculation: its states and match lengths
     const char* name;
     std::vector<const Automaton*> automata;
@@ -222,6 +234,7 @@ class Engine {
   uint64_t next_doc_id_ = 1;
   uint64_t evicted_docs_ = 0;
 
+  static constexpr size_t kStepTokens = 256;   // more than one step adds to a request (a draft and a token)
   static constexpr size_t kOwnRecent = 16384;  // own outputs remembered (many seconds of a busy server's)
   std::mutex own_mu_;                           // guards own_*; a leaf lock
   std::unordered_multiset<uint64_t> own_recent_;  // (stage, content) hashes of recent own outputs

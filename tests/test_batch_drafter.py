@@ -130,6 +130,24 @@ def test_partial_prefills_baselines_and_aborted_admissions():
     assert "default" in drafter.stats()  # a request never admitted is counted under "default"
 
 
+def test_an_answer_recorded_before_its_request_left_the_batch_is_learned_once():
+    """The store can hand this server its own answer before vLLM removes the request from the batch."""
+    eng = seeded_engine()
+    drafter = BatchDrafter(eng)
+    docs = corpus(seed=5, n=1)
+    batch = Batch(docs)
+    drafter.admit("r", "s")
+    drafts = [[]]
+    while batch.rest[0]:
+        drafts = drafter.step(["r"], batch.rows, batch.num_tokens, batch.sample(drafts), 16, MAX_LEN)
+    documents = eng.stats()["stages"]["s"]["documents"]
+    answer = docs[0][40:]
+    assert eng.add_peer_document(answer, stage="s") is None  # the request is still in the batch
+    drafter.release("r")
+    assert eng.stats()["stages"]["s"]["documents"] == documents + 1  # learned once, as its own
+    assert eng.add_peer_document(answer, stage="s") is not None  # another server's copy still counts
+
+
 def test_threads_draft_the_same_and_finished_outputs_join_at_the_end_of_their_step():
     docs = corpus(seed=4, n=24)
     ids = [f"q{i}" for i in range(len(docs))]

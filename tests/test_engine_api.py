@@ -2,6 +2,7 @@
 
 import random
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -515,3 +516,65 @@ def test_client_chosen_stage_names_cannot_grow_the_engine_past_its_budget(tmp_pa
     eng.check_integrity()
     eng.save(tmp_path / "index.aai")  # recycled slots are not written
     assert set(SuffixEngine.load(tmp_path / "index.aai").stats()["stages"]) == set(eng.stats()["stages"])
+
+
+def test_a_recorded_answer_back_before_its_request_finished_is_learned_once():
+    """A server's recorded answer can come back from the shared store before its own worker learns
+    the request finished: it is that request's own output, learned once, and a copy another server
+    recorded later is still learned."""
+    answer = [7, 8, 9, 10, 11, 12]
+    eng = SuffixEngine()
+    eng.start_request("r", [1, 2, 3], stage="sql")
+    eng.extend("r", answer + [2])  # ... and its end-of-sequence token, which the recorded text lacks
+    assert eng.add_peer_document(answer, stage="sql") is None  # its own, still live
+    assert eng.document_ids("sql") == []
+    eng.finish_request("r")
+    assert len(eng.document_ids("sql")) == 1  # its output once
+    assert eng.add_peer_document(answer, stage="sql") is not None  # the same text from another server
+    assert len(eng.document_ids("sql")) == 2
+
+
+def test_a_peer_answer_held_by_a_live_request_it_turns_out_not_to_be_is_learned_at_its_finish():
+    theirs = [7, 8, 9, 10, 11, 12]
+    eng = SuffixEngine()
+    eng.start_request("r", [1, 2, 3], stage="sql")
+    eng.extend("r", theirs[:3])  # what this request has produced so far: the peer answer could be its
+    assert eng.add_peer_document(theirs, stage="sql") is None
+    assert eng.add_peer_document(theirs, stage="other") is not None  # another stage's: learned at once
+    eng.extend("r", [40, 41, 42])  # it was not
+    eng.finish_request("r")
+    assert len(eng.document_ids("sql")) == 2  # the peer's and this request's
+    # a request whose output is not kept learns a held copy of it as a peer's
+    eng.start_request("dropped", [1, 2, 3], stage="sql")
+    eng.extend("dropped", theirs)
+    assert eng.add_peer_document(theirs, stage="sql") is None
+    eng.finish_request("dropped", keep_output=False)
+    assert len(eng.document_ids("sql")) == 3
+
+
+def test_each_own_answer_is_learned_once_however_its_recorded_copy_races_its_finish():
+    """A follower thread hands the engine each answer as soon as it is produced, while the serving
+    thread finishes the requests: before, during or after the finish, each is learned once."""
+    eng = SuffixEngine()
+    count = 300
+    produced = [threading.Event() for _ in range(count)]
+    answers = [[1000 + i, 7, 8, 9, 2000 + i] for i in range(count)]
+    came_back = []
+
+    def follow():
+        for i in range(count):
+            produced[i].wait(10)
+            came_back.append(eng.add_peer_document(answers[i], stage="qa"))
+
+    follower = threading.Thread(target=follow)
+    follower.start()
+    for i in range(count):
+        eng.start_request(f"r{i}", [1, 2, 3], stage="qa")
+        eng.extend(f"r{i}", answers[i] + [2])
+        produced[i].set()
+        if i % 3:
+            time.sleep(0.0002)  # some copies come back before the finish, some after
+        eng.finish_request(f"r{i}")
+    follower.join(30)
+    assert came_back == [None] * count
+    assert len(eng.document_ids("qa")) == count

@@ -260,7 +260,9 @@ class SuffixEngine:
     def add_peer_document(self, token_ids: Sequence[int] | np.ndarray, stage: str = "default",
                           scope: str | None = None) -> int | None:
         """Adds an output another server produced (read from a shared trace store); None, adding
-        nothing, when it is one of this engine's own recent outputs coming back recorded."""
+        nothing, when it is one of this engine's own recent outputs coming back recorded, or what a
+        live request of `stage` has produced so far (its recorded answer can come back before the
+        request leaves the batch): that request's finish adds it unless it is its own output."""
         doc = self._eng.add_peer_document(scoped_stage(stage, scope),
                                           as_token_array(token_ids, self.vocab_size, "add_peer_document"))
         return None if doc < 0 else doc
