@@ -2,6 +2,7 @@
 server seeing all traffic; siloed replicas draft worse when sessions repeat each other."""
 
 import numpy as np
+import pytest
 
 from agentaccel.engine.cost import linear, parse
 from agentaccel.simulation.replay import ReplayCall
@@ -52,3 +53,37 @@ def test_answers_seen_as_they_start_are_the_ceiling_of_sharing_partial_answers()
     calls here repeat each other's answers, so seeing them early drafts more than one server can."""
     one, partial = run("one", 1), run("partial", 1)
     assert partial["calls"] == one["calls"] and partial["est_speedup"] > one["est_speedup"]
+
+
+def pipeline_sessions(n_questions=24, seed=1):
+    """A pipeline's questions: each a session of two stages, the second repeating the first's
+    answer (a SQL draft, then its correction), no two questions alike."""
+    rng = np.random.default_rng(seed)
+    sessions = []
+    for q in range(n_questions):
+        question = rng.integers(100, 5000, size=40).astype(np.uint32)
+        draft = rng.integers(100, 5000, size=60).astype(np.uint32)
+        sessions.append([ReplayCall(call_id=q * 10, session=q, stage="draft", prompt=question, output=draft),
+                         ReplayCall(call_id=q * 10 + 1, session=q, stage="correct", prompt=question.copy(),
+                                    output=draft.copy())])
+    return sessions
+
+
+def test_a_pipeline_routed_without_its_session_loses_what_sharing_gave_until_the_answer_arrives():
+    """A router given no session id spreads a question's calls over the fleet: the second stage
+    runs where the first's answer has not arrived yet, and drafts it from the step it arrives on."""
+    profile = parse("gpu").with_model(linear(0.02).scaled(0.02))  # the second stage: about a second alone
+
+    def speedup(route, mode="shared", replicas=8, delay=0.5):
+        return simulate(pipeline_sessions(), lambda: embedded(profile), mode=mode, replicas=replicas, server=profile,
+                        streams=4, delay=delay, route=route).summary([profile])["est_speedup"]
+
+    one = speedup("session", mode="one", replicas=1)
+    assert speedup("session") >= 0.98 * one  # a question on one replica: its first answer is there
+    after, during, early = speedup("call", delay=5.0), speedup("call", delay=0.5), speedup("call", delay=0.1)
+    assert after < 0.7 * one  # arrived once the second stage was done: nothing of it drafted
+    assert after < during < early < one  # arriving while it runs: its later steps draft it
+    # arriving while its prompt is prefilled (36 ms here): drafted from its first draft on
+    assert speedup("call", delay=0.02) >= 0.99 * one
+    with pytest.raises(ValueError, match="unknown route"):
+        speedup("prefix")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -30,6 +31,11 @@ from agentaccel.engine.cost.drafter_pass import DrafterPassCost
 from agentaccel.simulation.methods import PER_CALL
 from agentaccel.simulation.replay import CallSelection
 from agentaccel.simulation.replicas import MEASURED_SHARE_DELAY
+
+
+class RouteBy(StrEnum):  # simulation/replicas.py ROUTES
+    session = "session"
+    call = "call"
 
 REPLAY_SPECULATORS = ",".join(PER_CALL)
 DRAFTER_COST = "0.05"  # an EAGLE-3 head is 2-5 % of its target's size (docs/BENCHMARKS.md says where that comes from)
@@ -263,12 +269,15 @@ def bench_fleet(
                                                     "server's trees, PostgreSQL, 64 streams).", min=0)]
     = MEASURED_SHARE_DELAY,
     streams: Annotated[int, typer.Option(help="Sessions running at once across the fleet.", min=1)] = 32,
+    route_by: Annotated[RouteBy, typer.Option(help="What the router sends a call by: its session (clients that "
+                                                   "send a session id), or the call alone (clients that send none: "
+                                                   "a pipeline's calls spread over the fleet).")] = RouteBy.session,
     server: ServerOption = "llama-3.1-8b@h100",
     tokenizer: TokenizerOption = None,
     json_out: JsonOption = None,
     plot: PlotOption = None,
 ) -> None:
-    """A fleet of servers, sessions routed to them by session: what sharing outputs through one
+    """A fleet of servers, calls routed to them by session: what sharing outputs through one
     trace store gives against replicas that each learn alone."""
     from agentaccel.cli.replay_tables import run_fleet
 
@@ -280,7 +289,7 @@ def bench_fleet(
                    "--share-delay): name a server (<model>@<gpu>, learned, a measured table)")
     store, tok = open_store(db, must_exist=True), open_tokenizer(tokenizer)
     run_fleet(store, tok, calls, replicas=sizes,
-              streams=streams, delay=share_delay, server=priced, json_out=json_out, plot=plot)
+              streams=streams, delay=share_delay, route=route_by.value, server=priced, json_out=json_out, plot=plot)
 
 
 def bench_simulate_vllm(

@@ -284,7 +284,7 @@ def run_server(store, tokenizer, selection: CallSelection, *, methods: str | Non
 
 
 def run_fleet(store, tokenizer, selection: CallSelection, *, replicas: list[int], streams: int, delay: float,
-              server: Server, json_out: Path | None, plot: Path | None) -> None:
+              route: str, server: Server, json_out: Path | None, plot: Path | None) -> None:
     """`bench fleet --replicas R,...` (simulation/replicas.py): the fleet learning as one, siloed, or
     sharing through the store with a delay."""
     from agentaccel.simulation import batch_replay as br
@@ -309,7 +309,7 @@ def run_fleet(store, tokenizer, selection: CallSelection, *, replicas: list[int]
         for mode, n in runs:
             progress.update(task, description=f"{mode}, {n} replicas")
             tally = rc.simulate(sessions_list, make, mode=mode, replicas=n, server=server, streams=streams,
-                                delay=delay, progress=lambda _: progress.advance(task))
+                                delay=delay, route=route, progress=lambda _: progress.advance(task))
             rows.append({"mode": mode, "replicas": n, **tally.summary([profile])})
     # one replica seeing all (and its ceiling with answers seen as they start): the same at every R
     rows += [{**row, "replicas": n} for n in replicas if n > 1 for row in rows[:2]]
@@ -317,9 +317,9 @@ def run_fleet(store, tokenizer, selection: CallSelection, *, replicas: list[int]
     label = ", ".join(stages) if stages and len(stages) <= 2 else f"{len(stages)} stages" if stages else "all stages"
     measured_delay = " (the measured p99 from an answer to another server's trees)" \
         if delay == rc.MEASURED_SHARE_DELAY else ""
+    routed = "routed by session" if route == "session" else "each call routed alone (no session id)"
     table = Table(title=f"{len(measured):,} calls ({len(sessions_list):,} sessions, {streams} at a time) on R "
-                        f"replicas routed by session ({label}); shared after {delay:g} s{measured_delay}; "
-                        f"{elapsed:.0f} s")
+                        f"replicas, {routed} ({label}); shared after {delay:g} s{measured_delay}; {elapsed:.0f} s")
     for c in ("replicas", "learning", "MAT", "accept", "draft/step", f"speedup {profile.name}", "÷ one"):
         table.add_column(c, justify="left" if c == "learning" else "right", no_wrap=True)
     one = rows[0]["est_speedup"]
@@ -329,7 +329,7 @@ def run_fleet(store, tokenizer, selection: CallSelection, *, replicas: list[int]
                       f"{r['est_speedup'] / one:.3f}" if one else "-")
     console.print(table)
     result = {"calls": len(measured), "sessions": len(sessions_list), "warm_calls": len(warm_calls),
-              "streams": streams, "delay": delay, "server": profile.name, "seconds": elapsed,
+              "streams": streams, "delay": delay, "route": route, "server": profile.name, "seconds": elapsed,
               "rows": rows}
     if json_out:
         json_out.write_text(json.dumps(result, indent=2))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -176,6 +176,12 @@ def run_call(spec: Speculator, key: str, call: ReplayCall, t: Tally, previous: s
     """Replays one call on `spec` (its request continuing `previous`, the session's last call),
     counting into `t`; returns the steps it took. The call is a batch of one row; its first step
     is its prefill, which verifies a draft too (the draft made from the prompt alone)."""
+    return sum(1 for _ in call_steps(spec, key, call, t, previous))
+
+
+def call_steps(spec: Speculator, key: str, call: ReplayCall, t: Tally, previous: str | None) -> Iterator[None]:
+    """run_call a step at a time: it stops before each draft (a fleet interleaves the steps of
+    calls running at once, adding the outputs that reached a server between them)."""
     out = call.output
     n = len(call.prompt)
     spec.begin(key, call.prompt, call.stage, previous, call.tenant, n + (call.max_new or len(out)))
@@ -185,6 +191,7 @@ def run_call(spec: Speculator, key: str, call: ReplayCall, t: Tally, previous: s
     batch = Batch([key], row, np.array([n], dtype=np.int32), [()], [False], 1 << 30)
     pos, steps = 0, 0
     while pos < len(out):
+        yield
         t0 = time.perf_counter_ns()
         draft = spec.step(batch)[0]
         t.spec_ns += time.perf_counter_ns() - t0
@@ -212,7 +219,6 @@ def run_call(spec: Speculator, key: str, call: ReplayCall, t: Tally, previous: s
     t.steps += steps
     t.tokens += len(out)
     spec.end(key)
-    return steps
 
 
 def summarize(tallies: dict[str, dict[str, Tally]], profiles: list[Server],
