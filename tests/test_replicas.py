@@ -87,3 +87,16 @@ def test_a_pipeline_routed_without_its_session_loses_what_sharing_gave_until_the
     assert speedup("call", delay=0.02) >= 0.99 * one
     with pytest.raises(ValueError, match="unknown route"):
         speedup("prefix")
+
+
+def test_no_call_drafts_from_its_own_answer_even_in_the_partial_ceiling():
+    """Answers that repeat nothing: seeing them early gains nothing, unless a call could see its own."""
+    rng = np.random.default_rng(2)
+    unique = [[ReplayCall(call_id=s, session=s, stage="agent",
+                          prompt=rng.integers(100, 5000, size=40).astype(np.uint32),
+                          output=rng.integers(100, 5000, size=60).astype(np.uint32))]
+              for s in range(16)]
+    profile = parse("gpu").with_model(linear(0.02).scaled(0.02))
+    speedups = [simulate(unique, lambda: embedded(profile), mode=mode, replicas=1, server=profile, streams=4)
+                .summary([profile])["est_speedup"] for mode in ("one", "partial")]
+    assert speedups[1] < 1.05 * speedups[0]

@@ -90,6 +90,19 @@ def simulate(sessions: Sequence[Sequence[ReplayCall]], make: Callable[[], Specul
                                                           call.output, call.stage))
                 order += 1
 
+    def arrive(replica: int, now: float) -> None:
+        """What reached `replica` by `now` joins its trees."""
+        heap = pending[replica]
+        while heap and heap[0].visible_at <= now:
+            out = heapq.heappop(heap)
+            fleet[replica].warm(out.output, out.stage)
+
+    def finished() -> None:
+        nonlocal done
+        done += 1
+        if progress:
+            progress(done)
+
     queue = list(reversed(sessions))  # popped from the end: sessions start in recorded order
     running: dict[int, _Running] = {}
     last: dict[int, tuple[Sequence[ReplayCall], int, str]] = {}  # stream -> (its session, next call, last call's key)
@@ -108,30 +121,39 @@ def simulate(sessions: Sequence[Sequence[ReplayCall]], make: Callable[[], Specul
             home = 0 if single else replica_of(call.session if route == "session" else call.call_id, replicas)
             key = f"c{call.call_id}"
             steps = call_steps(fleet[home], key, call, tally, previous)
+            last[stream] = (session, index + 1, key)
+            first_draft = now + prefill_seconds(server, len(call.prompt))  # vLLM drafts after the prefill step
+            if mode == "partial":
+                # the ceiling: each answer seen whole from its call's start by the calls that start
+                # after it, never by itself (it shares one tree with them): so each call runs whole
+                arrive(home, now)
+                first = len(tally.drafted_per_step)
+                for _ in steps:
+                    pass
+                share(call, home, now)
+                taken = range(first, len(tally.drafted_per_step))
+                finished()
+                heapq.heappush(events, (first_draft + sum(step_seconds(server, tally, i) for i in taken), stream))
+                continue
             next(steps, None)  # begun; it stops before its first draft
             running[stream] = _Running(call, home, steps)
-            last[stream] = (session, index + 1, key)
-            if mode == "partial":  # the ceiling: seen by the calls that start while it is generated
-                share(call, home, now)
-            # its first draft once its prompt is prefilled (vLLM drafts after the prefill step)
-            heapq.heappush(events, (now + prefill_seconds(server, len(call.prompt)), stream))
+            heapq.heappush(events, (first_draft, stream))
             continue
-        heap = pending[run.home]  # what reached its replica by now joins the trees it drafts from
-        while heap and heap[0].visible_at <= now:
-            out = heapq.heappop(heap)
-            fleet[out.replica].warm(out.output, out.stage)
+        arrive(run.home, now)  # what reached its replica by now joins the trees it drafts from
         if next(run.steps, _ENDED) is _ENDED:  # its last step ended now
             del running[stream]
-            if mode != "partial":
-                share(run.call, run.home, now)
-            done += 1
-            if progress:
-                progress(done)
+            share(run.call, run.home, now)
+            finished()
             heapq.heappush(events, (now, stream))
             continue
-        tokens, context = 1.0 + tally.drafted_per_step[-1], tally.context_per_step[-1]  # the step it just took
-        heapq.heappush(events, (now + float(server.seconds(tokens, context, tokens * context, 1.0)), stream))
+        heapq.heappush(events, (now + step_seconds(server, tally, len(tally.drafted_per_step) - 1), stream))
     return tally
+
+
+def step_seconds(server: Server, tally: Tally, i: int) -> float:
+    """The time of the tally's step `i`: one request verifying its draft over its context."""
+    tokens, context = 1.0 + tally.drafted_per_step[i], tally.context_per_step[i]
+    return float(server.seconds(tokens, context, tokens * context, 1.0))
 
 
 _ENDED = object()
