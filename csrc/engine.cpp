@@ -164,11 +164,12 @@ bool Engine::hold_for_live_request(const std::string& stage, const uint32_t* tok
   std::vector<std::shared_ptr<Request>> live;
   {
     std::lock_guard lock(requests_mu_);
-    for (const auto& [rid, req] : requests_) live.push_back(req);
+    for (const auto& [rid, req] : requests_)
+      if (req->stage == idx) live.push_back(req);  // (set before it entered requests_, never changed)
   }
   for (const auto& req : live) {
     std::lock_guard lock(req->mu);
-    if (req->finished || req->stage != idx) continue;
+    if (req->finished) continue;
     const auto& toks = req->sam.tokens();
     const uint32_t* out = toks.data() + req->prompt_len;
     const size_t have = toks.size() - req->prompt_len;
