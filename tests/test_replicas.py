@@ -83,8 +83,9 @@ def test_a_pipeline_routed_without_its_session_loses_what_sharing_gave_until_the
     after, during, early = speedup("call", delay=5.0), speedup("call", delay=0.5), speedup("call", delay=0.1)
     assert after < 0.7 * one  # arrived once the second stage was done: nothing of it drafted
     assert after < during < early < one  # arriving while it runs: its later steps draft it
-    # arriving while its prompt is prefilled (36 ms here): drafted from its first draft on
-    assert speedup("call", delay=0.02) >= 0.99 * one
+    # arriving while its prompt is prefilled (36 ms here): drafted from its first draft on (with
+    # the prefill untimed, the first draft came before it: 0.988)
+    assert speedup("call", delay=0.03) >= 0.995 * one
     with pytest.raises(ValueError, match="unknown route"):
         speedup("prefix")
 
