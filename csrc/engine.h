@@ -87,9 +87,6 @@ class Engine {
   // before its own worker learns the request finished. It is held by that request then, and its
   // finish adds it unless it is that request's own output.
   int64_t add_peer_document(const std::string& stage, const uint32_t* tokens, size_t n);
-  // Notes an output of this engine's own requests (finish_request and BatchDrafter call it when
-  // they keep one), for add_peer_document to recognise.
-  void remember_own_output(const std::string& stage, const uint32_t* tokens, size_t n);
   bool remove_document(uint64_t doc_id);
   std::vector<uint64_t> document_ids(const std::string& stage) const;  // "" = every stage, oldest first
 
@@ -185,6 +182,9 @@ class Engine {
     bool finished = false;                         // set by its finish, before it leaves requests_
     std::vector<std::vector<uint32_t>> held_peers;  // peer documents equal to its output so far
   };
+  // Notes an output of this engine's own requests (a finish that keeps it, now or deferred), for
+  // add_peer_document to recognise.
+  void remember_own_output(const std::string& stage, const uint32_t* tokens, size_t n);
   enum class Output { kDrop, kKeep, kDefer };  // what a finish does with a request's output
   int64_t finish(const std::string& rid, Output output, bool retain, std::vector<uint32_t>* deferred);
   // Holds a peer document in a live request of `stage` whose output so far it could be; see add_peer_document.

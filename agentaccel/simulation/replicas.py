@@ -53,10 +53,9 @@ def replica_of(session: int, replicas: int) -> int:
 
 
 @dataclass
-class _Pending:  # an output on its way to a replica's trees
+class _Pending:  # an output on its way to a replica's trees (each replica has its heap of them)
     visible_at: float
     order: int
-    replica: int
     output: object
     stage: str
 
@@ -86,8 +85,8 @@ def simulate(sessions: Sequence[Sequence[ReplayCall]], make: Callable[[], Specul
         nonlocal order
         for replica in range(len(fleet)):
             if replica == home or mode == "shared":
-                heapq.heappush(pending[replica], _Pending(at + (replica != home) * delay, order, replica,
-                                                          call.output, call.stage))
+                heapq.heappush(pending[replica], _Pending(at + (replica != home) * delay, order, call.output,
+                                                          call.stage))
                 order += 1
 
     def arrive(replica: int, now: float) -> None:
