@@ -21,7 +21,7 @@ from servers import ServerThread, free_port, wait_healthy
 from agentaccel.backends.openai_compat import OpenAIBackend
 from agentaccel.bench.upstream import MODEL, Upstream
 from agentaccel.proxy import ProxyConfig, create_app
-from agentaccel.traces.recorder import Recorder
+from agentaccel.traces.recorder import RecordedCall, Recorder
 from agentaccel.traces.store import TraceStore
 
 
@@ -250,3 +250,58 @@ def test_a_signal_to_the_servers_whole_process_group_loses_no_answered_call(tmp_
     assert len(answered) > 50 and len(kept) == len(set(kept))
     missing = {name for _, name in answered} - set(kept)
     assert not missing, f"{len(missing)} of {len(answered)} answered calls are not in the store"
+
+
+def submit_calls(recorder: Recorder, count: int) -> None:
+    for i in range(count):
+        recorder.submit(RecordedCall(stage="s", session_id="s", model="m",
+                                     messages=[{"role": "user", "content": f"call {i}"}], response=f"answer {i}"))
+
+
+def test_a_writer_dead_at_close_has_what_it_held_stored_by_another(tmp_path):
+    """The writer dies holding calls it was sent (stopped first, so it cannot have written them)
+    and the recorder is closed at once: the close starts another writer and every call is stored.
+    (Before, a close only waited for the dead writer: the calls were neither stored nor counted.)"""
+    db = tmp_path / "traces.db"
+    recorder = Recorder(db)
+    try:
+        recorder.flush()  # the writer runs (a first write would have started it)
+        os.kill(recorder._process.pid, signal.SIGSTOP)
+        submit_calls(recorder, 20)
+        deadline = time.monotonic() + 30
+        while recorder._sent < 20 and time.monotonic() < deadline:  # all in the stopped writer's pipe
+            time.sleep(0.01)
+        os.kill(recorder._process.pid, signal.SIGKILL)
+    finally:
+        recorder.close()
+    assert sorted(stored(db)) == sorted(f"call {i}" for i in range(20))
+    assert (recorder.written, recorder.failed, recorder.restarts) == (20, 0, 1)
+
+
+SIGNALLED_AS_IT_STARTS = """
+import json, os, signal, sys
+from agentaccel.traces.recorder import Recorder, RecordedCall
+for sig in (signal.SIGINT, signal.SIGTERM):  # the server takes both (cli/serve.py), its helpers ignore them
+    signal.signal(sig, lambda _sig, _frame: None)
+recorder = Recorder(sys.argv[1])
+os.killpg(0, signal.SIGINT)  # Ctrl-C and systemd's stop while the writer process is still starting
+os.killpg(0, signal.SIGTERM)
+for i in range(10):
+    recorder.submit(RecordedCall(stage="s", session_id="s", model="m",
+                                 messages=[{"role": "user", "content": f"call {i}"}], response=f"answer {i}"))
+recorder.close()
+print(json.dumps({"written": recorder.written, "restarts": recorder.restarts, "exit": recorder._process.exitcode}))
+"""
+
+
+def test_a_stop_signal_while_the_writer_starts_does_not_kill_it(tmp_path):
+    """A Ctrl-C or stop that reaches the server's process group while its writer process is still
+    starting (seconds on a loaded machine) waits until the writer ignores it: the writer lives and
+    stores every call, and none had to be sent again. (Before, it died of the signal half-started
+    holding what was sent to it: all 59 answered calls of a CI run were lost.)"""
+    db = tmp_path / "traces.db"
+    run = subprocess.run([sys.executable, "-c", SIGNALLED_AS_IT_STARTS, str(db)], capture_output=True, text=True,
+                         timeout=120, start_new_session=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert json.loads(run.stdout) == {"written": 10, "restarts": 0, "exit": 0}, run.stderr[-3000:]
+    assert sorted(stored(db)) == sorted(f"call {i}" for i in range(10))

@@ -15,7 +15,6 @@ import dataclasses
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -24,6 +23,7 @@ import traceback
 from collections import Counter
 from collections.abc import Callable
 
+from agentaccel.stop_signals import held_for_a_helper, ignored_in_this_helper
 from agentaccel.traces.retention import PruneReport, Retention, prune
 from agentaccel.traces.store import TraceStore
 
@@ -101,8 +101,9 @@ class Pruner:
     def _run(self) -> None:
         """Starts the pruning process and reads its reports; starts it again if it dies."""
         while not self._stop.is_set():
-            self.process = subprocess.Popen([sys.executable, "-m", "agentaccel.traces.pruner"], stdin=subprocess.PIPE,
-                                            stdout=subprocess.PIPE, text=True, bufsize=1)
+            with held_for_a_helper():
+                self.process = subprocess.Popen([sys.executable, "-m", "agentaccel.traces.pruner"],
+                                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
             self.process.stdin.write(self.settings.to_json() + "\n")
             self.process.stdin.flush()
             if self._stop.is_set():  # closed while it started
@@ -201,8 +202,7 @@ class Growth:
 def main() -> None:
     # a Ctrl-C or a SIGTERM to the server's process group is the server's to act on: this process
     # ends when the server does (its pipe closes), not before it, so the server never sees it die
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_IGN)
+    ignored_in_this_helper()
     os.nice(PRUNE_NICE)
     settings = PruneSettings.from_json(sys.stdin.readline())
 

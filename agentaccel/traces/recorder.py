@@ -30,15 +30,16 @@ import multiprocessing
 import os
 import pickle
 import queue
-import signal
 import sqlite3
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from multiprocessing import resource_tracker
 from pathlib import Path
 
+from agentaccel.stop_signals import held_for_a_helper, ignored_in_this_helper
 from agentaccel.traces.database import Location, in_conflict
 from agentaccel.traces.records import Call, Session, without_lone_surrogates
 from agentaccel.traces.store import TraceStore
@@ -49,6 +50,7 @@ Tokenize = tuple[str, Callable[[list[str]], list[list[int]]]]  # (fingerprint, e
 _SEND_MAX = 64  # calls pickled into one pipe message
 _LOCK_RETRIES = 4  # a batch waits out another writer's lock up to 1+2+4+8 s more (after SQLite's own 30 s)
 _RESTART_SECONDS = 5.0  # a writer that keeps dying is started again no more often than this
+_CLOSE_SECONDS = 60.0  # how long a close waits for the writer to store what it holds
 _WATCH_SECONDS = 1.0  # how often the sender looks whether the writer still runs when nothing is queued
 
 
@@ -121,7 +123,11 @@ class Recorder:
         self._process = self._ctx.Process(target=_writer_main, name="agentaccel-recorder", daemon=True,
                                           args=(self.location, *self._settings, reader, self._written, self._failed,
                                                 self._reopened))
-        self._process.start()
+        # multiprocessing starts its resource tracker at a process's first start, shielding it the same
+        # way and unblocking both signals after: started before they are blocked, it cannot undo that
+        resource_tracker.ensure_running()
+        with held_for_a_helper():
+            self._process.start()
         reader.close()  # the writer holds the only read end: our death is its end of input
         self._started_at = time.monotonic()
 
@@ -193,7 +199,6 @@ class Recorder:
         atexit.unregister(self.close)
         self._queue.put(None)
         self._sender.join()
-        self._process.join(60)
 
     def _send_loop(self) -> None:
         stop = False
@@ -214,7 +219,21 @@ class Recorder:
                 items = items[: items.index(None)]
             if items:
                 self._send(items)
-        self._pipe.close()
+        self._finish_writing()
+
+    def _finish_writing(self) -> None:
+        """At close: the writer sees its input end, writes what it holds and exits. One that died
+        instead, holding calls, is replaced as while serving (each call sent again once), so
+        that a close never drops calls a dead writer held without storing or counting them."""
+        while True:
+            self._pipe.close()
+            self._process.join(_CLOSE_SECONDS)
+            if self._process.exitcode in (0, None):  # written, or still writing (a daemon: it ends with us)
+                return
+            self._take_acknowledged()
+            if not self._held:
+                return
+            self._restart_writer()
 
     def _send(self, items: list, resent: int = 0) -> None:
         try:
@@ -253,11 +272,10 @@ def _writer_main(location: Location, redact: bool, batch_size: int, flush_second
     for more when that is set), and is written at once. So an idle server stores a call as soon
     as it is answered (other servers learn it within milliseconds), and a busy one writes in
     batches as large as its rate makes them (what arrives during a write is the next batch)."""
+    # The writer is the server's to stop, by closing its pipe (it then writes what it holds), never by
+    # the Ctrl-C or stop signal that reaches the server's whole process group (agentaccel/stop_signals.py)
+    ignored_in_this_helper()
     faulthandler.enable()  # a writer killed by a signal leaves its stack in the server's log
-    # Ctrl-C in a terminal and systemd's stop signal the server's whole process group: the writer is
-    # the server's to stop, by closing its pipe (it then writes what it holds), never mid-batch by a signal
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_IGN)
     # Background work: when cores are short, serving goes first (batches absorb the delay).
     with contextlib.suppress(OSError):
         os.nice(10)
