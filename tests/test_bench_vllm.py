@@ -84,6 +84,9 @@ def test_bench_vllm_compares_methods_on_bundled_workloads(tmp_path, cache):
     assert result["history"]["none"] is None and result["history"]["suffix"] is None
     assert result["history"]["drafter"] is None
     assert sum(result["history"]["agentaccel"]["calls_by_stage"].values()) == 5 + 1  # a question, an agent call
+    # answered by the run's own plain server (one start: none of its own), its prefix cache emptied after
+    plain = (logs / "vllm-none.log").read_text()
+    assert plain.count("===== start") == 1 and "Resetting prefix cache" in plain
     profile = result["profile"]["agentaccel"]
     assert profile["all"]["steps"] > 20 and 0 < profile["all"]["proposer_ms"] < profile["all"]["step_ms"]
     assert sum(s["seeded_outputs"] for s in profile["stages"].values()) == 6

@@ -273,3 +273,29 @@ def test_the_hybrid_learns_the_targets_step_apart_from_its_drafters_passes(calls
     assert drafted and all(s.drafter_seconds > 0 for s in drafted)
     for s in drafted:  # the step's own time, as the profile prices it: the drafter's is not in it
         assert s.seconds == pytest.approx(float(server.seconds(s.tokens, s.context, s.attention, s.requests)))
+
+
+def test_a_hybrid_that_skips_its_drafter_where_no_chain_is_sent_pays_no_pass_there(calls):
+    """`hybrid-skip` (what issue 72's drafter would be worth): the same choices, drafts and steps
+    as the hybrid, with no pass on a step that sends no row the model's chain, so it is faster by
+    the first passes of those steps; with passes free, the two are the same run."""
+    from agentaccel.simulation import batch_replay as br
+
+    server = parse("llama-3.1-8b@h100")
+    streams = br.sessions_of(calls[6:])
+    # the model right only at the first position of each output: the trees win most steps
+    half = made(calls, lambda call, top: np.where(np.arange(len(top))[:, None] < 1, top, 0).astype(np.int32))
+    results = {}
+    for name in ("hybrid", "hybrid-skip"):
+        for cost in (0.0, 0.3):
+            priced = DrafterPassCost(cost, cost)
+            (method,) = methods.build([name], server, drafter=half, pass_cost=priced)
+            for call in calls[:6]:
+                method.warm(call.output, call.stage)
+            results[name, cost] = br.simulate(streams, method, server, 4, noise=0.0, pass_cost=priced)
+    for cost in (0.0, 0.3):
+        every, skip = results["hybrid", cost], results["hybrid-skip", cost]
+        assert (skip.tokens, skip.steps, skip.accepted) == (every.tokens, every.steps, every.accepted)
+    assert results["hybrid-skip", 0.0].seconds == pytest.approx(results["hybrid", 0.0].seconds)
+    every, skip = results["hybrid", 0.3], results["hybrid-skip", 0.3]
+    assert skip.seconds < every.seconds, (skip.seconds, every.seconds)

@@ -41,8 +41,9 @@ REPLAY_SPECULATORS = ",".join(PER_CALL)
 DRAFTER_COST = "0.05"  # an EAGLE-3 head is 2-5 % of its target's size (docs/BENCHMARKS.md says where that comes from)
 
 DrafterOption = Annotated[Path | None, typer.Option(help="A model drafter's predictions (`bench drafter-predictions`): "
-                                                         "adds the methods drafter, hybrid, guided, branches and "
-                                                         "branches-d (default: none).")]
+                                                         "adds the methods drafter, drafter-async, hybrid, "
+                                                         "hybrid-skip, guided, branches and branches-d (default: "
+                                                         "none).")]
 
 
 def _pass_cost(text: str) -> DrafterPassCost:

@@ -158,11 +158,17 @@ class Hybrid(Drafter):
     request whichever of its trees' draft and the model's chain of `k` expects more accepted tokens,
     the model's priced by what its chains got accepted on the stage, the budget cutting both alike;
     then the model runs for the whole batch as far as the longest chain sent (at least one pass,
-    which keeps its KV cache in step: priced every step, used or not)."""
+    which keeps its KV cache in step: priced every step, used or not).
+
+    `skip_unsent`: what issue 72's drafter would be worth: a step that sends no row the model's
+    chain runs no pass at all, and the next step that runs the model catches its KV cache up on the
+    positions skipped within its first pass, at that pass's price (a GPU's first pass over a few
+    more tokens a row costs about what it does over one: it reads the same weights)."""
 
     def __init__(self, name: str, predictions: DrafterPredictions, *, config: SpecConfig, k: int = DEFAULT_MODEL_TOKENS,
-                 pass_share: float = 0.0, **chain) -> None:
+                 pass_share: float = 0.0, skip_unsent: bool = False, **chain) -> None:
         super().__init__(name, config, **chain)
+        self.skip_unsent = skip_unsent
         self.model = ModelDrafter(predictions, k)
         self.drafter.drafter_pass_share = pass_share  # what the plugin measures (hybrid.py), known here
         self.record = ModelRecords(k)  # the experiments below (Guided, Branches) choose with it
@@ -181,8 +187,9 @@ class Hybrid(Drafter):
         # them; it runs as far as the longest chain sent, and at least its first pass
         drafts = self.native_step(batch, self.model.k)
         sent = self.drafter.model_rows()
+        runs = any(sent) or not self.skip_unsent  # the model's passes this step, the first at least
         return [ModelChain(list(chain.token_ids)[:len(d)] if own else d,
-                           (len(d) if own else 1) if key is not None and new is not None else 0, own=own)
+                           (len(d) if own else 1) if key is not None and new is not None and runs else 0, own=own)
                 for key, new, d, own, chain in zip(batch.keys, batch.sampled, drafts, sent, self.model.step(batch),
                                                    strict=True)]
 

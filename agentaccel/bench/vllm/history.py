@@ -2,8 +2,10 @@
 same model (yesterday's runs), recorded as `agentaccel serve` records them. agentaccel's servers
 start from a copy of it; vLLM's methods have nothing of the kind (they start empty at every start).
 
-Made once by plain decoding (greedy: the outputs every method gives) on a server of its own, and
-kept in the cache folder for the next run of the same plan, so two runs compare the same history."""
+Made once by plain decoding (greedy: the outputs every method gives), on the run's own plain server
+when it has one (its prefix cache emptied after, as every other method starts with nothing cached:
+one vLLM start fewer), else on a server of its own; kept in the cache folder for the next run of
+the same plan, so two runs compare the same history."""
 
 from __future__ import annotations
 
@@ -29,19 +31,42 @@ def history_key(plan: Plan, layouts: dict[str, Layout]) -> str:
     return digest(*parts)[:16]
 
 
+def _cached(plan: Plan, layouts: dict[str, Layout]) -> tuple[str, Path | None]:
+    """The history's file name, and where the cache keeps it (None: the plan keeps no cache)."""
+    name = f"history-{history_key(plan, layouts)}.db"
+    return name, plan.cache / name if plan.cache is not None else None
+
+
+def history_to_make(plan: Plan, layouts: dict[str, Layout]) -> bool:
+    """Whether this plan has a history that no earlier run of it left in the cache."""
+    cached = _cached(plan, layouts)[1]
+    return any(layouts[w].history for w in layouts) and (cached is None or not cached.is_file())
+
+
 def history_store(plan: Plan, jobs: dict[str, list[Job]], layouts: dict[str, Layout], tok,
-                  progress: Callable[[str], None]) -> Path | None:
+                  progress: Callable[[str], None], plain: MethodServer | None = None) -> Path | None:
     """The store of every workload's history (None when the plan has none): from the cache when
-    this plan's was made before, else made now."""
+    this plan's was made before, else made now: on `plain` (the run's plain-decoding server,
+    started here if it is not yet, left running) or on a server of its own."""
     if not any(layouts[w].history for w in layouts):
         return None
-    name = f"history-{history_key(plan, layouts)}.db"
-    cached = plan.cache / name if plan.cache is not None else None
+    name, cached = _cached(plan, layouts)
     if cached is not None and cached.is_file():
         progress(f"history: {cached} (made by an earlier run of this plan)")
         return cached
     made = plan.log_dir / name
-    _make(plan, jobs, layouts, tok, made, progress)
+    server = plain or MethodServer("none", plan.model, plan.vllm_args, plan.log_dir, None)
+    if server.proc is None:
+        progress("history: starting plain vLLM to answer the earlier sessions")
+        server.launch()
+    try:
+        server.wait()
+        _make(server, plan.keep_prompt, jobs, layouts, tok, made, progress)
+        if plain is not None:  # measured next: nothing of the history cached, as on the other methods
+            plain.reset_prefix_cache()
+    finally:
+        if plain is None:
+            server.stop()
     if cached is None:
         return made
     cached.parent.mkdir(parents=True, exist_ok=True)
@@ -50,30 +75,24 @@ def history_store(plan: Plan, jobs: dict[str, list[Job]], layouts: dict[str, Lay
     return cached
 
 
-def _make(plan: Plan, jobs: dict[str, list[Job]], layouts: dict[str, Layout], tok, path: Path,
-          progress: Callable[[str], None]) -> None:
+def _make(server: MethodServer, keep_prompt: int, jobs: dict[str, list[Job]], layouts: dict[str, Layout], tok,
+          path: Path, progress: Callable[[str], None]) -> None:
+    """Every workload's history jobs answered by `server` (plain decoding), recorded into `path`."""
     from agentaccel.traces.recorder import Recorder
 
-    server = MethodServer("none", plan.model, plan.vllm_args, plan.log_dir, None)
-    progress("history: starting plain vLLM to answer the earlier sessions")
-    server.launch()
+    recorder = Recorder(path, flush_seconds=0.1)
+    client = Client(server.url, server.served_name, tok, keep_prompt, recorder=recorder)
     try:
-        server.wait()
-        recorder = Recorder(path, flush_seconds=0.1)
-        client = Client(server.url, server.served_name, tok, plan.keep_prompt, recorder=recorder)
-        try:
-            for workload, layout in layouts.items():
-                if layout.history:
-                    progress(f"history: {workload}, {len(layout.history)} jobs of earlier sessions")
-                    client.run_jobs(f"history/{workload}", [jobs[workload][i] for i in layout.history], CONCURRENCY)
-        finally:
-            client.close()
-            recorder.flush(120)
-            recorder.close()
-        if recorder.failed:
-            raise RuntimeError(f"history: {recorder.failed} calls could not be recorded into {path}")
+        for workload, layout in layouts.items():
+            if layout.history:
+                progress(f"history: {workload}, {len(layout.history)} jobs of earlier sessions")
+                client.run_jobs(f"history/{workload}", [jobs[workload][i] for i in layout.history], CONCURRENCY)
     finally:
-        server.stop()
+        client.close()
+        recorder.flush(120)
+        recorder.close()
+    if recorder.failed:
+        raise RuntimeError(f"history: {recorder.failed} calls could not be recorded into {path}")
     with TraceStore(path) as store:  # one file, no write-ahead log beside it: copied as it is
         store.checkpoint()
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 
 from agentaccel.bench.vllm.client import SERVER_COUNTERS, CallRecord, Client, spec_counters
-from agentaccel.bench.vllm.history import history_store, store_for
+from agentaccel.bench.vllm.history import history_store, history_to_make, store_for
 from agentaccel.bench.vllm.plan import Layout, Plan
 from agentaccel.bench.vllm.servers import MethodServer, ours, start_all, stop_servers
 from agentaccel.bench.vllm.sources import Job, workload_jobs
@@ -118,20 +118,25 @@ def run(plan: Plan, tok, arctic: Path | None, progress: Callable[[str], None]) -
     jobs = {w: workload_jobs(w, plan.sources, plan.sizes.history + plan.sizes.warm + plan.sizes.measured + 64, tok,
                              plan.max_tokens, plan.open_tokens) for w in plan.workloads}
     out = Measurement(layouts={w: Layout.of(jobs[w], plan.sizes) for w in plan.workloads}, drafter=plan.drafter)
-    out.history = history_store(plan, jobs, out.layouts, tok, progress)
-    out.history_calls = _calls_in(out.history)
-    servers = {}
-    for m in plan.methods:
-        store = store_for(m, out.history, plan.log_dir) if ours(m) else None
-        if store is not None:
-            out.stores[m] = store
-        servers[m] = MethodServer(m, plan.model, plan.vllm_args, plan.log_dir, arctic if m == "suffix" else None,
-                                  store, drafter=plan.drafter)
-    recorders = {m: Recorder(out.stores[m], flush_seconds=0.1) for m in out.stores}
+    servers: dict[str, MethodServer] = {}
+    if "none" in plan.methods and history_to_make(plan, out.layouts):  # it answers the history first: a start fewer
+        servers["none"] = MethodServer("none", plan.model, plan.vllm_args, plan.log_dir, None, dev_endpoints=True)
+    recorders: dict = {}
     clients: dict[str, Client] = {}
     try:
-        progress(f"starting {len(servers)} vLLM servers ({', '.join(servers)})")
-        start_all(list(servers.values()))
+        out.history = history_store(plan, jobs, out.layouts, tok, progress, servers.get("none"))
+        out.history_calls = _calls_in(out.history)
+        for m in plan.methods:
+            store = store_for(m, out.history, plan.log_dir) if ours(m) else None
+            if store is not None:
+                out.stores[m] = store
+            if m not in servers:
+                servers[m] = MethodServer(m, plan.model, plan.vllm_args, plan.log_dir,
+                                          arctic if m == "suffix" else None, store, drafter=plan.drafter)
+        recorders.update({m: Recorder(out.stores[m], flush_seconds=0.1) for m in out.stores})
+        starting = [s for s in servers.values() if s.proc is None]
+        progress(f"starting {len(starting)} vLLM servers ({', '.join(s.method for s in starting)})")
+        start_all(starting)
         clients.update({m: Client(s.url, s.served_name, tok, plan.keep_prompt, recorders.get(m))
                         for m, s in servers.items()})
         order = 0

@@ -126,8 +126,12 @@ class MethodServer:
     `log_dir/vllm-<method>.log`."""
 
     def __init__(self, method: str, model: str, vllm_args: list[str], log_dir: Path, arctic: Path | None,
-                 store: Path | None = None, served_name: str = "bench", drafter: dict | None = None) -> None:
+                 store: Path | None = None, served_name: str = "bench", drafter: dict | None = None,
+                 dev_endpoints: bool = False) -> None:
+        """`dev_endpoints`: vLLM's development endpoints on (VLLM_SERVER_DEV_MODE), for
+        `reset_prefix_cache`; the server listens on 127.0.0.1 only."""
         self.method, self.model, self.vllm_args, self.log_dir = method, model, vllm_args, log_dir
+        self.dev_endpoints = dev_endpoints
         self.speculative, self.drafter = method_config(method, drafter, model), drafter
         self.arctic, self.store, self.served_name = arctic, store, served_name
         self.log_path = log_dir / f"vllm-{method}.log"
@@ -141,7 +145,8 @@ class MethodServer:
         self.url = f"http://127.0.0.1:{port}"
         argv, env = launch_command(self.model, port, served_name=self.served_name, extra_args=self.vllm_args,
                                    speculative_config=self.speculative,
-                                   env=method_env(self.method, self.arctic, self.log_dir, self.store, self.drafter))
+                                   env={**method_env(self.method, self.arctic, self.log_dir, self.store, self.drafter),
+                                        **({"VLLM_SERVER_DEV_MODE": "1"} if self.dev_endpoints else {})})
         with self.log_path.open("a") as log:
             log.write(f"\n===== start {self.starts + 1} of {self.method} at {time.strftime('%H:%M:%S')}\n")
             log.flush()
@@ -162,6 +167,19 @@ class MethodServer:
                 pass
             time.sleep(1.0)
         raise RuntimeError(f"{self.method}: vLLM not ready after {timeout:g} s; see {self.log_path}")
+
+    def reset_prefix_cache(self, timeout: float = 60.0) -> None:
+        """Empties its prefix cache (vLLM's development endpoint: `dev_endpoints`); vLLM refuses
+        while blocks are still held, so it is asked again until it does it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            r = httpx.post(self.url + "/reset_prefix_cache", timeout=30)
+            r.raise_for_status()
+            if r.json().get("success"):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.method}: vLLM would not empty its prefix cache; see {self.log_path}")
+            time.sleep(0.5)
 
     def stop(self) -> None:
         """SIGTERM to its group, SIGKILL after STOP_GRACE seconds."""
