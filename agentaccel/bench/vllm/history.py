@@ -31,34 +31,24 @@ def history_key(plan: Plan, layouts: dict[str, Layout]) -> str:
     return digest(*parts)[:16]
 
 
-def _cached(plan: Plan, layouts: dict[str, Layout]) -> tuple[str, Path | None]:
-    """The history's file name, and where the cache keeps it (None: the plan keeps no cache)."""
-    name = f"history-{history_key(plan, layouts)}.db"
-    return name, plan.cache / name if plan.cache is not None else None
-
-
-def history_to_make(plan: Plan, layouts: dict[str, Layout]) -> bool:
-    """Whether this plan has a history that no earlier run of it left in the cache."""
-    cached = _cached(plan, layouts)[1]
-    return any(layouts[w].history for w in layouts) and (cached is None or not cached.is_file())
-
-
 def history_store(plan: Plan, jobs: dict[str, list[Job]], layouts: dict[str, Layout], tok,
                   progress: Callable[[str], None], plain: MethodServer | None = None) -> Path | None:
     """The store of every workload's history (None when the plan has none): from the cache when
-    this plan's was made before, else made now: on `plain` (the run's plain-decoding server,
-    started here if it is not yet, left running) or on a server of its own."""
+    this plan's was made before, else made now: on `plain` (the run's plain-decoding server, not
+    started yet: started here, its development endpoints on, and left running) or on a server of
+    its own."""
     if not any(layouts[w].history for w in layouts):
         return None
-    name, cached = _cached(plan, layouts)
+    name = f"history-{history_key(plan, layouts)}.db"
+    cached = plan.cache / name if plan.cache is not None else None
     if cached is not None and cached.is_file():
         progress(f"history: {cached} (made by an earlier run of this plan)")
         return cached
     made = plan.log_dir / name
     server = plain or MethodServer("none", plan.model, plan.vllm_args, plan.log_dir, None)
-    if server.proc is None:
-        progress("history: starting plain vLLM to answer the earlier sessions")
-        server.launch()
+    server.dev_endpoints = plain is not None  # to empty its prefix cache after
+    progress("history: starting plain vLLM to answer the earlier sessions")
+    server.launch()
     try:
         server.wait()
         _make(server, plan.keep_prompt, jobs, layouts, tok, made, progress)

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 
 from agentaccel.bench.vllm.client import SERVER_COUNTERS, CallRecord, Client, spec_counters
-from agentaccel.bench.vllm.history import history_store, history_to_make, store_for
+from agentaccel.bench.vllm.history import history_store, store_for
 from agentaccel.bench.vllm.plan import Layout, Plan
 from agentaccel.bench.vllm.servers import MethodServer, ours, start_all, stop_servers
 from agentaccel.bench.vllm.sources import Job, workload_jobs
@@ -119,8 +119,8 @@ def run(plan: Plan, tok, arctic: Path | None, progress: Callable[[str], None]) -
                              plan.max_tokens, plan.open_tokens) for w in plan.workloads}
     out = Measurement(layouts={w: Layout.of(jobs[w], plan.sizes) for w in plan.workloads}, drafter=plan.drafter)
     servers: dict[str, MethodServer] = {}
-    if "none" in plan.methods and history_to_make(plan, out.layouts):  # it answers the history first: a start fewer
-        servers["none"] = MethodServer("none", plan.model, plan.vllm_args, plan.log_dir, None, dev_endpoints=True)
+    if "none" in plan.methods:  # it answers the history first, when there is one to make: a start fewer
+        servers["none"] = MethodServer("none", plan.model, plan.vllm_args, plan.log_dir, None)
     recorders: dict = {}
     clients: dict[str, Client] = {}
     try:

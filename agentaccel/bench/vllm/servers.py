@@ -126,12 +126,11 @@ class MethodServer:
     `log_dir/vllm-<method>.log`."""
 
     def __init__(self, method: str, model: str, vllm_args: list[str], log_dir: Path, arctic: Path | None,
-                 store: Path | None = None, served_name: str = "bench", drafter: dict | None = None,
-                 dev_endpoints: bool = False) -> None:
-        """`dev_endpoints`: vLLM's development endpoints on (VLLM_SERVER_DEV_MODE), for
-        `reset_prefix_cache`; the server listens on 127.0.0.1 only."""
+                 store: Path | None = None, served_name: str = "bench", drafter: dict | None = None) -> None:
         self.method, self.model, self.vllm_args, self.log_dir = method, model, vllm_args, log_dir
-        self.dev_endpoints = dev_endpoints
+        # vLLM's development endpoints (VLLM_SERVER_DEV_MODE) at its next start: `reset_prefix_cache`
+        # needs them; the server listens on 127.0.0.1 only
+        self.dev_endpoints = False
         self.speculative, self.drafter = method_config(method, drafter, model), drafter
         self.arctic, self.store, self.served_name = arctic, store, served_name
         self.log_path = log_dir / f"vllm-{method}.log"
