@@ -422,15 +422,22 @@ void BatchDrafter::spend_budget(const StepCost& cost, size_t decoding, double co
 }
 
 void BatchDrafter::price_drafter_passes(double decoding, std::vector<std::vector<uint32_t>>& out) {
+  const double first = drafter_first_share_.load(std::memory_order_relaxed);
   const double share = drafter_pass_share_.load(std::memory_order_relaxed);
+  // The model's tokens at depth d (from 1) need its d-th pass for the whole batch. A pass is worth
+  // running only if the tokens it gives gain at least what it costs: its share x the plain step,
+  // at the rate of decoding/plain step tokens a second (as the budget prices a token), so their
+  // summed D must reach share x decoding. The first is priced only where it may be skipped.
+  if (first > 0.0) {
+    double gain = 0.0;
+    for (const Job& j : jobs_)
+      if (j.use_model && !out[j.index].empty()) gain += j.candidate.probs[0];
+    if (gain > 0.0 && gain < first * decoding) return send_no_chain(out);
+  }
   if (share <= 0.0) return;
   size_t longest = 0;
   for (const Job& j : jobs_)
     if (j.use_model) longest = std::max(longest, out[j.index].size());
-  // The model's tokens at depth d (from 1) need its d-th pass for the whole batch. The first runs
-  // every step whatever is sent; each further one is worth running only if the tokens it gives
-  // gain at least what it costs: share x the plain step, at the rate of decoding/plain step
-  // tokens a second (as the budget prices a token), so their summed D must reach share x decoding.
   // A chain's D never rises along it, so cutting from the deepest pass keeps the best ones.
   for (size_t depth = longest; depth > 1; --depth) {
     double gain = 0.0;
@@ -445,9 +452,26 @@ void BatchDrafter::price_drafter_passes(double decoding, std::vector<std::vector
   }
 }
 
-void BatchDrafter::set_drafter_pass_share(double share) {
-  if (!(share >= 0.0) || !std::isfinite(share)) throw InvalidInput("a drafter pass's share of a step must be >= 0");
-  drafter_pass_share_.store(share, std::memory_order_relaxed);
+void BatchDrafter::send_no_chain(std::vector<std::vector<uint32_t>>& out) {
+  // Each row the model's chain was chosen for gets the trees' candidate back, as far as the budget
+  // kept the chain (the tree's tokens were the less likely, so it would keep no more of them).
+  for (Job& j : jobs_) {
+    if (!j.use_model) continue;
+    const size_t kept = std::min(out[j.index].size(), j.tree.tokens.size());
+    out[j.index].assign(j.tree.tokens.begin(), j.tree.tokens.begin() + kept);
+    double score = 0.0;
+    for (size_t q = 0; q < kept; ++q) score += j.tree.probs[q];
+    j.entry->last_score = score;
+    j.candidate = std::move(j.tree);
+    j.use_model = false;
+  }
+}
+
+void BatchDrafter::set_drafter_pass_cost(double first, double further) {
+  for (double share : {first, further})
+    if (!(share >= 0.0) || !std::isfinite(share)) throw InvalidInput("a drafter pass's share of a step must be >= 0");
+  drafter_first_share_.store(first, std::memory_order_relaxed);
+  drafter_pass_share_.store(further, std::memory_order_relaxed);
 }
 
 void BatchDrafter::release(const std::string& rid) {
@@ -489,7 +513,7 @@ void BatchDrafter::draft_range(std::vector<std::vector<uint32_t>>& out) {
         ++grown;
       j.model.resize(grown), j.model_probs.resize(grown);
       if (prefer_model(j, j.confidence * j.candidate.score)) {
-        j.candidate = Draft{};
+        j.tree = std::exchange(j.candidate, Draft{});
         j.candidate.tokens = j.model;
         j.candidate.probs = j.model_probs;
         for (double p : j.model_probs) j.candidate.score += p;

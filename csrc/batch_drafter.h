@@ -142,10 +142,15 @@ class BatchDrafter {
   // The hybrid: the forward passes its model drafter ran after the last step and their time (the
   // next step's timing counts them apart from the target's step).
   void drafter_ran(uint32_t passes, double seconds);
-  // The hybrid under a step budget: one more pass of the model drafter, as a share of the batch's
-  // plain step (0: passes not priced). Each pass past the first must gain what it costs.
-  void set_drafter_pass_share(double share);
-  double drafter_pass_share() const { return drafter_pass_share_.load(std::memory_order_relaxed); }
+  // The hybrid under a step budget: its model drafter's passes, as shares of the batch's plain
+  // step (0: not priced). `further`: each pass past the first, which must gain what it costs.
+  // `first`: the first pass, where a step that sends no chain runs none (its skipped positions
+  // caught up in the next first pass): the chains of a step must together gain it, or none is sent
+  // and their rows get the trees' drafts back. 0 where the first pass runs every step anyway.
+  void set_drafter_pass_cost(double first, double further);
+  std::pair<double, double> drafter_pass_cost() const {
+    return {drafter_first_share_.load(std::memory_order_relaxed), drafter_pass_share_.load(std::memory_order_relaxed)};
+  }
   // Per stage: what the model drafter's chains got accepted (a restart starts from a kept record).
   std::map<std::string, ModelRecord> model_records() const;
   // Starts a stage's record from a kept one; false (nothing kept) for a new stage past kMaxCountedStages.
@@ -176,6 +181,7 @@ class BatchDrafter {
     double context = 0.0;     // tokens its queries attend over next step
     double confidence = 1.0;  // the trust its stage's policy gives its estimates
     Draft candidate;          // with a step cost: the grown draft before the budget cuts it
+    Draft tree;                         // the hybrid: the trees' candidate when the model's was preferred
     std::vector<uint32_t> model;        // the hybrid: the model's chain for this row (cut to `budget`)
     std::vector<double> model_probs;    // its tokens' D from the stage's model record
     bool use_model = false;             // the model's chain was chosen over the trees' draft
@@ -214,8 +220,11 @@ class BatchDrafter {
   void record_timing(StepTiming timed, std::chrono::steady_clock::time_point started);
   void spend_budget(const StepCost& cost, size_t decoding, double context, double attention, double rows,
                     std::vector<std::vector<uint32_t>>& out);
-  // Cuts the model chains sent back to the passes that pay for themselves (the budget's drafts).
+  // Cuts the model chains sent back to the passes that pay for themselves (the budget's drafts):
+  // none where their first tokens do not pay for the first pass (its price set), the trees'
+  // drafts back in their rows; then the passes after it, deepest first.
   void price_drafter_passes(double decoding, std::vector<std::vector<uint32_t>>& out);
+  void send_no_chain(std::vector<std::vector<uint32_t>>& out);
   void retire(const std::string& rid, const Entry& e);  // frees the engine request, queues its output
   void flush();  // adds the pending outputs to their stage trees
   void worker_loop();
@@ -249,6 +258,7 @@ class BatchDrafter {
   size_t last_model_passes_ = 0;  // ... and the longest chain among them (model_passes)
   double pass_floor_ = 0.0;       // this step: the D a model token past the first must reach (its pass's share)
   std::atomic<double> drafter_pass_share_{0.0};  // one more drafter pass, in plain steps of the batch
+  std::atomic<double> drafter_first_share_{0.0};  // its first pass where a step may skip it (0: never skipped)
   std::atomic<uint64_t> proposer_ns_{0}, steps_{0};
 
   // Drafting pool: the caller bumps `generation_`, every thread takes jobs from `next_job_`.

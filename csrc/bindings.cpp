@@ -226,8 +226,8 @@ NB_MODULE(_core, m) {
       .def("model_rows", &BatchDrafter::model_rows, Release())
       .def("model_passes", &BatchDrafter::model_passes, Release())
       .def("drafter_ran", &BatchDrafter::drafter_ran, "passes"_a, "seconds"_a, Release())
-      .def("set_drafter_pass_share", &BatchDrafter::set_drafter_pass_share, "share"_a, Release())
-      .def("drafter_pass_share", &BatchDrafter::drafter_pass_share)
+      .def("set_drafter_pass_cost", &BatchDrafter::set_drafter_pass_cost, "first"_a, "further"_a, Release())
+      .def("drafter_pass_cost", &BatchDrafter::drafter_pass_cost)
       .def("model_records", &BatchDrafter::model_records, Release())
       .def("set_model_record", &BatchDrafter::set_model_record, "stage"_a, "record"_a, Release());
 

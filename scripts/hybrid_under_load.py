@@ -110,7 +110,7 @@ def main() -> None:
     hybrid = build("hybrid")
     choice = watch_choice(hybrid, k)
     results = {"hybrid": run(hybrid),
-               "hybrid, known cost": run(Hybrid("hybrid", predictions, k=k, pass_share=cost, cost=server.model,
+               "hybrid, known cost": run(Hybrid("hybrid", predictions, k=k, pass_cost=cost, cost=server.model,
                                                 **chain)),
                "hybrid, learner warmed": run(build("hybrid"), warm_run=True),
                "model alone": run(build("drafter"))}

@@ -9,6 +9,7 @@ import pytest
 from agentaccel.engine import SpecConfig, SuffixEngine
 from agentaccel.engine.batch import BatchDrafter
 from agentaccel.engine.cost import StepCostModel
+from agentaccel.engine.cost.drafter_pass import DrafterPassCost
 
 SPEC = SpecConfig(tree=False, alpha=1.0, min_prob=0.1, cost=0.02)
 MAX_LEN = 512
@@ -397,7 +398,7 @@ def test_each_drafter_pass_past_the_first_is_sent_only_where_its_tokens_gain_its
         drafter = BatchDrafter(seeded_engine())
         drafter.set_step_cost(StepCostModel(tuple(1.0 + 0.001 * t for t in range(64))))
         drafter.set_model_record("s", [100, 100, 100], [100, 60, 10])  # D 0.98, 0.59, 0.10 by depth
-        drafter.drafter_pass_share = share
+        drafter.drafter_pass_cost = DrafterPassCost(0.0, share)
         batch = Batch([fresh_doc(8 + i) for i in range(rows)])
         rids = [f"r{i}" for i in range(rows)]
         for rid in rids:
@@ -416,7 +417,7 @@ def test_each_drafter_pass_past_the_first_is_sent_only_where_its_tokens_gain_its
     drafter = BatchDrafter(seeded_engine())
     drafter.set_step_cost(StepCostModel(tuple(1.0 + 0.001 * t for t in range(64))))
     drafter.set_model_record("s", [100, 100, 100], [100, 60, 10])
-    drafter.drafter_pass_share = 0.3
+    drafter.drafter_pass_cost = DrafterPassCost(0.0, 0.3)
     batch = Batch([fresh_doc(20 + i) for i in range(4)])
     rids = [f"r{i}" for i in range(4)]
     for rid in rids:
@@ -428,7 +429,45 @@ def test_each_drafter_pass_past_the_first_is_sent_only_where_its_tokens_gain_its
     one = drafter.step(rids[:1], batch.rows, batch.num_tokens, last[:1], 16, MAX_LEN, model_chains=3)
     assert len(one[0]) == 2  # alone, though expected to share with 4: its third pass gains 0.10 < 0.3
     with pytest.raises(ValueError, match=">= 0"):
-        BatchDrafter(seeded_engine()).drafter_pass_share = -0.1
+        BatchDrafter(seeded_engine()).drafter_pass_cost = DrafterPassCost(0.0, -0.1)
+    with pytest.raises(ValueError, match=">= 0"):
+        BatchDrafter(seeded_engine()).drafter_pass_cost = DrafterPassCost(float("nan"), 0.1)
+
+
+def test_where_the_first_pass_may_be_skipped_the_chains_must_pay_for_it_or_the_trees_draft():
+    """A drafter that runs no pass on a step sending no chain (hybrid.py, worker alone) makes the
+    first pass a choice too: the chains of a step must together gain its price (first x the
+    requests decoding, as a further pass), or none is sent and each row gets back the trees'
+    candidate the model's chain had been preferred to, as far as the budget kept the chain."""
+    def step(first, rows=1):
+        drafter = BatchDrafter(seeded_engine())
+        drafter.set_step_cost(StepCostModel(tuple(1.0 + 0.001 * t for t in range(64))))
+        drafter.set_model_record("s", [100, 100, 100], [100, 95, 90])  # D 0.98, 0.94, 0.89: beats the trees
+        drafter.drafter_pass_cost = DrafterPassCost(first, 0.0)
+        batch = Batch(corpus(seed=4, n=1) * rows)  # the trees expect about 1.2 tokens of their draft
+        rids = [f"r{i}" for i in range(rows)]
+        for rid in rids:
+            drafter.admit(rid, "s")
+        last = [[int(batch.rows[i, batch.num_tokens[i] - 1])] for i in range(rows)]
+        drafts = drafter.step(rids, batch.rows, batch.num_tokens, last, 16, MAX_LEN, model_chains=3)
+        trees = BatchDrafter(seeded_engine())  # the same rows drafted by the trees alone
+        trees.set_step_cost(StepCostModel(tuple(1.0 + 0.001 * t for t in range(64))))
+        for rid in rids:
+            trees.admit(rid, "s")
+        alone = trees.step(rids, batch.rows, batch.num_tokens, last, 16, MAX_LEN)
+        return drafter.model_rows(), drafter.model_passes(), drafts, alone
+
+    sent, passes, drafts, _ = step(0.0)  # the first pass runs anyway: the model's chains go
+    assert sent == [True] and passes == 3 and len(drafts[0]) == 3
+    sent, passes, drafts, _ = step(0.9)  # 0.98 of its first tokens pays for 0.9 x 1
+    assert sent == [True] and passes == 3
+    sent, passes, drafts, alone = step(1.5)  # it does not: no chain, no pass, the trees' drafts
+    assert sent == [False] and passes == 0
+    assert drafts[0] and drafts[0] == alone[0][:len(drafts[0])] and len(drafts[0]) <= 3
+    sent, passes, _, _ = step(1.5, rows=2)  # two rows share the pass: 1.96 < 1.5 x 2, still none
+    assert sent == [False, False] and passes == 0
+    sent, passes, _, _ = step(0.9, rows=2)  # 1.96 >= 0.9 x 2
+    assert sent == [True, True] and passes == 3
 
 
 def test_the_model_chain_competes_with_the_trees_as_far_as_its_passes_pay():
@@ -439,7 +478,7 @@ def test_the_model_chain_competes_with_the_trees_as_far_as_its_passes_pay():
         drafter = BatchDrafter(seeded_engine())
         drafter.set_step_cost(StepCostModel(tuple(1.0 + 0.001 * t for t in range(64))))
         drafter.set_model_record("s", [100, 100, 100], [100, 60, 10])  # D 0.98, 0.59, 0.10: 1.67 in all
-        drafter.drafter_pass_share = share
+        drafter.drafter_pass_cost = DrafterPassCost(0.0, share)
         batch = Batch(corpus(seed=4, n=1))  # the trees expect about 1.2 tokens of their draft
         drafter.admit("r", "s")
         drafts = drafter.step(["r"], batch.rows, batch.num_tokens, [[int(batch.rows[0, batch.num_tokens[0] - 1])]],

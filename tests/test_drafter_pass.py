@@ -33,15 +33,16 @@ def test_a_pass_cost_reads_as_first_and_further_or_one_for_every_pass():
 
 def test_no_share_until_calls_of_different_pass_counts_are_seen_and_never_below_zero():
     share = DrafterPassShare()
-    assert share.share is None
+    assert share.share is None and share.priced is None
     for _ in range(50):
         share.observe(1, 0.03, 0.1)  # the first pass alone: what the others cost is not known yet
         share.observe(0, 0.0, 0.1)  # an untimed call is left out
     assert share.share is None and share.calls == 50
     assert share.mean == pytest.approx(0.3)  # the flat price, where no line can be fitted
+    assert share.priced == DrafterPassCost(share.mean, share.mean)  # chains of one token: every pass alike
     for _ in range(50):
         share.observe(3, 0.029, 0.1)  # noise that makes more passes look cheaper
-    assert share.share == 0.0
+    assert share.share == 0.0 and share.priced == share.cost
 
 
 def test_a_server_that_gets_slower_is_followed():

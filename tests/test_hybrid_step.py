@@ -11,7 +11,7 @@ import torch
 from test_batch_drafter import MAX_LEN, Batch, corpus, fresh_doc, seeded_engine
 
 from agentaccel.backends.vllm.hybrid import hybrid_of
-from agentaccel.backends.vllm.proposer import AgentaccelProposer
+from agentaccel.backends.vllm.proposer import AgentaccelProposer, DrafterSkipping
 from agentaccel.engine.batch import BatchDrafter
 from agentaccel.engine.cost.drafter_pass import DrafterPassShare
 
@@ -41,14 +41,18 @@ class InputBatch:
         self.req_ids, self.token_ids_cpu, self.num_tokens_no_spec = rids, batch.rows, batch.num_tokens
 
 
-def hybrid(rows: int, alone: bool):
-    """A hybrid proposer over EagleLike, the trees a real plugin proposer on a seeded BatchDrafter."""
+def hybrid(rows: int, alone: bool, skips: bool = False):
+    """A hybrid proposer over EagleLike, the trees a real plugin proposer on a seeded BatchDrafter;
+    `skips`: no pass on a step that sends no chain (EagleLike has no KV cache to catch up)."""
     trees = object.__new__(AgentaccelProposer)
     trees.drafts, trees.num_speculative_tokens, trees.max_model_len = True, 16, MAX_LEN
     trees.drafter, trees.pass_share = BatchDrafter(seeded_engine()), DrafterPassShare()
+    trees.skipping = DrafterSkipping()
     proposer = object.__new__(hybrid_of(EagleLike))
     EagleLike.__init__(proposer, rows)
     proposer._model_tokens, proposer._trees, proposer._passes_vary = CHAIN, trees, alone
+    proposer._skips, proposer._catch_up = skips, None
+    trees.drafter_skips(skips)
     proposer._sampled = proposer._input_batch = None
     return proposer
 
@@ -80,6 +84,19 @@ def test_a_worker_alone_runs_only_the_passes_the_chains_sent_need_and_places_the
         assert sent == [False] and not any(t > 999 for t in drafts[0])
     assert proposer.passes_run == [3, 3, 3, 0, 0]  # none sent: only the pass that keeps its cache in step
     assert proposer.prepared == 5
+
+
+def test_a_worker_alone_that_skips_runs_no_pass_on_a_step_that_sends_no_chain():
+    """The same steps with skipping on (a worker alone, hybrid.py): the two steps that send no chain
+    run the drafter not at all, and each step's timing says so (0 passes: the step log's)."""
+    proposer = hybrid(rows=2, alone=True, skips=True)
+    seen = run(proposer, steps=6, leave_after=3)
+    assert [sent for _, sent in seen] == [[False, True]] * 3 + [[False]] * 3
+    assert proposer.passes_run == [3, 3, 3]
+    timed = proposer._trees.drafter.drain_timings()  # each step times the passes run after the one before
+    assert [t.drafter_passes for t in timed] == [3, 3, 3, 0, 0]
+    assert proposer._trees.skipping.skips
+    assert proposer._trees.skipping.state() == {"drafter_steps_run": 3, "drafter_steps_skipped": 3}
 
 
 def test_a_worker_split_with_others_runs_every_pass_every_step():

@@ -37,7 +37,9 @@ def bench_vllm(
                                               "(our proposer drafting nothing: what speculation being on costs), "
                                               "drafter (vLLM's draft-model speculation with --drafter), "
                                               "agentaccel-drafter (the hybrid: agentaccel with that drafter "
-                                              "beside its trees).")]
+                                              "beside its trees; agentaccel-drafter-every-step: its drafter's "
+                                              "first pass run on every step, agentaccel-drafter-stale: none run "
+                                              "on a step that sends no chain, nor caught up after).")]
     = "none,suffix,agentaccel",
     workloads: Annotated[str, typer.Option(help="Comma-separated, from sql, agent, chat.")] = "sql,agent,chat",
     concurrency: Annotated[str, typer.Option(help="Requests in flight, comma-separated; each level runs its own "
@@ -106,7 +108,7 @@ def bench_vllm(
     (where they name the same option, theirs win)."""
     from agentaccel.backends.vllm.drafting import hybrid_config
     from agentaccel.bench.vllm import plan as vplan
-    from agentaccel.bench.vllm.servers import METHODS, NEEDS_DRAFTER, drafter_config
+    from agentaccel.bench.vllm.servers import HYBRIDS, METHODS, NEEDS_DRAFTER, drafter_config
     from agentaccel.bench.vllm.sources import WORKLOADS, workload_jobs
 
     need_plots(plot)
@@ -133,7 +135,7 @@ def bench_vllm(
 
         try:
             drafter_spec = drafter_config(drafter_folder(drafter), drafter_tokens)
-            if "agentaccel-drafter" in chosen_methods:
+            if any(m in HYBRIDS for m in chosen_methods):
                 hybrid_config(drafter_spec)
         except ValueError as e:
             raise fail(f"--drafter: {e}") from e

@@ -42,7 +42,7 @@ DRAFTER_COST = "0.05"  # an EAGLE-3 head is 2-5 % of its target's size (docs/BEN
 
 DrafterOption = Annotated[Path | None, typer.Option(help="A model drafter's predictions (`bench drafter-predictions`): "
                                                          "adds the methods drafter, drafter-async, hybrid, "
-                                                         "hybrid-skip, guided, branches and branches-d (default: "
+                                                         "hybrid-every-step, guided, branches and branches-d (default: "
                                                          "none).")]
 
 

@@ -11,6 +11,7 @@ policy, which the engine holds (`SuffixEngine.set_policy`).
 
 from __future__ import annotations
 
+from agentaccel.engine.cost.drafter_pass import DrafterPassCost
 from agentaccel.engine.cost.model import StepCostModel
 from agentaccel.engine.suffix_engine import SuffixEngine, _core, _rid, scoped_stage
 
@@ -96,14 +97,16 @@ class BatchDrafter:
         self._native.drafter_ran(passes, seconds)
 
     @property
-    def drafter_pass_share(self) -> float:
-        """One more forward pass of the hybrid's model drafter, in plain steps of the batch: under a
-        step budget, each pass past the first must gain that (0: passes not priced)."""
-        return self._native.drafter_pass_share()
+    def drafter_pass_cost(self) -> DrafterPassCost:
+        """The hybrid's model drafter's passes under a step budget, in plain steps of the batch:
+        each pass past the first must gain `further`; where a step that sends no chain runs no pass,
+        the chains of a step must together gain `first` (else none is sent and the rows get the
+        trees' drafts). FREE: not priced."""
+        return DrafterPassCost(*self._native.drafter_pass_cost())
 
-    @drafter_pass_share.setter
-    def drafter_pass_share(self, share: float) -> None:
-        self._native.set_drafter_pass_share(share)
+    @drafter_pass_cost.setter
+    def drafter_pass_cost(self, cost: DrafterPassCost) -> None:
+        self._native.set_drafter_pass_cost(cost.first, cost.further)
 
     def model_records(self) -> dict[str, _core.ModelRecord]:
         """Per stage: at each depth of the model's chains, how many reached it and how many had

@@ -34,9 +34,9 @@ and `suffix` as vLLM's own suffix decoding does with the same knobs.
   with vLLM's async scheduling, which EAGLE alone keeps (each step's host work hidden, as
   `none-async`) and the hybrid gives up; `hybrid`: the plugin's native
   choice, each request drafting from its trees or the model, whichever expects more accepted tokens
-  (SuffixDecoding's hybrid, the budget pricing both); `hybrid-skip`: the hybrid whose model runs
-  no pass on a step that sends no row its chain, its KV cache caught up within the next first pass
-  (a prediction of what that is worth: the plugin runs the first pass every step);
+  (SuffixDecoding's hybrid, the budget pricing both), its model running no pass on a step that
+  sends no row its chain (its KV cache caught up within the next first pass), as the plugin on a
+  worker alone; `hybrid-every-step`: its first pass every step, as the plugin split over workers;
   `guided`: the hybrid with the model weighing the plugin's candidates for the budget (each
   token's chance by the model's probability of it: one pass of the drafter over them);
   `branches`: the model choosing among the branches of a tree the engine drafts (`branches-d`:
@@ -132,13 +132,12 @@ def build(names: Sequence[str], server: Server | None = None, *, start: StepCost
     if drafter is not None:
         factories["drafter"] = lambda: ModelDrafter(drafter, drafter_tokens)
         factories["drafter-async"] = lambda: ModelDrafter(drafter, drafter_tokens, "drafter-async", overlapped=True)
-        factories["hybrid"] = lambda: Hybrid("hybrid", drafter, **chain, k=drafter_tokens,
-                                             pass_share=pass_cost.further, learn_from=start or seed("gpu"))
-        factories["hybrid-skip"] = lambda: Hybrid("hybrid-skip", drafter, **chain, k=drafter_tokens,
-                                                  pass_share=pass_cost.further, learn_from=start or seed("gpu"),
-                                                  skip_unsent=True)
-        factories["guided"] = lambda: Guided("guided", drafter, **chain, k=drafter_tokens,
-                                             pass_share=pass_cost.further,
+        factories["hybrid"] = lambda: Hybrid("hybrid", drafter, **chain, k=drafter_tokens, pass_cost=pass_cost,
+                                             learn_from=start or seed("gpu"))
+        factories["hybrid-every-step"] = lambda: Hybrid("hybrid-every-step", drafter, **chain, k=drafter_tokens,
+                                                        pass_cost=pass_cost, learn_from=start or seed("gpu"),
+                                                        skips=False)
+        factories["guided"] = lambda: Guided("guided", drafter, **chain, k=drafter_tokens, pass_cost=pass_cost,
                                              learn_from=start or seed("gpu"))
         if server is not None:
             factories["branches"] = lambda: Branches("branches", plugin.config, drafter, server.model,

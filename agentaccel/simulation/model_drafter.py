@@ -22,6 +22,7 @@ from agentaccel import _core
 from agentaccel.backends.vllm.drafting import DEFAULT_MODEL_TOKENS
 from agentaccel.engine import SpecConfig
 from agentaccel.engine.cost import StepCostModel
+from agentaccel.engine.cost.drafter_pass import FREE, DrafterPassCost
 from agentaccel.simulation.drafter_predictions import DrafterPredictions
 from agentaccel.simulation.speculator import EMPTY, Batch, Chain, PerRequest
 from agentaccel.simulation.speculators import Drafter, Suffix
@@ -157,20 +158,21 @@ class Hybrid(Drafter):
     """The plugin's hybrid (backends/vllm/hybrid.py): the plugin's one native call sends each
     request whichever of its trees' draft and the model's chain of `k` expects more accepted tokens,
     the model's priced by what its chains got accepted on the stage, the budget cutting both alike;
-    then the model runs for the whole batch as far as the longest chain sent (at least one pass,
-    which keeps its KV cache in step: priced every step, used or not).
+    then the model runs for the whole batch as far as the longest chain sent.
 
-    `skip_unsent`: what issue 72's drafter would be worth: a step that sends no row the model's
-    chain runs no pass at all, and the next step that runs the model catches its KV cache up on the
-    positions skipped within its first pass, at that pass's price (a GPU's first pass over a few
-    more tokens a row costs about what it does over one: it reads the same weights)."""
+    `skips` (the plugin on a worker alone): a step that sends no row the model's chain runs no pass,
+    the next one that runs catching its KV cache up on the positions skipped within its first pass
+    (a GPU's first pass over a few more tokens a row costs about what it does over one: it reads
+    the same weights), and the budget prices that first pass as it does the others (`pass_cost`:
+    what the plugin measures, known here). Without: the first pass runs every step, unpriced (the
+    plugin split over workers, or told `drafter_skip: never`)."""
 
     def __init__(self, name: str, predictions: DrafterPredictions, *, config: SpecConfig, k: int = DEFAULT_MODEL_TOKENS,
-                 pass_share: float = 0.0, skip_unsent: bool = False, **chain) -> None:
+                 pass_cost: DrafterPassCost = FREE, skips: bool = True, **chain) -> None:
         super().__init__(name, config, **chain)
-        self.skip_unsent = skip_unsent
+        self.skips = skips
         self.model = ModelDrafter(predictions, k)
-        self.drafter.drafter_pass_share = pass_share  # what the plugin measures (hybrid.py), known here
+        self.drafter.drafter_pass_cost = pass_cost if skips else DrafterPassCost(0.0, pass_cost.further)
         self.record = ModelRecords(k)  # the experiments below (Guided, Branches) choose with it
         self._stage: dict[str, str] = {}
 
@@ -184,10 +186,10 @@ class Hybrid(Drafter):
 
     def step(self, batch: Batch) -> list:
         # as the plugin: the native choice on chains of k, then the model's tokens in the rows sent
-        # them; it runs as far as the longest chain sent, and at least its first pass
+        # them; it runs as far as the longest chain sent, its first pass at least unless it skips
         drafts = self.native_step(batch, self.model.k)
         sent = self.drafter.model_rows()
-        runs = any(sent) or not self.skip_unsent  # the model's passes this step, the first at least
+        runs = any(sent) or not self.skips
         return [ModelChain(list(chain.token_ids)[:len(d)] if own else d,
                            (len(d) if own else 1) if key is not None and new is not None and runs else 0, own=own)
                 for key, new, d, own, chain in zip(batch.keys, batch.sampled, drafts, sent, self.model.step(batch),

@@ -29,7 +29,7 @@ import multiprocessing.util
 import os
 import threading
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from agentaccel.backends import model_records
@@ -271,6 +271,7 @@ class AgentaccelProposer:
             if db and settings.save:
                 self.model_keeper = model_records.ModelRecordKeeper(self.drafter, db, key)
             self.pass_share = DrafterPassShare()
+        self.skipping = DrafterSkipping()  # the hybrid's steps run and skipped, and the catch-up's counts
         if settings.online:  # --no-record: calibrated in memory, never saved
             self.calibration, self.keeper = start_online(self.engine, online, db if settings.save else None)
             CounterCalibration(self.drafter, self.calibration, STATS_INTERVAL).start()
@@ -289,7 +290,7 @@ class AgentaccelProposer:
                 at_exit(keeper.close)
         if settings.stats:  # each data-parallel rank writes a file of its own
             path = stats_files.rank_path(Path(settings.stats), data_parallel_rank(vllm_config), place.tensor_rank)
-            StatsWriter(self.drafter, path, self.calibration, self.step_cost, self.follower, self.seeded,
+            StatsWriter(self.drafter, path, self.calibration, self.step_cost, self.follower, self.seeded, self.skipping,
                         worker=log.extra["rank"]).start()
 
     def _seed(self, vllm_config, settings: PluginSettings) -> None:
@@ -344,27 +345,53 @@ class AgentaccelProposer:
         """The last step's longest model chain sent (the hybrid)."""
         return self.drafter.model_passes() if self.drafts else 0
 
-    def drafter_ran(self, passes: int, seconds: float, input_batch, sampled_token_ids) -> None:
-        """The hybrid's model drafter ran `passes` (0: its first alone) for this step's batch in
-        `seconds`: the next step's timing counts them apart from the target's step (which the step
-        cost is learned from), and once the step cost is in seconds the budget prices each pass
-        past the first at the share of the batch's plain step they took (engine/cost/drafter_pass.py)."""
+    def drafter_skips(self, skips: bool) -> None:
+        """The hybrid's drafter runs no pass on a step that sends no chain (hybrid.py): its first
+        pass is then a choice the budget prices, as it does the passes after it."""
+        if self.drafts:
+            self.skipping.skips = skips
+
+    def drafter_ran(self, passes: int, seconds: float, input_batch, sampled_token_ids, chosen: bool = True) -> None:
+        """The hybrid's model drafter ran `passes` (0: none, the step skipped it) for this step's
+        batch in `seconds`: the next step's timing counts them apart from the target's step (which
+        the step cost is learned from), and once the step cost is in seconds the budget prices its
+        passes at the shares of the batch's plain step they took (engine/cost/drafter_pass.py): the
+        first one too where a step may skip it. A call not `chosen` (run although no chain was
+        sent) is timed but does not price a pass."""
         if not self.drafts:
             return
-        self.drafter.drafter_ran(max(passes, 1), seconds)
+        self.drafter.drafter_ran(passes, seconds)
+        self.skipping.steps[bool(passes)] += 1
         cost = self.drafter.step_cost  # None until learned in seconds
         rows = sum(1 for tokens in sampled_token_ids if len(tokens))
-        if cost is None or not rows:
+        if cost is None or not rows or not passes or not chosen:
             return
         n = len(sampled_token_ids)
         context = float(input_batch.num_tokens_no_spec[:n].sum())
         self.pass_share.observe(passes, seconds, float(cost.seconds(rows, context, context, rows)))
-        share = self.pass_share.share
-        if share is not None:
-            self.drafter.drafter_pass_share = share
+        learned = self.pass_share.priced
+        if learned is not None:
+            # a first pass that runs every step is no choice: unpriced
+            self.drafter.drafter_pass_cost = learned if self.skipping.skips else replace(learned, first=0.0)
 
     def load_model(self, *args, **kwargs) -> None:
         """No draft model to load."""
+
+
+class DrafterSkipping:
+    """The hybrid's model drafter: the steps it ran and skipped (hybrid.py), and what the catch-up
+    (catch_up.py, where it runs) wrote late and left stale, in tokens."""
+
+    def __init__(self) -> None:
+        self.skips = False  # a step that sends no chain runs no pass (hybrid.py says)
+        self.steps = [0, 0]  # [skipped, ran]
+        self.catch_up = None
+
+    def state(self) -> dict:
+        state = {"drafter_steps_run": self.steps[1], "drafter_steps_skipped": self.steps[0]}
+        if self.catch_up is not None:
+            state.update(caught_up_tokens=self.catch_up.caught_up_tokens, stale_tokens=self.catch_up.dropped_tokens)
+        return state
 
 
 class StatsWriter(threading.Thread):
@@ -376,10 +403,12 @@ class StatsWriter(threading.Thread):
 
     def __init__(self, drafter: BatchDrafter, path: Path, calibration: OnlineCalibration | None = None,
                  step_cost: LearnedStepCost | None = None, follower=None, seeded: dict | None = None,
-                 interval: float = STATS_INTERVAL, worker: str = "dp0 tp0") -> None:
+                 skipping: DrafterSkipping | None = None, interval: float = STATS_INTERVAL,
+                 worker: str = "dp0 tp0") -> None:
         super().__init__(name="agentaccel-stats", daemon=True)
         self.drafter, self.path, self.calibration, self.interval = drafter, path, calibration, interval
         self.step_cost, self.follower, self.seeded, self.worker = step_cost, follower, seeded or {}, worker
+        self.skipping = skipping
 
     def run(self) -> None:
         last = None
@@ -403,8 +432,11 @@ class StatsWriter(threading.Thread):
         """The proposer's own time, and the step cost it drafts under (seconds of a step computing
         that many tokens, without context)."""
         state = {"proposer_seconds": self.drafter.proposer_seconds, "steps": self.drafter.steps}
-        if self.drafter.drafter_pass_share:  # the hybrid, once its passes are priced
-            state["drafter_pass_share"] = self.drafter.drafter_pass_share
+        priced = self.drafter.drafter_pass_cost
+        if priced:  # the hybrid, once its passes are priced
+            state["drafter_pass_cost"] = {"first": priced.first, "further": priced.further}
+        if self.skipping is not None and any(self.skipping.steps):  # the hybrid's
+            state.update(self.skipping.state())
         cost = self.drafter.step_cost  # the learner's latest fit, once it prices in seconds
         if cost is not None:
             state.update(step_cost_state(cost, self.step_cost.steps if self.step_cost is not None else 0))

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 
 ENV = "AGENTACCEL_VLLM_SETTINGS"
+DRAFTER_SKIPS = ("catch-up", "stale", "never")
 SWITCH = "AGENTACCEL_VLLM_PLUGIN"  # "0": vLLM runs without the plugin (a `vllm serve` started by hand)
 
 
@@ -38,6 +39,15 @@ class PluginSettings:
     draft_threads: int = 0  # drafting threads (0: one on CPU, up to four on a GPU host)
     follow_log: str | None = None  # every other server's output appended here as it joins the trees, with its times
     model_tokens: int = 0  # the hybrid (hybrid.py): passes of vLLM's model drafter a step beside the trees (0: none)
+    # the hybrid on a worker alone, a step that sends no chain: "catch-up" runs no pass (the positions
+    # skipped written by its next first pass, catch_up.py); "stale" runs none and leaves them
+    # (what staleness costs, measured); "never" runs its first pass every step
+    drafter_skip: str = "catch-up"
+
+    def __post_init__(self) -> None:
+        if self.drafter_skip not in DRAFTER_SKIPS:
+            raise ValueError(f"{ENV}: drafter_skip must be one of {', '.join(DRAFTER_SKIPS)}, "
+                             f"got {self.drafter_skip!r}")
 
     def environ(self) -> dict[str, str]:
         """The environment variable that carries these settings to vLLM's worker processes."""

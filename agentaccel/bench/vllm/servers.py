@@ -40,10 +40,18 @@ METHODS: dict[str, dict | None] = {
     "agentaccel-off": DEFAULT_SPECULATIVE_CONFIG,
     # vLLM's draft-model speculation with the model `--drafter` names (the config: drafter_config)
     "drafter": None,
-    # the hybrid: our proposer with that drafter beside the trees (backends/vllm/hybrid.py)
+    # the hybrids (HYBRIDS)
     "agentaccel-drafter": None,
+    "agentaccel-drafter-stale": None,
+    "agentaccel-drafter-every-step": None,
 }
-NEEDS_DRAFTER = ("drafter", "agentaccel-drafter")
+# the hybrid: our proposer with that drafter beside the trees (backends/vllm/hybrid.py), and what its
+# drafter does on a step that sends no chain (settings.py's drafter_skip): as served, no pass, the
+# positions caught up by the next; no pass, the positions left stale (what staleness costs); its
+# first pass every step (as where it is split over workers)
+HYBRIDS = {"agentaccel-drafter": "catch-up", "agentaccel-drafter-stale": "stale",
+           "agentaccel-drafter-every-step": "never"}
+NEEDS_DRAFTER = ("drafter", *HYBRIDS)
 ARCTIC = "arctic-inference==0.3.0"
 START_TIMEOUT = 900.0
 STOP_GRACE = 10.0  # seconds a server has to stop on SIGTERM before its whole group is killed
@@ -102,7 +110,8 @@ def method_env(method: str, arctic: Path | None, log_dir: Path | None = None, st
     env = {"AGENTACCEL_VLLM_PLUGIN": "1" if ours(method) else "0"}
     if ours(method):
         settings = PluginSettings(step_cost="off" if method == "agentaccel-request" else "",
-                                  model_tokens=hybrid_config(drafter)[1] if method == "agentaccel-drafter" else 0)
+                                  model_tokens=hybrid_config(drafter)[1] if method in HYBRIDS else 0,
+                                  drafter_skip=HYBRIDS.get(method, "catch-up"))
         if store is not None:
             settings = replace(settings, db=str(store), seed=True, follow=True,
                                snapshot=str(store.with_suffix(".idx")))

@@ -21,6 +21,7 @@ import numpy as np
 
 from agentaccel.backends.step_costs import read_step_log
 from agentaccel.bench.vllm.runner import Measurement
+from agentaccel.bench.vllm.servers import HYBRIDS
 from agentaccel.engine.cost import Server, TimedStep, seed
 from agentaccel.engine.cost.drafter_pass import FREE, DrafterPassCost, DrafterPassShare
 from agentaccel.simulation import batch_replay as br
@@ -31,7 +32,10 @@ from agentaccel.simulation.replay import ReplayCall
 from agentaccel.simulation.speculator import Speculator
 
 # bench vllm's methods with a model drafter -> the simulated method that drafts as its server does
-MODEL_METHODS = {"drafter": "drafter", "agentaccel-drafter": "hybrid"}
+MODEL_METHODS = {"drafter": "drafter", "agentaccel-drafter": "hybrid",
+                 "agentaccel-drafter-every-step": "hybrid-every-step"}
+# not simulated: the simulator's model drafter always knows its whole context (never stale)
+NOT_SIMULATED = ("agentaccel-drafter-stale",)
 PREDICTIONS = "drafter-predictions.npz"  # in a run's folder: its model drafter's predictions on its calls
 
 
@@ -131,7 +135,8 @@ def pass_cost(log_dir: Path, server: Server, tokens: int) -> DrafterPassCost | N
     drafter was timed apart: how much longer the hybrid's decoding steps took than agentaccel's
     server takes for the same work, over `tokens` passes a step, every pass alike. None without
     both servers' steps."""
-    ours, hybrid = (_decoding_steps(log_dir / f"steps-{m}.jsonl") for m in ("agentaccel", "agentaccel-drafter"))
+    ours = _decoding_steps(log_dir / "steps-agentaccel.jsonl")
+    hybrid = next((steps for m in HYBRIDS if (steps := _decoding_steps(log_dir / f"steps-{m}.jsonl"))), [])
     if not ours or not hybrid:
         return None
 
@@ -150,9 +155,7 @@ def pass_cost(log_dir: Path, server: Server, tokens: int) -> DrafterPassCost | N
     for s in hybrid:
         if s.drafter_seconds:
             fit.observe(int(s.drafter_passes), s.drafter_seconds, scale * plain(s))
-    if (cost := fit.cost) is not None:
-        return cost
-    return None if fit.mean is None else DrafterPassCost(fit.mean, fit.mean)
+    return fit.priced
 
 
 def model_drafting(m: Measurement, log_dir: Path, server: Server, drafter: dict) -> ModelDrafting:
@@ -306,6 +309,7 @@ def check(log_dir: Path, methods: list[str], tok, progress: Callable[[str], None
     minutes; kept in the folder for the next check)."""
     m = Measurement.load(log_dir)
     server = learned_server(log_dir, m)
+    methods = [name for name in methods if name not in NOT_SIMULATED]
     model, skipped = None, [name for name in methods if name in MODEL_METHODS]
     if skipped and m.drafter is not None:
         progress("the model drafter's predictions on the run's calls")

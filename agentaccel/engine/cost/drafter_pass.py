@@ -20,9 +20,9 @@ MIN_SPREAD = 0.05  # the passes' variance (their weighted spread) below which no
 @dataclass(frozen=True)
 class DrafterPassCost:
     """A drafter's call of p passes for a batch costs first + further x (p - 1) of the batch's plain
-    step. The first pass runs every step the drafter runs (over every token the step computed);
-    the hybrid's budget prices only the passes after it (BatchDrafter.drafter_pass_share), which a
-    step may leave out."""
+    step. The first pass runs every step the drafter runs (over every token the step computed,
+    and those of the steps it skipped before); the hybrid's budget prices the passes after it, and
+    the first where a step that sends no chain runs none (BatchDrafter.drafter_pass_cost)."""
 
     first: float = 0.0  # the first pass
     further: float = 0.0  # each pass after it
@@ -83,6 +83,13 @@ class DrafterPassShare:
             return None
         slope = max((self._xy / self._w - mean_x * mean_y) / spread, 0.0)
         return DrafterPassCost(max(mean_y - slope * mean_x, 0.0), slope)
+
+    @property
+    def priced(self) -> DrafterPassCost | None:
+        """The line where it can be fitted, else every pass at the calls' mean (where the passes
+        never varied, as with chains of one token); None before any call."""
+        cost, mean = self.cost, self.mean
+        return cost if cost is not None else None if mean is None else DrafterPassCost(mean, mean)
 
     @property
     def share(self) -> float | None:
