@@ -106,8 +106,8 @@ class CatchUp:
         widened = []
         spare = self.room - sum(lengths)  # what the drafter's buffers take beside this step's own spans
         for i, rid in enumerate(req_ids[:len(lengths)]):
-            held = [] if rid is None else [(offsets[k] + step.rows[rid][0], step.rows[rid][1])
-                                           for k, step in enumerate(self._steps) if rid in step.rows]
+            held = [] if rid is None else [(offsets[k] + kept.rows[rid][0], kept.rows[rid][1])
+                                           for k, kept in enumerate(self._steps) if rid in kept.rows]
             size = sum(length for _, length in held)
             # not continued by this span (preempted, recomputed), or no room left beside this step's
             # own spans (a long prefill chunk): those positions stay stale
