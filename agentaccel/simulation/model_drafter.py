@@ -172,7 +172,7 @@ class Hybrid(Drafter):
         super().__init__(name, config, **chain)
         self.skips = skips
         self.model = ModelDrafter(predictions, k)
-        self.drafter.drafter_pass_cost = pass_cost if skips else DrafterPassCost(0.0, pass_cost.further)
+        self.drafter.drafter_pass_cost = pass_cost if skips else replace(pass_cost, first=0.0)
         self.record = ModelRecords(k)  # the experiments below (Guided, Branches) choose with it
         self._stage: dict[str, str] = {}
 
