@@ -13,6 +13,7 @@ from test_batch_drafter import MAX_LEN, Batch, corpus, fresh_doc, seeded_engine
 from agentaccel.backends.vllm.hybrid import hybrid_of
 from agentaccel.backends.vllm.proposer import AgentaccelProposer, DrafterSkipping
 from agentaccel.engine.batch import BatchDrafter
+from agentaccel.engine.cost import StepCostModel
 from agentaccel.engine.cost.drafter_pass import DrafterPassShare
 
 CHAIN = 3
@@ -118,3 +119,27 @@ def test_without_the_steps_sampled_tokens_the_model_drafts_alone():
     assert proposer._trees.drafter.steps == 0
     assert proposer.propose(2) == [[1, 2], [1001, 1002]]  # never past vLLM's own length for the step
     assert np.array_equal(proposer.passes_run, [CHAIN, 2])
+
+
+class NoRoom:
+    """A catch-up that can hold nothing (as for a long prefill chunk, which the stand-in cannot make)."""
+
+    def can_hold(self, req_ids, step) -> bool:
+        return False
+
+    def widen(self, req_ids, step) -> dict:
+        return step
+
+
+def test_a_step_that_cannot_be_held_runs_the_drafter_but_does_not_price_its_pass():
+    """A step that sends no chain and cannot be held runs the drafter's first pass regardless: it is
+    timed (the step log's), but it is no choice of the budget's, so only the steps that sent a
+    chain teach the price of a pass (else a long prefill's pass would price every chain out)."""
+    proposer = hybrid(rows=2, alone=True, skips=True)
+    proposer._catch_up = NoRoom()
+    proposer._trees.drafter.set_step_cost(StepCostModel(tuple(1.0 + 0.001 * t for t in range(64))))
+    seen = run(proposer, steps=6, leave_after=3)
+    chosen = sum(1 for _, sent in seen if any(sent))
+    assert 0 < chosen < 6 and len(proposer.passes_run) == 6  # every step ran it, some sending no chain
+    assert proposer.passes_run.count(0) == 6 - chosen
+    assert proposer._trees.pass_share.calls == chosen
