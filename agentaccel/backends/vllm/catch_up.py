@@ -59,20 +59,17 @@ class CatchUp:
         """Whether this step's spans can wait for the next pass: a plain EAGLE step (vLLM's default
         layout, one position row, no multimodal input) that keeps what is held within half the room
         and within MOST_HELD tokens a request."""
-        cad = step["common_attn_metadata"]
-        if not (step.get("token_indices_to_sample") is None and step.get("mm_embed_inputs") is None
-                and step.get("num_rejected_tokens_gpu") is None and step["target_positions"].dim() == 1
-                and cad.seq_lens_cpu_upper_bound is not None and getattr(cad, "positions", None) is None
-                and self.held_tokens + cad.num_actual_tokens <= self.room // 2):
-            return False
-        _, lengths, _ = _layout(cad)
-        return all(self._sizes.get(rid, 0) + n <= MOST_HELD for rid, n in zip(req_ids, lengths, strict=False))
+        return self._plain(step) and self._fits(req_ids, _layout(step["common_attn_metadata"])[1])
 
-    def hold(self, req_ids: list[str | None], step: dict) -> None:
-        """Keeps this step's spans (the drafter did not run for it)."""
+    def hold(self, req_ids: list[str | None], step: dict) -> bool:
+        """Keeps this step's spans, where it can (can_hold): then the drafter need not run for it."""
+        if not self._plain(step):
+            return False
         cad = step["common_attn_metadata"]
         n = cad.num_actual_tokens
         starts, lengths, firsts = _layout(cad)
+        if not self._fits(req_ids, lengths):
+            return False
         self._forget_absent(req_ids)
         held = _Held([step[name][:n].clone() for name in SPANS] + [cad.slot_mapping[:n].clone()])
         for i, rid in enumerate(req_ids[:len(lengths)]):
@@ -86,6 +83,19 @@ class CatchUp:
             self.held_tokens += lengths[i]
         if held.rows:
             self._steps.append(held)
+        return True
+
+    def _plain(self, step: dict) -> bool:
+        """vLLM's default EAGLE layout (one position row, no multimodal input), its CPU copies there,
+        and what is held within half the room with this step's tokens."""
+        cad = step["common_attn_metadata"]
+        return (step.get("token_indices_to_sample") is None and step.get("mm_embed_inputs") is None
+                and step.get("num_rejected_tokens_gpu") is None and step["target_positions"].dim() == 1
+                and cad.seq_lens_cpu_upper_bound is not None and getattr(cad, "positions", None) is None
+                and self.held_tokens + cad.num_actual_tokens <= self.room // 2)
+
+    def _fits(self, req_ids: list[str | None], lengths: list[int]) -> bool:
+        return all(self._sizes.get(rid, 0) + n <= MOST_HELD for rid, n in zip(req_ids, lengths, strict=False))
 
     def widen(self, req_ids: list[str | None], step: dict) -> dict:
         """This step's propose() arguments with each request's held spans put before its own (the

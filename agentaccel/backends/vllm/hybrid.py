@@ -77,9 +77,8 @@ def hybrid_of(base: type) -> type:
             drafts = self._trees.propose(num_speculative_tokens, batch, sampled, model_chains=chain_tokens)
             passes = self._trees.model_passes() if self._passes_vary else chain_tokens
             req_ids, started = batch.req_ids, time.perf_counter()  # the catch-up's time is the drafter's
-            if not passes and self._skips and (self._catch_up is None or self._catch_up.can_hold(req_ids, step)):
-                if self._catch_up is not None:  # written by the next pass that runs
-                    self._catch_up.hold(req_ids, step)
+            # held, the step's spans are written by the next pass that runs
+            if not passes and self._skips and (self._catch_up is None or self._catch_up.hold(req_ids, step)):
                 self._trees.drafter_ran(0, time.perf_counter() - started, batch, sampled)
                 return drafts
             if self._catch_up is not None:

@@ -26,6 +26,12 @@ from agentaccel.backends.vllm.drafting import DEFAULT_SPECULATIVE_CONFIG, hybrid
 from agentaccel.backends.vllm.settings import PluginSettings
 from agentaccel.processes import free_port, run_group, stop_groups
 
+# the hybrid: our proposer with that drafter beside the trees (backends/vllm/hybrid.py), and what its
+# drafter does on a step that sends no chain (settings.py's drafter_skip): as served, no pass, the
+# positions caught up by the next; no pass, the positions left stale (what staleness costs); its
+# first pass every step (as where it is split over workers)
+HYBRIDS = {"agentaccel-drafter": "catch-up", "agentaccel-drafter-stale": "stale",
+           "agentaccel-drafter-every-step": "never"}
 METHODS: dict[str, dict | None] = {
     "none": None,
     # vLLM's documented example (prompt lookup 5..5 by default) and a setting tuned for agent
@@ -40,17 +46,8 @@ METHODS: dict[str, dict | None] = {
     "agentaccel-off": DEFAULT_SPECULATIVE_CONFIG,
     # vLLM's draft-model speculation with the model `--drafter` names (the config: drafter_config)
     "drafter": None,
-    # the hybrids (HYBRIDS)
-    "agentaccel-drafter": None,
-    "agentaccel-drafter-stale": None,
-    "agentaccel-drafter-every-step": None,
+    **dict.fromkeys(HYBRIDS),  # the config: hybrid_config
 }
-# the hybrid: our proposer with that drafter beside the trees (backends/vllm/hybrid.py), and what its
-# drafter does on a step that sends no chain (settings.py's drafter_skip): as served, no pass, the
-# positions caught up by the next; no pass, the positions left stale (what staleness costs); its
-# first pass every step (as where it is split over workers)
-HYBRIDS = {"agentaccel-drafter": "catch-up", "agentaccel-drafter-stale": "stale",
-           "agentaccel-drafter-every-step": "never"}
 NEEDS_DRAFTER = ("drafter", *HYBRIDS)
 ARCTIC = "arctic-inference==0.3.0"
 START_TIMEOUT = 900.0
