@@ -45,6 +45,11 @@ void ModelRecord::pass_over() {
   scale(3, 4);
 }
 
+bool ModelRecord::follow_new_request() {
+  if (!cold()) return true;
+  return cold_starts++ % kProbeEvery == 0;
+}
+
 void ModelRecord::scale(uint64_t num, uint64_t den) {
   // floor(x * num / den) keeps every order between counts: reached <= tried, deeper <= shallower
   for (size_t j = 0; j < tried.size(); ++j) tried[j] = tried[j] * num / den, reached[j] = reached[j] * num / den;
@@ -98,6 +103,11 @@ std::vector<bool> BatchDrafter::model_rows() const {
   std::vector<bool> out(rows_, false);
   for (const Job& j : jobs_) out[j.index] = j.use_model;
   return out;
+}
+
+std::vector<bool> BatchDrafter::followed_rows() const {
+  std::lock_guard lock(admit_mu_);
+  return followed_;
 }
 
 size_t BatchDrafter::model_passes() const {
@@ -186,13 +196,18 @@ BatchDrafter::StepScan BatchDrafter::scan_rows(const BatchStep& s) {
   verified.clear();
   scan.verified = &verified;
   std::lock_guard clock(counters_mu_);
+  followed_.assign(n, false);
   for (size_t i = 0; i < n; ++i) {
     const std::string& rid = rids[i];
     if (rid.empty()) continue;
     Entry& e = entries_[rid];  // never admitted (no stage known): the defaults
     scan.continued |= e.listed != 0 && e.listed + 1 == step_no_;
-    e.seen = e.listed = step_no_;
     if (e.stage.empty()) e.stage = "default";
+    // its first step (its prompt's first chunk): followed or not for good
+    if (e.listed == 0 && s.model_tokens && drafter_skips_.load(std::memory_order_relaxed))
+      if (ModelRecord* record = record_of(e.stage, /*make=*/false)) e.followed = record->follow_new_request();
+    followed_[i] = e.followed;
+    e.seen = e.listed = step_no_;
     const int64_t lo = s.sampled_offsets[i], hi = s.sampled_offsets[i + 1];
     const int32_t num_tokens = s.num_tokens[i];
     const double before = double(std::max<int64_t>(int64_t(num_tokens) - (hi - lo), 0));  // its context then
@@ -224,6 +239,7 @@ BatchDrafter::StepScan BatchDrafter::scan_rows(const BatchStep& s) {
       auto it = counters_.find(e.stage);
       e.counters = it != counters_.end() ? &it->second
                    : counters_.size() < kMaxCountedStages ? &counters_[e.stage] : &counters_[kOtherStages];
+      e.counters->model_unfollowed += !e.followed;
     }
     engine_.extend(rid, reinterpret_cast<const uint32_t*>(s.sampled + lo), size_t(hi - lo));
     e.counters->tokens += uint64_t(hi - lo);
@@ -253,7 +269,9 @@ int64_t BatchDrafter::count_verified(Entry& e, int64_t sampled) {
     c.model_drafted += uint64_t(e.last_draft);
     c.model_accepted += uint64_t(accepted);
     c.model_predicted += e.last_score;
-    record_of(e.stage, /*make=*/true)->observe(size_t(e.last_draft), size_t(accepted));
+    ModelRecord* record = record_of(e.stage, /*make=*/true);
+    record->observe(size_t(e.last_draft), size_t(accepted));
+    if (accepted > 0) record->since_won = 0;  // the stage is warm
   } else {
     c.drafted_steps += e.last_draft > 0;
     c.drafted += uint64_t(e.last_draft);
@@ -268,7 +286,7 @@ void BatchDrafter::add_job(const BatchStep& s, size_t i, const std::string& rid,
   jobs_.emplace_back();
   Job& j = jobs_.back();
   j.index = i, j.rid = &rid, j.entry = &e, j.budget = budget, j.context = context;
-  if (!s.model_tokens) return;
+  if (!s.model_tokens || !e.followed) return;
   // the hybrid: the model's chain, priced by its stage's record
   const int64_t from = s.model_offsets[i], to = std::min<int64_t>(s.model_offsets[i + 1], from + budget);
   static const ModelRecord kNew;
@@ -341,19 +359,23 @@ void BatchDrafter::run_jobs(std::vector<std::vector<uint32_t>>& out) {
 
 void BatchDrafter::note_drafts(const std::vector<std::vector<uint32_t>>& out) {
   last_model_rows_ = last_model_passes_ = 0;
-  size_t passed_over = 0;
+  size_t offered = 0;
   for (Job& j : jobs_) {
     j.entry->last_draft = int32_t(out[j.index].size());
     j.use_model = j.use_model && !out[j.index].empty();  // a model chain cut to nothing drafts nothing
     j.entry->last_model = j.use_model;
     if (j.use_model) last_model_rows_ += 1, last_model_passes_ = std::max(last_model_passes_, out[j.index].size());
-    passed_over += j.offered && !j.use_model;
+    offered += j.offered;
   }
-  if (!passed_over) return;
-  std::lock_guard clock(counters_mu_);  // the records fade with disuse (ModelRecord)
-  for (const Job& j : jobs_)
-    if (j.offered && !j.use_model)
-      if (ModelRecord* record = record_of(j.entry->stage, /*make=*/false)) record->pass_over();
+  if (!offered) return;
+  std::lock_guard clock(counters_mu_);  // the records fade with disuse and go cold (ModelRecord)
+  for (const Job& j : jobs_) {
+    if (!j.offered) continue;
+    ModelRecord* record = record_of(j.entry->stage, /*make=*/false);  // none yet: the prior, never cold
+    if (record == nullptr) continue;
+    ++record->since_won;  // back to 0 when a chain sent now gets a token accepted (count_verified)
+    if (!j.use_model) record->pass_over();
+  }
 }
 
 void BatchDrafter::retire_absent() {

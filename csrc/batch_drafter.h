@@ -38,6 +38,7 @@ struct StageCounters {
   uint64_t model_drafted = 0;     // the model's draft tokens those steps verified
   uint64_t model_accepted = 0;    // of which accepted
   double model_predicted = 0.0;   // the accepted tokens the model's record expected of them
+  uint64_t model_unfollowed = 0;  // requests the model drafter did not follow (started on a cold stage)
 };
 
 // What the model drafter's chains got accepted on one stage (the hybrid): at each depth j of a
@@ -49,16 +50,28 @@ struct StageCounters {
 // every kFadeAfter rows offered a chain and not sent it they lose a quarter, which brings the
 // estimate back towards the prior: a stage whose record fell below what a token must gain is
 // tried again now and then, and sent the model's chains again if they are accepted now.
+//
+// A stage whose last kColdAfter rows offered a chain saw no chain's token accepted is cold: the
+// model's drafter follows only one in kProbeEvery of the requests that start there (it writes their
+// positions into its KV cache, from their prompt on, and only they are offered chains), so that
+// a head that never wins on a stage costs nothing on most of its requests, and the followed few
+// keep trying it (a chain of theirs accepted warms the stage again).
 struct ModelRecord {
   std::vector<uint64_t> tried, reached;
   uint64_t passed = 0;  // rows offered a chain and not sent it since the last fade (not kept in the store)
+  uint64_t since_won = 0;  // rows offered a chain since one had a token accepted (not kept in the store)
+  uint64_t cold_starts = 0;  // requests started on the stage while it was cold (not kept in the store)
   static constexpr double kPrior = 0.5;   // a new stage's chain: each token accepted half the time ...
   static constexpr double kWeight = 4.0;  // ... worth this many chains
   static constexpr uint64_t kHorizon = 1024;   // chains a record holds before its counts are halved
   static constexpr uint64_t kFadeAfter = 256;  // rows passed over before the counts lose a quarter
+  static constexpr uint64_t kColdAfter = 128;  // rows offered and no token accepted, after which it is cold
+  static constexpr uint64_t kProbeEvery = 8;   // a cold stage's requests: one in this many followed
   double estimate(size_t depth) const;    // P(tokens 0..depth all accepted)
   void observe(size_t drafted, size_t accepted);
   void pass_over();  // a row offered the model's chain was not sent it
+  bool cold() const { return since_won >= kColdAfter; }
+  bool follow_new_request();  // whether the drafter follows a request starting on this stage
   // counts times num / den, rounded down (depth by depth, so that no depth is reached more often
   // than it was tried or than the depth before)
   void scale(uint64_t num, uint64_t den);
@@ -136,6 +149,13 @@ class BatchDrafter {
   std::vector<std::vector<double>> candidate_probs() const;
   // The last step's drafts by row: true where the model's chain was sent (the hybrid).
   std::vector<bool> model_rows() const;
+  // The hybrid: the last step's rows by whether the model drafter follows their request (writes
+  // its positions into its KV cache, and may be sent its chains; ModelRecord's cold stages).
+  std::vector<bool> followed_rows() const;
+  // The hybrid's drafter runs no pass on a step that sends no chain (its cost is then a choice):
+  // only then does it follow some requests of a cold stage and not others; running every step,
+  // it writes every request's positions anyway, and every request is offered its chains.
+  void set_drafter_skips(bool skips) { drafter_skips_.store(skips, std::memory_order_relaxed); }
   // The hybrid: the last step's longest model chain sent, the tokens its drafter must draft for the
   // batch (0: none sent; vLLM's EAGLE still runs one pass to keep its KV cache in step).
   size_t model_passes() const;
@@ -168,6 +188,7 @@ class BatchDrafter {
     int32_t last_draft = -1;  // length of the draft proposed last step (-1: none yet)
     double last_score = 0.0;  // its expected accepted tokens
     bool last_model = false;  // the draft proposed last step was the model drafter's chain
+    bool followed = true;     // the hybrid: the model drafter follows it (decided when first listed)
     uint64_t seen = 0;        // the last step that listed it (or, before any, the step it was admitted at)
     uint64_t listed = 0;      // the last step that listed it (0: none yet)
     StageCounters* counters = nullptr;
@@ -259,11 +280,13 @@ class BatchDrafter {
   double pass_floor_ = 0.0;       // this step: the D a model token past the first must reach (its pass's share)
   std::atomic<double> drafter_pass_share_{0.0};  // one more drafter pass, in plain steps of the batch
   std::atomic<double> drafter_first_share_{0.0};  // its first pass where a step may skip it (0: never skipped)
+  std::atomic<bool> drafter_skips_{false};  // set_drafter_skips
   std::atomic<uint64_t> proposer_ns_{0}, steps_{0};
 
   // Drafting pool: the caller bumps `generation_`, every thread takes jobs from `next_job_`.
   std::vector<Job> jobs_;
   size_t rows_ = 0;  // rows of the last step
+  std::vector<bool> followed_;  // the last step's rows: the model drafter follows its request
   std::vector<std::vector<uint32_t>>* out_ = nullptr;
   std::vector<std::thread> workers_;
   std::mutex pool_mu_;

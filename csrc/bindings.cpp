@@ -167,7 +167,8 @@ NB_MODULE(_core, m) {
       .def_ro("model_drafted_steps", &agentaccel::StageCounters::model_drafted_steps)
       .def_ro("model_drafted", &agentaccel::StageCounters::model_drafted)
       .def_ro("model_accepted", &agentaccel::StageCounters::model_accepted)
-      .def_ro("model_predicted", &agentaccel::StageCounters::model_predicted);
+      .def_ro("model_predicted", &agentaccel::StageCounters::model_predicted)
+      .def_ro("model_unfollowed", &agentaccel::StageCounters::model_unfollowed);
 
   nb::class_<agentaccel::ModelRecord>(m, "ModelRecord")
       .def(nb::init<>())
@@ -175,10 +176,14 @@ NB_MODULE(_core, m) {
       .def_rw("reached", &agentaccel::ModelRecord::reached)
       .def("estimate", &agentaccel::ModelRecord::estimate, "depth"_a)
       .def_ro("passed", &agentaccel::ModelRecord::passed)
+      .def_ro("since_won", &agentaccel::ModelRecord::since_won)
+      .def("cold", &agentaccel::ModelRecord::cold)
       .def("observe", &agentaccel::ModelRecord::observe, "drafted"_a, "accepted"_a)
       .def("pass_over", &agentaccel::ModelRecord::pass_over)
       .def_ro_static("horizon", &agentaccel::ModelRecord::kHorizon)
-      .def_ro_static("fade_after", &agentaccel::ModelRecord::kFadeAfter);
+      .def_ro_static("fade_after", &agentaccel::ModelRecord::kFadeAfter)
+      .def_ro_static("cold_after", &agentaccel::ModelRecord::kColdAfter)
+      .def_ro_static("probe_every", &agentaccel::ModelRecord::kProbeEvery);
 
   nb::class_<agentaccel::StepCost>(m, "StepCost")
       .def(nb::init<>())
@@ -224,6 +229,8 @@ NB_MODULE(_core, m) {
       .def("pending_outputs", &BatchDrafter::pending_outputs, Release())
       .def("candidate_probs", &BatchDrafter::candidate_probs, Release())
       .def("model_rows", &BatchDrafter::model_rows, Release())
+      .def("followed_rows", &BatchDrafter::followed_rows, Release())
+      .def("set_drafter_skips", &BatchDrafter::set_drafter_skips, "skips"_a)
       .def("model_passes", &BatchDrafter::model_passes, Release())
       .def("drafter_ran", &BatchDrafter::drafter_ran, "passes"_a, "seconds"_a, Release())
       .def("set_drafter_pass_cost", &BatchDrafter::set_drafter_pass_cost, "first"_a, "further"_a, Release())

@@ -470,6 +470,63 @@ def test_where_the_first_pass_may_be_skipped_the_chains_must_pay_for_it_or_the_t
     assert sent == [True, True] and passes == 3
 
 
+def test_a_cold_stages_new_requests_are_followed_one_in_probe_every_and_a_chain_accepted_warms_it():
+    """Where the drafter skips the steps that send no chain, a stage whose last cold_after rows
+    offered a chain had none of its tokens accepted (here none sent: the passes priced out) has only
+    one in probe_every of its new requests followed; the others are never offered the model's chain,
+    whatever its record. A chain of a followed one accepted (its passes free again), the stage is
+    warm: every new request is followed. A drafter that runs every step follows every request."""
+    from agentaccel import _core
+
+    probe = _core.ModelRecord.probe_every
+    cold_after = _core.ModelRecord.cold_after
+
+    def drafter_with(skips: bool) -> BatchDrafter:
+        drafter = BatchDrafter(seeded_engine())
+        drafter.set_step_cost(StepCostModel(tuple(1.0 + 0.001 * t for t in range(64))))
+        drafter.set_model_record("s", [4, 4, 4], [4, 4, 4])  # what the head got: every chain accepted
+        drafter.drafter_pass_cost = DrafterPassCost(1000.0, 1000.0)  # ... but its passes priced out
+        drafter.set_drafter_skips(skips)
+        return drafter
+
+    def stepper(drafter, names, seed):
+        """One step of these requests a call (their batch kept between calls): its followed and sent rows."""
+        batch = Batch([fresh_doc(seed + i, length=300) for i in range(len(names))])
+        for rid in names:
+            drafter.admit(rid, "s")
+        drafts = [[]] * len(names)
+
+        def step():
+            nonlocal drafts
+            sampled = batch.sample(drafts)
+            right = [[int(t) for t in rest[:3]] for rest in batch.rest]  # the head's chains are right
+            drafts = drafter.step(names, batch.rows, batch.num_tokens, sampled, 16, MAX_LEN, model_chains=right)
+            return drafter.followed_rows(), drafter.model_rows()
+        return step
+
+    for skips in (True, False):
+        drafter = drafter_with(skips)
+        step = stepper(drafter, [f"r{i}" for i in range(16)], seed=100)
+        seen = [step() for _ in range(cold_after // 16 + 1)]
+        assert all(followed == [True] * 16 and sent == [False] * 16 for followed, sent in seen)
+        record = drafter.model_records()["s"]
+        assert record.cold() and record.since_won >= cold_after
+        step = stepper(drafter, [f"n{i}" for i in range(16)], seed=200)
+        followed, sent = step()
+        assert sent == [False] * 16
+        if not skips:  # running every step, the drafter writes every request's positions anyway
+            assert followed == [True] * 16
+            continue
+        assert followed == [i % probe == 0 for i in range(16)]
+        assert drafter.stats()["s"]["model_unfollowed"] == 16 - 16 // probe
+        drafter.drafter_pass_cost = DrafterPassCost(0.0, 0.0)  # passes free: chains pay again
+        seen = [step() for _ in range(3)]
+        assert all(f == followed for f, _ in seen)  # followed or not for good, from their first step
+        assert all(sent == followed for _, sent in seen)  # only the followed are sent the model's chains
+        assert not drafter.model_records()["s"].cold()  # accepted: warm
+        assert stepper(drafter, ["late"], seed=300)() == ([True], [True])
+
+
 def test_the_model_chain_competes_with_the_trees_as_far_as_its_passes_pay():
     """The choice weighs the model's chain as deep as its passes will pay for: a chain worth more
     than the trees' draft only by tokens whose pass costs more than they gain does not displace it

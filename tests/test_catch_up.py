@@ -101,3 +101,23 @@ def test_only_what_the_drafters_buffers_take_is_held_or_caught_up():
     odd = step([(0, 2)])
     odd["token_indices_to_sample"] = torch.tensor([1])
     assert not catch_up.can_hold(["a"], odd)
+
+
+def test_the_requests_the_drafter_does_not_follow_are_neither_held_nor_in_the_way():
+    """A request the drafter does not follow (a cold stage's: BatchDrafter.followed_rows) needs its
+    positions written never: its spans are not held, and its prompt, however long, does not stop the
+    followed requests' spans from being held (the drafter need not run for it)."""
+    catch_up = CatchUp(room=16)
+    prompt = step([(30, 1), (0, 12)])  # b's prefill chunk: more than half the room, past MOST_HELD at 4x
+    assert not catch_up.can_hold(["a", "b"], prompt)  # followed, b's prompt would need the drafter
+    assert catch_up.hold(["a", "b"], prompt, followed=[True, False])
+    assert catch_up.held_tokens == 1
+    assert catch_up.hold(["a", "b"], step([(31, 2), (12, 1)]), followed=[True, False])
+    widened = catch_up.widen(["a", "b"], step([(33, 1), (13, 1)]))
+    assert rows(widened) == [[30, 31, 32, 33], [13]]  # a's caught up, b's own span alone
+    assert catch_up.caught_up_tokens == 3 and catch_up.dropped_tokens == 0
+    # a step whose every request is unfollowed holds nothing, and the drafter need not run for it
+    assert catch_up.hold(["b"], step([(14, 40)]), followed=[False]) and catch_up.held_tokens == 0
+    roomy = CatchUp(room=4 * MOST_HELD)
+    roomy.hold(["a"], step([(0, MOST_HELD)]), followed=[False])
+    assert roomy.can_hold(["a"], step([(MOST_HELD, 1)]), followed=[False])

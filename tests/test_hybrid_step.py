@@ -124,7 +124,7 @@ def test_without_the_steps_sampled_tokens_the_model_drafts_alone():
 class NoRoom:
     """A catch-up that can hold nothing (as for a long prefill chunk, which the stand-in cannot make)."""
 
-    def hold(self, req_ids, step) -> bool:
+    def hold(self, req_ids, step, followed=None) -> bool:
         return False
 
     def widen(self, req_ids, step) -> dict:

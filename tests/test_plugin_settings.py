@@ -21,6 +21,14 @@ def test_the_settings_round_trip_through_the_environment():
     assert read(db=None, snapshot=None).db is None
 
 
+def test_only_what_differs_from_the_defaults_is_written():
+    """An earlier release's plugin refuses a name it does not know: settings that use only what it
+    knows reach it whole (bench vllm's agentaccel@LABEL serves with one)."""
+    settings = PluginSettings(db="/tmp/t.db", seed=True, step_cost="off")
+    assert json.loads(settings.environ()[ENV]) == {"db": "/tmp/t.db", "seed": True, "step_cost": "off"}
+    assert json.loads(PluginSettings().environ()[ENV]) == {}
+
+
 @pytest.mark.parametrize(("field", "value", "wanted"), [
     ("seed", "false", "true or false"),  # truthy as a string: the bug this check is for
     ("online", 0, "true or false"),

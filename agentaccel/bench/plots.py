@@ -96,15 +96,16 @@ def agent_llm_time(runs: list[dict], out: Path) -> Path:
 def tokens_vs_concurrency(rows: list[dict], out: Path, title: str) -> Path:
     """Output tokens/s against requests in flight, one column per workload and a line per method
     (`bench vllm`, `bench server --concurrency`), and below each the same relative to plain
-    decoding (`none`) at each level; rows carry workload, concurrency, method, tokens_per_s. One
-    PNG at `out`."""
+    decoding (`none`) at each level, or where it did not run to vLLM's `suffix` (else the first
+    method); rows carry workload, concurrency, method, tokens_per_s. One PNG at `out`."""
     workloads = list(dict.fromkeys(r["workload"] for r in rows))
     methods = sorted(dict.fromkeys(r["method"] for r in rows))  # one colour per method in every panel
+    base = next((m for m in ("none", "suffix") if m in methods), methods[0] if methods else "none")
     fig, axes = plt.subplots(2, len(workloads), figsize=(5.2 * len(workloads), 7.4), squeeze=False,
                              gridspec_kw={"height_ratios": [3, 2]}, sharex="col")
     for col, workload in enumerate(workloads):
         mine = [r for r in rows if r["workload"] == workload]
-        plain = {r["concurrency"]: r["tokens_per_s"] for r in mine if r["method"] == "none"}
+        plain = {r["concurrency"]: r["tokens_per_s"] for r in mine if r["method"] == base}
         for method in [m for m in methods if any(r["method"] == m for r in mine)]:
             points = sorted((r["concurrency"], r["tokens_per_s"]) for r in mine if r["method"] == method)
             style = {"linewidth": 2.4} if method == "agentaccel" else {"linestyle": "--"} if method == "oracle" else {}
@@ -118,7 +119,7 @@ def tokens_vs_concurrency(rows: list[dict], out: Path, title: str) -> Path:
         axes[0][col].set_title(workload)
         axes[0][col].legend(fontsize=8)
         axes[1][col].axhline(1.0, color="black", linewidth=0.8)
-        axes[1][col].set_ylabel("÷ plain decoding")
+        axes[1][col].set_ylabel("÷ plain decoding" if base == "none" else f"÷ {base}")
         axes[1][col].set_xlabel("requests in flight")
         for ax in axes[:, col]:
             ax.set_xscale("log", base=2)

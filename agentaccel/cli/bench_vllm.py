@@ -39,7 +39,9 @@ def bench_vllm(
                                               "agentaccel-drafter (the hybrid: agentaccel with that drafter "
                                               "beside its trees; agentaccel-drafter-every-step: its drafter's "
                                               "first pass run on every step, agentaccel-drafter-stale: none run "
-                                              "on a step that sends no chain, nor caught up after).")]
+                                              "on a step that sends no chain, nor caught up after), "
+                                              "agentaccel@LABEL (agentaccel with the plugin of the folder "
+                                              "--source LABEL=PATH names: two releases side by side).")]
     = "none,suffix,agentaccel",
     workloads: Annotated[str, typer.Option(help="Comma-separated, from sql, agent, chat.")] = "sql,agent,chat",
     concurrency: Annotated[str, typer.Option(help="Requests in flight, comma-separated; each level runs its own "
@@ -98,6 +100,10 @@ def bench_vllm(
     drafter_tokens: Annotated[int, typer.Option(help="Tokens the drafter drafts a step, alone and in the hybrid "
                                                      "(vLLM's draft-model examples draft 3 to 5).", min=1)]
     = DEFAULT_MODEL_TOKENS,
+    source: Annotated[list[str] | None, typer.Option("--source", help="LABEL=PATH: the method agentaccel@LABEL "
+                                                                      "serves with the agentaccel installed in "
+                                                                      "PATH (pip install --no-deps --target PATH "
+                                                                      "<checkout>); repeatable.")] = None,
     compiled: Annotated[bool, typer.Option("--compiled", help="Let vLLM compile the model and capture graphs (its "
                                                               "default); without it: eager (--enforce-eager).")]
     = False,
@@ -108,8 +114,9 @@ def bench_vllm(
     (where they name the same option, theirs win)."""
     from agentaccel.backends.vllm.drafting import hybrid_config
     from agentaccel.bench.vllm import plan as vplan
-    from agentaccel.bench.vllm.servers import HYBRIDS, METHODS, NEEDS_DRAFTER, drafter_config
+    from agentaccel.bench.vllm.servers import HYBRIDS, METHODS, NEEDS_DRAFTER, drafter_config, known_method
     from agentaccel.bench.vllm.sources import WORKLOADS, workload_jobs
+    from agentaccel.traces.store import SCHEMA_VERSION as SCHEMA
 
     need_plots(plot)
 
@@ -123,10 +130,11 @@ def bench_vllm(
     chosen_methods = [m.strip() for m in methods.split(",") if m.strip()]
     chosen_workloads = [w.strip() for w in workloads.split(",") if w.strip()]
     for chosen, known, option in ((chosen_methods, METHODS, "--methods"), (chosen_workloads, WORKLOADS, "--workloads")):
-        unknown = [x for x in chosen if x not in known]
+        unknown = [x for x in chosen if not (known_method(x) if known is METHODS else x in known)]
         if unknown or not chosen:
             raise fail(f"{option}: unknown or none given ({', '.join(unknown) or '-'}); "
-                       f"choose from {', '.join(known)}")
+                       f"choose from {', '.join(known)}{', agentaccel@LABEL' if known is METHODS else ''}")
+    plugin_sources = _plugin_sources(source or [], chosen_methods)
     drafter_spec = None
     if needing := [m for m in chosen_methods if m in NEEDS_DRAFTER]:
         if drafter is None:
@@ -172,12 +180,15 @@ def bench_vllm(
     sizes = vplan.Sizes(history, warm, dict(zip(levels, per_level, strict=True)), reps)
     plan = vplan.Plan(model_path, sources, chosen_methods, chosen_workloads, levels, sizes, max_tokens, keep_prompt,
                       vllm_args, logs, open_tokens=open_tokens, restart=restart, cache=cache_dir() / "bench-vllm",
-                      drafter=drafter_spec)
+                      drafter=drafter_spec, plugin_sources=plugin_sources)
     if simulate and "agentaccel" not in chosen_methods:
         err.print("[yellow]note: no simulator check: it learns the server's profile from agentaccel's steps[/]")
         simulate = False
     notes = [f"agent calls: {sources.describe('agent')} (no trace store with calls, and no published traces)"] \
         if "agent" in chosen_workloads and sources.bundled_agent else []
+    notes += [f"{m}: its release reads trace store schema {release.schema}: its server's calls are not recorded "
+              "into its store (as this release's would be, for its follower); like every method's, its trees learn "
+              "its answers in its own process" for m, release in plugin_sources.items() if release.schema != SCHEMA]
     for w in chosen_workloads:  # where a source has too few jobs for the plan, say so before the run
         jobs = workload_jobs(w, sources, sizes.history + sizes.warm + sizes.measured + 64, tok, max_tokens, open_tokens)
         layout = vplan.Layout.of(jobs, sizes)
@@ -195,6 +206,35 @@ def bench_vllm(
     else:
         shutil.rmtree(logs, ignore_errors=True)
     _vllm_report(result, json_out, plot)
+
+
+def _plugin_sources(given: list[str], methods: list[str]) -> dict:
+    """agentaccel@LABEL -> its release, from --source LABEL=PATH: each such method named one, each
+    label one, the folder holding a built agentaccel that can be given the history."""
+    import re
+
+    from agentaccel.bench.vllm.releases import SOURCED, Release
+
+    folders: dict[str, Path] = {}
+    for item in given:
+        label, eq, path = item.partition("=")
+        if not eq or not re.fullmatch(r"[A-Za-z0-9._-]+", label) or not path:
+            raise fail(f"--source {item!r}: give LABEL=PATH (a label of letters, digits, '.', '_' or '-')")
+        if label in folders:
+            raise fail(f"--source: label {label!r} given twice")
+        folders[label] = Path(path).expanduser().resolve()
+    sourced = {m: m[len(SOURCED):] for m in methods if m.startswith(SOURCED)}
+    if missing := [m for m, label in sourced.items() if label not in folders]:
+        raise fail(f"--methods {missing[0]}: name its folder with --source {sourced[missing[0]]}=PATH")
+    if unused := sorted(set(folders) - set(sourced.values())):
+        raise fail(f"--source {unused[0]}: no method agentaccel@{unused[0]} in --methods")
+    releases = {}
+    for label, folder in folders.items():
+        try:
+            releases[label] = Release.at(folder)
+        except ValueError as e:
+            raise fail(f"--source {label}: {e}") from None
+    return {m: releases[label] for m, label in sourced.items()}
 
 
 def _vllm_sources(traces: Path | None, db: Path | None):

@@ -85,6 +85,19 @@ class BatchDrafter:
         """The last step's rows that were sent the model's chain (the hybrid)."""
         return self._native.model_rows()
 
+    def followed_rows(self) -> list[bool]:
+        """The hybrid: the last step's rows by whether the model drafter follows their request. Where
+        the drafter skips the steps that send no chain (`set_drafter_skips`), a request starting on a
+        cold stage (no token of the model's chains accepted in its last ModelRecord.cold_after rows
+        offered one) is followed only as one in ModelRecord.probe_every: the others' positions need
+        not be written into the drafter's KV cache, and they are never offered its chains."""
+        return self._native.followed_rows()
+
+    def set_drafter_skips(self, skips: bool) -> None:
+        """Whether the hybrid's drafter runs no pass on a step that sends no chain (then cold stages'
+        requests go unfollowed: followed_rows)."""
+        self._native.set_drafter_skips(bool(skips))
+
     def model_passes(self) -> int:
         """The last step's longest model chain sent: the tokens the model drafter must draft for
         the batch (0: none sent)."""
@@ -132,12 +145,13 @@ class BatchDrafter:
         accepted, every `tokens` produced, and the `saved_seconds` those requests would have
         waited more under plain decoding, priced by the step cost in force (0 without one). The
         hybrid's steps that verified the model's chain count apart, as `model_drafted_steps`,
-        `model_drafted`, `model_accepted` and `model_predicted` (the four above stay the trees')."""
+        `model_drafted`, `model_accepted` and `model_predicted` (the four above stay the trees'),
+        and `model_unfollowed` counts the requests its drafter did not follow (followed_rows)."""
         return {stage: {"steps": c.steps, "drafted_steps": c.drafted_steps, "drafted": c.drafted,
                         "accepted": c.accepted, "tokens": c.tokens, "predicted": c.predicted,
                         "saved_seconds": c.saved_seconds, "model_drafted_steps": c.model_drafted_steps,
                         "model_drafted": c.model_drafted, "model_accepted": c.model_accepted,
-                        "model_predicted": c.model_predicted}
+                        "model_predicted": c.model_predicted, "model_unfollowed": c.model_unfollowed}
                 for stage, c in self._native.counters().items()}
 
     @property

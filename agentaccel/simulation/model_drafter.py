@@ -173,6 +173,7 @@ class Hybrid(Drafter):
         self.skips = skips
         self.model = ModelDrafter(predictions, k)
         self.drafter.drafter_pass_cost = pass_cost if skips else replace(pass_cost, first=0.0)
+        self.drafter.set_drafter_skips(skips)  # as the plugin: a cold stage's requests mostly unfollowed
         self.record = ModelRecords(k)  # the experiments below (Guided, Branches) choose with it
         self._stage: dict[str, str] = {}
 

@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import json
 import math
+import sqlite3
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from agentaccel.traces import drafter_records
 from agentaccel.traces.database import Connection, OpenStore, errors, in_conflict
@@ -109,6 +111,15 @@ def count_every_use(conn: Connection) -> None:
         conn.execute(f"INSERT INTO blob_uses (blob_id, calls) SELECT blob, COUNT(*) FROM ({each} UNION ALL "
                      "SELECT tools FROM calls WHERE tools IS NOT NULL) used GROUP BY blob")
         conn.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+
+
+def mark_schema_1(path: Path) -> None:
+    """A SQLite store copied for an agentaccel that reads schema 1 (`bench vllm`'s agentaccel@LABEL
+    of an earlier commit): schema 2 only adds counting each blob's uses, which schema 1 leaves
+    alone, so the copy is marked 1; this agentaccel, opening it again, counts them anew
+    (count_every_use)."""
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
 
 
 def used_bytes(store: OpenStore) -> int:

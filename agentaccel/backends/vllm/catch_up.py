@@ -7,10 +7,13 @@ step's spans are held here per request and put before the request's span the nex
 drafter runs, so that its first pass writes them then, as one longer query a row. (TensorRT-LLM
 found that skipping the drafter without this collapses its acceptance: NVIDIA/TensorRT-LLM#16888.)
 
-A request's held spans are dropped, their positions left stale (chains over them are accepted
-less, never wrong: the target verifies), where its next span does not continue them (preempted
-and recomputed) or where the drafter's buffers have no room for them beside the step's own spans
-(a long prefill chunk); a request that leaves the batch needs none of them.
+Only the requests the drafter follows are held (BatchDrafter.followed_rows: on a stage where the
+model's chains are never sent, most requests are not followed: their positions are never written,
+and no chain is offered them). A request's held spans are dropped, their positions left stale
+(chains over them are accepted less, never wrong: the target verifies), where its next span does
+not continue them (preempted and recomputed) or where the drafter's buffers have no room for them
+beside the step's own spans (a long prefill chunk); a request that leaves the batch needs none of
+them.
 
 Everything here reads vLLM's CPU copies of the step's layout (query_start_loc_cpu and
 seq_lens_cpu_upper_bound), so holding and widening never wait on the device.
@@ -55,47 +58,54 @@ class CatchUp:
         self.caught_up_tokens = 0  # positions written late by a first pass, ever
         self.dropped_tokens = 0  # positions of requests still decoding left stale, ever (what skipping lost)
 
-    def can_hold(self, req_ids: list[str | None], step: dict) -> bool:
+    def can_hold(self, req_ids: list[str | None], step: dict, followed: list[bool] | None = None) -> bool:
         """Whether this step's spans can wait for the next pass: a plain EAGLE step (vLLM's default
         layout, one position row, no multimodal input) that keeps what is held within half the room
-        and within MOST_HELD tokens a request."""
-        return self._plain(step) and self._fits(req_ids, _layout(step["common_attn_metadata"])[1])
+        and within MOST_HELD tokens a request. `followed`, by row: the requests the drafter follows
+        (BatchDrafter.followed_rows; None: all); the others' spans are not kept (never needed)."""
+        return self._to_hold(req_ids, step, followed) is not None
 
-    def hold(self, req_ids: list[str | None], step: dict) -> bool:
-        """Keeps this step's spans, where it can (can_hold): then the drafter need not run for it."""
-        if not self._plain(step):
+    def hold(self, req_ids: list[str | None], step: dict, followed: list[bool] | None = None) -> bool:
+        """Keeps this step's spans of the requests the drafter follows, where it can (can_hold):
+        then the drafter need not run for it."""
+        rows = self._to_hold(req_ids, step, followed)
+        if rows is None:
             return False
+        self._forget_absent(req_ids)
+        if not rows:
+            return True
         cad = step["common_attn_metadata"]
         n = cad.num_actual_tokens
         starts, lengths, firsts = _layout(cad)
-        if not self._fits(req_ids, lengths):
-            return False
-        self._forget_absent(req_ids)
         held = _Held([step[name][:n].clone() for name in SPANS] + [cad.slot_mapping[:n].clone()])
-        for i, rid in enumerate(req_ids[:len(lengths)]):
-            if rid is None or not lengths[i]:
-                continue
+        for i in rows:
+            rid = req_ids[i]
             if self._ends.get(rid, firsts[i]) != firsts[i]:  # not where its held spans end: recomputed
                 self._drop(rid)
             held.rows[rid] = (starts[i], lengths[i])
             self._ends[rid] = firsts[i] + lengths[i]
             self._sizes[rid] = self._sizes.get(rid, 0) + lengths[i]
             self.held_tokens += lengths[i]
-        if held.rows:
-            self._steps.append(held)
+        self._steps.append(held)
         return True
 
-    def _plain(self, step: dict) -> bool:
-        """vLLM's default EAGLE layout (one position row, no multimodal input), its CPU copies there,
-        and what is held within half the room with this step's tokens."""
+    def _to_hold(self, req_ids: list[str | None], step: dict, followed: list[bool] | None) -> list[int] | None:
+        """The rows whose spans this step would hold, or None where it cannot hold them (then the
+        drafter must run): not vLLM's default EAGLE layout (one position row, no multimodal input,
+        its CPU copies there), or past half the room, or past MOST_HELD tokens a request."""
         cad = step["common_attn_metadata"]
-        return (step.get("token_indices_to_sample") is None and step.get("mm_embed_inputs") is None
-                and step.get("num_rejected_tokens_gpu") is None and step["target_positions"].dim() == 1
-                and cad.seq_lens_cpu_upper_bound is not None and getattr(cad, "positions", None) is None
-                and self.held_tokens + cad.num_actual_tokens <= self.room // 2)
-
-    def _fits(self, req_ids: list[str | None], lengths: list[int]) -> bool:
-        return all(self._sizes.get(rid, 0) + n <= MOST_HELD for rid, n in zip(req_ids, lengths, strict=False))
+        if (step.get("token_indices_to_sample") is not None or step.get("mm_embed_inputs") is not None
+                or step.get("num_rejected_tokens_gpu") is not None or step["target_positions"].dim() != 1
+                or cad.seq_lens_cpu_upper_bound is None or getattr(cad, "positions", None) is not None):
+            return None
+        lengths = _layout(cad)[1]
+        rows = [i for i, rid in enumerate(req_ids[:len(lengths)])
+                if rid is not None and lengths[i] and (followed is None or followed[i])]
+        if self.held_tokens + sum(lengths[i] for i in rows) > self.room // 2:
+            return None
+        if any(self._sizes.get(req_ids[i], 0) + lengths[i] > MOST_HELD for i in rows):
+            return None
+        return rows
 
     def widen(self, req_ids: list[str | None], step: dict) -> dict:
         """This step's propose() arguments with each request's held spans put before its own (the

@@ -14,7 +14,9 @@ proposer for a subclass that, every step:
    takes the passes per step) and puts its chains in the rows sent them. With none sent it runs
    no pass: vLLM's EAGLE would still run its first, which writes the drafter's KV cache at the
    positions the target accepted; instead the step's spans are held (catch_up.py) and put before
-   each request's span the next time it runs, so its first pass writes them then.
+   each request's span the next time it runs, so its first pass writes them then. Only the
+   requests it follows are held: on a stage where its chains are not sent, most new requests are
+   not followed (BatchDrafter.followed_rows), so neither their prompt nor their tokens cost a pass.
    Split over workers (tensor or pipeline parallel), every worker must run the same passes, and
    only one drafts with the trees: there it runs all `model_tokens` passes every step; so it does
    with data parallelism, where vLLM's EAGLE meets the other ranks in a collective at each pass.
@@ -78,7 +80,8 @@ def hybrid_of(base: type) -> type:
             passes = self._trees.model_passes() if self._passes_vary else chain_tokens
             req_ids, started = batch.req_ids, time.perf_counter()  # the catch-up's time is the drafter's
             # held, the step's spans are written by the next pass that runs
-            if not passes and self._skips and (self._catch_up is None or self._catch_up.hold(req_ids, step)):
+            if not passes and self._skips and (self._catch_up is None
+                                               or self._catch_up.hold(req_ids, step, self._trees.followed_rows())):
                 self._trees.drafter_ran(0, time.perf_counter() - started, batch, sampled)
                 return drafts
             if self._catch_up is not None:

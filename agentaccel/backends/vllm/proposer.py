@@ -341,15 +341,21 @@ class AgentaccelProposer:
         """The last step's rows sent the model's chain (the hybrid)."""
         return self.drafter.model_rows() if self.drafts else []
 
+    def followed_rows(self) -> list[bool]:
+        """The last step's rows whose request the model drafter follows (the hybrid)."""
+        return self.drafter.followed_rows() if self.drafts else []
+
     def model_passes(self) -> int:
         """The last step's longest model chain sent (the hybrid)."""
         return self.drafter.model_passes() if self.drafts else 0
 
     def drafter_skips(self, skips: bool) -> None:
         """The hybrid's drafter runs no pass on a step that sends no chain (hybrid.py): its first
-        pass is then a choice the budget prices, as it does the passes after it."""
+        pass is then a choice the budget prices, as it does the passes after it, and it follows
+        only some of a cold stage's requests (BatchDrafter.followed_rows)."""
         if self.drafts:
             self.skipping.skips = skips
+            self.drafter.set_drafter_skips(skips)
 
     def drafter_ran(self, passes: int, seconds: float, input_batch, sampled_token_ids, chosen: bool = True) -> None:
         """The hybrid's model drafter ran `passes` (0: none, the step skipped it) for this step's

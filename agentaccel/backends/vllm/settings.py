@@ -10,7 +10,7 @@ import os
 import types
 import typing
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 
 ENV = "AGENTACCEL_VLLM_SETTINGS"
 DRAFTER_SKIPS = ("catch-up", "stale", "never")
@@ -50,8 +50,13 @@ class PluginSettings:
                              f"got {self.drafter_skip!r}")
 
     def environ(self) -> dict[str, str]:
-        """The environment variable that carries these settings to vLLM's worker processes."""
-        return {ENV: json.dumps(asdict(self))}
+        """The environment variable that carries these settings to vLLM's worker processes: the
+        values that differ from the defaults (what a plugin of an earlier release, which refuses a
+        name it does not know, reads as long as only what it knows is set: `bench vllm`'s
+        agentaccel@LABEL)."""
+        default = type(self)()
+        return {ENV: json.dumps({f.name: getattr(self, f.name) for f in fields(self)
+                                 if getattr(self, f.name) != getattr(default, f.name)})}
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> PluginSettings:

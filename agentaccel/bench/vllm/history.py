@@ -18,7 +18,8 @@ from agentaccel.bench.vllm.plan import Layout, Plan
 from agentaccel.bench.vllm.servers import MethodServer
 from agentaccel.bench.vllm.sources import Job
 from agentaccel.traces.records import digest
-from agentaccel.traces.store import TraceStore
+from agentaccel.traces.retention import mark_schema_1
+from agentaccel.traces.store import SCHEMA_VERSION, TraceStore
 
 CONCURRENCY = 8  # history calls in flight while it is made (how fast it is made, not what it holds)
 
@@ -87,9 +88,12 @@ def _make(server: MethodServer, keep_prompt: int, jobs: dict[str, list[Job]], la
         store.checkpoint()
 
 
-def store_for(method: str, history: Path | None, log_dir: Path) -> Path:
+def store_for(method: str, history: Path | None, log_dir: Path, schema: int | None = None) -> Path:
     """An agentaccel server's own trace store: a copy of the history (empty without one), which
-    its calls are recorded into (servers of two methods must not learn each other's calls)."""
+    its calls are recorded into (servers of two methods must not learn each other's calls).
+    `schema`: the store schema the server's release reads (an agentaccel@LABEL's), where it differs
+    from this one's: schema 2 differs from 1 only in counting each blob's uses (which schema 1
+    leaves alone), so the copy is marked 1."""
     path = log_dir / f"store-{method}.db"
     for old in (path, path.with_suffix(".idx"), path.with_suffix(".idx.json")):
         old.unlink(missing_ok=True)
@@ -97,4 +101,9 @@ def store_for(method: str, history: Path | None, log_dir: Path) -> Path:
         shutil.copyfile(history, path)
     else:
         TraceStore(path).close()
+    if schema is not None and schema != SCHEMA_VERSION:
+        if (schema, SCHEMA_VERSION) != (1, 2):
+            raise ValueError(f"{method}: its release reads trace store schema {schema}, this one writes "
+                             f"{SCHEMA_VERSION}: no copy of the history it can read")
+        mark_schema_1(path)
     return path

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agentaccel.bench.vllm.releases import Release
 from agentaccel.bench.vllm.sources import Job, Sources
 
 
@@ -116,6 +117,7 @@ class Plan:
     restart: bool = False  # every server restarts half way through each level
     cache: Path | None = None  # where a history made once is kept for the next runs (None: not kept)
     drafter: dict | None = None  # the drafter method's speculative config (servers.drafter_config)
+    plugin_sources: dict[str, Release] = field(default_factory=dict)  # agentaccel@LABEL -> the release it serves with
 
     @property
     def restart_before(self) -> int:

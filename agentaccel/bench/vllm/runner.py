@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -20,8 +21,9 @@ import httpx
 from agentaccel.bench.vllm.client import SERVER_COUNTERS, CallRecord, Client, spec_counters
 from agentaccel.bench.vllm.history import history_store, store_for
 from agentaccel.bench.vllm.plan import Layout, Plan
-from agentaccel.bench.vllm.servers import MethodServer, ours, start_all, stop_servers
+from agentaccel.bench.vllm.servers import START_MARK, MethodServer, ours, start_all, stop_servers
 from agentaccel.bench.vllm.sources import Job, workload_jobs
+from agentaccel.traces.store import SCHEMA_VERSION
 
 BEFORE, AFTER = "", "after restart"
 
@@ -89,7 +91,7 @@ MEASUREMENT = "measurement.json"
 
 
 class ServerFailed(RuntimeError):
-    """A method's vLLM server stopped answering mid-run."""
+    """A method's vLLM server did not start, or stopped answering mid-run."""
 
 
 def _failed(method: str, log_dir: Path, error: Exception) -> ServerFailed:
@@ -100,6 +102,20 @@ def _failed(method: str, log_dir: Path, error: Exception) -> ServerFailed:
     why = ("; a worker was killed (exit code -9): out of memory? run fewer --methods at once"
            if "exit code: -9" in tail else "")
     return ServerFailed(f"{method}'s vLLM server failed mid-run ({type(error).__name__}: {error}){why}; its log: {log}")
+
+
+def _starting(servers: list[MethodServer]) -> None:
+    """start_all, a server that exits or hangs while starting told as ServerFailed with the first
+    error its log shows (a plugin refusing its settings or its store says so there)."""
+    try:
+        start_all(servers)
+    except RuntimeError as e:
+        # a traceback's last line, behind vLLM's "(Worker pid=...) ERROR ... [file.py:N] " prefix
+        lines = [rest for s in servers if s.method in str(e) and s.log_path.is_file()
+                 for line in s.log_path.read_text(errors="replace").rsplit(START_MARK, 1)[-1].splitlines()
+                 if re.match(r"[\w.]*(Error|Exception): ", rest := re.sub(r"^.*?\] ", "", line).strip())]
+        cause = lines[0] if lines else ""  # the first: vLLM's own wrappers of it follow
+        raise ServerFailed(f"{e}{' (the first error it logged: ' + cause + ')' if cause else ''}") from e
 
 
 def _key(text: str) -> tuple:
@@ -127,16 +143,22 @@ def run(plan: Plan, tok, arctic: Path | None, progress: Callable[[str], None]) -
         out.history = history_store(plan, jobs, out.layouts, tok, progress, servers.get("none"))
         out.history_calls = _calls_in(out.history)
         for m in plan.methods:
-            store = store_for(m, out.history, plan.log_dir) if ours(m) else None
+            release = plan.plugin_sources.get(m)
+            store = (store_for(m, out.history, plan.log_dir, schema=release.schema if release else None)
+                     if ours(m) else None)
             if store is not None:
                 out.stores[m] = store
             if m not in servers:
                 servers[m] = MethodServer(m, plan.model, plan.vllm_args, plan.log_dir,
-                                          arctic if m == "suffix" else None, store, drafter=plan.drafter)
-        recorders.update({m: Recorder(out.stores[m], flush_seconds=0.1) for m in out.stores})
+                                          arctic if m == "suffix" else None, store, drafter=plan.drafter,
+                                          source=release.folder if release else None)
+        # a release reading another store schema is not recorded into: this recorder would bring
+        # its store to this schema, which that release then refuses (the CLI says so in a note)
+        recorders.update({m: Recorder(out.stores[m], flush_seconds=0.1) for m in out.stores
+                          if m not in plan.plugin_sources or plan.plugin_sources[m].schema == SCHEMA_VERSION})
         starting = [s for s in servers.values() if s.proc is None]
         progress(f"starting {len(starting)} vLLM servers ({', '.join(s.method for s in starting)})")
-        start_all(starting)
+        _starting(starting)
         clients.update({m: Client(s.url, s.served_name, tok, plan.keep_prompt, recorders.get(m))
                         for m, s in servers.items()})
         order = 0
@@ -201,7 +223,7 @@ def _restart(servers: dict[str, MethodServer], clients: dict[str, Client], recor
     for r in recorders.values():
         r.flush(60)
     stop_servers(list(servers.values()))
-    start_all(list(servers.values()))
+    _starting(list(servers.values()))
     for m, s in servers.items():
         clients[m].url = s.url
 

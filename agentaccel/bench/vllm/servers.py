@@ -3,7 +3,9 @@
 Methods: `none` (plain decoding), vLLM's `ngram` (its documented setting, and a tuned one),
 vLLM's own `suffix` (ArcticInference's cache; our plugin kept out with AGENTACCEL_VLLM_PLUGIN=0),
 vLLM's draft-model speculation (`drafter`, with the model `--drafter` names) and `agentaccel`
-(our plugin, every call tagged with its stage). An agentaccel server starts as `agentaccel serve
+(our plugin, every call tagged with its stage); `agentaccel@LABEL` is the agentaccel method with the
+plugin of another release (the folder `--source LABEL=PATH` names: the trees of two commits side by
+side on the same calls). An agentaccel server starts as `agentaccel serve
 --backend vllm` starts its vLLM: its trees seeded from its trace store (a copy of the history,
 each agentaccel server its own), following the store for the calls recorded there, its snapshot
 saved at shutdown and adopted at the next start. vLLM's methods start as vLLM does: from nothing.
@@ -24,6 +26,7 @@ import httpx
 from agentaccel.backends.vllm.backend import launch_command
 from agentaccel.backends.vllm.drafting import DEFAULT_SPECULATIVE_CONFIG, hybrid_config, predict_layers
 from agentaccel.backends.vllm.settings import PluginSettings
+from agentaccel.bench.vllm.releases import SOURCED, source_env
 from agentaccel.processes import free_port, run_group, stop_groups
 
 # the hybrid: our proposer with that drafter beside the trees (backends/vllm/hybrid.py), and what its
@@ -51,11 +54,16 @@ METHODS: dict[str, dict | None] = {
 NEEDS_DRAFTER = ("drafter", *HYBRIDS)
 ARCTIC = "arctic-inference==0.3.0"
 START_TIMEOUT = 900.0
+START_MARK = "===== start "  # a start's first line in its server's log (each start appends)
 STOP_GRACE = 10.0  # seconds a server has to stop on SIGTERM before its whole group is killed
 
 
 def ours(method: str) -> bool:
     return method.startswith("agentaccel")
+
+
+def known_method(method: str) -> bool:
+    return method in METHODS or (method.startswith(SOURCED) and len(method) > len(SOURCED))
 
 
 def drafter_config(folder: Path, tokens: int) -> dict:
@@ -74,7 +82,7 @@ def method_config(method: str, drafter: dict | None = None, model: str = "") -> 
         if drafter is None:
             raise ValueError(f"the {method} method needs a draft model (--drafter)")
         return drafter if method == "drafter" else hybrid_config(drafter, n_predict=predict_layers(drafter, model))[0]
-    return METHODS[method]
+    return METHODS["agentaccel" if method.startswith(SOURCED) else method]
 
 
 def arctic_inference_path(cache: Path, echo: Callable[[str], None]) -> tuple[Path | None, str]:
@@ -100,10 +108,13 @@ def arctic_inference_path(cache: Path, echo: Callable[[str], None]) -> tuple[Pat
 
 
 def method_env(method: str, arctic: Path | None, log_dir: Path | None = None, store: Path | None = None,
-               drafter: dict | None = None) -> dict:
+               drafter: dict | None = None, source: Path | None = None) -> dict:
     """What a method's server runs with. `store`: an agentaccel server's trace store (seeded from,
     followed, its snapshot beside it); None: its trees start empty and learn only from its calls.
-    `drafter`: the model drafter's config (the hybrid's)."""
+    `drafter`: the model drafter's config (the hybrid's). `source`: the folder an agentaccel@LABEL
+    server imports agentaccel from (vLLM loads the plugin by its entry point's module name: that
+    folder goes first on the path, and source_first/sitecustomize.py takes an editable install's
+    import hook for this checkout out of its way)."""
     env = {"AGENTACCEL_VLLM_PLUGIN": "1" if ours(method) else "0"}
     if ours(method):
         settings = PluginSettings(step_cost="off" if method == "agentaccel-request" else "",
@@ -122,7 +133,9 @@ def method_env(method: str, arctic: Path | None, log_dir: Path | None = None, st
             settings = replace(settings, step_log=str(log_dir / f"steps-{method}.jsonl"),
                                stats=str(log_dir / f"stats-{method}.json"))
         env.update(settings.environ())
-    if method == "suffix" and arctic is not None and str(arctic) not in ("", "."):
+    if source is not None:
+        env.update(source_env(source))
+    elif method == "suffix" and arctic is not None and str(arctic) not in ("", "."):
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(arctic), os.environ.get("PYTHONPATH", "")]))
     return env
 
@@ -132,13 +145,14 @@ class MethodServer:
     `log_dir/vllm-<method>.log`."""
 
     def __init__(self, method: str, model: str, vllm_args: list[str], log_dir: Path, arctic: Path | None,
-                 store: Path | None = None, served_name: str = "bench", drafter: dict | None = None) -> None:
+                 store: Path | None = None, served_name: str = "bench", drafter: dict | None = None,
+                 source: Path | None = None) -> None:
         self.method, self.model, self.vllm_args, self.log_dir = method, model, vllm_args, log_dir
         # vLLM's development endpoints (VLLM_SERVER_DEV_MODE) at its next start: `reset_prefix_cache`
         # needs them; the server listens on 127.0.0.1 only
         self.dev_endpoints = False
         self.speculative, self.drafter = method_config(method, drafter, model), drafter
-        self.arctic, self.store, self.served_name = arctic, store, served_name
+        self.arctic, self.store, self.served_name, self.source = arctic, store, served_name, source
         self.log_path = log_dir / f"vllm-{method}.log"
         self.url = ""
         self.proc: subprocess.Popen | None = None
@@ -150,10 +164,11 @@ class MethodServer:
         self.url = f"http://127.0.0.1:{port}"
         argv, env = launch_command(self.model, port, served_name=self.served_name, extra_args=self.vllm_args,
                                    speculative_config=self.speculative,
-                                   env={**method_env(self.method, self.arctic, self.log_dir, self.store, self.drafter),
+                                   env={**method_env(self.method, self.arctic, self.log_dir, self.store, self.drafter,
+                                                   self.source),
                                         **({"VLLM_SERVER_DEV_MODE": "1"} if self.dev_endpoints else {})})
         with self.log_path.open("a") as log:
-            log.write(f"\n===== start {self.starts + 1} of {self.method} at {time.strftime('%H:%M:%S')}\n")
+            log.write(f"\n{START_MARK}{self.starts + 1} of {self.method} at {time.strftime('%H:%M:%S')}\n")
             log.flush()
             self.proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.starts += 1

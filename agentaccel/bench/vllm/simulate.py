@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from agentaccel.backends.step_costs import read_step_log
+from agentaccel.bench.vllm.releases import SOURCED
 from agentaccel.bench.vllm.runner import Measurement
 from agentaccel.bench.vllm.servers import HYBRIDS
 from agentaccel.engine.cost import Server, TimedStep, seed
@@ -309,7 +310,8 @@ def check(log_dir: Path, methods: list[str], tok, progress: Callable[[str], None
     minutes; kept in the folder for the next check)."""
     m = Measurement.load(log_dir)
     server = learned_server(log_dir, m)
-    methods = [name for name in methods if name not in NOT_SIMULATED]
+    # another release's plugin is not what the simulators run
+    methods = [name for name in methods if name not in NOT_SIMULATED and not name.startswith(SOURCED)]
     model, skipped = None, [name for name in methods if name in MODEL_METHODS]
     if skipped and m.drafter is not None:
         progress("the model drafter's predictions on the run's calls")
