@@ -103,7 +103,8 @@ def bench_vllm(
     source: Annotated[list[str] | None, typer.Option("--source", help="LABEL=PATH: the method agentaccel@LABEL "
                                                                       "serves with the agentaccel installed in "
                                                                       "PATH (pip install --no-deps --target PATH "
-                                                                      "<checkout>); repeatable.")] = None,
+                                                                      "<checkout>); repeatable; default: none.")]
+    = None,
     compiled: Annotated[bool, typer.Option("--compiled", help="Let vLLM compile the model and capture graphs (its "
                                                               "default); without it: eager (--enforce-eager).")]
     = False,
