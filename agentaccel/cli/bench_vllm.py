@@ -117,7 +117,6 @@ def bench_vllm(
     from agentaccel.bench.vllm import plan as vplan
     from agentaccel.bench.vllm.servers import HYBRIDS, METHODS, NEEDS_DRAFTER, drafter_config, known_method
     from agentaccel.bench.vllm.sources import WORKLOADS, workload_jobs
-    from agentaccel.traces.store import SCHEMA_VERSION as SCHEMA
 
     need_plots(plot)
 
@@ -189,7 +188,7 @@ def bench_vllm(
         if "agent" in chosen_workloads and sources.bundled_agent else []
     notes += [f"{m}: its release reads trace store schema {release.schema}: its server's calls are not recorded "
               "into its store (as this release's would be, for its follower); like every method's, its trees learn "
-              "its answers in its own process" for m, release in plugin_sources.items() if release.schema != SCHEMA]
+              "its answers in its own process" for m, release in plugin_sources.items() if not release.recorded]
     for w in chosen_workloads:  # where a source has too few jobs for the plan, say so before the run
         jobs = workload_jobs(w, sources, sizes.history + sizes.warm + sizes.measured + 64, tok, max_tokens, open_tokens)
         layout = vplan.Layout.of(jobs, sizes)

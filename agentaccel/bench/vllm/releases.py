@@ -31,6 +31,12 @@ class Release:
     folder: Path
     schema: int
 
+    @property
+    def recorded(self) -> bool:
+        """Whether its server's calls can be recorded into its store: this release's recorder brings a
+        store to this schema, which a release reading another one then refuses."""
+        return self.schema == SCHEMA_VERSION
+
     @classmethod
     def at(cls, folder: Path) -> Release:
         """The release installed in `folder` (ValueError saying why it cannot serve)."""

@@ -23,7 +23,6 @@ from agentaccel.bench.vllm.history import history_store, store_for
 from agentaccel.bench.vllm.plan import Layout, Plan
 from agentaccel.bench.vllm.servers import START_MARK, MethodServer, ours, start_all, stop_servers
 from agentaccel.bench.vllm.sources import Job, workload_jobs
-from agentaccel.traces.store import SCHEMA_VERSION
 
 BEFORE, AFTER = "", "after restart"
 
@@ -152,10 +151,9 @@ def run(plan: Plan, tok, arctic: Path | None, progress: Callable[[str], None]) -
                 servers[m] = MethodServer(m, plan.model, plan.vllm_args, plan.log_dir,
                                           arctic if m == "suffix" else None, store, drafter=plan.drafter,
                                           source=release.folder if release else None)
-        # a release reading another store schema is not recorded into: this recorder would bring
-        # its store to this schema, which that release then refuses (the CLI says so in a note)
+        # (a release whose store cannot be recorded into: the CLI says so in a note)
         recorders.update({m: Recorder(out.stores[m], flush_seconds=0.1) for m in out.stores
-                          if m not in plan.plugin_sources or plan.plugin_sources[m].schema == SCHEMA_VERSION})
+                          if m not in plan.plugin_sources or plan.plugin_sources[m].recorded})
         starting = [s for s in servers.values() if s.proc is None]
         progress(f"starting {len(starting)} vLLM servers ({', '.join(s.method for s in starting)})")
         _starting(starting)
