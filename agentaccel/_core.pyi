@@ -104,10 +104,16 @@ class ModelRecord:
     passed: int  # read-only: rows offered a chain and not sent it since the counts last faded
     horizon: int  # class constant: chains a record holds before its counts are halved
     fade_after: int  # class constant: rows passed over before the counts lose a quarter
-    since_won: int  # read-only: rows offered a chain since one had a token accepted
-    cold_after: int  # class constant: rows offered and no token accepted, after which the stage is cold
-    probe_every: int  # class constant: one in this many requests starting on a cold stage is followed
-    def cold(self) -> bool: ...  # the drafter follows only one in probe_every new requests of the stage
+    offered: int  # read-only: rows offered a chain lately (halved with `won` every cold_window)
+    won: int  # read-only: tokens of the chains sent to them accepted, as lately
+    missed_probes: int  # read-only: followed requests that ended with the stage cold still, since it was warm
+    cold_after: int  # class constant: rows offered per token won, past which the stage is cold
+    cold_window: int  # class constant: rows offered before `offered` and `won` are halved
+    probe_every: int  # class constant: one in this many requests starting on a cold stage is followed ...
+    max_backoff: int  # class constant: ... the interval doubled by each missed probe, this many times at most
+    def judged(self) -> bool: ...  # cold_after rows offered: its own record tells (else the head's over all stages)
+    def cold(self) -> bool: ...  # the drafter follows only one in probe_interval() new requests of the stage
+    def probe_interval(self) -> int: ...  # probe_every << min(missed_probes, max_backoff)
     def observe(self, drafted: int, accepted: int) -> None: ...
     def pass_over(self) -> None: ...  # a row offered the model's chain was not sent it
 

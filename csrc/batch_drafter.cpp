@@ -45,9 +45,17 @@ void ModelRecord::pass_over() {
   scale(3, 4);
 }
 
-bool ModelRecord::follow_new_request() {
-  if (!cold()) return true;
-  return cold_starts++ % kProbeEvery == 0;
+void ModelRecord::offer() {
+  if (++offered < kColdWindow) return;
+  offered /= 2, won /= 2;
+}
+
+bool ModelRecord::follow_new_request(bool cold) {
+  if (!cold) {
+    missed_probes = 0;
+    return true;
+  }
+  return cold_starts++ % probe_interval() == 0;
 }
 
 void ModelRecord::scale(uint64_t num, uint64_t den) {
@@ -204,8 +212,13 @@ BatchDrafter::StepScan BatchDrafter::scan_rows(const BatchStep& s) {
     scan.continued |= e.listed != 0 && e.listed + 1 == step_no_;
     if (e.stage.empty()) e.stage = "default";
     // its first step (its prompt's first chunk): followed or not for good
-    if (e.listed == 0 && s.model_tokens && drafter_skips_.load(std::memory_order_relaxed))
-      if (ModelRecord* record = record_of(e.stage, /*make=*/false)) e.followed = record->follow_new_request();
+    if (e.listed == 0 && s.model_tokens && drafter_skips_.load(std::memory_order_relaxed)) {
+      ModelRecord* own = record_of(e.stage, /*make=*/false);
+      const bool cold = stage_cold(own);
+      // a stage without a record of its own, cold by the pooled one: a record to count its probes
+      if (cold && own == nullptr) own = record_of(e.stage, /*make=*/true);
+      if (own != nullptr) e.followed = own->follow_new_request(cold), e.probe = cold && e.followed;
+    }
     followed_[i] = e.followed;
     e.seen = e.listed = step_no_;
     const int64_t lo = s.sampled_offsets[i], hi = s.sampled_offsets[i + 1];
@@ -271,7 +284,7 @@ int64_t BatchDrafter::count_verified(Entry& e, int64_t sampled) {
     c.model_predicted += e.last_score;
     ModelRecord* record = record_of(e.stage, /*make=*/true);
     record->observe(size_t(e.last_draft), size_t(accepted));
-    if (accepted > 0) record->since_won = 0;  // the stage is warm
+    record->won += uint64_t(accepted), pooled_.won += uint64_t(accepted);
   } else {
     c.drafted_steps += e.last_draft > 0;
     c.drafted += uint64_t(e.last_draft);
@@ -371,9 +384,10 @@ void BatchDrafter::note_drafts(const std::vector<std::vector<uint32_t>>& out) {
   std::lock_guard clock(counters_mu_);  // the records fade with disuse and go cold (ModelRecord)
   for (const Job& j : jobs_) {
     if (!j.offered) continue;
-    ModelRecord* record = record_of(j.entry->stage, /*make=*/false);  // none yet: the prior, never cold
+    pooled_.offer();
+    ModelRecord* record = record_of(j.entry->stage, /*make=*/false);  // none yet: the prior, judged pooled
     if (record == nullptr) continue;
-    ++record->since_won;  // back to 0 when a chain sent now gets a token accepted (count_verified)
+    record->offer();  // what its chains win counts in count_verified
     if (!j.use_model) record->pass_over();
   }
 }
@@ -506,6 +520,11 @@ void BatchDrafter::release(const std::string& rid) {
 }
 
 void BatchDrafter::retire(const std::string& rid, const Entry& e) {
+  if (e.probe) {  // a cold stage's followed request: a probe missed if the stage is cold still
+    std::lock_guard clock(counters_mu_);
+    ModelRecord* own = record_of(e.stage, /*make=*/false);
+    if (own && stage_cold(own)) own->missed_probes = std::min(own->missed_probes + 1, ModelRecord::kMaxBackoff);
+  }
   if (!e.started || !engine_.has_request(rid)) return;
   // remembered as this engine's own now, not at flush: the recorded copy may come back from the store before
   std::vector<uint32_t> output = engine_.finish_request_deferred(rid);

@@ -4,6 +4,7 @@
 // a small pool of threads when the batch is large enough to pay for the hand-off.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -51,27 +52,41 @@ struct StageCounters {
 // estimate back towards the prior: a stage whose record fell below what a token must gain is
 // tried again now and then, and sent the model's chains again if they are accepted now.
 //
-// A stage whose last kColdAfter rows offered a chain saw no chain's token accepted is cold: the
-// model's drafter follows only one in kProbeEvery of the requests that start there (it writes their
-// positions into its KV cache, from their prompt on, and only they are offered chains), so that
-// a head that never wins on a stage costs nothing on most of its requests, and the followed few
-// keep trying it (a chain of theirs accepted warms the stage again).
+// A stage where the model's chains won less than one token per kColdAfter rows offered one, over
+// the last rows offered (at least kColdAfter of them; the counts halved every kColdWindow, so that
+// what it wins now decides), is cold: the model's drafter follows only one in probe_interval() of
+// the requests that start there (it writes their positions into its KV cache, from their prompt on,
+// and only they are offered chains), so that a head that (almost) never wins on a stage costs
+// nothing on most of its requests, and the followed few keep trying it (chains of theirs accepted
+// at that rate warm the stage again). Each followed request that ends with the stage still cold
+// doubles the interval, up to kProbeEvery << kMaxBackoff: a head that keeps losing is tried ever
+// more rarely. A stage with fewer than kColdAfter rows of its own is judged by the head's record
+// over all stages (BatchDrafter's pooled record): a head that wins nothing anywhere starts cold on a
+// new stage, rather than paying a small stage's first kColdAfter rows.
 struct ModelRecord {
   std::vector<uint64_t> tried, reached;
   uint64_t passed = 0;  // rows offered a chain and not sent it since the last fade (not kept in the store)
-  uint64_t since_won = 0;  // rows offered a chain since one had a token accepted (not kept in the store)
+  uint64_t offered = 0;  // rows offered a chain lately (halved with `won` each kColdWindow; not kept in the store)
+  uint64_t won = 0;      // tokens of the chains sent to them accepted (not kept in the store)
   uint64_t cold_starts = 0;  // requests started on the stage while it was cold (not kept in the store)
+  uint32_t missed_probes = 0;  // its followed requests that ended with it still cold, since it was warm
   static constexpr double kPrior = 0.5;   // a new stage's chain: each token accepted half the time ...
   static constexpr double kWeight = 4.0;  // ... worth this many chains
   static constexpr uint64_t kHorizon = 1024;   // chains a record holds before its counts are halved
   static constexpr uint64_t kFadeAfter = 256;  // rows passed over before the counts lose a quarter
-  static constexpr uint64_t kColdAfter = 128;  // rows offered and no token accepted, after which it is cold
-  static constexpr uint64_t kProbeEvery = 8;   // a cold stage's requests: one in this many followed
+  static constexpr uint64_t kColdAfter = 128;  // rows offered per token accepted, past which it is cold
+  static constexpr uint64_t kColdWindow = 1024;  // rows offered before `offered` and `won` are halved
+  static constexpr uint64_t kProbeEvery = 8;   // a cold stage's requests: one in this many followed ...
+  static constexpr uint32_t kMaxBackoff = 3;   // ... doubled by each probe missed, this many times at most
   double estimate(size_t depth) const;    // P(tokens 0..depth all accepted)
   void observe(size_t drafted, size_t accepted);
   void pass_over();  // a row offered the model's chain was not sent it
-  bool cold() const { return since_won >= kColdAfter; }
-  bool follow_new_request();  // whether the drafter follows a request starting on this stage
+  void offer();      // a row was offered the model's chain (sent or not)
+  bool judged() const { return offered >= kColdAfter; }  // enough rows of its own to tell whether it is cold
+  bool cold() const { return judged() && won * kColdAfter < offered; }
+  uint64_t probe_interval() const { return kProbeEvery << std::min(missed_probes, kMaxBackoff); }
+  // whether the drafter follows a request starting on this stage, `cold` as judged (its own or pooled)
+  bool follow_new_request(bool cold);
   // counts times num / den, rounded down (depth by depth, so that no depth is reached more often
   // than it was tried or than the depth before)
   void scale(uint64_t num, uint64_t den);
@@ -189,6 +204,7 @@ class BatchDrafter {
     double last_score = 0.0;  // its expected accepted tokens
     bool last_model = false;  // the draft proposed last step was the model drafter's chain
     bool followed = true;     // the hybrid: the model drafter follows it (decided when first listed)
+    bool probe = false;       // ... as one of a cold stage's few (ModelRecord::missed_probes)
     uint64_t seen = 0;        // the last step that listed it (or, before any, the step it was admitted at)
     uint64_t listed = 0;      // the last step that listed it (0: none yet)
     StageCounters* counters = nullptr;
@@ -257,6 +273,9 @@ class BatchDrafter {
   // A stage's record (under counters_mu_); past kMaxCountedStages stages the rest share kOtherStages'.
   // A new stage's is made only when `make` (a chain was verified); otherwise null: the prior.
   ModelRecord* record_of(const std::string& stage, bool make);
+  // Whether a stage is cold: by its own record once judged, else by the pooled one (under counters_mu_).
+  bool stage_cold(const ModelRecord* own) const { return own && own->judged() ? own->cold() : pooled_.cold(); }
+  ModelRecord pooled_;  // the head over every stage: its rows offered and tokens won (under counters_mu_)
   static constexpr size_t kMaxCountedStages = 512;  // as the proxy's metrics: stage names are client-chosen
   static constexpr const char* kOtherStages = "other";
   mutable std::mutex counters_mu_;  // counters_ are read by a stats thread while steps run

@@ -176,14 +176,20 @@ NB_MODULE(_core, m) {
       .def_rw("reached", &agentaccel::ModelRecord::reached)
       .def("estimate", &agentaccel::ModelRecord::estimate, "depth"_a)
       .def_ro("passed", &agentaccel::ModelRecord::passed)
-      .def_ro("since_won", &agentaccel::ModelRecord::since_won)
+      .def_ro("offered", &agentaccel::ModelRecord::offered)
+      .def_ro("won", &agentaccel::ModelRecord::won)
+      .def_ro("missed_probes", &agentaccel::ModelRecord::missed_probes)
+      .def("judged", &agentaccel::ModelRecord::judged)
       .def("cold", &agentaccel::ModelRecord::cold)
+      .def("probe_interval", &agentaccel::ModelRecord::probe_interval)
       .def("observe", &agentaccel::ModelRecord::observe, "drafted"_a, "accepted"_a)
       .def("pass_over", &agentaccel::ModelRecord::pass_over)
       .def_ro_static("horizon", &agentaccel::ModelRecord::kHorizon)
       .def_ro_static("fade_after", &agentaccel::ModelRecord::kFadeAfter)
       .def_ro_static("cold_after", &agentaccel::ModelRecord::kColdAfter)
-      .def_ro_static("probe_every", &agentaccel::ModelRecord::kProbeEvery);
+      .def_ro_static("cold_window", &agentaccel::ModelRecord::kColdWindow)
+      .def_ro_static("probe_every", &agentaccel::ModelRecord::kProbeEvery)
+      .def_ro_static("max_backoff", &agentaccel::ModelRecord::kMaxBackoff);
 
   nb::class_<agentaccel::StepCost>(m, "StepCost")
       .def(nb::init<>())

@@ -13,6 +13,7 @@ from agentaccel.engine.cost.drafter_pass import DrafterPassCost
 
 SPEC = SpecConfig(tree=False, alpha=1.0, min_prob=0.1, cost=0.02)
 MAX_LEN = 512
+NEVER = 5  # a token no corpus or fresh document holds
 
 
 def corpus(seed=0, n=6, length=120):
@@ -470,48 +471,52 @@ def test_where_the_first_pass_may_be_skipped_the_chains_must_pay_for_it_or_the_t
     assert sent == [True, True] and passes == 3
 
 
-def test_a_cold_stages_new_requests_are_followed_one_in_probe_every_and_a_chain_accepted_warms_it():
+def _cold_test_drafter(skips: bool = True) -> BatchDrafter:
+    """A hybrid whose head's record on stage "s" says every chain is accepted, but whose passes are
+    priced out: chains offered on every row, none sent, none won."""
+    drafter = BatchDrafter(seeded_engine())
+    drafter.set_step_cost(StepCostModel(tuple(1.0 + 0.001 * t for t in range(64))))
+    drafter.set_model_record("s", [4, 4, 4], [4, 4, 4])
+    drafter.drafter_pass_cost = DrafterPassCost(1000.0, 1000.0)
+    drafter.set_drafter_skips(skips)
+    return drafter
+
+
+def _stepper(drafter, names, seed, stage="s", right=3):
+    """One step of these requests a call (their batch kept between calls): its followed and sent
+    rows. The head's chains, of 3 tokens: the answer's next `right` tokens, then a token never sampled."""
+    batch = Batch([fresh_doc(seed + i, length=300) for i in range(len(names))])
+    for rid in names:
+        drafter.admit(rid, stage)
+    drafts = [[]] * len(names)
+
+    def step():
+        nonlocal drafts
+        sampled = batch.sample(drafts)
+        chains = [[int(t) for t in rest[:right]] + [NEVER] * (3 - min(right, len(rest))) for rest in batch.rest]
+        drafts = drafter.step(names, batch.rows, batch.num_tokens, sampled, 16, MAX_LEN, model_chains=chains)
+        return drafter.followed_rows(), drafter.model_rows()
+    return step
+
+
+def test_a_cold_stages_new_requests_are_followed_one_in_probe_every_and_chains_accepted_warm_it():
     """Where the drafter skips the steps that send no chain, a stage whose last cold_after rows
     offered a chain had none of its tokens accepted (here none sent: the passes priced out) has only
     one in probe_every of its new requests followed; the others are never offered the model's chain,
-    whatever its record. A chain of a followed one accepted (its passes free again), the stage is
+    whatever its record. Chains of the followed ones accepted (their passes free again), the stage is
     warm: every new request is followed. A drafter that runs every step follows every request."""
     from agentaccel import _core
 
     probe = _core.ModelRecord.probe_every
     cold_after = _core.ModelRecord.cold_after
-
-    def drafter_with(skips: bool) -> BatchDrafter:
-        drafter = BatchDrafter(seeded_engine())
-        drafter.set_step_cost(StepCostModel(tuple(1.0 + 0.001 * t for t in range(64))))
-        drafter.set_model_record("s", [4, 4, 4], [4, 4, 4])  # what the head got: every chain accepted
-        drafter.drafter_pass_cost = DrafterPassCost(1000.0, 1000.0)  # ... but its passes priced out
-        drafter.set_drafter_skips(skips)
-        return drafter
-
-    def stepper(drafter, names, seed):
-        """One step of these requests a call (their batch kept between calls): its followed and sent rows."""
-        batch = Batch([fresh_doc(seed + i, length=300) for i in range(len(names))])
-        for rid in names:
-            drafter.admit(rid, "s")
-        drafts = [[]] * len(names)
-
-        def step():
-            nonlocal drafts
-            sampled = batch.sample(drafts)
-            right = [[int(t) for t in rest[:3]] for rest in batch.rest]  # the head's chains are right
-            drafts = drafter.step(names, batch.rows, batch.num_tokens, sampled, 16, MAX_LEN, model_chains=right)
-            return drafter.followed_rows(), drafter.model_rows()
-        return step
-
     for skips in (True, False):
-        drafter = drafter_with(skips)
-        step = stepper(drafter, [f"r{i}" for i in range(16)], seed=100)
+        drafter = _cold_test_drafter(skips)
+        step = _stepper(drafter, [f"r{i}" for i in range(16)], seed=100)
         seen = [step() for _ in range(cold_after // 16 + 1)]
         assert all(followed == [True] * 16 and sent == [False] * 16 for followed, sent in seen)
         record = drafter.model_records()["s"]
-        assert record.cold() and record.since_won >= cold_after
-        step = stepper(drafter, [f"n{i}" for i in range(16)], seed=200)
+        assert record.cold() and record.offered >= cold_after and record.won == 0
+        step = _stepper(drafter, [f"n{i}" for i in range(16)], seed=200)
         followed, sent = step()
         assert sent == [False] * 16
         if not skips:  # running every step, the drafter writes every request's positions anyway
@@ -523,8 +528,71 @@ def test_a_cold_stages_new_requests_are_followed_one_in_probe_every_and_a_chain_
         seen = [step() for _ in range(3)]
         assert all(f == followed for f, _ in seen)  # followed or not for good, from their first step
         assert all(sent == followed for _, sent in seen)  # only the followed are sent the model's chains
-        assert not drafter.model_records()["s"].cold()  # accepted: warm
-        assert stepper(drafter, ["late"], seed=300)() == ([True], [True])
+        assert not drafter.model_records()["s"].cold()  # accepted at its rate: warm
+        assert _stepper(drafter, ["late"], seed=300)() == ([True], [True])
+
+
+def test_missed_probes_make_probing_rarer_and_a_lucky_token_does_not_warm_a_stage():
+    """Each followed request of a cold stage that ends with it cold still doubles the interval
+    between the requests followed there, up to probe_every << max_backoff. Cold is a rate, not a
+    streak: a chain's token accepted now and then (fewer than one per cold_after rows offered) leaves
+    the stage cold; chains accepted at the rate warm it, and then every request is followed and the
+    count of missed probes is back to 0."""
+    from agentaccel import _core
+
+    probe, most = _core.ModelRecord.probe_every, _core.ModelRecord.max_backoff
+    drafter = _cold_test_drafter()
+    step = _stepper(drafter, [f"r{i}" for i in range(16)], seed=100)
+    for _ in range(40):  # 640 rows offered, none won
+        step()
+    record = lambda: drafter.model_records()["s"]  # noqa: E731
+    assert record().cold()
+
+    def probe_round(name, chains_right, steps=2):
+        names = [f"{name}{i}" for i in range(record().probe_interval())]
+        round_ = _stepper(drafter, names, seed=1000 + 37 * len(name), right=chains_right)
+        followed = [round_() for _ in range(steps)][0][0]
+        for rid in names:
+            drafter.release(rid)  # they end
+        return followed
+
+    intervals = []
+    for k in range(most + 2):
+        intervals.append(record().probe_interval())
+        assert sum(probe_round(f"b{k}-", 0)) == 1  # passes priced out: no chain sent, none won
+    assert intervals == [probe << min(k, most) for k in range(most + 2)]
+    drafter.drafter_pass_cost = DrafterPassCost(0.0, 0.0)  # chains sent from now on
+    probe_round("lucky", 1)  # the probe's chain: its first token right once
+    assert record().won == 1 and record().cold()
+    probe_round("hot", 3, steps=10)  # the probe's chains right every step: won at the rate
+    assert record().won > 1 and not record().cold()
+    assert _stepper(drafter, ["after"], seed=4000)() == ([True], [True])
+    assert record().missed_probes == 0
+
+
+def test_a_new_stage_is_judged_by_the_heads_record_over_all_stages():
+    """A stage with fewer than cold_after rows offered of its own starts as the head does
+    everywhere: cold where the head has won nothing over all stages lately (one in probe_every of
+    its requests followed), every request followed where it wins."""
+    from agentaccel import _core
+
+    probe = _core.ModelRecord.probe_every
+    drafter = _cold_test_drafter()
+    step = _stepper(drafter, [f"r{i}" for i in range(16)], seed=100)
+    for _ in range(_core.ModelRecord.cold_after // 16 + 1):
+        step()
+    fresh = _stepper(drafter, [f"t{i}" for i in range(probe)], seed=600, stage="t")
+    assert fresh()[0] == [i == 0 for i in range(probe)]
+    assert drafter.stats()["t"]["model_unfollowed"] == probe - 1
+    assert not drafter.model_records()["t"].judged()  # cold by the head's record, not its own
+    # another drafter, its head winning on "s": a new stage's requests all followed
+    winning = _cold_test_drafter()
+    winning.drafter_pass_cost = DrafterPassCost(0.0, 0.0)
+    step = _stepper(winning, [f"r{i}" for i in range(16)], seed=100)
+    for _ in range(_core.ModelRecord.cold_after // 16 + 1):
+        step()
+    assert not winning.model_records()["s"].cold()
+    assert _stepper(winning, [f"t{i}" for i in range(probe)], seed=600, stage="t")()[0] == [True] * probe
 
 
 def test_the_model_chain_competes_with_the_trees_as_far_as_its_passes_pay():

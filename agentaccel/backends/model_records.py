@@ -56,7 +56,8 @@ def head_identity(head: str) -> str:
 
 
 def current(drafter: BatchDrafter) -> Records:
-    return {stage: (list(r.tried), list(r.reached)) for stage, r in drafter.model_records().items()}
+    # a stage's record made only to count its cold probes has no chain to keep
+    return {stage: (list(r.tried), list(r.reached)) for stage, r in drafter.model_records().items() if r.tried}
 
 
 def resume(drafter: BatchDrafter, db: str | Path | None, key: str) -> int:

@@ -88,9 +88,11 @@ class BatchDrafter:
     def followed_rows(self) -> list[bool]:
         """The hybrid: the last step's rows by whether the model drafter follows their request. Where
         the drafter skips the steps that send no chain (`set_drafter_skips`), a request starting on a
-        cold stage (no token of the model's chains accepted in its last ModelRecord.cold_after rows
-        offered one) is followed only as one in ModelRecord.probe_every: the others' positions need
-        not be written into the drafter's KV cache, and they are never offered its chains."""
+        cold stage (the model's chains won less than a token per ModelRecord.cold_after rows offered
+        one lately; a stage with fewer rows of its own judged by the head's record over all stages)
+        is followed only as one in ModelRecord.probe_interval() (each probe that ends with the stage
+        cold still doubles it, up to a limit): the others' positions need not be written into the
+        drafter's KV cache, and they are never offered its chains."""
         return self._native.followed_rows()
 
     def set_drafter_skips(self, skips: bool) -> None:
