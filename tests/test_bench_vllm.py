@@ -141,6 +141,8 @@ def hybrid_checks(result: dict, logs, head, stdout: str) -> None:
     hybrid = methods["agentaccel-drafter"]  # vLLM verifies the trees' drafts; the head drafts 2 (its settings)
     assert hybrid["method"] == "eagle" and hybrid["num_speculative_tokens"] == 32
     assert hybrid["disable_padded_drafter_batch"] is True
+    assert hybrid["disable_eagle_block_drop"] is True  # it skips steps: prefix-cache hits kept whole
+    assert "disable_eagle_block_drop" not in methods["drafter"]  # vLLM's eagle alone, as vLLM runs it
     rows = {(x["method"], x["workload"], x["concurrency"]): x for x in result["rows"] if x["stage"] == "(all)"}
     for (method, workload, level), row in rows.items():
         if method == "drafter" and workload == "sql":  # (an agent prompt near the context's end drafts less)

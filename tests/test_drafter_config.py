@@ -40,3 +40,13 @@ def test_what_one_call_predicts_is_read_from_the_models_config(tmp_path):
     assert predict_layers({"method": "mtp", "num_speculative_tokens": 3}, model("broken", None)) == 1
     (tmp_path / "broken" / "config.json").write_text("{not json")
     assert predict_layers({"method": "mtp", "num_speculative_tokens": 3}, str(tmp_path / "broken")) == 1
+
+
+def test_a_drafter_that_skips_steps_keeps_prefix_cache_hits_whole():
+    """vLLM recomputes the last block of every prefix-cache hit for an EAGLE-like head; where the
+    hybrid's drafter may skip steps (most requests of a cold stage unfollowed) the hit is kept
+    whole, unless the drafter's own config says otherwise; a drafter run every step keeps vLLM's
+    drop."""
+    assert hybrid_config(EAGLE3)[0]["disable_eagle_block_drop"] is True
+    assert "disable_eagle_block_drop" not in hybrid_config(EAGLE3, skips=False)[0]
+    assert hybrid_config({**EAGLE3, "disable_eagle_block_drop": False})[0]["disable_eagle_block_drop"] is False

@@ -51,7 +51,7 @@ CONFIG_FIELDS = {
     "vllm.config.speculative.SpeculativeConfig": ("num_speculative_tokens", "suffix_decoding_max_tree_depth",
                                                   "suffix_decoding_max_spec_factor",
                                                   "suffix_decoding_min_token_prob", "disable_padded_drafter_batch",
-                                                  "model", "draft_sample_method"),
+                                                  "model", "draft_sample_method", "disable_eagle_block_drop"),
     "vllm.sampling_params.SamplingParams": ("extra_args",),
     "vllm.v1.worker.gpu_input_batch.CachedRequestState": ("req_id", "sampling_params", "prompt_token_ids"),
     "vllm.v1.core.sched.output.SchedulerOutput": ("total_num_scheduled_tokens",),

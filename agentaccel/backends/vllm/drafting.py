@@ -27,13 +27,16 @@ HYBRID_METHODS = ("eagle", "eagle3", "mtp")  # vLLM's EagleProposer: it drafts a
 
 
 def hybrid_config(drafter: Mapping, trees: Mapping = DEFAULT_SPECULATIVE_CONFIG,
-                  n_predict: int = 1) -> tuple[dict, int]:
+                  n_predict: int = 1, skips: bool = True) -> tuple[dict, int]:
     """vLLM's speculative config for the hybrid (hybrid.py) from a model drafter's (`{"method":
     "eagle3", "model": ..., "num_speculative_tokens": 3}`: what its user runs it with) and the
     trees' (their longest draft and depth): vLLM verifies drafts as long as the trees', runs the
     drafter after the step's sampled tokens reach the CPU, and the drafter's own draft length comes
     back as the second value (the settings' `model_tokens`). `n_predict`: the tokens one call of the
-    drafter's model predicts (`predict_layers`; vLLM requires a longer draft to be a multiple of it)."""
+    drafter's model predicts (`predict_layers`; vLLM requires a longer draft to be a multiple of it).
+    `skips`: the drafter may skip steps (the plugin's drafter_skip is not "never"): then vLLM keeps
+    a prompt's whole prefix-cache hit rather than recomputing its last block for the head, unless
+    the drafter's config says otherwise."""
     if drafter.get("method") not in HYBRID_METHODS:
         # vLLM 0.32 runs a draft model (draft_model) only on its padded path, before the step's
         # sampled tokens reach the CPU, where the trees cannot draft yet
@@ -54,6 +57,13 @@ def hybrid_config(drafter: Mapping, trees: Mapping = DEFAULT_SPECULATIVE_CONFIG,
         verified += n_predict - verified % n_predict
     config = {**drafter, "disable_padded_drafter_batch": True, "num_speculative_tokens": verified}
     config.setdefault("suffix_decoding_max_tree_depth", trees.get("suffix_decoding_max_tree_depth", VLLM_TREE_DEPTH))
+    if skips:
+        # vLLM drops the last block of every prefix-cache hit when a head drafts, so that the head's
+        # KV at the hit's last position (written with the next token of the request that computed
+        # it) is recomputed: a block of prefill per hit, paid by every request. Where the drafter
+        # skips, most requests of a cold stage are never followed and need none of the head's KV; a
+        # followed one drafts over that one position stale (accepted less, never wrong).
+        config.setdefault("disable_eagle_block_drop", True)
     return config, model_tokens
 
 

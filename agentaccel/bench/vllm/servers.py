@@ -81,7 +81,8 @@ def method_config(method: str, drafter: dict | None = None, model: str = "") -> 
     if method in NEEDS_DRAFTER:
         if drafter is None:
             raise ValueError(f"the {method} method needs a draft model (--drafter)")
-        return drafter if method == "drafter" else hybrid_config(drafter, n_predict=predict_layers(drafter, model))[0]
+        return drafter if method == "drafter" else hybrid_config(drafter, n_predict=predict_layers(drafter, model),
+                                                                 skips=HYBRIDS[method] != "never")[0]
     return METHODS["agentaccel" if method.startswith(SOURCED) else method]
 
 
