@@ -585,6 +585,9 @@ def test_a_new_stage_is_judged_by_the_heads_record_over_all_stages():
     assert fresh()[0] == [i == 0 for i in range(probe)]
     assert drafter.stats()["t"]["model_unfollowed"] == probe - 1
     assert not drafter.model_records()["t"].judged()  # cold by the head's record, not its own
+    from agentaccel.backends.model_records import current
+
+    assert "t" not in current(drafter) and "s" in current(drafter)  # a record only counting probes is not kept
     # another drafter, its head winning on "s": a new stage's requests all followed
     winning = _cold_test_drafter()
     winning.drafter_pass_cost = DrafterPassCost(0.0, 0.0)
