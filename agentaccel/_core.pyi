@@ -106,6 +106,8 @@ class ModelRecord:
     fade_after: int  # class constant: rows passed over before the counts lose a quarter
     offered: int  # read-only: rows offered a chain lately (halved with `won` every cold_window)
     won: int  # read-only: tokens of the chains sent to them accepted, as lately
+    worth: float  # read-only: plain steps of the batch those tokens saved, as lately
+    spent: float  # read-only: plain steps of the batch the drafter's runs took for its followed requests, as lately
     missed_probes: int  # read-only: followed requests that ended with the stage cold still, since it was warm
     cold_after: int  # class constant: rows offered per token won, past which the stage is cold
     cold_window: int  # class constant: rows offered before `offered` and `won` are halved

@@ -47,7 +47,7 @@ void ModelRecord::pass_over() {
 
 void ModelRecord::offer() {
   if (++offered < kColdWindow) return;
-  offered /= 2, won /= 2;
+  offered /= 2, won /= 2, worth /= 2, spent /= 2;
 }
 
 bool ModelRecord::follow_new_request(bool cold) {
@@ -128,6 +128,30 @@ void BatchDrafter::drafter_ran(uint32_t passes, double seconds) {
   std::lock_guard lock(admit_mu_);
   drafter_passes_ = passes;
   drafter_seconds_ = seconds;
+  if (passes) charge_drafter(seconds);  // none: the step's positions wait for the next run (catch_up.py)
+}
+
+void BatchDrafter::charge_drafter(double seconds) {
+  // The run covered each followed request's positions since its last (a new one's prompt, what the
+  // skipped steps held): its time is shared by those positions, each stage charged for its own.
+  thread_local std::vector<std::pair<Entry*, double>> covered;
+  covered.clear();
+  double total = 0.0;
+  for (const auto& [rid, tokens] : last_followed_) {
+    auto it = entries_.find(rid);
+    if (it == entries_.end()) continue;  // released since
+    Entry& e = it->second;
+    const double positions = double(std::max(tokens - e.written, 0));
+    e.written = std::max(e.written, tokens);
+    covered.emplace_back(&e, positions);
+    total += positions;
+  }
+  if (total <= 0.0 || last_plain_seconds_ <= 0.0) return;
+  const double steps = seconds / last_plain_seconds_;
+  std::lock_guard clock(counters_mu_);
+  pooled_.spent += steps;
+  for (const auto& [e, positions] : covered)
+    if (positions > 0.0) record_of(e->stage, /*make=*/true)->spent += steps * positions / total;
 }
 
 std::map<std::string, ModelRecord> BatchDrafter::model_records() const {
@@ -179,6 +203,7 @@ std::vector<std::vector<uint32_t>> BatchDrafter::step(const BatchStep& s) {
   StepScan scan = scan_rows(s);
   if (scan.continued) record_timing(scan.timed, started);
   if (cost && cost->in_seconds && !scan.verified->empty()) credit_saved(*cost, scan);
+  last_plain_seconds_ = 0.0;  // known only under a step cost in seconds (set_floors)
   if (budgeted_) set_floors(*cost, scan, s.model_tokens != nullptr);
   run_jobs(out);
   if (budgeted_) {
@@ -205,6 +230,7 @@ BatchDrafter::StepScan BatchDrafter::scan_rows(const BatchStep& s) {
   scan.verified = &verified;
   std::lock_guard clock(counters_mu_);
   followed_.assign(n, false);
+  last_followed_.clear();
   for (size_t i = 0; i < n; ++i) {
     const std::string& rid = rids[i];
     if (rid.empty()) continue;
@@ -220,6 +246,7 @@ BatchDrafter::StepScan BatchDrafter::scan_rows(const BatchStep& s) {
       if (own != nullptr) e.followed = own->follow_new_request(cold), e.probe = cold && e.followed;
     }
     followed_[i] = e.followed;
+    if (e.followed && s.model_tokens) last_followed_.emplace_back(rid, s.num_tokens[i]);
     e.seen = e.listed = step_no_;
     const int64_t lo = s.sampled_offsets[i], hi = s.sampled_offsets[i + 1];
     const int32_t num_tokens = s.num_tokens[i];
@@ -266,6 +293,7 @@ BatchDrafter::StepScan BatchDrafter::scan_rows(const BatchStep& s) {
     e.last_model = false;
     if (budget > 0) add_job(s, i, rid, e, budget, double(num_tokens));
   }
+  last_decoding_ = scan.decoding;  // after count_verified read the step before's
   scan.timed.tokens = s.scheduled >= 0 ? double(s.scheduled) : scan.timed.decode_tokens;
   // they ran after the last step, before this one's target pass
   scan.timed.drafter_passes = std::exchange(drafter_passes_, 0);
@@ -285,6 +313,9 @@ int64_t BatchDrafter::count_verified(Entry& e, int64_t sampled) {
     ModelRecord* record = record_of(e.stage, /*make=*/true);
     record->observe(size_t(e.last_draft), size_t(accepted));
     record->won += uint64_t(accepted), pooled_.won += uint64_t(accepted);
+    // each token saves its request a step of the batch it was sent in: 1 / its rows decoding of one
+    const double worth = double(accepted) / double(std::max<size_t>(last_decoding_, 1));
+    record->worth += worth, pooled_.worth += worth;
   } else {
     c.drafted_steps += e.last_draft > 0;
     c.drafted += uint64_t(e.last_draft);
@@ -337,6 +368,7 @@ void BatchDrafter::set_floors(const StepCost& cost, const StepScan& scan, bool h
   const double t0 = cost.at(decoding) + cost.per_context * scan.next_context +
                     cost.per_attention * scan.next_attention + cost.per_request * double(scan.listed);
   const double rate = t0 > 0.0 ? decoding / t0 : 0.0;
+  last_plain_seconds_ = cost.in_seconds && t0 > 0.0 ? t0 : 0.0;
   const double slope = std::max(cost.expected_min_slope_from(decoding), 0.0);
   for (Job& j : jobs_) j.floor = rate * (slope + cost.per_attention * j.context);
   // A model token past the first pass needs one more pass for the batch, shared by the rows

@@ -63,11 +63,17 @@ struct StageCounters {
 // more rarely. A stage with fewer than kColdAfter rows of its own is judged by the head's record
 // over all stages (BatchDrafter's pooled record): a head that wins nothing anywhere starts cold on a
 // new stage, rather than paying a small stage's first kColdAfter rows.
+// A stage is cold too where what its chains' accepted tokens saved (`worth`) is less than what the
+// drafter's passes over its followed requests took (`spent`; their prompts and catch-ups included),
+// both in plain steps of the batch over the same rows: a head that wins a token now and then but
+// costs more passes than those tokens save is followed no more than one that wins nothing.
 struct ModelRecord {
   std::vector<uint64_t> tried, reached;
   uint64_t passed = 0;  // rows offered a chain and not sent it since the last fade (not kept in the store)
   uint64_t offered = 0;  // rows offered a chain lately (halved with `won` each kColdWindow; not kept in the store)
   uint64_t won = 0;      // tokens of the chains sent to them accepted (not kept in the store)
+  double worth = 0.0;    // plain steps of the batch those tokens saved: 1 / the rows decoding each (halved likewise; not kept)
+  double spent = 0.0;    // plain steps of the batch the drafter's passes took for its followed requests (halved likewise; not kept)
   uint64_t cold_starts = 0;  // requests started on the stage while it was cold (not kept in the store)
   uint32_t missed_probes = 0;  // its followed requests that ended with it still cold, since it was warm
   static constexpr double kPrior = 0.5;   // a new stage's chain: each token accepted half the time ...
@@ -83,7 +89,7 @@ struct ModelRecord {
   void pass_over();  // a row offered the model's chain was not sent it
   void offer();      // a row was offered the model's chain (sent or not)
   bool judged() const { return offered >= kColdAfter; }  // enough rows of its own to tell whether it is cold
-  bool cold() const { return judged() && won * kColdAfter < offered; }
+  bool cold() const { return judged() && (won * kColdAfter < offered || worth < spent); }
   uint64_t probe_interval() const { return kProbeEvery << std::min(missed_probes, kMaxBackoff); }
   // whether the drafter follows a request starting on this stage, `cold` as judged (its own or pooled)
   bool follow_new_request(bool cold);
@@ -205,6 +211,7 @@ class BatchDrafter {
     bool last_model = false;  // the draft proposed last step was the model drafter's chain
     bool followed = true;     // the hybrid: the model drafter follows it (decided when first listed)
     bool probe = false;       // ... as one of a cold stage's few (ModelRecord::missed_probes)
+    int32_t written = 0;      // ... its positions the drafter's passes have covered (ModelRecord::spent)
     uint64_t seen = 0;        // the last step that listed it (or, before any, the step it was admitted at)
     uint64_t listed = 0;      // the last step that listed it (0: none yet)
     StageCounters* counters = nullptr;
@@ -295,6 +302,13 @@ class BatchDrafter {
   uint32_t drafter_passes_ = 0;  // forward passes the hybrid's drafter ran after the last step (0: none)
   double drafter_seconds_ = 0.0;  // ... and their time
   size_t last_model_rows_ = 0;    // rows the last step sent the model's chain
+  // The hybrid, what prices a stage's drafter passes and chains (ModelRecord::spent, worth): the
+  // last step's followed requests with their tokens then, its plain step in seconds (0: not known
+  // in seconds) and its rows decoding.
+  std::vector<std::pair<std::string, int32_t>> last_followed_;
+  double last_plain_seconds_ = 0.0;
+  size_t last_decoding_ = 0;
+  void charge_drafter(double seconds);  // what the drafter's run after the last step took, by stage (under admit_mu_)
   size_t last_model_passes_ = 0;  // ... and the longest chain among them (model_passes)
   double pass_floor_ = 0.0;       // this step: the D a model token past the first must reach (its pass's share)
   std::atomic<double> drafter_pass_share_{0.0};  // one more drafter pass, in plain steps of the batch

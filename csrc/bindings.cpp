@@ -178,6 +178,8 @@ NB_MODULE(_core, m) {
       .def_ro("passed", &agentaccel::ModelRecord::passed)
       .def_ro("offered", &agentaccel::ModelRecord::offered)
       .def_ro("won", &agentaccel::ModelRecord::won)
+      .def_ro("worth", &agentaccel::ModelRecord::worth)
+      .def_ro("spent", &agentaccel::ModelRecord::spent)
       .def_ro("missed_probes", &agentaccel::ModelRecord::missed_probes)
       .def("judged", &agentaccel::ModelRecord::judged)
       .def("cold", &agentaccel::ModelRecord::cold)

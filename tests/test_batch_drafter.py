@@ -570,6 +570,64 @@ def test_missed_probes_make_probing_rarer_and_a_lucky_token_does_not_warm_a_stag
     assert record().missed_probes == 0
 
 
+def test_a_stage_whose_drafter_passes_cost_more_than_its_chains_save_is_cold():
+    """Value, not only a rate: each run of the drafter is charged, in plain steps of the batch, to
+    the stages of the followed requests whose positions it covered (their prompts at the first run),
+    and each token its chains got accepted is worth 1 / the rows decoding of a plain step. Chains
+    accepted on every row (far above the rate) whose runs take three plain steps each, against one
+    step saved, leave the stage cold; the same chains with runs of a tenth of a step keep it warm."""
+    from agentaccel import _core
+    from agentaccel.backends.model_records import following
+
+    probe, cold_after = _core.ModelRecord.probe_every, _core.ModelRecord.cold_after
+    plain = 1.016  # the test cost's step of 16 rows decoding, in seconds
+    for run_seconds, cold in ((3.0, True), (0.1, False)):
+        drafter = _cold_test_drafter()
+        drafter.drafter_pass_cost = DrafterPassCost(0.0, 0.0)  # chains sent on every row
+        step = _stepper(drafter, [f"r{i}" for i in range(16)], seed=100, right=1)
+        runs = cold_after // 16 + 2
+        for _ in range(runs):
+            _, sent = step()
+            assert sent == [True] * 16
+            drafter.drafter_ran(1, run_seconds)
+        record = drafter.model_records()["s"]
+        assert record.won >= 16 * (runs - 1)  # a token a row a step: warm by the rate
+        assert record.spent == pytest.approx(runs * run_seconds / plain, rel=0.02)
+        assert record.worth == pytest.approx(record.won / 16)
+        assert record.cold() is cold
+        shown = following(drafter)["s"]  # as the stats file shows it
+        assert shown["cold"] is cold and shown["spent"] == record.spent and shown["worth"] == record.worth
+        followed = _stepper(drafter, [f"n{i}" for i in range(probe)], seed=200)()[0]
+        assert followed == ([i == 0 for i in range(probe)] if cold else [True] * probe)
+
+
+def test_a_drafter_run_is_charged_to_the_stages_whose_positions_it_covered():
+    """A run's time is shared by the positions it wrote: a stage of long prompts pays for the first
+    run (their prompts) in proportion, and a request's positions are charged once, however many runs
+    follow (a run that covers nothing new of a stage charges it nothing)."""
+    drafter = _cold_test_drafter()
+    long_ = Batch([fresh_doc(700 + i, length=600) for i in range(2)])
+    short = Batch([fresh_doc(800 + i, length=200) for i in range(2)])
+    names = ["l0", "l1", "s0", "s1"]
+    for rid, stage in zip(names, ["long", "long", "short", "short"], strict=True):
+        drafter.admit(rid, stage)
+    width = long_.rows.shape[1]
+    rows = np.zeros((4, width), dtype=np.int32)
+    rows[:2] = long_.rows
+    rows[2:, :short.rows.shape[1]] = short.rows
+    num_tokens = np.concatenate([long_.num_tokens, short.num_tokens]).astype(np.int32)
+    drafter.step(names, rows, num_tokens, [[]] * 4, 16, MAX_LEN, model_chains=3)  # their prompts
+    drafter.drafter_ran(1, 2.0)
+    records = drafter.model_records()
+    total = float(num_tokens.sum())
+    plain = records["long"].spent + records["short"].spent
+    assert records["long"].spent == pytest.approx(plain * num_tokens[:2].sum() / total)
+    drafter.step(names, rows, num_tokens, [[]] * 4, 16, MAX_LEN, model_chains=3)  # nothing new
+    drafter.drafter_ran(1, 2.0)
+    again = drafter.model_records()
+    assert again["long"].spent == records["long"].spent and again["short"].spent == records["short"].spent
+
+
 def test_a_new_stage_is_judged_by_the_heads_record_over_all_stages():
     """A stage with fewer than cold_after rows offered of its own starts as the head does
     everywhere: cold where the head has won nothing over all stages lately (one in probe_every of

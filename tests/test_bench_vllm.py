@@ -167,6 +167,10 @@ def hybrid_checks(result: dict, logs, head, stdout: str) -> None:
     assert drafter["drafter_steps_skipped"] >= passes.count(0.0) and drafter["drafter_steps_run"] >= len(passes) - \
         passes.count(0.0)
     assert drafter["caught_up_tokens"] > 0 and drafter["drafter_pass_cost"]["first"] > 0
+    # its runs are charged to the stages whose requests they wrote, against what their chains saved
+    followed = drafter["model_stages"]
+    assert set(followed) >= {stage for stage, s in stages.items() if s["model_drafted_steps"]}
+    assert sum(s["spent"] for s in followed.values()) > 0
     assert {s.drafter_passes for s in read_step_log(logs / "steps-agentaccel.jsonl")} == {0.0}
     # what the head got per stage is kept in the server's trace store for its next start
     with sqlite3.connect(logs / "store-agentaccel-drafter.db") as conn:

@@ -60,6 +60,15 @@ def current(drafter: BatchDrafter) -> Records:
     return {stage: (list(r.tried), list(r.reached)) for stage, r in drafter.model_records().items() if r.tried}
 
 
+def following(drafter: BatchDrafter) -> dict[str, dict]:
+    """Per stage, whether the head follows its new requests and why (the stats file's
+    `model_stages`): its rows offered a chain and tokens won lately, what those tokens saved and
+    what the head's runs for its requests took (plain steps), cold by its own record once judged."""
+    return {stage: {"judged": r.judged(), "cold": r.cold(), "offered": r.offered, "won": r.won,
+                    "worth": r.worth, "spent": r.spent, "probe_interval": r.probe_interval()}
+            for stage, r in drafter.model_records().items()}
+
+
 def resume(drafter: BatchDrafter, db: str | Path | None, key: str) -> int:
     """Starts the drafter from the records the store keeps for `key`; how many stages it found. A
     store that cannot be read, or a record that does not hold, starts that stage from the prior."""

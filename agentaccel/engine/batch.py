@@ -108,7 +108,9 @@ class BatchDrafter:
     def drafter_ran(self, passes: int, seconds: float) -> None:
         """The hybrid's model drafter ran this many forward passes after the last step, in
         `seconds`: the next step's timing counts them apart (`drafter_passes`, `drafter_seconds`)
-        and leaves their time out of the step's, so that the step cost learned is the target's."""
+        and leaves their time out of the step's, so that the step cost learned is the target's; the
+        time of a run is charged to the stages of the requests whose positions it covered, against
+        what their chains save (ModelRecord.spent, worth: a stage whose passes cost more is cold)."""
         self._native.drafter_ran(passes, seconds)
 
     @property

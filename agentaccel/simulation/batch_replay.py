@@ -292,6 +292,7 @@ def simulate(sessions: Sequence[Sequence[ReplayCall]], method: Speculator, serve
                                      seconds * float(rng.lognormal(0.0, noise)), requests=work.requests,
                                      drafter_passes=work.drafter_passes, drafter_seconds=drafting))
         seconds += drafting
+        method.drafter_ran(work.drafter_passes, drafting)  # they ran after the last step's drafting
         t0 = time.perf_counter()
         run.drafts = method.step(run.batch)
         spent = time.perf_counter() - t0

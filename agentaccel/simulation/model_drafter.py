@@ -199,6 +199,9 @@ class Hybrid(Drafter):
     def accepted(self, key, draft, accepted: int) -> None:
         self.record.observe(self._stage[key], draft, accepted)
 
+    def drafter_ran(self, passes: int, seconds: float) -> None:
+        self.drafter.drafter_ran(passes, seconds)  # as the plugin times them (hybrid.py)
+
     def end(self, key):
         super().end(key)
         self.model.end(key)

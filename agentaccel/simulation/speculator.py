@@ -104,6 +104,10 @@ class Speculator:
     def observe(self, step: TimedStep) -> None:
         """The step that just ran and its time: a drafter that learns the step cost learns from it."""
 
+    def drafter_ran(self, passes: int, seconds: float) -> None:
+        """A model drafter's `passes` after the last step drafted, and their `seconds` (the hybrid's
+        stage records weigh them against what its chains save)."""
+
     def end(self, key: str) -> None:
         """The request left the batch."""
 

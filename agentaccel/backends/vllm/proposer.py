@@ -443,6 +443,7 @@ class StatsWriter(threading.Thread):
             state["drafter_pass_cost"] = {"first": priced.first, "further": priced.further}
         if self.skipping is not None and any(self.skipping.steps):  # the hybrid's
             state.update(self.skipping.state())
+            state["model_stages"] = model_records.following(self.drafter)
         cost = self.drafter.step_cost  # the learner's latest fit, once it prices in seconds
         if cost is not None:
             state.update(step_cost_state(cost, self.step_cost.steps if self.step_cost is not None else 0))
