@@ -42,8 +42,12 @@ def test_a_sourced_method_serves_with_the_plugin_of_its_folder(tmp_path):
     probe = ("import json, agentaccel, agentaccel._core\n"
              "from agentaccel.backends.vllm.settings import PluginSettings\n"
              "print(json.dumps([agentaccel.__file__, agentaccel._core.__file__, PluginSettings.from_environ().stats]))")
+    # run from a checkout (vLLM's server is `python -m ...`, which puts the working folder first)
+    checkout = tmp_path / "checkout"
+    (checkout / "agentaccel").mkdir(parents=True)
+    (checkout / "agentaccel" / "__init__.py").write_text("raise ImportError('the checkout, not the release')\n")
     r = subprocess.run([sys.executable, "-c", probe], env={**os.environ, **env}, capture_output=True, text=True,
-                       timeout=120, cwd=tmp_path)
+                       timeout=120, cwd=checkout)
     assert r.returncode == 0, r.stderr
     init, native, stats = json.loads(r.stdout)
     assert init == str(package / "__init__.py") and native == str(package / os.path.basename(core))

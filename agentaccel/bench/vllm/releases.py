@@ -72,6 +72,8 @@ def plugin_source(folder: Path) -> str:
 
 def source_env(source: Path) -> dict:
     """A process importing agentaccel from `source`, ahead of this checkout: first on the path, and
-    source_first/sitecustomize.py taking an editable install's import hook out of its way."""
-    return {"AGENTACCEL_SOURCE": str(source), "PYTHONPATH": os.pathsep.join(
+    source_first/sitecustomize.py taking an editable install's import hook out of its way, and no
+    working folder put before them (PYTHONSAFEPATH: `python -m vllm...` run from a checkout would
+    otherwise import the checkout's agentaccel, without its native core)."""
+    return {"AGENTACCEL_SOURCE": str(source), "PYTHONSAFEPATH": "1", "PYTHONPATH": os.pathsep.join(
         filter(None, [str(SOURCE_FIRST), str(source), os.environ.get("PYTHONPATH", "")]))}
