@@ -280,6 +280,7 @@ class BatchDrafter {
   // A stage's record (under counters_mu_); past kMaxCountedStages stages the rest share kOtherStages'.
   // A new stage's is made only when `make` (a chain was verified); otherwise null: the prior.
   ModelRecord* record_of(const std::string& stage, bool make);
+  void charge_drafter(double seconds);  // what the drafter's run after the last step took, by stage (under admit_mu_)
   // Whether a stage is cold: by its own record once judged, else by the pooled one (under counters_mu_).
   bool stage_cold(const ModelRecord* own) const { return own && own->judged() ? own->cold() : pooled_.cold(); }
   ModelRecord pooled_;  // the head over every stage: its rows offered and tokens won (under counters_mu_)
@@ -302,15 +303,14 @@ class BatchDrafter {
   uint32_t drafter_passes_ = 0;  // forward passes the hybrid's drafter ran after the last step (0: none)
   double drafter_seconds_ = 0.0;  // ... and their time
   size_t last_model_rows_ = 0;    // rows the last step sent the model's chain
+  size_t last_model_passes_ = 0;  // ... and the longest chain among them (model_passes)
+  double pass_floor_ = 0.0;       // this step: the D a model token past the first must reach (its pass's share)
   // The hybrid, what prices a stage's drafter passes and chains (ModelRecord::spent, worth): the
   // last step's followed requests with their tokens then, its plain step in seconds (0: not known
   // in seconds) and its rows decoding.
   std::vector<std::pair<std::string, int32_t>> last_followed_;
   double last_plain_seconds_ = 0.0;
   size_t last_decoding_ = 0;
-  void charge_drafter(double seconds);  // what the drafter's run after the last step took, by stage (under admit_mu_)
-  size_t last_model_passes_ = 0;  // ... and the longest chain among them (model_passes)
-  double pass_floor_ = 0.0;       // this step: the D a model token past the first must reach (its pass's share)
   std::atomic<double> drafter_pass_share_{0.0};  // one more drafter pass, in plain steps of the batch
   std::atomic<double> drafter_first_share_{0.0};  // its first pass where a step may skip it (0: never skipped)
   std::atomic<bool> drafter_skips_{false};  // set_drafter_skips
