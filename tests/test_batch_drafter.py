@@ -620,8 +620,8 @@ def test_a_drafter_run_is_charged_to_the_stages_whose_positions_it_covered():
     drafter.drafter_ran(1, 2.0)
     records = drafter.model_records()
     total = float(num_tokens.sum())
-    plain = records["long"].spent + records["short"].spent
-    assert records["long"].spent == pytest.approx(plain * num_tokens[:2].sum() / total)
+    charged = records["long"].spent + records["short"].spent
+    assert records["long"].spent == pytest.approx(charged * num_tokens[:2].sum() / total)
     drafter.step(names, rows, num_tokens, [[]] * 4, 16, MAX_LEN, model_chains=3)  # nothing new
     drafter.drafter_ran(1, 2.0)
     again = drafter.model_records()
