@@ -3,8 +3,10 @@
 streams and records every call into the trace store; server B (`agentaccel serve`, the embedded
 model, following the same store) adds each call to its stage trees. B logs every output it adds
 (serve --follow-log) with when it was answered, when A's writer began storing it, when B's
-tail read it and when it joined B's trees: p50/p99 of the whole path and of each part, per level.
+tail read it (or took it from the commit's notification) and when it joined B's trees: p50/p99 of
+the whole path and of each part, per level, and how many came with their notification.
 
+    python scripts/bench_fleet_lag.py --db postgres       # a PostgreSQL server started here for the run
     python scripts/bench_fleet_lag.py --db postgresql://user@127.0.0.1:5432/db   # or a SQLite file
 """
 
@@ -23,8 +25,10 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from agentaccel.bench.upstream import MODEL, Upstream
-from agentaccel.processes import free_port, stop_group, wait_healthy
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/postgres_server.py
+
+from agentaccel.bench.upstream import MODEL, Upstream  # noqa: E402
+from agentaccel.processes import free_port, stop_group, wait_healthy  # noqa: E402
 
 
 def serve(args: list[str], log: Path, env: dict | None = None) -> tuple[str, subprocess.Popen]:
@@ -67,7 +71,8 @@ def percentiles(values: list[float]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--db", required=True, help="the shared trace store (a PostgreSQL URL or a SQLite file)")
+    parser.add_argument("--db", required=True, help="the shared trace store (a PostgreSQL URL or a SQLite file; "
+                                                    "`postgres`: a server started here for the run)")
     parser.add_argument("--streams", default="1,16,64", help="concurrent streams per level")
     parser.add_argument("--seconds", type=float, default=20.0, help="load per level")
     parser.add_argument("--think", type=float, default=0.0,
@@ -76,6 +81,24 @@ def main() -> None:
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="agentaccel-fleet-lag-"))
     follow_log = folder / "follow.jsonl"
+    rows = []
+    server = None
+    if args.db == "postgres":
+        from tests.postgres_server import PostgresServer
+
+        server = PostgresServer(folder / "pg").start()
+        args.db = server.new_database()
+    try:
+        rows = measure(args, folder, follow_log)
+    finally:
+        if server is not None:
+            server.stop()
+    if args.json:
+        args.json.write_text(json.dumps([{k: (np.percentile(v, (50, 99)).tolist() if isinstance(v, list) and v else v)
+                                          for k, v in r.items()} for r in rows], indent=2))
+
+
+def measure(args, folder: Path, follow_log: Path) -> list[dict]:
     rows = []
     with Upstream(tokens=16, token_delay=0.02) as upstream:
         a_url, a = serve(["--backend", "openai", "--upstream", upstream.url, "--db", args.db], folder / "a.log")
@@ -101,18 +124,18 @@ def main() -> None:
                        "total": [s["added"] - s["answered"] for s in mine],
                        "to_writer": [s["stored"] - s["answered"] for s in mine if s["stored"]],
                        "to_tail": [s["read"] - s["stored"] for s in mine if s["stored"]],
-                       "into_trees": [s["added"] - s["read"] for s in mine]}
+                       "into_trees": [s["added"] - s["read"] for s in mine],
+                       "announced": sum(1 for s in mine if s.get("announced"))}
                 rows.append(row)
-                print(f"{streams:3d} streams: {sent:6,} calls ({row['calls_per_s']:6.1f}/s), {len(mine):6,} at B | "
+                print(f"{streams:3d} streams: {sent:6,} calls ({row['calls_per_s']:6.1f}/s), {len(mine):6,} at B "
+                      f"({row['announced']:,} with their notification) | "
                       f"answer -> B's trees p50/p99 ms {percentiles(row['total'])} | answer -> A's writer "
                       f"{percentiles(row['to_writer'])} | writer -> B's tail {percentiles(row['to_tail'])} | "
                       f"tail -> trees {percentiles(row['into_trees'])}", flush=True)
         finally:
             stop_group(a, 30)
             stop_group(b, 30)
-    if args.json:
-        args.json.write_text(json.dumps([{k: (np.percentile(v, (50, 99)).tolist() if isinstance(v, list) and v else v)
-                                          for k, v in r.items()} for r in rows], indent=2))
+    return rows
 
 
 if __name__ == "__main__":

@@ -1,12 +1,17 @@
 """Where one shared PostgreSQL trace store stops as a fleet grows (docs/SCALE.md).
 
-N follower processes run the real tail (traces/tail.py: LISTEN/NOTIFY, then a read), no model,
-while writer processes record agent-shaped calls (a new tool observation and the previous answer
-per call, as an agent's history grows; an answer of about 129 tokens) at a rising rate, each
-committing a batch every 50 ms as a proxy's recorder does. Per level: the followers' lag (from a
-call's answer to a follower holding it) p50 / p99, the database server's CPU, the pages it touched
-and the bytes the followers received per call each of them read. Each N goes up the rates until
-the lag p99 passes 1 s or the writers cannot keep the rate.
+N follower processes run the real tail (traces/tail.py: LISTEN/NOTIFY, the outputs the
+notifications carry, then reads), no model, scheduled as a server's follower schedules it, while
+writer processes record agent-shaped calls (a new tool observation and the previous answer per
+call, as an agent's history grows; an answer of about 129 tokens) at a rising rate, each
+committing what is due every `--batch-seconds` (50 ms: a recorder waiting to batch; 0.005: one
+committing as calls come, the recorder's default). Per level: the followers' lag (from a call's
+answer, and from its writer's commit, to a follower holding it) p50 / p99, the database server's
+CPU, the pages it touched and the bytes the followers' reads received per call each of them got.
+Each N goes up the rates until the lag p99 passes 1 s or the writers cannot keep the rate.
+
+A tail from before notifications carried outputs (an older checkout first on the path) runs as
+its follower ran it: the same command measures before and after.
 
     python scripts/bench_store_fanout.py --followers 2,8,32,64 --rates 25,50,100,200,400,800
     python scripts/bench_store_fanout.py --uses 2 --stages 8   # each follower's server drafts for 2 of 8 stages
@@ -105,8 +110,8 @@ def _size(value) -> int:
 
 def follower(index: int, db: str, uses: list[str] | None, pace: float, cursors, ready, report_level, stop,
              results) -> None:
-    """One server's tail, polled as a server's follower polls it (backends/follower.py): reads calls
-    as they commit, notes each call's lag when it is read."""
+    """One server's tail, scheduled as a server's follower schedules it (backends/follower.py):
+    takes the outputs notifications carry and reads the rest, notes each call's lag when it has it."""
     from agentaccel.text.tokenization import load_tokenizer
     from agentaccel.traces.tail import CallTail
 
@@ -123,20 +128,29 @@ def follower(index: int, db: str, uses: list[str] | None, pace: float, cursors, 
     tail.wait(0.01)  # listening from here on
     ready[index] = 1
     lags: list[float] = []
+    stored_lags: list[float] = []
     seen_level = -1
+    announcing = hasattr(tail, "receive")
+    calls = []
     while not stop.is_set():
-        calls = tail.poll()
+        if announcing and tail.due_in(0.5, pace) > 0:
+            calls = tail.receive(min(tail.due_in(0.5, pace), 0.1))
+        else:
+            calls = tail.poll()
         now = time.time()
         lags.extend(now - c.created_at for c in calls if c.created_at)
+        stored_lags.extend(now - c.stored_at for c in calls if c.stored_at)
         cursors[index] = tail.cursor
         if report_level.value != seen_level and report_level.value >= 0:  # the parent asks for the level just written
             seen_level = report_level.value
             raw.execute("SELECT pg_stat_force_next_flush()")  # this backend's page counts, now (PostgreSQL 15)
-            results.put((index, seen_level, lags, counting.bytes, len(lags), counting.explained_pages,
+            results.put((index, seen_level, lags, stored_lags, counting.bytes, len(lags), counting.explained_pages,
                          counting.explained_rows))
-            lags, counting.bytes = [], 0
+            lags, stored_lags, counting.bytes = [], [], 0
             counting.explained_pages = counting.explained_rows = 0
-        if hasattr(tail, "wait_next"):
+        if announcing:
+            tail.skipped = 0
+        elif hasattr(tail, "wait_next"):  # a tail from before notifications carried outputs
             read, tail.skipped = len(calls) + tail.skipped, 0
             tail.wait_next(read, 0.5, pace)
         elif not calls:  # a tail from before the pace: as its follower did
@@ -191,10 +205,11 @@ def write(store, tok, sessions: list) -> None:
     store.write_sessions(sessions, stage_of=lambda _s, c: c.stage, tokenize=(tok.fingerprint, tok.encode_batch))
 
 
-def writer(index: int, db: str, stages: int, observation_bytes: int, rate, writing, idle, stop) -> None:
-    """Records agent-shaped calls at `rate` calls/s (its share), a batch every 50 ms, while
-    `writing` is set; each call its answer time stamped as a proxy does. `idle[index]` is 1 while it
-    does not write (at first: once it is ready)."""
+def writer(index: int, db: str, stages: int, observation_bytes: int, batch_seconds: float, rate, writing, idle,
+           stop) -> None:
+    """Records agent-shaped calls at `rate` calls/s (its share), a batch every `batch_seconds`,
+    while `writing` is set; each call its answer time stamped as a proxy does (spread over the
+    batch's wait). `idle[index]` is 1 while it does not write (at first: once it is ready)."""
     from agentaccel.text.tokenization import load_tokenizer
     from agentaccel.traces.store import TraceStore
 
@@ -211,8 +226,8 @@ def writer(index: int, db: str, stages: int, observation_bytes: int, rate, writi
             idle[index] = 0
             n = pace.due(rate.value)
             if n:
-                write(store, tok, calls.sessions(n, time.time(), BATCH_SECONDS))
-            time.sleep(pace.rest())
+                write(store, tok, calls.sessions(n, time.time(), batch_seconds))
+            time.sleep(max(0.0, batch_seconds - (time.monotonic() - pace.last)))
 
 
 def prefill(url: str, n: int, args) -> None:
@@ -282,8 +297,8 @@ def run_fleet(n: int, url: str, data_dir: Path | None, args) -> list[dict]:
         uses = None if args.uses is None else random.Random(i).sample(stages, args.uses)
         procs.append(ctx.Process(target=follower, args=(i, url, uses, args.pace, cursors, ready, report_level, stop,
                                                         results), daemon=True))
-    procs += [ctx.Process(target=writer, args=(i, url, args.stages, args.observation_bytes, rate, writing, idle, stop),
-                          daemon=True) for i in range(args.writers)]
+    procs += [ctx.Process(target=writer, args=(i, url, args.stages, args.observation_bytes, args.batch_seconds, rate,
+                                               writing, idle, stop), daemon=True) for i in range(args.writers)]
     for p in procs:
         p.start()
     rows = []
@@ -295,6 +310,7 @@ def run_fleet(n: int, url: str, data_dir: Path | None, args) -> list[dict]:
             rows.append(row)
             print(f"  followers {n:>3}  rate {target:>6}/s: written {row['written_per_s']:8.1f}/s  "
                   f"lag p50 {row['lag_p50_ms']:8.1f} ms  p99 {row['lag_p99_ms']:8.1f} ms  "
+                  f"(from commit {row['stored_lag_p50_ms']:6.1f} / {row['stored_lag_p99_ms']:6.1f})  "
                   f"db cpu {row['db_cores']:.2f} cores  {row['bytes_per_read']:.0f} B/read", flush=True)
             if row["lag_p99_ms"] > LAG_LIMIT * 1000 or row["written_per_s"] < 0.85 * target or row["behind"]:
                 break
@@ -314,14 +330,15 @@ def one_level(n, level, target, url, data_dir, args, cursors, report_level, rate
     behind = min(cursors, default=end_id) < end_id
     cpu1 = server_cpu_seconds(data_dir, url)
     report_level.value = level
-    lags, received, reads, pages, rows = [], 0, 0, 0, 0
+    lags, stored_lags, received, reads, pages, rows = [], [], 0, 0, 0, 0
     got = 0
     while got < n:
-        _index, lvl, part, nbytes, count, explained_pages, explained_rows = results.get(timeout=60)
+        _index, lvl, part, stored_part, nbytes, count, explained_pages, explained_rows = results.get(timeout=60)
         if lvl != level:
             continue
         got += 1
         lags += part
+        stored_lags += stored_part
         received += nbytes
         reads += count
         pages += explained_pages
@@ -329,10 +346,13 @@ def one_level(n, level, target, url, data_dir, args, cursors, report_level, rate
     counters1 = database_counters(url)  # after every follower flushed its own
     written = end_id - start_id
     lag = np.asarray(lags) * 1000 if lags else np.asarray([np.nan])
+    stored_lag = np.asarray(stored_lags) * 1000 if stored_lags else np.asarray([np.nan])
     return {
         "followers": n, "target_per_s": target, "written": written, "written_per_s": written / written_for,
         "reads": reads, "lag_p50_ms": float(np.percentile(lag, 50)), "lag_p99_ms": float(np.percentile(lag, 99)),
         "lag_max_ms": float(lag.max()), "behind": behind,
+        "stored_lag_p50_ms": float(np.percentile(stored_lag, 50)),
+        "stored_lag_p99_ms": float(np.percentile(stored_lag, 99)),
         "db_cpu_s": cpu1 - cpu0, "db_cores": (cpu1 - cpu0) / written_for,
         "db_cpu_ms_per_call": 1000 * (cpu1 - cpu0) / max(written, 1),
         "db_pages": counters1["pages"] - counters0["pages"],  # everyone's: the writers' too
@@ -393,6 +413,8 @@ def main() -> None:
     ap.add_argument("--pace", type=float, default=0.05, help="a follower's polls that read calls at least this many "
                                                              "seconds apart (backends/follower.py PACE_SECONDS)")
     ap.add_argument("--prefill", type=int, default=3000, help="calls in the store before the fleet starts")
+    ap.add_argument("--batch-seconds", type=float, default=BATCH_SECONDS,
+                    help="a writer commits what is due this often (0.005: as calls come, the recorder's default)")
     ap.add_argument("--db", help="a PostgreSQL URL to use (default: a server started here)")
     ap.add_argument("--json", type=Path, help="write the rows here")
     ap.add_argument("--plot", type=Path, help="lag and database CPU against calls/s, a line per fleet size")
@@ -434,8 +456,8 @@ def main() -> None:
 def table(rows: list[dict], args) -> str:
     head = (f"{'followers':>9} {'calls/s':>8} {'lag p50 ms':>11} {'lag p99 ms':>11} {'db cores':>9} "
             f"{'db ms/call':>10} {'ms/read':>8} {'pages/row':>10} {'B/read':>7} {'B/delivered':>11}")
-    lines = [f"uses {args.uses or 'all'} of {args.stages} stages, {args.writers} writers, "
-             f"{args.observation_bytes} B new prompt a call", head]
+    lines = [f"uses {args.uses or 'all'} of {args.stages} stages, {args.writers} writers committing every "
+             f"{args.batch_seconds * 1000:.0f} ms, {args.observation_bytes} B new prompt a call", head]
     for r in rows:
         lines.append(f"{r['followers']:>9} {r['written_per_s']:>8.0f} {r['lag_p50_ms']:>11.1f} "
                      f"{r['lag_p99_ms']:>11.1f} {r['db_cores']:>9.2f} {r['db_cpu_ms_per_call']:>10.2f} "

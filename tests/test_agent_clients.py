@@ -2,7 +2,8 @@
 their users run them:
 
 - the embedded model answers a plain prompt: the CLI prints the answer the proxy served and exits 0;
-  a prompt beyond the model's context is a 400 the CLI shows, naming both sizes;
+  a prompt beyond the model's context is the Messages API's own 400, which the CLI reads as
+  "prompt too long" and names the window;
 - a multi-turn session with real tools (read a file, edit it, run its test in a scratch
   repository), the model's turns replayed through the replay backend: the CLI runs the tools and
   finishes with the bug fixed, the same with speculation off and on, and with the first run's own
@@ -102,7 +103,8 @@ def test_both_clis_print_the_embedded_models_answer(clis, tmp_path):
         done, events = run_claude(clis["claude-code"], home, work, url, "word " * 9000, "--tools", "",
                                   "--system-prompt", "Be brief.")
         assert events[-1]["is_error"] and events[-1].get("api_error_status") == 400, done.stdout[-2000:]
-        assert "8192 tokens" in events[-1]["result"] and "prompt is 9" in events[-1]["result"]
+        # Claude Code read the Messages API's own "prompt is too long: N tokens > 8192 maximum" as its own
+        assert events[-1]["terminal_reason"] == "prompt_too_long" and "limit 8192" in events[-1]["result"]
 
     # the session logs both CLIs wrote on this machine import with every answered call; again, nothing
     report = imported(tmp_path / "history.db", home / ".claude" / "projects", home / ".codex" / "sessions")

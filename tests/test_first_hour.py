@@ -23,6 +23,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("openai")
 
+from doc_commands import fenced_blocks  # noqa: E402
 from servers import free_port, wait_healthy  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -94,10 +95,6 @@ PLAN = {
 NEEDS_TRACES = ["agentaccel bench e2e --n 1", "agentaccel bench engine --requests 5"]
 
 pytestmark = pytest.mark.slow  # the fast tier leaves it out (docs/DEVELOPING.md)
-
-
-def fenced_blocks(text: str, lang: str) -> list[str]:
-    return re.findall(rf"^```{lang}\n(.*?)^```", text, flags=re.S | re.M)
 
 
 def readme_commands() -> list[str]:

@@ -160,20 +160,20 @@ def test_a_late_commit_caught_up_is_not_read_again_as_a_gap(postgres, tok):
     url = postgres.new_database()
     wanted = Interest(stages=frozenset({"sql"}))
     tail = CallTail(url, tok, interest=lambda: wanted)
-    holding, release = threading.Event(), threading.Event()
+    import psycopg
 
-    def slow_tokenize(texts_):
-        holding.set()
-        release.wait(30)
-        return tok.encode_batch(texts_)
-
-    slow = threading.Thread(target=write, args=(url, calls(("plan", "the slow plan", None), key="slow"), tok,
-                                                slow_tokenize))
+    # the slow call is a tenant's: its transaction waits, its call id taken, on the table of whose
+    # calls are whose, which another transaction holds locked
+    holder = psycopg.connect(url)
+    holder.execute("LOCK TABLE call_tenants IN EXCLUSIVE MODE")
+    slow = threading.Thread(target=write, args=(url, calls(("plan", "the slow plan", "tS"), key="slow"), tok))
     slow.start()
-    assert holding.wait(30)
+    assert wait_for(lambda: holder.execute("SELECT COUNT(*) FROM pg_locks WHERE NOT granted AND "
+                                           "relation = 'call_tenants'::regclass").fetchone()[0] == 1)
     write(url, calls(("sql", "SELECT 9;", None), key="fast"), tok)
     assert texts(tok, tail.poll()) == ["SELECT 9;"] and tail.gaps == 1
-    release.set()
+    holder.rollback()
+    holder.close()
     slow.join(30)
     wanted = Interest(stages=frozenset({"sql", "plan"}))
     assert texts(tok, tail.poll()) == ["the slow plan"] and tail.gaps == 0

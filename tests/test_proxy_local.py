@@ -108,7 +108,7 @@ def test_eight_concurrent_streams_and_one_failing_request(local):
             return results[0], results[1:]
 
     failed, results = asyncio.run(run())
-    assert failed.status_code == 400 and "context too long" in failed.json()["error"]["message"]
+    assert failed.status_code == 400 and failed.json()["error"]["code"] == "context_length_exceeded"
     assert dict(results) == want
 
 

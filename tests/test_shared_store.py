@@ -233,28 +233,31 @@ def test_the_tail_reads_each_new_call_once_in_any_commit_order(postgres, tok):
     re-import of the same calls brings nothing; responses stored without tokens are tokenized."""
     url = postgres.new_database()
     write(url, session("before", "old output"))
+    import psycopg
+
     tail = CallTail(url, tok)
     assert tail.poll() == []  # starts at the store's newest call
-    holding, release = threading.Event(), threading.Event()
-
-    def slow_tokenize(texts):  # inside the writer's open transaction, after its rows took their ids
-        holding.set()
-        release.wait(30)
-        return tok.encode_batch(texts)
-
-    slow = threading.Thread(target=write, args=(url, session("slow", "slow output")),
-                            kwargs={"tokenize": (tok.fingerprint, slow_tokenize)})
+    # the slow writer's call is a tenant's: its transaction waits on the table of whose calls are
+    # whose, locked by another transaction, after its call took its id
+    holder = psycopg.connect(url)
+    holder.execute("LOCK TABLE call_tenants IN EXCLUSIVE MODE")
+    slow_call = Session(key="slow", framework="test", calls=[
+        Call(messages=[{"role": "user", "content": "slow question"}], response="slow output", stage="s",
+             tenant="t0123456789abcdef")])
+    slow = threading.Thread(target=write, args=(url, slow_call))
     slow.start()
-    assert holding.wait(30)
+    assert wait_for(lambda: holder.execute("SELECT COUNT(*) FROM pg_locks WHERE NOT granted AND "
+                                           "relation = 'call_tenants'::regclass").fetchone()[0] == 1)
     write(url, session("fast", "fast output"))  # a higher id, committed first
     first = tail.poll()
     assert [tok.decode(c.tokens.tolist()) for c in first] == ["fast output"] and tail.gaps == 1
-    release.set()
+    holder.rollback()  # the lock released: the slow writer commits
+    holder.close()
     slow.join(30)
     second = tail.poll()
     assert [tok.decode(c.tokens.tolist()) for c in second] == ["slow output"] and tail.gaps == 0
     assert second[0].id < first[0].id
-    write(url, session("slow", "slow output"), session("fast", "fast output"))  # the same calls again
+    write(url, slow_call, session("fast", "fast output"))  # the same calls again
     assert tail.poll() == []
     tail.wait(0.05)  # a NOTIFY from the commits above, or the timeout: returns either way
     tail.close()

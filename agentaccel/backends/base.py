@@ -73,6 +73,11 @@ class Backend(ABC):
     async def models(self) -> list[str]:
         """Model names this backend serves."""
 
+    def context_window(self, model: str) -> int | None:
+        """A served model's context in tokens, prompt and answer together (None: not known here),
+        as of the last `models()`: the proxy lists it, and agents compact their conversations to it."""
+        return None
+
     def prepare(self, body: dict, ctx: CallContext) -> dict:
         """The body to send on (after the proxy stripped its own fields). Decides whether the call
         is a baseline (`ctx.baseline`), which the backend then answers without drafts and without

@@ -4,6 +4,10 @@ skipping the outputs this server produced itself (the engine recognises those: t
 trees already). It never blocks a decoding step: it holds the tree lock for one document at a
 time, and a store that cannot be read is logged and tried again, never raised.
 
+On PostgreSQL most outputs arrive with the notification of the commit that stored them
+(traces/call_notices.py) and join the trees at once; reads of the store, paced, confirm them and
+bring the rest (outputs too large to carry, calls committed while the connection was down).
+
 It reads the outputs only of the calls this server can draft from (`interest`): the stages it has
 drafted for, or every stage once one of them draws from the union of stages, and with tenants kept
 apart the base's and its own tenants' calls. A stage or tenant it starts serving later is caught
@@ -28,12 +32,12 @@ from agentaccel.backends.seeding import SeedReport, seed_from_store
 from agentaccel.engine.suffix_engine import SuffixEngine
 from agentaccel.traces.database import Location, errors, locate
 from agentaccel.traces.store import TraceStore
-from agentaccel.traces.tail import EVERYTHING, CallTail, Interest
+from agentaccel.traces.tail import EVERYTHING, GAP_SECONDS, CallTail, Interest, TailedCall
 
 log = logging.getLogger("agentaccel.follower")
 
-WAIT_SECONDS = 0.5  # longest sleep between polls (PostgreSQL wakes the tail sooner, at each commit)
-PACE_SECONDS = 0.05  # polls that read calls begin at least this far apart (writers may commit far more often)
+WAIT_SECONDS = 0.5  # longest sleep between reads (PostgreSQL wakes the tail sooner, at each commit)
+PACE_SECONDS = 0.05  # reads that found calls begin at least this far apart (writers may commit far more often)
 LAG_WINDOW = 2048  # outputs the lag percentiles are taken over
 RETRY_SECONDS = 5.0  # after a failed read
 
@@ -49,6 +53,7 @@ class Held:
 @dataclass
 class FollowStats:
     learned: int = 0  # outputs of other servers added to the trees
+    announced: int = 0  # of those, how many came with their commit's notification (not read)
     own: int = 0  # this server's own outputs seen coming back (skipped)
     empty: int = 0  # calls without an output (redacted, tool calls only)
     skipped: int = 0  # calls of stages or tenants this server does not draft for: their outputs not read
@@ -64,13 +69,17 @@ class FollowStats:
 class StoreFollower:
     def __init__(self, engine: SuffixEngine, db: str | Location, tokenizer, *, after: int | None = None,
                  wait_seconds: float = WAIT_SECONDS, scoped: bool = False, log_path: str | Path | None = None,
-                 origin: int | None = None, followed: Interest | None = None, everything: bool = False) -> None:
+                 origin: int | None = None, followed: Interest | None = None, everything: bool = False,
+                 gap_seconds: float = GAP_SECONDS) -> None:
         """`scoped`: a tenant's calls join that tenant's trees (else every call joins the base's).
         `log_path`: every other server's output is appended there as it joins the trees, with its
         times (a JSON line each: scripts/bench_fleet_lag.py reads them). `origin`, `followed`: what
         the trees hold besides (a snapshot's: traces/tail.py, CallTail). `everything`: read every
-        call, whatever this server drafts for (a server that reads the store once, not following it)."""
+        call, whatever this server drafts for (a server that reads the store once, not following it).
+        `gap_seconds`: how long a call id missing below newer ones is waited for before its
+        transaction is taken for rolled back (traces/tail.py)."""
         self.engine, self.db, self.tokenizer, self.wait_seconds = engine, db, tokenizer, wait_seconds
+        self.gap_seconds = gap_seconds
         self.scoped, self.everything = scoped, everything
         self.store_name = str(locate(db))
         self.stats = FollowStats()
@@ -93,7 +102,7 @@ class StoreFollower:
 
     def _new_tail(self, after: int | None, origin: int | None, followed: Interest | None) -> CallTail:
         return CallTail(self.db, self.tokenizer, after=after, interest=self.interest, origin=origin,
-                        followed=followed)
+                        followed=followed, gap_seconds=self.gap_seconds)
 
     def interest(self) -> Interest:
         """The calls this server can draft from now: of the stages it drafted for (every stage once
@@ -116,8 +125,12 @@ class StoreFollower:
     def paused(self) -> Iterator[tuple[Held, TraceStore | None]]:
         """Holds polls off and gives what the trees hold (every call up to `origin`, and those
         `followed` matches up to `cursor`, below the oldest call still expected to commit late) and
-        the tail's store (None before `open`)."""
+        the tail's store (None before `open`). Outputs that came with notifications are confirmed
+        by a read first, so that the trees hold nothing past the cursor."""
         with self._lock:
+            for _ in range(100):
+                if self._tail is None or not self._tail.unconfirmed or not self._step():
+                    break
             if self._tail is None:
                 after = self._after or 0
                 yield Held(after, after if self._origin is None else self._origin, self._followed or EVERYTHING), None
@@ -136,6 +149,17 @@ class StoreFollower:
         calls = self._tail.poll()
         skipped, self._tail.skipped = self._tail.skipped, 0
         self.stats.skipped += skipped
+        self._add(calls, read_at)
+        self.stats.cursor = self._tail.cursor
+        return len(calls) + skipped
+
+    def _take(self, payloads: list[str]) -> None:
+        """Adds the outputs that notifications carried."""
+        with self._lock:
+            read_at = time.time()
+            self._add(self._tail.take(payloads), read_at, announced=True)
+
+    def _add(self, calls: list[TailedCall], read_at: float, announced: bool = False) -> None:
         learned = False
         for call in calls:
             if not len(call.tokens):
@@ -145,6 +169,7 @@ class StoreFollower:
                 self.stats.own += 1
             else:
                 self.stats.learned += 1
+                self.stats.announced += announced
                 if call.created_at:
                     added_at = time.time()
                     self._lags.append(max(0.0, added_at - call.created_at))
@@ -152,7 +177,7 @@ class StoreFollower:
                     if self._log is not None:  # where the time went, per output (scripts/bench_fleet_lag.py)
                         self._log.write(json.dumps({"id": call.id, "answered": call.created_at,
                                                     "stored": call.stored_at, "read": read_at,
-                                                    "added": added_at}) + "\n")
+                                                    "added": added_at, "announced": announced}) + "\n")
         if calls:
             self.stats.cursor = self._tail.cursor
             newest = max((c.created_at for c in calls if c.created_at), default=None)
@@ -160,13 +185,18 @@ class StoreFollower:
                 self.stats.lag_seconds = max(0.0, time.time() - newest)
         if learned:
             self.stats.lag_p50, self.stats.lag_p99 = (float(q) for q in np.percentile(self._lags, (50, 99)))
-        return len(calls) + skipped
 
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                self._wake.clear()
-                self._tail.wait_next(self.step(), self.wait_seconds, PACE_SECONDS, self._wake)
+                due = self._tail.due_in(self.wait_seconds, PACE_SECONDS)
+                if due <= 0 or self._wake.is_set():
+                    self._wake.clear()
+                    self.step()
+                else:  # until a commit (its outputs join the trees now), the next read or a new stage
+                    payloads = self._tail.listen(due, self._wake)
+                    if payloads:
+                        self._take(payloads)
             except errors() as e:
                 self.stats.errors += 1
                 log.warning("agentaccel: reading new calls from the trace store failed: %s", e)
@@ -177,17 +207,17 @@ class StoreFollower:
                 self._stop.wait(RETRY_SECONDS)
 
     def _reconnect(self) -> None:
-        cursor, origin, followed = self._tail.cursor, self._tail.origin, self._tail.followed
-        try:
-            self._tail.close()
-        except errors():
-            pass
-        while not self._stop.wait(RETRY_SECONDS):
+        """A new connection, at once and then every RETRY_SECONDS; the tail keeps its cursor, gaps
+        and what it handed over (what was committed meanwhile is read, nothing twice)."""
+        while True:
             try:
-                self._tail = self._new_tail(cursor, origin, followed)
+                with self._lock:
+                    self._tail.reopen()
                 return
             except (ValueError, *errors()) as e:
                 log.warning("agentaccel: trace store still unreachable: %s", e)
+            if self._stop.wait(RETRY_SECONDS):
+                return
 
     def close(self) -> None:
         if self.keeper is not None:

@@ -6,7 +6,7 @@ closes the upstream connection, which cancels the request there.
 
 The upstream client is aiohttp: relaying streamed events is the proxy's hot path, and aiohttp's
 C parser over plain asyncio costs a fraction of httpx + httpcore + h11 + anyio per event (same
-run, 64 streams: added p50 0.7-3 ms against 28-31 ms; docs/BENCHMARKS.md, bench proxy).
+run, 64 streams: added p50 0.7-3 ms against 28-31 ms; docs/lab/HISTORY.md, bench proxy).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 
 from agentaccel import jsonfast
+from agentaccel.backends import context_window
 from agentaccel.backends.base import CHAT, Backend, CallContext
 from agentaccel.backends.routing import SESSION_HEADER, upstream_headers
 from agentaccel.errors import APIError, upstream_timeout, upstream_unavailable
@@ -93,6 +94,15 @@ class OpenAIBackend(Backend):
                                 if isinstance(m.get("max_model_len") or m.get("context_length"), int)}
         return [m["id"] for m in cards]
 
+    def context_window(self, model: str) -> int | None:
+        return self.context_lengths.get(model)
+
+    def _refused(self, e: APIError, body: dict) -> APIError:
+        """The upstream's refusal; a context overflow in whatever words the upstream used raised
+        as every backend raises it (backends/context_window.py), so clients recognise it."""
+        overflow = context_window.from_upstream(e.status, e.message, e.code, self.context_window(body.get("model")))
+        return overflow or e
+
     async def count_tokens(self, body: dict) -> int:
         """The upstream's own count where it has vLLM's `/tokenize` (chat messages in, `count`
         out), else the bundled tokenizer's."""
@@ -116,8 +126,11 @@ class OpenAIBackend(Backend):
         return body
 
     async def complete(self, endpoint: str, body: dict, ctx: CallContext) -> dict:
-        content = await self._call("POST", _PATHS[endpoint], "before answering", data=jsonfast.dumps(body),
-                                   headers=self._headers(ctx))
+        try:
+            content = await self._call("POST", _PATHS[endpoint], "before answering", data=jsonfast.dumps(body),
+                                       headers=self._headers(ctx))
+        except APIError as e:
+            raise self._refused(e, body) from None
         try:
             reply = jsonfast.loads(content)
         except ValueError:
@@ -132,7 +145,7 @@ class OpenAIBackend(Backend):
             async with self.session.post(self.base_url + _PATHS[endpoint], data=jsonfast.dumps(body),
                                          headers=self._headers(ctx)) as r:
                 if r.status != 200:
-                    raise _upstream_error(r.status, await r.read(), self.base_url)
+                    raise self._refused(_upstream_error(r.status, await r.read(), self.base_url), body)
                 if not r.content_type.startswith("text/event-stream"):  # e.g. an error page sent as a 200
                     raise upstream_unavailable(f"upstream {self.base_url} answered a stream request with "
                                                f"{r.content_type or 'no content type'}, not an event stream: "

@@ -8,6 +8,10 @@ there afterwards (pytest node ids). Recorded sessions can stand in for instances
 (`recorded_instances`): the task is the session's first user message, with no workspace
 content and no tests. The agent gets `problem_statement` as its task, verbatim.
 
+`time_turns` times a recorded session's calls one by one instead (bench agent --ttft): the time
+to each turn's first token on a real model, where a prefix cache makes it cost what the turn's
+new tokens cost rather than its whole prompt.
+
 Per run: wall time; LLM time (the proxy's request latency summed over the run's calls), calls,
 output tokens and speculation by stage, all read from the proxy's /metrics before and after;
 resolved or not. The agent's tools run confined (adapters/sandbox.py) where the machine allows:
@@ -36,7 +40,7 @@ import httpx
 
 from agentaccel.adapters import agent_clients, openhands_runner, relay, sandbox
 from agentaccel.backends.replay.recordings import first_user_text
-from agentaccel.processes import run_group
+from agentaccel.processes import free_port, run_group, stop_group, wait_healthy
 from agentaccel.text.messages import message_text, reply_content, turn_of
 from agentaccel.traces.store import TraceStore
 
@@ -363,3 +367,84 @@ def summary(runs: list[Run]) -> dict:
         per.setdefault(r.instance_id, {})[r.mode] = r.total("llm_seconds")
     out["llm_speedup_by_instance"] = {i: m["off"] / m["on"] if m.get("on") else 0.0 for i, m in per.items()}
     return out
+
+
+# ---------------------------------------------------------------------------- time to first token per turn
+@dataclass
+class TurnTiming:
+    """One call of a recorded session sent again: its prompt's tokens, those the server reused
+    from earlier prompts (its prefix cache: `prompt_tokens_details.cached_tokens`), and the time to
+    its first token (None: the server refused it, e.g. past its window)."""
+    instance_id: str
+    turn: int
+    prompt_tokens: int
+    cached_tokens: int
+    ttft_seconds: float | None
+    error: str | None = None
+
+    @property
+    def new_tokens(self) -> int:
+        return self.prompt_tokens - self.cached_tokens
+
+    def as_dict(self) -> dict:
+        return {"instance_id": self.instance_id, "turn": self.turn, "prompt_tokens": self.prompt_tokens,
+                "cached_tokens": self.cached_tokens, "new_tokens": self.new_tokens,
+                "ttft_seconds": self.ttft_seconds, "error": self.error}
+
+
+def time_turns(url: str, store: TraceStore, instance: Instance, *, model: str, turns: int | None = None,
+               timeout: float = 600.0) -> list[TurnTiming]:
+    """The recorded session's prompts in its order, each streamed to the proxy at `url` for one
+    greedy token, one after the other as the agent sent them: each turn's prompt begins with the
+    previous one's (the history, then the newest answer and tool output), so a server that keeps
+    prompts' keys and values prefills only what is new. The first chunk that carries a token or
+    the end is the first token (a server may send an empty one when it admits the request)."""
+    out: list[TurnTiming] = []
+    with httpx.Client(timeout=timeout) as client:
+        for turn, call in enumerate(store.iter_calls(session_id=instance.session_id)):
+            if turns is not None and turn >= turns:
+                break
+            body = {"model": model, "messages": call.messages, "stream": True, "max_tokens": 1, "temperature": 0,
+                    "stream_options": {"include_usage": True}}
+            t0, first, usage, error = time.perf_counter(), None, {}, None
+            with client.stream("POST", url.rstrip("/") + "/v1/chat/completions", json=body,
+                               headers={"X-Agentaccel-Session": f"ttft-{instance.instance_id}"}) as reply:
+                if reply.status_code != 200:
+                    error = f"{reply.status_code}: {reply.read().decode(errors='replace')[:300]}"
+                for line in reply.iter_lines() if error is None else ():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    chunk = json.loads(line[6:])
+                    choice = (chunk.get("choices") or [{}])[0]
+                    delta = choice.get("delta") or {}
+                    if first is None and (delta.get("content") or delta.get("tool_calls")
+                                          or choice.get("finish_reason")):
+                        first = time.perf_counter() - t0
+                    usage = chunk.get("usage") or usage
+            details = usage.get("prompt_tokens_details") or {}
+            out.append(TurnTiming(instance.instance_id, turn, int(usage.get("prompt_tokens") or 0),
+                                  int(details.get("cached_tokens") or 0), first, error))
+            if error is not None:  # the rest of the session is longer still
+                break
+    return out
+
+
+@contextlib.contextmanager
+def embedded_server(prefix_cache: str, log: Path, timeout: float = 600.0):
+    """`agentaccel serve` on the embedded model with this prefix cache (0: none), recording into a
+    store of its own beside `log`; yields its URL."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "agentaccel.cli.main", "serve", "--backend", "local",
+                                 "--port", str(port), "--db", str(log.with_suffix(".db")),
+                                 "--prefix-cache", prefix_cache], stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            try:
+                wait_healthy(url, proc, timeout, ready=lambda health: health.get("state", "ready") == "ready")
+            except RuntimeError as e:
+                raise RuntimeError(f"{e}:\n{log.read_text()[-2000:]}") from e
+            yield url
+        finally:
+            stop_group(proc)

@@ -149,3 +149,25 @@ def speedup_vs_replicas(rows: list[dict], out: Path, title: str) -> Path:
     fig.suptitle(title)
     out.parent.mkdir(parents=True, exist_ok=True)
     return _save(fig, out.parent, out.name)
+
+
+def agent_ttft(modes: dict[str, list[dict]], out: Path) -> Path:
+    """Time to first token per turn of a recorded agent session (the first one timed), one line per
+    server (`modes`: name -> bench.agent.TurnTiming.as_dict rows), over the tokens each turn's
+    prompt had to prefill on the first server (bars: what it did not reuse)."""
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    session = next((rows[0]["instance_id"] for rows in modes.values() if rows), None)
+    new = ax.twinx()
+    first = [r for r in next(iter(modes.values()), []) if r["instance_id"] == session]
+    new.bar([r["turn"] for r in first], [r["new_tokens"] for r in first], color="lightgray")
+    new.set_ylabel(f"prompt tokens prefilled ({next(iter(modes), '')})")
+    ax.set_zorder(new.get_zorder() + 1)
+    ax.patch.set_visible(False)
+    for name, rows in modes.items():
+        timed = [r for r in rows if r["instance_id"] == session and r["ttft_seconds"] is not None]
+        ax.plot([r["turn"] for r in timed], [r["ttft_seconds"] for r in timed], marker="o", markersize=3, label=name)
+    ax.set_xlabel(f"turn of {session}")
+    ax.set_ylabel("time to first token (s)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+    return _save(fig, out, "agent_ttft_per_turn.png")

@@ -52,8 +52,15 @@ def bench_agent(
     unconfined: Annotated[bool, typer.Option(help="Run the agent's tools even where no read-only sandbox can be "
                                                   "made (they run as you, on this machine).")] = False,
     json_out: JsonOption = None,
-    plot: Annotated[Path | None, typer.Option("--plot", help="Write agent_llm_time.png into this folder "
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write agent_llm_time.png (with --ttft: "
+                                                             "agent_ttft_per_turn.png) into this folder "
                                                              "(default: none).")] = None,
+    ttft: Annotated[bool, typer.Option(help="With --recorded, instead of running the agent: send each session's "
+                                            "recorded calls again, in order, for one token each, to the embedded "
+                                            "model (a `serve` with its prefix cache, then one without; or --url), and "
+                                            "print the time to first token per turn.")] = False,
+    turns: Annotated[int | None, typer.Option(help="With --ttft: at most N calls per session (default: all).",
+                                              min=1)] = None,
 ) -> None:
     """An agent (OpenHands, Claude Code or Codex) over task instances through the proxy, speculation off then on:
     wall and LLM time, tokens/s, acceptance by stage, resolved."""
@@ -63,6 +70,11 @@ def bench_agent(
     from agentaccel.bench import agent
 
     need_plots(plot)
+    if ttft:
+        if not recorded:
+            raise fail("--ttft times recorded sessions' calls: pass --recorded and a --db holding them")
+        _ttft(db, stage or (None if client == "openhands" else client), limit, turns, url, json_out, plot)
+        return
     cost_spec(cost_profile, "--cost-profile", db)
     if not sandbox.available() and not unconfined:
         raise fail("no read-only sandbox can be made here (it needs root and `unshare`), and the agent's tools "
@@ -104,6 +116,56 @@ def bench_agent(
         console.print("Recorded sessions: their repositories are not here, so the agent's tool calls ran against an "
                       "empty workspace and observed other things than the recording did; the model outputs, and "
                       "so the LLM time, are the recording's.")
+
+
+def _ttft(db, stage: str | None, limit: int | None, turns: int | None, url: str | None, json_out: Path | None,
+          plot: Path | None) -> None:
+    """Time to first token per turn of recorded sessions (bench/agent.time_turns), on the embedded
+    model with its prefix cache and without (or on the proxy at `url`)."""
+    import httpx
+
+    from agentaccel.bench import agent
+    from agentaccel.cli.serve_options import PREFIX_CACHE
+
+    servers = [(url, None)] if url else [(f"prefix cache {PREFIX_CACHE}", PREFIX_CACHE), ("no prefix cache", "0")]
+    modes: dict[str, list] = {}
+    with open_store(db, must_exist=True) as store, tempfile.TemporaryDirectory(prefix="agentaccel-ttft-") as folder:
+        chosen = agent.recorded_instances(store, stage, limit=limit)
+        if not chosen:
+            raise fail("no recorded agent sessions to time" + (f" in stage {stage}" if stage else ""))
+        for n, (name, cache) in enumerate(servers):
+            with console.status(f"timing {len(chosen)} sessions' turns: {name}"), \
+                    (contextlib.nullcontext(url) if cache is None
+                     else agent.embedded_server(cache, Path(folder) / f"serve-{n}.log")) as at:
+                model = httpx.get(at.rstrip("/") + "/v1/models", timeout=30).json()["data"][0]["id"]
+                modes[name] = [t for instance in chosen
+                               for t in agent.time_turns(at, store, instance, model=model, turns=turns)]
+    table = Table(title="time to first token per turn (the recorded calls sent again in order, one token each; "
+                        "new: prompt tokens not reused from earlier prompts)")
+    for col in ("session", "turn", "prompt", *(c for name in modes for c in (f"new ({name})", f"TTFT ms ({name})"))):
+        table.add_column(col, justify="left" if col == "session" else "right")
+    first = next(iter(modes.values()))
+    for k, row in enumerate(first):
+        cells = []
+        for rows in modes.values():
+            other = rows[k] if k < len(rows) else None
+            cells += ["-" if other is None else f"{other.new_tokens}",
+                      "-" if other is None or other.ttft_seconds is None else f"{other.ttft_seconds * 1000:.0f}"]
+        table.add_row(row.instance_id, str(row.turn), str(row.prompt_tokens), *cells)
+    console.print(table)
+    for name, rows in modes.items():
+        refused = [r for r in rows if r.error]
+        timed = [r.ttft_seconds for r in rows if r.ttft_seconds is not None]
+        console.print(f"{name}: {len(timed)} turns timed, mean TTFT {sum(timed) / max(1, len(timed)) * 1000:.0f} ms"
+                      + (f"; refused: {refused[0].error[:200]}" if refused else ""))
+    if json_out:
+        json_out.write_text(json.dumps({"ttft": {name: [r.as_dict() for r in rows] for name, rows in modes.items()}},
+                                       indent=2))
+    if plot:
+        from agentaccel.bench.plots import agent_ttft
+
+        plot.mkdir(parents=True, exist_ok=True)
+        console.print(f"plot: {agent_ttft({n: [r.as_dict() for r in rows] for n, rows in modes.items()}, plot)}")
 
 
 def _client_run(client: str):

@@ -162,9 +162,10 @@ def traces_folder(path: Path | None, missing: Callable[[Path], str | None] = lam
     return folder
 
 
-def served_model(url: str, api_key: str | None, model: str | None) -> tuple[str, str]:
-    """(the proxy's base URL without /v1, the model to name): asked of a running proxy, so the
-    settings printed for an agent are ones it serves."""
+def served_model(url: str, api_key: str | None, model: str | None) -> tuple[str, str, int | None]:
+    """(the proxy's base URL without /v1, the model to name, its context window in tokens where
+    the proxy lists one): asked of a running proxy, so the settings printed for an agent are ones
+    it serves."""
     import httpx
 
     base = url.rstrip("/").removesuffix("/v1")
@@ -175,7 +176,10 @@ def served_model(url: str, api_key: str | None, model: str | None) -> tuple[str,
         raise fail(f"no proxy answering at {base} ({e}); start one with `agentaccel serve`") from e
     if r.status_code != 200:
         raise fail(f"{base}/v1/models answered {r.status_code}: {r.text[:300]}")
-    served = [m["id"] for m in r.json().get("data", [])]
+    cards = {m["id"]: m for m in r.json().get("data", [])}
+    served = list(cards)
     if model is not None and model not in served:
         raise fail(f"{base} does not serve {model!r} (it serves {served})")
-    return base, model or served[0]
+    name = model or served[0]
+    window = cards[name].get("max_model_len")  # as vLLM lists it, and agentaccel after it
+    return base, name, window if isinstance(window, int) and window > 0 else None

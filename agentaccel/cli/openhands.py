@@ -19,7 +19,9 @@ def openhands_config(
     SDK's LLM(...), and what the 1.x app takes in Settings (local and Docker runtime)."""
     from agentaccel.adapters.openhands import app_settings, config_toml, sdk_snippet
 
-    base, name = served_model(url, api_key, model)
-    print(config_toml(base, name, api_key))
-    print(sdk_snippet(base, name, api_key))
-    print(app_settings(base, name, api_key))
+    base, name, window = served_model(url, api_key, model)
+    print(config_toml(base, name, api_key, window))
+    print(sdk_snippet(base, name, api_key, window))
+    print(app_settings(base, name, api_key, context_window=window))
+    print("# greedy answers (the same every run): temperature = 0.0 in [llm] (LLM(temperature=0.0)), or start the "
+          "proxy with `agentaccel serve --default-temperature 0` for every call that sends none")

@@ -38,7 +38,7 @@ class RouteBy(StrEnum):  # simulation/replicas.py ROUTES
     call = "call"
 
 REPLAY_SPECULATORS = ",".join(PER_CALL)
-DRAFTER_COST = "0.05"  # an EAGLE-3 head is 2-5 % of its target's size (docs/BENCHMARKS.md says where that comes from)
+DRAFTER_COST = "0.05"  # an EAGLE-3 head is 2-5 % of its target's size (source: docs/lab/NOTEBOOK.md)
 
 DrafterOption = Annotated[Path | None, typer.Option(help="A model drafter's predictions (`bench drafter-predictions`): "
                                                          "adds the methods drafter, drafter-async, hybrid, "
@@ -231,7 +231,9 @@ def bench_server(
     db: DbOption = None,
     methods: Annotated[str | None, typer.Option(help="Comma-separated, from none, none-async, ngram, suffix, "
                                                      "agentaccel-request, agentaccel, oracle, agentaccel-seeded, "
-                                                     "agentaccel-known, agentaccel-off, ngram-tuned, oracle-1, "
+                                                     "agentaccel-known, agentaccel-off, ngram-tuned, suffix-gpu, "
+                                                     "suffix-gpu-sync (vLLM's suffix on its GPU model runner), "
+                                                     "agentaccel-async, agentaccel-async-ceiling, oracle-1, "
                                                      "oracle-2 (the replay's tree oracles; default: the first "
                                                      "seven). Each as simulation/methods.py says; the vLLM "
                                                      "methods with `serve --backend vllm`'s speculative config.")]

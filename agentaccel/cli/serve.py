@@ -44,6 +44,9 @@ def _start(options: ServeOptions, config, backend, recorder) -> None:
                      pruner=_pruner(options))
     err.print(f"agentaccel: {options.backend.value} backend starting on {url} "
               f"(recording {'off' if recorder is None else 'to ' + str(recorder.location)})")
+    note = temperature_note(options.backend.value, config.default_temperature)
+    if note:
+        err.print(f"agentaccel: {note}", highlight=False)
     # Background threads (the recorder's sender, the local backend's workers) must not hold the
     # event loop off the GIL for the default 5 ms: a streamed event waiting that long is a spike.
     sys.setswitchinterval(0.0005)
@@ -56,6 +59,25 @@ def _start(options: ServeOptions, config, backend, recorder) -> None:
                 log_level=os.environ.get("AGENTACCEL_LOG_LEVEL", "warning"),
                 # nothing reads the client address: skip its middleware
                 access_log=False, proxy_headers=False, http=app.http_protocol)
+
+
+# What a request that names no temperature is sampled at, by backend (agent CLIs such as Claude Code
+# and Codex send none): the user learns at start why answers differ from run to run.
+_DEFAULT_TEMPERATURE = {"local": "temperature 1 (the embedded model's default)",
+                        "vllm": "vLLM's default for the model (its generation config, else temperature 1)",
+                        "openai": "the upstream's default"}
+
+
+def temperature_note(backend: str, default_temperature: float | None) -> str | None:
+    """The line `serve` prints at start about requests without a temperature (None: the replay
+    backend, whose answers are recordings)."""
+    if default_temperature is not None:
+        return (f"a request without a temperature is answered at temperature {default_temperature:g} "
+                "(--default-temperature)")
+    if backend not in _DEFAULT_TEMPERATURE:
+        return None
+    return (f"a request without a temperature is sampled at {_DEFAULT_TEMPERATURE[backend]}; "
+            "--default-temperature 0 makes such calls greedy (the same answer every run)")
 
 
 def _recorder(config):

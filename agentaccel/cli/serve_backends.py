@@ -84,7 +84,7 @@ def _replay_backend(options: ServeOptions, recorder):
     with store:
         backend = ReplayBackend(store, tokenizer, profile, step_ms=options.step_ms,
                                 speculate=options.speculation, served_name=options.served_model_name or "replay",
-                                engine=engine, online=calibration)
+                                engine=engine, online=calibration, context=options.context_window)
     if not len(backend.recordings):
         raise fail(f"{store.name} holds no recorded calls to replay")
     err.print(f"agentaccel: replaying {len(backend.recordings)} recorded sessions from {store.name}; a plain step "

@@ -163,6 +163,9 @@ class ServeOptions:
         "--db, record nothing, trees start empty.")] = None
     speculation: Annotated[bool, _option(
         "replay: draft and verify (off: one plain step per token, the baseline).")] = True
+    context_window: Annotated[int | None, _option(
+        "replay: the simulated model's context in tokens of the bundled tokenizer (8192: the embedded model's); "
+        "a longer prompt is refused as that model's server refuses it. Default: no window.", min=1)] = None
     # -- retention
     store_budget: StoreBudgetOption = None
     keep_days: KeepDaysOption = None

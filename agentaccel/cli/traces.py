@@ -80,6 +80,11 @@ def import_traces_cmd(
                 console.print(f"  {s.path}")
     if report.skipped_files:
         console.print(f"[yellow]{len(report.skipped_files)} source(s) skipped[/yellow] (reasons above)")
+    for path, line in report.torn:
+        console.print(f"[yellow]torn[/yellow] {path}: line {line} is unterminated (still being written?); "
+                      "the lines before it were read, the rest will be on the next import")
+    if report.torn:
+        console.print(f"{len(report.torn)} file(s) ended in a torn line")
     by_stage: dict[str, list[str]] = {}
     for template, stage in sorted(report.mapped.items()):
         by_stage.setdefault(stage, []).append(template)

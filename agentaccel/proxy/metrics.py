@@ -44,6 +44,10 @@ class Metrics:
                               who, buckets=_LATENCY_BUCKETS, registry=r)
         self.prompt_tokens = Counter("agentaccel_prompt_tokens", "Prompt tokens", who, registry=r)
         self.output_tokens = Counter("agentaccel_output_tokens", "Output tokens", who, registry=r)
+        self.history_blocks = Counter(
+            "agentaccel_history_blocks", "Blocks of a conversation a model cannot be sent as they came (server tools' "
+            "calls and results, documents, reasoning, citations): shown as text, or dropped",
+            [*who, "endpoint", "type", "as"], registry=r)
         self._spec_totals: dict[str, dict[str, int]] = {}
         self._labels: set[str] = set()
         r.register(_SpecCollector(external_spec or (lambda: self._spec_totals), self.stage_labels, who))
@@ -103,6 +107,11 @@ class Metrics:
             self._labels.add(stage)
             return stage
         return "other"
+
+    def blocks_not_sent(self, stage: str, tenant: str | None, endpoint: str, counts: dict) -> None:
+        """A request's blocks that were rendered as text or dropped: {(type, "text" | "dropped"): n}."""
+        for (kind, how), n in counts.items():
+            self.history_blocks.labels(*self.who(stage, tenant), endpoint, kind, how).inc(n)
 
     def failed(self, endpoint: str, status: int, tenant: str | None = None) -> None:
         """A request refused before its stage was known (bad key, bad body)."""

@@ -18,6 +18,7 @@ import threading
 import time
 import urllib.parse
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 
 from starlette.applications import Starlette
@@ -221,11 +222,12 @@ class Proxy:
         tenant = None
         label = api.name if api else endpoint
         original = None
+        history = Counter()  # a translated conversation's blocks not sent as they came
         try:
             tenant = self._authorize(request)
             body = await self._read_body(request)
             if api is not None:
-                original, body = body, api.to_chat(body)
+                original, body = body, api.to_chat(body, history)
             validate(endpoint, body)
             if self.config.default_temperature is not None and body.get("temperature") is None:
                 body = {**body, "temperature": self.config.default_temperature}
@@ -238,6 +240,8 @@ class Proxy:
         except APIError as e:
             self.metrics.failed(label, e.status, tenant)
             return _error(e, api)
+        if history:
+            self.metrics.blocks_not_sent(tags.stage, tenant, label, history)
         ctx = CallContext(stage=tags.stage, session_id=tags.session_id, request_id=next(self._request_ids),
                           headers=tagging.forward_headers(request.headers, not self._tenants), tenant=tenant,
                           cache_scope=tenant if self.config.prefix_scope == "key" else None,
@@ -252,6 +256,8 @@ class Proxy:
             return _error(e, api)
         if body.get("stream"):
             return await self._stream(endpoint, body, forward, ctx, t0, api, original)
+        if api is not None:  # made as its stream is, from the backend's stream: the same answer either way
+            return await self._translated_whole(request, body, forward, ctx, t0, api, original)
         try:
             reply = await _unless_gone(request, self.backend.complete(endpoint, forward, ctx))
         except APIError as e:
@@ -263,9 +269,52 @@ class Proxy:
         summary = from_body(endpoint, reply)
         self._observe(label, ctx, 200, t0, summary)
         self._record(endpoint, body, ctx, summary, t0, api)
-        if api is not None:
-            reply = api.reply(summary, original, ctx.request_id)
         return JSONResponse(reply, headers=_reply_headers(ctx))
+
+    def _translation(self, body: dict, forward: dict, ctx: CallContext, api: Api, original: dict, streamed: bool):
+        """A translated API's accumulator (with the stops the proxy matches), its writer, the
+        backend's chat stream, and the prompt's count where the API says it first (a streamed
+        Messages answer's message_start) or where a stop may cut the stream before its usage."""
+        acc = Accumulator(CHAT, api.stops(original))
+        writer = api.writer(original, ctx.request_id, acc)
+        forward = {**forward, "stream": True,
+                   "stream_options": {**(forward.get("stream_options") or {}), "include_usage": True}}
+        counting = (asyncio.ensure_future(self.backend.count_tokens(body))
+                    if api.counts_prompt and (streamed or acc.stops) else None)
+        return acc, writer, self.backend.stream(CHAT, forward, ctx), counting
+
+    async def _translated_whole(self, request: Request, body: dict, forward: dict, ctx: CallContext, t0: float,
+                                api: Api, original: dict) -> Response:
+        acc, writer, chunks, counting = self._translation(body, forward, ctx, api, original, False)
+
+        async def collect() -> None:
+            try:
+                async for payload in chunks:
+                    added: list[tuple] = []
+                    _take(payload, acc, added)
+                    writer.feed(added)
+                    if acc.stopped:
+                        break
+            finally:
+                await chunks.aclose()
+            writer.prompt_tokens = acc.prompt_tokens = await _counted(counting)
+            writer.finish()
+
+        try:
+            await _unless_gone(request, collect())
+        except APIError as e:
+            self._observe(api.name, ctx, e.status, t0)
+            return _error(e, api)
+        except ClientGone:
+            self._observe(api.name, ctx, CLIENT_GONE, t0)
+            return Response(status_code=CLIENT_GONE)
+        finally:
+            if counting is not None:
+                counting.cancel()
+        summary = acc.finish()
+        self._observe(api.name, ctx, 200, t0, summary)
+        self._record(CHAT, body, ctx, summary, t0, api)
+        return JSONResponse(writer.whole(), headers=_reply_headers(ctx))
 
     async def _stream(self, endpoint: str, body: dict, forward: dict, ctx: CallContext, t0: float,
                       api: Api | None = None, original: dict | None = None) -> Response:
@@ -274,14 +323,21 @@ class Proxy:
         # Usage is always asked of the backend (recording and metrics need it); the chunk that only
         # carries it is dropped again when the client did not ask.
         forward = {**forward, "stream_options": {**(forward.get("stream_options") or {}), "include_usage": True}}
-        chunks = self.backend.stream(endpoint, forward, ctx)
+        counting = None
+        if api is None:
+            acc, writer, chunks = Accumulator(endpoint), None, self.backend.stream(endpoint, forward, ctx)
+        else:
+            acc, writer, chunks, counting = self._translation(body, forward, ctx, api, original, True)
         try:
             first = await anext(chunks, None)  # errors before the first chunk become a proper HTTP status
+            if counting is not None:
+                writer.prompt_tokens = acc.prompt_tokens = await _counted(counting)
         except APIError as e:
             self._observe(label, ctx, e.status, t0)
             return _error(e, api)
-        acc = Accumulator(endpoint)
-        writer = api.stream(original, ctx.request_id, acc) if api is not None else None
+        finally:
+            if counting is not None:
+                counting.cancel()
 
         async def events() -> AsyncIterator[bytes]:
             status = 200
@@ -289,18 +345,16 @@ class Proxy:
             try:
                 payload = first
                 while payload is not None:
-                    try:
-                        chunk = jsonfast.loads(payload, exact=False)  # read for the record only
-                    except ValueError:  # not ours to judge: relayed as it came, left out of the record
-                        chunk = {"choices": [None]}
                     added = None if writer is None else []
-                    acc.add(chunk, added)
+                    chunk = _take(payload, acc, added)
                     if first_token_at is None and chunk.get("choices"):
                         first_token_at = time.perf_counter()
                     if writer is not None:
                         translated = writer.feed(added)
                         if translated:
                             yield translated
+                        if acc.stopped:  # a stop sequence ended the answer: the backend's stream is closed
+                            break
                     elif want_usage or chunk.get("choices") or not chunk.get("usage"):
                         yield b"data: " + payload + b"\n\n"
                     payload = await anext(chunks, None)
@@ -346,7 +400,7 @@ class Proxy:
             finish_reason=summary.finish_reason, prompt_tokens=summary.prompt_tokens or None,
             completion_tokens=summary.output_tokens or None, latency=time.perf_counter() - t0,
             metadata={"endpoint": api.name if api else endpoint, "spec": ctx.spec.as_dict() if ctx.spec else None},
-            call_id=ctx.request_id, tenant=ctx.tenant,
+            call_id=ctx.request_id, tenant=ctx.tenant, client_session=tagging.client_session(ctx.headers),
             # a baseline (answered without speculation, as the client asked and the backend decided)
             # is kept, and no server learns from it
             baseline=ctx.baseline))
@@ -359,15 +413,24 @@ class Proxy:
             return _error(e)
         return JSONResponse(render(self._models))
 
+    def _window(self, model: str, field: str) -> dict:
+        """`{field: the model's context in tokens}` where the backend knows it (each API names it its way)."""
+        window = self.backend.context_window(model)
+        return {} if window is None else {field: window}
+
     async def list_models(self, request: Request) -> Response:
+        """Each model with its context window where the backend knows it: `max_model_len` as vLLM
+        lists it, `max_input_tokens` in the Anthropic API's listing (and in `/v1/model/info`, as
+        litellm's proxy gives it); the agent config commands read it from here."""
         if request.headers.get("anthropic-version"):  # an Anthropic client (Claude Code): its API's listing
             return await self._served(request, lambda models: {
-                "data": [{"type": "model", "id": m, "display_name": m, "created_at": "1970-01-01T00:00:00Z"}
-                         for m in models],
+                "data": [{"type": "model", "id": m, "display_name": m, "created_at": "1970-01-01T00:00:00Z",
+                          **self._window(m, "max_input_tokens")} for m in models],
                 "has_more": False, "first_id": models[0] if models else None,
                 "last_id": models[-1] if models else None})
         return await self._served(request, lambda models: {"object": "list", "data": [
-            {"id": m, "object": "model", "created": 0, "owned_by": "agentaccel"} for m in models]})
+            {"id": m, "object": "model", "created": 0, "owned_by": "agentaccel", **self._window(m, "max_model_len")}
+            for m in models]})
 
     async def count_tokens(self, request: Request) -> Response:
         """The Messages API's `/v1/messages/count_tokens`: the prompt's tokens as the backend's
@@ -384,9 +447,11 @@ class Proxy:
         return JSONResponse({"input_tokens": count})
 
     async def model_info(self, request: Request) -> Response:
-        """litellm proxy's `/v1/model/info` (OpenHands calls it for `litellm_proxy/` models)."""
+        """litellm proxy's `/v1/model/info` (OpenHands calls it for `litellm_proxy/` models, and
+        takes its `max_input_tokens` where its own config names none)."""
         return await self._served(request, lambda models: {"data": [
-            {"model_name": m, "litellm_params": {"model": m}, "model_info": {"id": m, "mode": "chat"}}
+            {"model_name": m, "litellm_params": {"model": m},
+             "model_info": {"id": m, "mode": "chat", **self._window(m, "max_input_tokens")}}
             for m in models]})
 
     async def health(self, _request: Request) -> Response:
@@ -416,6 +481,33 @@ class Proxy:
 
 # The body was not read to its end: the connection cannot carry another request after this answer.
 _UNREAD_BODY = frozenset({"body_timeout", "body_too_large"})
+
+
+def _take(payload: bytes, acc: Accumulator, added: list[tuple] | None) -> dict:
+    """A streamed chunk read into the accumulator (`added`: what it added, for a translated API)."""
+    try:
+        chunk = jsonfast.loads(payload, exact=False)  # read for the record only
+    except ValueError:  # not ours to judge: relayed as it came, left out of the record
+        chunk = {"choices": [None]}
+    acc.add(chunk, added)
+    return chunk
+
+
+# How long an answer's first event may wait for its prompt's count, once the backend's first chunk
+# is in: counting runs beside the prefill and is normally done well before it; a counter that hangs
+# (an upstream's /tokenize) must not hold the answer back.
+COUNT_WAIT_SECONDS = 1.0
+
+
+async def _counted(counting: asyncio.Future | None) -> int | None:
+    """The prompt's count, where it was asked and could be made in time (else None: the usage
+    says it at the end)."""
+    if counting is None:
+        return None
+    try:
+        return await asyncio.wait_for(counting, COUNT_WAIT_SECONDS)
+    except Exception:  # noqa: BLE001 - a count that failed or is late must not fail the answer it was for
+        return None
 
 
 def _reply_headers(ctx: CallContext) -> dict[str, str]:
@@ -485,7 +577,7 @@ class HotPath:
 
     Why: Starlette wraps `send` once per middleware layer, so every relayed stream event paid
     for two or three extra Python frames, a visible share of the proxy's CPU at 64 streams
-    (`bench proxy`, py-spy; docs/BENCHMARKS.md). The handlers already answer every failure in the OpenAI shape.
+    (`bench proxy`, py-spy; docs/lab/NOTEBOOK.md). The handlers already answer every failure in the OpenAI shape.
     """
 
     def __init__(self, app: Starlette, routes: dict, http_protocol: type) -> None:

@@ -6,7 +6,9 @@ else top-level `tags` (litellm's conventions; OpenHands sends `agent:CodeActAgen
 same rule the importers apply; the SDK's `litellm_extra_body={"tags": [...]}` gives top-level
 ones); `vllm_xargs.stage`; a configured rule (regex over the system prompt); the prompt template
 the request matches (proxy/discovery.py: `tmpl:...`, from a template's second call on); else, with
-discovery off, a stable fingerprint of the system prompt; else "default".
+discovery off, a stable fingerprint of the system prompt; else "default". A client's request to
+compact its conversation (Claude Code's, Codex's: text/compaction.py) is then filed under that
+stage with `:compact` after it (`X-Agentaccel-Stage: codex` -> `codex:compact`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from agentaccel.errors import bad_request
+from agentaccel.text.compaction import compaction_stage
 from agentaccel.text.headers import header_text
 from agentaccel.traces.stages import DEFAULT_STAGE, explicit_stage, system_fingerprint, system_prompt
 
@@ -24,6 +27,8 @@ MAX_STAGE_LENGTH = 128  # a stage is a Prometheus label value and a tree in the 
 # ours, litellm's, the routers'; then the agents' own: Claude Code's, Codex's (`session-id`)
 SESSION_HEADERS = ("x-agentaccel-session", "x-litellm-session-id", "x-session-id", "x-claude-code-session-id",
                    "session-id")
+# the agent clients' own session headers (Claude Code's, Codex's): the id their session logs hold too
+CLIENT_SESSION_HEADERS = ("x-claude-code-session-id", "session-id")
 # metadata keys the proxy consumes; anything else in metadata is forwarded untouched
 _METADATA_KEYS = ("stage", "tags", "session_id", "litellm_session_id")
 _SESSION_METADATA = ("session_id", "litellm_session_id")
@@ -51,6 +56,14 @@ class Tags:
     stage: str
     stage_source: str  # header, metadata, vllm_xargs, rule, template, system, default
     session_id: str | None
+
+
+def client_session(headers: Mapping[str, str]) -> str | None:
+    """The session id an agent client (Claude Code, Codex) sent in its own header: the id its log
+    keeps the call under too, so that a call recorded live and the same call imported from that log
+    are one (traces/client_keys.py). None from any other client: a pipeline's session id may name
+    calls that answer alike at the same turn, which must stay apart."""
+    return next((header_text(headers[h]) for h in CLIENT_SESSION_HEADERS if headers.get(h)), None)
 
 
 def check_stage(name: str, where: str) -> str:
@@ -84,7 +97,7 @@ def resolve(headers: Mapping[str, str], body: Mapping, rules: list[StageRule], f
         session = next((str(metadata[k]) for k in _SESSION_METADATA if metadata.get(k)), None)
 
     def tags(stage: str, source: str) -> Tags:
-        return Tags(stage, source, session)
+        return Tags(compaction_stage(stage, body.get("messages")), source, session)
 
     if headers.get(STAGE_HEADER):
         return tags(check_stage(_text_header(headers[STAGE_HEADER], "X-Agentaccel-Stage"), "X-Agentaccel-Stage"),

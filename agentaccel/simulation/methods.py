@@ -13,11 +13,18 @@ and `suffix` as vLLM's own suffix decoding does with the same knobs.
   `ngram-tuned`: 2-5 token matches, 8 tokens;
 * `suffix`: vLLM's `suffix` over ArcticInference: the paper's per-request rule (spec factor 1,
   min-prob 0.1) over one global tree of every request's output (no stages);
+  `suffix-gpu`: vLLM's `suffix` on Model Runner V2, on the GPU (simulation/suffix_gpu.py): the
+  request's own longest suffix match or a vote over a ring of finished responses, fixed-length
+  drafts trimmed by adaptive verification, with async scheduling kept; `suffix-gpu-sync`: the
+  same without async scheduling;
 * `agentaccel`: the plugin: stage trees, one draft budget per step, its step cost learned from the
   simulated steps from the seed the plugin starts from on that device (`seed`); `agentaccel-seeded`:
   from the calibrated roofline of the server's model and GPU, as the plugin does on a GPU it knows;
   `agentaccel-known`: priced with the simulated server's own step cost; `agentaccel-request`: each
-  request sizing its own draft (the plugin before the budget);
+  request sizing its own draft (the plugin before the budget); `agentaccel-async`: the plugin with
+  async scheduling kept, each draft made a step late (simulation/agentaccel_async.py);
+  `agentaccel-async-ceiling`: the plugin's drafts as it makes them now, priced with async
+  scheduling's overlap: the most a drafter on the device that drafts as the plugin does could give;
 * `agentaccel-embedded`: the embedded backend (`serve`'s default): per-stage trees, each request
   sizing its own draft on the server's step cost; `-shared`: every stage in one tree; `-tenants`:
   each tenant's outputs in trees of its own;
@@ -51,6 +58,7 @@ from dataclasses import replace
 from agentaccel.backends.vllm.drafting import DEFAULT_MODEL_TOKENS, DEFAULT_SPECULATIVE_CONFIG, plugin_drafting
 from agentaccel.engine.cost import Server, StepCostModel, roofline, seed
 from agentaccel.engine.cost.drafter_pass import FREE, DrafterPassCost
+from agentaccel.simulation.agentaccel_async import AsyncDrafter
 from agentaccel.simulation.drafter_predictions import DrafterPredictions
 from agentaccel.simulation.model_drafter import Branches, Guided, Hybrid, ModelDrafter
 from agentaccel.simulation.speculator import Speculator
@@ -66,6 +74,7 @@ from agentaccel.simulation.speculators import (
     paper_linear,
     paper_tree,
 )
+from agentaccel.simulation.suffix_gpu import SuffixGpu, SuffixGpuConfig
 
 # what `bench server` runs when not told (the oracles and the variants are asked for by name)
 DEFAULT = ("none", "none-async", "ngram", "suffix", "agentaccel-request", "agentaccel", "oracle")
@@ -80,6 +89,12 @@ class OneTree(Drafter):
 
     def begin(self, key, prompt, stage, previous=None, tenant=None, max_total=None):
         super().begin(key, prompt, "all", max_total=max_total)
+
+
+def _overlapped(method: Speculator) -> Speculator:
+    """The method with each step's host work hidden, as async scheduling hides it."""
+    method.overlapped = True
+    return method
 
 
 def calibrated_seed(server: Server) -> StepCostModel:
@@ -114,6 +129,9 @@ def build(names: Sequence[str], server: Server | None = None, *, start: StepCost
         "suffix": lambda: OneTree("suffix", suffix, depth=plugin.depth, max_tokens=plugin.max_tokens),
         "agentaccel-request": lambda: Drafter("agentaccel-request", **chain),
         "agentaccel": lambda: Drafter("agentaccel", **chain, learn_from=start or seed("gpu")),
+        "agentaccel-async": lambda: AsyncDrafter("agentaccel-async", **chain, learn_from=start or seed("gpu")),
+        "agentaccel-async-ceiling": lambda: _overlapped(Drafter("agentaccel-async-ceiling", **chain,
+                                                                learn_from=start or seed("gpu"))),
         "oracle": lambda: AllocationOracle(plugin.config),
         "oracle-1": lambda: TreeOracle(1),
         "oracle-2": lambda: TreeOracle(2),
@@ -125,6 +143,9 @@ def build(names: Sequence[str], server: Server | None = None, *, start: StepCost
         factories["agentaccel-embedded-shared"] = lambda: embedded(server, shared=True)
         factories["agentaccel-embedded-tenants"] = lambda: embedded(server, scoped=True)
         factories["agentaccel-known"] = lambda: Drafter("agentaccel-known", **chain, cost=server.model)
+        gpu = SuffixGpuConfig(k=plugin.max_tokens, max_depth=plugin.depth)  # the same knobs as `suffix`
+        factories["suffix-gpu"] = lambda: SuffixGpu("suffix-gpu", gpu, server)
+        factories["suffix-gpu-sync"] = lambda: SuffixGpu("suffix-gpu-sync", gpu, server, overlapped=False)
         factories["agentaccel-seeded"] = lambda: Drafter("agentaccel-seeded", **chain,
                                                          learn_from=calibrated_seed(server))
         for k in KNOWN:

@@ -43,8 +43,9 @@ MODES = ("one", "siloed", "shared", "partial")
 ROUTES = ("session", "call")  # what the router keys a call's replica on
 
 # From an answer on one server to another server's stage trees, p99, on a PostgreSQL store with 64
-# streams recording (scripts/bench_fleet_lag.py, docs/BENCHMARKS.md): the default sharing delay.
-MEASURED_SHARE_DELAY = 0.04
+# streams recording, outputs riding on their notifications (scripts/bench_fleet_lag.py, docs/SCALE.md):
+# the default sharing delay.
+MEASURED_SHARE_DELAY = 0.036
 
 
 def replica_of(session: int, replicas: int) -> int:

@@ -43,7 +43,7 @@ def scatter(steps: list[TimedStep], residuals: np.ndarray) -> float:
     such groups. Around the fit instead, its misses between shapes counted as scatter: the
     simulated steps strayed three times as far as a real one from its kind, and those of the
     long prefills by many decoding steps' time, enough to decide what a simulated learner fitted
-    (BENCHMARKS, "The check's learner"). A log of all-different steps: their sd around the fit."""
+    (docs/lab/NOTEBOOK.md, "The check's learner"). A log of all-different steps: their sd around the fit."""
     groups: dict[tuple, list[float]] = {}
     for s, r in zip(steps, residuals, strict=True):
         groups.setdefault((s.requests, s.tokens, s.decode_tokens == s.tokens), []).append(float(r))

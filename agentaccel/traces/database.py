@@ -21,6 +21,7 @@ from typing import Protocol
 from urllib.parse import urlsplit
 
 POSTGRES_SCHEMES = ("postgresql", "postgres")
+NOTIFY_LIMIT = 8000  # bytes a PostgreSQL notification's payload must stay under
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
@@ -207,10 +208,13 @@ class Connection:
             self.rollback()
             raise
 
-    def notify(self, channel: str) -> None:
-        """Wakes listeners on PostgreSQL (at commit, when inside a transaction); nothing on SQLite."""
-        if self.kind == "postgresql":
-            self.raw.execute(f"NOTIFY {channel}")
+    def notify(self, channel: str, payloads: list[str] | tuple[str, ...] = ("",)) -> None:
+        """Wakes listeners on PostgreSQL (at commit, when inside a transaction), a notification
+        per payload (each shorter than NOTIFY_LIMIT bytes; "": none), all in one statement;
+        nothing on SQLite."""
+        if self.kind == "postgresql" and payloads:
+            self.raw.execute("SELECT " + ", ".join(["pg_notify(%s, %s)"] * len(payloads)),
+                             [v for payload in payloads for v in (channel, payload)])
 
     def close(self) -> None:
         self.raw.close()

@@ -1,5 +1,7 @@
 """`agentaccel import-traces`: every source is parsed whole, then written in one transaction —
-a bad file is skipped with its reason and never half-written; the import never stops half-way."""
+a bad file is skipped with its reason and never half-written; the import never stops half-way.
+A JSON-lines log whose last line is torn (its program is still writing it) is imported up to that
+line and counted; importing it again once it is complete adds the calls that were missing."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agentaccel.traces import template_stages
+from agentaccel.traces.formats.common import torn_last_line
 from agentaccel.traces.formats.registry import FOLDER_FORMATS, PARSERS, Source, discover
 from agentaccel.traces.records import FormatError
 from agentaccel.traces.stages import resolve_stage
@@ -31,6 +34,8 @@ class ImportReport:
     rows: dict[tuple[str, str], Row] = field(default_factory=dict)  # (format, stage) -> counts
     skipped_files: list[tuple[Path, str]] = field(default_factory=list)  # recognized but unreadable
     unrecognized: list[Source] = field(default_factory=list)
+    # JSON-lines logs imported up to a torn last line (still being written): (file, that line's number)
+    torn: list[tuple[Path, int]] = field(default_factory=list)
     # prompt templates the imported calls established -> the stage live calls of them are served as
     mapped: dict[str, str] = field(default_factory=dict)
 
@@ -136,6 +141,9 @@ def import_traces(
                 for c in s.calls:
                     seen.observe(c.messages, resolve_stage(s, c))
         report.add(source.format, result)
+        if source.path.suffix.lower() == ".jsonl" and source.path.is_file() and \
+                (line := torn_last_line(source.path)) is not None:
+            report.torn.append((source.path, line))
     if seen is not None and seen.votes:
         report.mapped = seen.save(store)
     return report

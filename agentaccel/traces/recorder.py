@@ -14,7 +14,9 @@ dead one held uncommitted are sent to it again, once: a call that two writers di
 counted as failed, so one that kills writers cannot kill them forever. A resent call the dead
 writer had committed just before it died is not stored twice when it carries a `call_id` (the
 proxy and the benchmarks give every call one: store.call_identity). Every submitted call ends up
-written or counted; `close()` drains everything.
+written or counted; `close()` drains everything. A call of an agent client's session (its
+`client_session`) is keyed as the client's own log will know it, so that importing that log adds
+it no second time, nor records it a second time when the log was imported first (client_keys.py).
 Never stored: headers (so no Authorization). With `redact`, message and response text are
 replaced by empty strings; stage, usage, timings and speculation stats are kept.
 """
@@ -41,7 +43,7 @@ from pathlib import Path
 
 from agentaccel.stop_signals import held_for_a_helper, ignored_in_this_helper
 from agentaccel.traces.database import Location, in_conflict
-from agentaccel.traces.records import Call, Session, without_lone_surrogates
+from agentaccel.traces.records import Call, Session, client_call_key, without_lone_surrogates
 from agentaccel.traces.store import TraceStore
 
 log = logging.getLogger("agentaccel.recorder")
@@ -75,6 +77,9 @@ class RecordedCall:
     created_at: float = field(default_factory=time.time)
     metadata: dict = field(default_factory=dict)
     call_id: str | None = None  # the proxy's id for this answer: what the store knows it by (store.call_identity)
+    # the agent client's own session id (Claude Code's, Codex's header), which its log holds too: the
+    # call is stored once whether it is recorded first or imported from that log first (client_keys.py)
+    client_session: str | None = None
     tenant: str | None = None  # whose call (traces/tenants.py: a digest of the API key); None: no keys
     baseline: bool = False  # the client asked for no speculation (vllm_xargs.speculate=false): kept, not learned
 
@@ -418,6 +423,8 @@ class _Writer:
 
     def _to_call(self, call: RecordedCall, position: int) -> Call:
         messages, response, tool_calls = call.messages, call.response, call.tool_calls
+        # (keyed before redacting: the key is a digest of what the client's log will hold)
+        key = client_call_key(call.client_session, messages, response, tool_calls) if call.client_session else None
         if self.redact:
             messages = [{"role": m.get("role", "user"), "content": ""} for m in messages]
             response, tool_calls = "", None
@@ -425,7 +432,7 @@ class _Writer:
                     tools=None if self.redact else call.tools, stage=call.stage, model=call.model,
                     created_at=call.created_at, finish_reason=call.finish_reason, prompt_tokens=call.prompt_tokens,
                     completion_tokens=call.completion_tokens, latency=call.latency, tenant=call.tenant,
-                    baseline=call.baseline,
+                    baseline=call.baseline, client_key=key,
                     metadata={**call.metadata, "position": position, "redacted": self.redact,
                               **({"call_id": call.call_id} if call.call_id else {})})
 

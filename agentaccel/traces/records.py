@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentaccel.text.messages import canonical_json
+from agentaccel.text.messages import canonical_json, reply_content, turn_of
 
 
 class FormatError(ValueError):
@@ -31,6 +31,10 @@ class Call:
     metadata: dict[str, Any] | None = None
     tenant: str | None = None  # whose call (a digest of the API key, traces/tenants.py); None: the base
     baseline: bool = False  # answered without speculation on the client's request: never learned from
+    # what the agent client's own log knows the call by (client_call_key), where the recorder knew it
+    # (None: the store derives it from `metadata.client_session`, which the Claude Code and Codex
+    # importers note, else the call has none)
+    client_key: str | None = None
 
 
 @dataclass
@@ -67,3 +71,20 @@ def digest(*parts: Any) -> str:
         h.update(canonical_json(part).encode())
         h.update(b"\0")
     return h.hexdigest()[:32]
+
+
+def client_call_key(client_session: str, messages: list, response: str, tool_calls: list | None) -> str:
+    """One call of an agent client's session, whichever road it reached the store by: served
+    through the proxy (recorded live, with the client's session header) or read back from the
+    client's own log (import-traces). Both sides know the session id, the call's turn (the model's
+    earlier answers in its prompt: `turn_of`) and what the model answered: its text (without the
+    tool calls an importer appends to it, and without the whitespace around it, which a client may
+    drop) and its tool calls' ids and names (an id the upstream did not give is `call_<index>`, as
+    the proxy tells the client). Not the rest of the prompt, nor the tool calls' arguments: the
+    proxy records the request as received, while a client's log may hold its system prompt, its
+    reminders and a tool's input in another arrangement (Claude Code writes an Edit's input with its
+    defaults filled in)."""
+    calls = [(c.get("id") or f"call_{i}", (c.get("function") or {}).get("name") or c.get("name") or "")
+             for i, c in enumerate(tool_calls or ()) if isinstance(c, dict)]
+    return digest("client-call", str(client_session), turn_of(messages), reply_content(response, tool_calls).strip(),
+                  calls)

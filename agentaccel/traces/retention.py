@@ -17,7 +17,7 @@ The size. SQLite: the pages the file uses (freed pages are reused by later write
 stops growing once the budget is reached). PostgreSQL: the bytes of the live rows as PostgreSQL
 stores them (`pg_column_size` of a sample of each table, compressed text included, times the live
 rows its statistics count): what the tables hold. Not counted: indexes, page and TOAST overhead,
-and the space autovacuum keeps for reuse, which on disk add to it (docs/BENCHMARKS.md measures
+and the space autovacuum keeps for reuse, which on disk add to it (docs/TRACES.md measures
 how much). Its cost does not grow with the store: the rows are PostgreSQL's own count (this
 connection's deletes reach it at once, other servers' writes within seconds; before PostgreSQL
 15 the rows are counted), the sample a fixed number of rows.

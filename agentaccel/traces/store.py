@@ -5,10 +5,12 @@ Layout: `sessions` (one agent run / trajectory / pipeline run), `calls` (one LLM
 is a list of ids into `blobs`, where every distinct chat message and tool list is stored once —
 agent prompts repeat the whole history, so storing them per call would grow quadratically) and
 `tokens` (token ids per blob or response and tokenizer fingerprint, as little-endian uint32).
-Every batch is one transaction, so a crash keeps every committed call and no partial one (SQLite
-in WAL mode). Rows that several writers may insert at once (a session, a message, a call) are
+A write is one transaction per batch of at most WRITE_BATCH_CALLS calls, so a crash keeps every
+committed batch and no partial one (SQLite in WAL mode; writing the same sessions again adds what
+is missing). Rows that several writers may insert at once (a session, a message, a call) are
 inserted with ON CONFLICT DO NOTHING: concurrent proxies recording into one PostgreSQL store
-neither fail nor duplicate. A committed batch wakes the store's tails (traces/tail.py).
+neither fail nor duplicate. A committed batch wakes the store's tails (traces/tail.py) and, on
+PostgreSQL, hands them its outputs (traces/call_notices.py).
 """
 
 from __future__ import annotations
@@ -26,14 +28,24 @@ import numpy as np
 
 from agentaccel.text.messages import canonical_json
 from agentaccel.text.render import render_message
-from agentaccel.traces import drafter_records, retention, stage_policies, step_costs, template_stages, templates
+from agentaccel.traces import (
+    call_notices,
+    client_keys,
+    drafter_records,
+    retention,
+    stage_policies,
+    step_costs,
+    template_stages,
+    templates,
+)
 from agentaccel.traces.database import Connection, Location, errors, locate
-from agentaccel.traces.records import Call, Session, digest
+from agentaccel.traces.records import Call, Session, client_call_key, digest
 from agentaccel.traces.tenants import BASE, tenant_clause
 
 SCHEMA_VERSION = 2  # 2: every write counts the calls using each blob (blob_uses: retention.py)
 CALLS_CHANNEL = "agentaccel_calls"  # PostgreSQL NOTIFY channel: new calls were committed
 _VALUES_PER_STATEMENT = 900  # parameters of one bulk statement: well within SQLite's and PostgreSQL's limits
+WRITE_BATCH_CALLS = 256  # calls one write transaction holds at most (write_sessions: why)
 
 CORE_SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
@@ -71,7 +83,8 @@ CREATE TABLE IF NOT EXISTS calls (
   source_offset {INT},
   format TEXT,
   metadata TEXT,
-  imported_at {FLOAT} NOT NULL
+  imported_at {FLOAT} NOT NULL,
+  client_key TEXT                    -- the call as its agent client's log knows it (client_keys.py)
 );
 CREATE INDEX IF NOT EXISTS calls_stage_time ON calls(stage, created_at, id);
 CREATE INDEX IF NOT EXISTS calls_session ON calls(session_id, position);
@@ -111,6 +124,7 @@ class _PlannedCall:
     messages: list[str]  # its messages' blob hashes, in order
     tools: str | None  # its tool list's blob hash
     content_hash: str  # its identity (call_identity)
+    client_key: str | None  # its identity in its agent client's session, whichever road it came by (client_keys.py)
 
 
 class StoreMissing(ValueError):
@@ -245,6 +259,11 @@ class TraceStore:
                                  f"2 when it can write to it: {e}") from e
         elif number != SCHEMA_VERSION:
             raise ValueError(f"{self.name}: trace store schema {version}, this agentaccel reads {SCHEMA_VERSION}")
+        try:  # the calls' client keys (a store made before them gets them now: client_keys.py)
+            client_keys.upgrade(self.conn)
+        except errors() as e:
+            if create:  # (a command that only reads does without them)
+                raise ValueError(f"{self.name}: cannot give the trace store's calls their client keys: {e}") from e
         store_id = self._meta("store_id")
         if not store_id:
             try:  # (a store that may only be read keeps none: its snapshots are not trusted)
@@ -305,40 +324,107 @@ class TraceStore:
         fmt: str = "",
         tokenize=None,
     ) -> WriteResult:
-        """Writes sessions and their calls in one transaction. `stage_of(session, call)` resolves
-        each call's stage; `tokenize(texts) -> list[list[int]]` (optional) fills the token cache
-        for new messages and responses in the same transaction. A batch costs a few statements
-        whatever its size (sessions, blobs, calls: each looked up and inserted in bulk): on a
-        PostgreSQL server every statement is a round trip, and a recorder's batch of 64 calls
-        must not wait for hundreds of them before other servers see it."""
+        """Writes sessions and their calls, a transaction per WRITE_BATCH_CALLS calls at most.
+        `stage_of(session, call)` resolves each call's stage; `tokenize = (fingerprint,
+        encode(texts) -> list[list[int]])` (optional) fills the token cache for new messages and
+        responses. A batch costs a few statements whatever its size (sessions, blobs, calls: each
+        looked up and inserted in bulk): on a PostgreSQL server every statement is a round trip,
+        and a recorder's batch of 64 calls must not wait for hundreds of them before other servers
+        see it. Each commit notifies the store's followers, carrying the new outputs' token ids
+        when they fit (traces/call_notices.py), so that they learn them without a read.
+
+        Why bounded transactions, and the encoding done before each begins: a follower takes a call
+        id still missing after `gap_seconds` (traces/tail.py) for one rolled back, so a transaction
+        held open that long (a large import, a slow tokenizer) would hide its calls from every
+        follower while live servers commit around it."""
         result = WriteResult()
+        blobs: dict[str, tuple[str, object, bool]] = {}  # hash -> (json, value, a message: tokenized)
+        planned = self._plan_calls(sessions, stage_of, set(), blobs, result)
+        created: set[str] = set()  # the sessions this write created
+        callless = [s for s in sessions if not s.calls]
+        for start in range(0, max(len(planned), 1), WRITE_BATCH_CALLS):
+            batch = planned[start : start + WRITE_BATCH_CALLS]
+            if not batch and not callless:
+                break
+            batch_sessions = list({p.session.key: p.session for p in batch}.values()) + (callless if not start else [])
+            batch_blobs = {h: blobs[h] for p in batch for h in [*p.messages, *([p.tools] if p.tools else [])]}
+            encoded = self._encoded_before(batch, batch_blobs, tokenize)
+            created |= self._write_batch(batch, batch_sessions, batch_blobs, encoded, tokenize, source_file, fmt,
+                                         result)
+        counted: set[tuple[str, str]] = set()
+        for p in planned:  # a session counts once per stage it has calls of, where this write created it
+            if p.session.key in created and (p.session.key, p.stage) not in counted:
+                counted.add((p.session.key, p.stage))
+                result.stage(p.stage).sessions += 1
+        return result
+
+    def _encoded_before(self, batch: list[_PlannedCall], blobs: dict[str, tuple[str, object, bool]],
+                        tokenize) -> dict[tuple[str, str], list[int]]:
+        """The token ids of what the batch will likely store ({('b', blob hash) | ('r', call
+        identity): ids}): the messages and responses the store lacks now, encoded before the
+        batch's transaction begins."""
+        if tokenize is None:
+            return {}
+        stored_blobs = {h for (h,) in self._rows_where("SELECT hash FROM blobs WHERE hash IN ({})", list(blobs))}
+        stored_calls = {h for (h,) in self._rows_where("SELECT content_hash FROM calls WHERE content_hash IN ({})",
+                                                       [p.content_hash for p in batch])}
+        items = {("b", h): render_message(value) for h, (_, value, message) in blobs.items()
+                 if message and h not in stored_blobs}
+        items.update((("r", p.content_hash), p.call.response) for p in batch if p.content_hash not in stored_calls)
+        if not items:
+            return {}
+        return dict(zip(items, tokenize[1](list(items.values())), strict=True))
+
+    def _write_batch(self, batch: list[_PlannedCall], sessions: list[Session],
+                     blobs: dict[str, tuple[str, object, bool]], encoded: dict[tuple[str, str], list[int]],
+                     tokenize, source_file: str, fmt: str,
+                     result: WriteResult) -> set[str]:
+        """One transaction: the batch's sessions, blobs, calls and token ids (those `encoded` lacks,
+        stored meanwhile by no one else, encoded here), and the notifications of its new calls.
+        Returns the keys of the sessions it created."""
         conn = self.conn
         conn.begin()
         try:
             session_ids, new_sessions = self._session_rows(sessions, source_file)
-            blobs: dict[str, tuple[str, object, bool]] = {}  # hash -> (json, value, a message: tokenized)
-            planned = self._plan_calls(sessions, stage_of, new_sessions, blobs, result)
             new_texts: list[tuple[str, int, str]] = []  # (kind, ref, text) to tokenize
             blob_ids = self._blob_rows(blobs, new_texts)
-            fresh = self._not_stored(planned, result)
+            fresh = self._not_stored(batch, result)
+            stored_at = time.time()  # (about the calls' `imported_at`)
             inserted = self._insert_calls(fresh, session_ids, blob_ids, source_file, fmt)
             stage_of_response = self._mark_inserted(fresh, inserted, result)
             # what each stored call uses, so that a prune knows which blobs only its calls used
             retention.count_uses(conn, [blob_ids[h] for p in stage_of_response.values()
                                         for h in [*p.messages, *([p.tools] if p.tools else [])]])
-            new_texts += [("r", call_id, p.call.response) for call_id, p in stage_of_response.items()]
-            if tokenize is not None and new_texts:
-                lengths = self._store_tokens(new_texts, tokenize)
-                for (kind, ref, _), n in zip(new_texts, lengths, strict=True):
+            responses: dict[int, list[int]] = {}
+            if tokenize is not None:
+                hash_of_blob = {blob_ids[h]: h for h in blobs}
+                new_texts += [("r", call_id, p.call.response) for call_id, p in stage_of_response.items()]
+                keys = [("b", hash_of_blob[ref]) if kind == "b" else ("r", stage_of_response[ref].content_hash)
+                        for kind, ref, _ in new_texts]
+                late = [i for i, key in enumerate(keys) if key not in encoded]  # none were missing before it began
+                if late:
+                    encoded = {**encoded, **dict(zip((keys[i] for i in late),
+                                                     tokenize[1]([new_texts[i][2] for i in late]), strict=True))}
+                if new_texts:
+                    conn.executemany(
+                        "INSERT INTO tokens (kind, ref, tokenizer, ids) VALUES (?,?,?,?) "
+                        "ON CONFLICT (kind, ref, tokenizer) DO UPDATE SET ids = excluded.ids",
+                        [(kind, ref, tokenize[0], pack_ids(encoded[key]))
+                         for (kind, ref, _), key in zip(new_texts, keys, strict=True)])
+                for (kind, ref, _), key in zip(new_texts, keys, strict=True):
                     if kind == "r":
-                        result.stage(stage_of_response[ref].stage).output_tokens += n
-            if stage_of_response:
-                conn.notify(CALLS_CHANNEL)
+                        responses[ref] = encoded[key]
+                        result.stage(stage_of_response[ref].stage).output_tokens += len(encoded[key])
+            if stage_of_response and conn.kind == "postgresql":  # (a baseline: no follower learns it)
+                conn.notify(CALLS_CHANNEL, call_notices.payloads(tokenize[0] if tokenize else "", [
+                    (call_id, p.stage, p.call.tenant, p.call.created_at, stored_at,
+                     responses.get(call_id, p.call.response))
+                    for call_id, p in stage_of_response.items() if not p.call.baseline]))
             conn.commit()
         except BaseException:
             conn.rollback()
             raise
-        return result
+        return new_sessions
 
     def _plan_calls(self, sessions: list[Session], stage_of, new_sessions: set[str],
                     blobs: dict[str, tuple[str, object, bool]], result: WriteResult) -> list[_PlannedCall]:
@@ -359,19 +445,25 @@ class TraceStore:
                 hashes = [self._hashed(m, memo, blobs, True) for m in call.messages]
                 tools = self._hashed(call.tools, memo, blobs, False) if call.tools else None
                 planned.append(_PlannedCall(session, call, stage, position, hashes, tools,
-                                            call_identity(session.key, position, hashes, call)))
+                                            call_identity(session.key, position, hashes, call), client_key(call)))
         return planned
 
     def _not_stored(self, planned: list[_PlannedCall], result: WriteResult) -> list[_PlannedCall]:
-        """The planned calls the store does not hold yet (each once); the others counted as duplicates."""
+        """The planned calls the store does not hold yet (each once); the others counted as duplicates.
+        A call is held when a stored call has its identity, or its client key (the same call of an
+        agent client's session, come by the other road: recorded live, or imported from its log)."""
         stored = {h for (h,) in self._rows_where("SELECT content_hash FROM calls WHERE content_hash IN ({})",
                                                  [p.content_hash for p in planned])}
+        keys = [p.client_key for p in planned if p.client_key is not None]
+        stored |= {k for (k,) in self._rows_where("SELECT client_key FROM calls WHERE client_key IN ({})", keys)}
         fresh = []
         for p in planned:
-            if p.content_hash in stored:
+            if p.content_hash in stored or p.client_key in stored:
                 result.stage(p.stage).duplicates += 1
                 continue
             stored.add(p.content_hash)
+            if p.client_key is not None:
+                stored.add(p.client_key)
             fresh.append(p)
         return fresh
 
@@ -383,16 +475,17 @@ class TraceStore:
                  json.dumps([blob_ids[h] for h in p.messages]), blob_ids[p.tools] if p.tools else None,
                  p.call.response, _json_or_none(p.call.tool_calls), p.call.finish_reason, p.call.prompt_tokens,
                  p.call.completion_tokens, p.call.latency, p.content_hash, source_file, p.call.source_offset,
-                 fmt, _json_or_none(p.call.metadata), now) for p in fresh]
+                 fmt, _json_or_none(p.call.metadata), now, p.client_key) for p in fresh]
         columns = """session_id, position, stage, model, created_at, prompt, tools, response, tool_calls, finish_reason,
                prompt_tokens, completion_tokens, latency, content_hash, source_file, source_offset, format,
-               metadata, imported_at"""
+               metadata, imported_at, client_key"""
         first = self._next_call_id()
         if first is not None:  # ids past every one handed out before (a follower's cursor may be there)
             rows = [(first + i, *row) for i, row in enumerate(rows)]
             columns = "id, " + columns
         return dict(self._insert_rows(
-            f"""INSERT INTO calls ({columns}) VALUES {{}} ON CONFLICT (content_hash) DO NOTHING
+            # (no conflict target: a call another writer stored meanwhile under either identity is theirs)
+            f"""INSERT INTO calls ({columns}) VALUES {{}} ON CONFLICT DO NOTHING
                 RETURNING content_hash, id""", rows))
 
     def _next_call_id(self) -> int | None:
@@ -706,6 +799,16 @@ def call_identity(session_key: str, position: int, message_hashes: list[str], ca
     if call_id:
         return digest("live-call", session_key, str(call_id))
     return digest(session_key, position, message_hashes, call.response, call.tool_calls)
+
+
+def client_key(call: Call) -> str | None:
+    """The call's key in its agent client's session (client_keys.py): the one the recorder gave
+    it, else the one its client's log gives it (an importer notes `metadata.client_session`), else
+    None."""
+    if call.client_key is not None:
+        return call.client_key
+    session = (call.metadata or {}).get("client_session")
+    return client_call_key(session, call.messages, call.response, call.tool_calls) if session else None
 
 
 def _tenant_filter(tenant: str | None) -> tuple[list[str], list]:

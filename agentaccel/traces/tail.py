@@ -14,8 +14,14 @@ tenants when they are kept apart); of the others only the id, stage and tenant. 
 grows as it serves: what joins it is caught up once from where the tail began (`origin`: the trees
 hold every call up to there), then followed.
 
-On PostgreSQL `wait` sleeps until a writer's NOTIFY (traces/store.py sends one per committed
-batch) or the timeout; on SQLite it checks every few milliseconds whether the file changed.
+On PostgreSQL a writer's commit notifies the tails (traces/store.py), and its notifications carry
+the new calls' outputs when they fit (traces/call_notices.py): `receive` hands those over at once,
+without a read. A read still follows, less often (`SETTLE_SECONDS`), and moves the cursor past
+them: the cursor and the gaps are the reads' alone, and an output already handed over is not
+handed over again (a notification lost, e.g. while the connection was down, is read instead).
+An output too large for a notification, or a writer's commit that carried none, makes a read due
+at once (`read_due`). On SQLite (one machine; no notifications) `receive` checks every few
+milliseconds whether the file changed and every output is read.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from agentaccel.traces import call_notices
 from agentaccel.traces.database import Location
 from agentaccel.traces.store import CALLS_CHANNEL, TraceStore, unpack_ids
 
@@ -35,6 +42,7 @@ MAX_GAPS = 10_000  # ids remembered as missing at most (a bigger jump: the rest 
 SQLITE_CHECK_SECONDS = 0.005  # SQLite: how often a waiting tail asks whether another connection committed
 WAKE_CHECK_SECONDS = 0.05  # PostgreSQL: how often a waiting tail looks whether it was woken
 MAX_NAMED = 400  # stages or tenants named in a query at most (more: every one is read, the rest sorted here)
+SETTLE_SECONDS = 0.5  # outputs handed over from notifications are confirmed by a read this soon after
 
 
 @dataclass(frozen=True)
@@ -132,6 +140,7 @@ class CallTail:
     def __init__(self, db: str | Location, tokenizer, *, after: int | None = None, batch: int = 2000,
                  gap_seconds: float = GAP_SECONDS, interest: Callable[[], Interest] | None = None,
                  origin: int | None = None, followed: Interest | None = None) -> None:
+        self.db = db
         self.store = TraceStore(db)
         self.tokenizer = tokenizer
         self.batch, self.gap_seconds = batch, gap_seconds
@@ -143,6 +152,11 @@ class CallTail:
         self._gaps: dict[int, float] = {}  # missing id -> when it was first missed
         self._listening = False
         self._polled_at = 0.0  # when the last poll began (time.monotonic)
+        self._last_read = 0  # calls the last poll read (their outputs, or only their ids)
+        self._full = False  # the last poll read a whole batch: more are waiting
+        self._announced: set[int] = set()  # ids handed over from notifications that no read has passed yet
+        self.read_due = True  # a commit's outputs are to be read (a notification without them; at first)
+        self.announced = 0  # outputs handed over from notifications
 
     @property
     def gaps(self) -> int:
@@ -154,14 +168,23 @@ class CallTail:
         later must begin so that a late commit is not missed."""
         return min(self._gaps) - 1 if self._gaps else self.cursor
 
+    @property
+    def unconfirmed(self) -> int:
+        """Outputs handed over from notifications that no read has passed yet (the trees hold them
+        beyond `safe_cursor`)."""
+        return len(self._announced)
+
     def poll(self) -> list[TailedCall]:
         """The calls committed since the last poll (at most `batch` past the cursor, plus filled
-        gaps), and first, when the interest grew, the calls it now matches that the trees lack."""
+        gaps) but those `receive` handed over, and first, when the interest grew, the calls it now
+        matches that the trees lack."""
         self._polled_at = time.monotonic()
-        wanted = self.followed if self.interest is None else self.followed.union(self.interest())
+        self.read_due = False
+        wanted = self._wanted()
         caught_up = [] if self.followed.covers(wanted) else self._catch_up(wanted)
         self.followed = wanted
         rows = self._rows(wanted, "c.id > ? ORDER BY c.id LIMIT ?", (self.cursor, self.batch))
+        self._full = len(rows) == self.batch
         if self._gaps:
             ids = sorted(self._gaps)
             for start in range(0, len(ids), 500):
@@ -179,11 +202,20 @@ class CallTail:
                 for missing in range(self.cursor + 1, min(call_id, self.cursor + 1 + MAX_GAPS - len(self._gaps))):
                     self._gaps[missing] = now
                 self.cursor = call_id
+            if call_id in self._announced:
+                self._announced.discard(call_id)  # handed over already
+                continue
             out.append(row)
         for missing, since in list(self._gaps.items()):
             if now - since > self.gap_seconds:
                 del self._gaps[missing]
+        if self._announced:  # (one given up as a gap meanwhile: no read will pass it)
+            self._announced = {i for i in self._announced if i > self.cursor or i in self._gaps}
+        self._last_read = len(rows) + len(caught_up)
         return caught_up + self._tokenized(out, wanted)
+
+    def _wanted(self) -> Interest:
+        return self.followed if self.interest is None else self.followed.union(self.interest())
 
     def _catch_up(self, wanted: Interest) -> list[TailedCall]:
         """The calls between `origin` and the cursor that `wanted` matches and the trees lack
@@ -198,6 +230,7 @@ class CallTail:
             rows = [r for r in rows if not self.followed.matches(r[1], r[2])]
             for row in rows:
                 self._gaps.pop(row[0], None)  # read now: a late commit, not to be read again as a gap
+            rows = [r for r in rows if r[0] not in self._announced]  # (a late commit handed over already)
             out += self._tokenized(rows, wanted)
             if not full:
                 return out
@@ -205,8 +238,11 @@ class CallTail:
 
     def _rows(self, wanted: Interest, where: str, params: tuple) -> list[tuple]:
         """(id, stage, tenant, created_at, imported_at, baseline, token ids): the ids only of the
-        calls `wanted` names (so as not to carry the rest), None where the store has none."""
+        calls `wanted` names (so as not to carry the rest) and not handed over already, None where
+        the store has none."""
         named, named_params = wanted.where()
+        if self.store.conn.kind == "postgresql":  # (SQLite: nothing is handed over)
+            named, named_params = f"{named} AND c.id <> ALL(?::bigint[])", (*named_params, sorted(self._announced))
         return [tuple(r) for r in self.store.conn.execute_prepared(
             "SELECT c.id, c.stage, ct.tenant, c.created_at, c.imported_at, bc.call_id IS NOT NULL, "
             f"CASE WHEN {named} THEN (SELECT t.ids FROM tokens t WHERE t.kind = 'r' AND t.ref = c.id "
@@ -238,41 +274,99 @@ class CallTail:
                 if text)
         return out
 
-    def wait_next(self, read: int, timeout: float, pace: float, wake: threading.Event | None = None) -> None:
-        """Between two polls: after one that read calls (`read` > 0), until `pace` seconds have
-        passed since it began (a server polls at most 1 / pace times a second however often writers
-        commit, at the price of up to `pace` of lag); after an empty one, until a commit or `timeout`.
-        Either way no longer than until `wake` is set (the server's interest grew: catch it up now)."""
-        if read:
-            rest = max(0.0, self._polled_at + pace - time.monotonic())
-            if wake is None:
-                time.sleep(rest)
-            else:
-                wake.wait(rest)
+    def due_in(self, timeout: float, pace: float) -> float:
+        """Seconds until the next read (0: now). After a read that found calls, reads begin at
+        least `pace` apart (a server reads at most 1 / pace times a second however often writers
+        commit); one is due at that pace while calls wait to be read (a whole batch was read, or a
+        commit's outputs came without their ids), `SETTLE_SECONDS` after the last read while outputs
+        handed over or gaps wait for one, and `timeout` after it otherwise."""
+        if self.read_due or self._full:
+            wait = pace if self._last_read else 0.0
+        elif self._announced or self._gaps:
+            wait = min(SETTLE_SECONDS, timeout)
         else:
-            self.wait(timeout, wake)
+            wait = timeout
+        return max(0.0, self._polled_at + wait - time.monotonic())
 
-    def wait(self, timeout: float, wake: threading.Event | None = None) -> None:
-        """Until a writer commits calls, `wake` is set or `timeout` seconds pass. PostgreSQL wakes
-        the tail with the NOTIFY every committed batch sends; on SQLite the tail asks every few
-        milliseconds whether another connection committed (`PRAGMA data_version`: no page is read
-        for it)."""
+    def receive(self, timeout: float, wake: threading.Event | None = None) -> list[TailedCall]:
+        """`take(listen(...))`: for a tail that only one thread uses."""
+        return self.take(self.listen(timeout, wake))
+
+    def listen(self, timeout: float, wake: threading.Event | None = None) -> list[str]:
+        """Until a writer commits calls, `wake` is set or `timeout` seconds pass: the payloads of
+        the commits' notifications (PostgreSQL), or [""] when the SQLite file changed. Touches
+        only the connection: `take` makes them calls."""
         conn = self.store.conn
-        deadline = time.monotonic() + timeout
         if conn.kind != "postgresql":
-            seen = self._data_version()
+            seen, deadline = self._data_version(), time.monotonic() + timeout
             while time.monotonic() < deadline and not (wake is not None and wake.is_set()):
                 time.sleep(min(SQLITE_CHECK_SECONDS, max(deadline - time.monotonic(), 0.0)))
                 if self._data_version() != seen:
-                    return
-            return
+                    return [call_notices.READ_THE_STORE]
+            return []
+        notes = self._notifications(timeout, wake)
+        if notes:  # and whatever else has arrived meanwhile, without waiting
+            notes += [n.payload for n in conn.raw.notifies(timeout=0)]
+        return notes
+
+    def take(self, payloads: list[str]) -> list[TailedCall]:
+        """The outputs these payloads carry that were not handed over or read before, of the calls
+        this server can draft from now (the others are read past later, as before); a payload
+        without them makes a read due."""
+        taken: list[call_notices.Announced] = []
+        wanted = None
+        for payload in payloads:
+            announced, unread = call_notices.read(payload, self.tokenizer.fingerprint)
+            self.read_due |= unread
+            if announced and wanted is None:
+                wanted = self._wanted()
+            for call in announced:
+                if call.id in self._announced or (call.id <= self.cursor and call.id not in self._gaps):
+                    continue  # handed over or read already
+                if not wanted.matches(call.stage, call.tenant):
+                    continue
+                self._announced.add(call.id)
+                taken.append(call)
+        texts = [c.text for c in taken if c.tokens is None and c.text]
+        encoded = iter(self.tokenizer.encode_batch(texts) if texts else [])
+        out = [TailedCall(c.id, c.stage, c.tokens if c.tokens is not None else
+                          np.asarray(next(encoded) if c.text else [], dtype=np.uint32),
+                          c.created_at, c.stored_at, c.tenant) for c in taken]
+        self.announced += len(out)
+        return out
+
+    def reopen(self) -> None:
+        """A new connection to the store (the old one failed), the cursor, gaps and what was handed
+        over kept: what was committed meanwhile is read, nothing twice."""
+        try:
+            self.store.close()
+        except Exception:  # noqa: BLE001 - the connection is gone already
+            pass
+        self.store = TraceStore(self.db)
+        self._listening = False
+        self.read_due = True
+
+    def _notifications(self, timeout: float, wake: threading.Event | None) -> list[str]:
+        conn = self.store.conn
         if not self._listening:
             conn.execute(f"LISTEN {CALLS_CHANNEL}")
             self._listening = True
+        deadline = time.monotonic() + timeout
         while (rest := deadline - time.monotonic()) > 0 and not (wake is not None and wake.is_set()):
             # in slices when something may wake it: waiting for a NOTIFY cannot be cut short otherwise
-            for _ in conn.raw.notifies(timeout=rest if wake is None else min(rest, WAKE_CHECK_SECONDS), stop_after=1):
-                return
+            piece = rest if wake is None else min(rest, WAKE_CHECK_SECONDS)
+            notes = [n.payload for n in conn.raw.notifies(timeout=piece, stop_after=1)]
+            if notes:
+                return notes
+        return []
+
+    def wait(self, timeout: float, wake: threading.Event | None = None) -> None:
+        """Until a writer commits calls, `wake` is set or `timeout` seconds pass, every output then
+        to be read (`poll`). PostgreSQL wakes the tail with the NOTIFY every committed batch sends;
+        on SQLite the tail asks every few milliseconds whether another connection committed
+        (`PRAGMA data_version`: no page is read for it)."""
+        if self.listen(timeout, wake):
+            self.read_due = True  # (what the notifications carried is read instead)
 
     def _data_version(self) -> int:
         return int(self.store.conn.execute("PRAGMA data_version").fetchone()[0])

@@ -4,7 +4,7 @@ A step runs a few rows through every linear layer (the pending token plus the dr
 bound by reading the weights from memory. torch's `F.linear` (MKL's GEMV/GEMM) reads a
 weight once per row block and falls well short of the machine's read bandwidth for few rows, so
 two rows cost nearly twice one. The native kernel in csrc/cpu_kernels streams each weight once
-for all rows (timings: docs/BENCHMARKS.md, "Embedded backend on CPU"), and computes every row
+for all rows (timings: docs/lab/NOTEBOOK.md, "Embedded backend on CPU"), and computes every row
 exactly as it would alone, so a verification step's logits for the pending token are bit-identical to a plain
 step's.
 

@@ -3,7 +3,7 @@
 transformers' DynamicLayer appends a step's keys and values with `torch.cat`, which copies the
 layer's whole cache every step (a tree step appends all its nodes, then the rejected ones are
 cropped off, so the next step copies everything again), and the copy grows with the context
-(scripts/bench_kv_cache.py times both side by side). Here each layer keeps its entries in a
+(scripts/lab/bench_kv_cache.py times both side by side). Here each layer keeps its entries in a
 buffer with room to spare and hands out views of the used part: a step writes only its own
 rows, a crop only moves the end, and the buffer is copied only when it fills (every `SPARE`
 tokens).

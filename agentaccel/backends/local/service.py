@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
+from agentaccel.backends import context_window
 from agentaccel.backends.base import (
     CHAT,
     Backend,
@@ -136,6 +137,9 @@ class LocalBackend(Backend):
     async def models(self) -> list[str]:
         return [self.served_name]
 
+    def context_window(self, model: str) -> int | None:
+        return self.generator.max_context if self.generator is not None and model == self.served_name else None
+
     def health(self) -> dict:
         out = {"backend": self.name, "model": self.served_name, "loaded": self.generator is not None,
                "engine": _engine_summary(self.engine) if self.generator else None}
@@ -179,10 +183,17 @@ class LocalBackend(Backend):
         return params
 
     def _run(self, endpoint: str, body: dict, params: SamplingParams, ctx: CallContext,
-             on_tokens=None) -> GenerationResult:
+             on_tokens=None, on_admitted=None) -> GenerationResult:
+        """`on_admitted()`: called once the request fits the window, before its prefill (a
+        stream's first event waits for it: a refusal is then an HTTP status, not an event)."""
         prompt = self._prompt(endpoint, body)
-        if ctx.max_tokens_ceiling:
-            params = self._within_context(prompt, params)
+        # a request that names no length gets what the window leaves, up to the default (as vLLM does)
+        ceiling = ctx.max_tokens_ceiling or not (body.get("max_completion_tokens") or body.get("max_tokens"))
+        max_tokens = context_window.check(self.generator.max_context, len(prompt), params.max_tokens, ceiling=ceiling)
+        if max_tokens != params.max_tokens:
+            params = dataclasses.replace(params, max_tokens=max_tokens)
+        if on_admitted is not None:
+            on_admitted()
         try:
             result = self.generator.generate(prompt, params, stage=ctx.stage,
                                              speculate=not ctx.baseline, on_tokens=on_tokens,
@@ -192,16 +203,6 @@ class LocalBackend(Backend):
             raise bad_request(str(e)) from e
         ctx.spec = SpecStats(result.steps, result.drafted, result.accepted, result.saved_seconds)
         return result
-
-    def _within_context(self, prompt: list[int], params: SamplingParams) -> SamplingParams:
-        """A ceiling's max_tokens shortened to what the context leaves after the prompt; a prompt
-        that fills the context alone is refused, naming both sizes."""
-        context = self.generator.max_context
-        if len(prompt) >= context:
-            raise bad_request(f"the prompt is {len(prompt)} tokens, and this model's context is {context} tokens "
-                              f"({self.served_name}): shorten the prompt (fewer tools, a shorter system prompt)",
-                              param="messages", code="context_length_exceeded")
-        return dataclasses.replace(params, max_tokens=min(params.max_tokens, context - len(prompt)))
 
     async def count_tokens(self, body: dict) -> int:
         return len(await asyncio.to_thread(self._prompt, CHAT, body))
@@ -253,9 +254,13 @@ class LocalBackend(Backend):
             if text:
                 loop.call_soon_threadsafe(queue.put_nowait, ("text", text))
 
+        def admitted() -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, ("admitted", None))
+
         def work() -> None:
             try:
-                loop.call_soon_threadsafe(queue.put_nowait, ("done", self._run(endpoint, body, params, ctx, on_tokens)))
+                loop.call_soon_threadsafe(queue.put_nowait,
+                                          ("done", self._run(endpoint, body, params, ctx, on_tokens, admitted)))
             except BaseException as e:  # delivered to the stream, raised there
                 loop.call_soon_threadsafe(queue.put_nowait, ("error", e))
 
@@ -274,11 +279,12 @@ class LocalBackend(Backend):
 
         future = loop.run_in_executor(self.pool, work)
         try:
-            if chat:
-                yield chunk("", first=True)
             while True:
                 kind, value = await queue.get()
-                if kind == "text":
+                if kind == "admitted":
+                    if chat:
+                        yield chunk("", first=True)
+                elif kind == "text":
                     yield chunk(value)
                 elif kind == "error":
                     if isinstance(value, APIError):

@@ -2,7 +2,7 @@
 eagerly on a CPU).
 
 On a GPU a SmolLM2 step is well over a thousand small kernels: the CPU takes far longer to issue
-them than the GPU takes to run them (docs/BENCHMARKS.md, the CUDA check). A CUDA graph issues
+them than the GPU takes to run them (docs/lab/NOTEBOOK.md, the CUDA check). A CUDA graph issues
 them all at once, but it replays fixed shapes at fixed addresses. So a slot holds a KV cache of
 the longest context it serves and one graph per query size bucket; a step pads its tree to the
 next bucket, writes its KV entries at the context's end, and passes a mask over every cache
@@ -100,7 +100,7 @@ class GraphSlot:
         # A few query rows over thousands of masked columns: the fused attention kernel SDPA picks
         # parallelizes over query rows, so with so few of them it leaves the GPU idle and took
         # most of a step; the math kernel does not. Steps of 2+ rows still pay for cuBLAS's
-        # weights x values kernel over all columns (docs/BENCHMARKS.md, the CUDA check).
+        # weights x values kernel over all columns (docs/lab/NOTEBOOK.md, the CUDA check).
         with sdpa_kernel(SDPBackend.MATH):
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())

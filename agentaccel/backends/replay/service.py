@@ -5,6 +5,13 @@ token, and takes the time the cost profile gives a step verifying that many draf
 speculation off a step is one plain token. So real agents, tools, proxy and engine run end to end
 on real model outputs; only the model's step time is simulated (prefill is not modelled).
 
+The simulated model may be given a context window (`context`), counted with its tokenizer over the
+rendered prompt (`serve --context-window 8192`: the bundled model's): a request past it is refused
+as the model's server refuses it (backends/context_window.py: a 400, `context_length_exceeded`,
+naming both sizes, which the proxy words as each API does), so an agent
+replayed here meets its window where it would meet it live, and compacts or condenses its history
+as it would there. Without one, any prompt is answered (recordings of larger models replay whole).
+
 The trees start empty and learn from the run itself: seeded from the recordings being replayed,
 they would hand the drafter the answers. With `serve --recordings` the answers come from one
 store and the server's own store (`--db`) is used as a real server's: recorded into, seeded from,
@@ -22,6 +29,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
 
+from agentaccel.backends import context_window
 from agentaccel.backends.base import CHAT, Backend, CallContext, SpecStats, follower_counters
 from agentaccel.backends.policies import policy_state
 from agentaccel.backends.replay.recordings import RecordedCall, Recordings
@@ -48,11 +56,14 @@ class ReplayBackend(Backend):
 
     def __init__(self, store: TraceStore, tokenizer, profile: Server, *, step_ms: float = 20.0,
                  engine: SuffixEngine | None = None, speculate: bool = True, served_name: str = "replay",
-                 online: OnlineCalibration | None = None) -> None:
+                 online: OnlineCalibration | None = None, context: int | None = None) -> None:
         """`profile`: what a step verifying d draft tokens costs, relative to a plain one (d = 0),
         whose time is `step_ms`. The engine drafts with its stages' policies (the caller installs
         them: `policy.default_config(profile)` is what a backend with this cost starts from);
-        `online` calibrates them to what the replayed drafts get accepted."""
+        `online` calibrates them to what the replayed drafts get accepted. `context`: the
+        simulated model's window in tokens of `tokenizer` (None: no window)."""
+        if context is not None and context < 1:
+            raise ValueError(f"a context window is at least one token (got {context})")
         self.recordings = Recordings(store)
         self.tokenizer = tokenizer
         self.engine = engine or SuffixEngine()
@@ -62,6 +73,7 @@ class ReplayBackend(Backend):
         self.cost = profile.model
         self.online = online
         self.follower = None  # the store follower, when the trees learn from a store of this server's own
+        self.context = context
 
     def policy_state(self) -> dict[str, dict]:
         return policy_state(self.engine, self.online)
@@ -77,9 +89,13 @@ class ReplayBackend(Backend):
         it wants (recordings/Recordings.match)."""
         return [self.served_name, *(m for m in self.recordings.models if m != self.served_name)]
 
+    def context_window(self, model: str) -> int | None:
+        return self.context
+
     def health(self) -> dict:
         stats = self.engine.stats()
         out = {"backend": self.name, "model": self.served_name, "recorded_sessions": len(self.recordings),
+               "context": self.context,
                "speculation": self.speculate,
                "engine": {"tokens": stats["tokens"], "documents": stats["documents"], "bytes": stats["bytes"]}}
         if self.follower is not None:
@@ -117,11 +133,19 @@ class ReplayBackend(Backend):
             raise bad_request("the replay backend answers chat completions (recorded calls are chats)")
         if body.get("n", 1) != 1:
             raise bad_request("the replay backend answers one choice per request (n=1)", param="n")
-        recorded = self.recordings.match(body["messages"], ctx.session_id, body.get("model"), ctx.stage)
         prompt = self.tokenizer.encode(render_prompt(body["messages"], self.tokenizer.chat_template,
                                                      body.get("tools")))
+        self._within_context(len(prompt), body, ctx)  # before the lookup: the model refuses it, recorded or not
+        recorded = self.recordings.match(body["messages"], ctx.session_id, body.get("model"), ctx.stage)
         output = self.tokenizer.encode(recorded.response)
         return recorded, prompt, output, self.speculate and not ctx.baseline
+
+    def _within_context(self, prompt: int, body: dict, ctx: CallContext) -> None:
+        """Refuses a prompt the window cannot hold, as the embedded backend does: with the answer
+        length asked for, or (a ceiling, as the Messages API's is, or none named) with one token."""
+        asked = body.get("max_completion_tokens") or body.get("max_tokens")
+        context_window.check(self.context, prompt, asked if isinstance(asked, int) else 1,
+                             ceiling=ctx.max_tokens_ceiling or not isinstance(asked, int))
 
     async def complete(self, endpoint: str, body: dict, ctx: CallContext) -> dict:
         recorded, prompt, output, speculate = self._call(endpoint, body, ctx)

@@ -3,6 +3,29 @@ vLLM: names it patches or reads, with the parameters it calls them with. `proble
 what no longer matches (empty: compatible); the plugin logs them at start and a test fails on
 them, so a vLLM upgrade breaks loudly in CI, not at serve time."""
 
+# Async scheduling, which the plugin gives up (not checked here: nothing of it is relied on yet).
+# `VllmConfig.__post_init__` (vllm/config/vllm.py) admits `SchedulerConfig.async_scheduling` only
+# where `SpeculativeConfig.method` is in `EagleModelTypes` or `NgramGPUTypes`, or is
+# "draft_model", "dspark" or "dflash", and `disable_padded_drafter_batch` is off: asked for, any
+# other method is a ValueError; left unset, it is turned off with a warning ("Async scheduling not
+# supported with suffix-based speculative decoding"). The reason is the V1 runner's
+# `propose_draft_token_ids(sampled_token_ids)`: a host drafter reads the step's sampled tokens on
+# the host, waiting for the step, while async scheduling has already scheduled the next step
+# (`GPUModelRunner._prepare_input_ids` scatters `input_batch.prev_sampled_token_ids` and the
+# device tensor `_draft_token_ids` into the next step's input ids on the device). Keeping it, the
+# plugin would change (simulated as `agentaccel-async`, simulation/agentaccel_async.py):
+# * the check: `method` "suffix" would have to pass it (vLLM has no hook for a plugin to add a
+#   method; the check compares against those literals inside `__post_init__`);
+# * the proposer: drafting for step t + 1 while step t runs, from the tokens the host holds (one
+#   step behind: the async copy of step t - 1's output) plus its own draft for step t taken as
+#   accepted, its drafts handed to the runner as a device tensor in `_draft_token_ids` instead of
+#   lists through `take_draft_token_ids`;
+# * the correction: on the device, a row whose verdict refutes that assumption (its draft not
+#   accepted whole, or the token after it not the one predicted) verified with no draft; V1
+#   schedules `num_speculative_tokens` slots a row, so there those rows would be verified and
+#   rejected, paying the verification; Model Runner V2 trims them (`VariableDraftTrimmer`);
+# * the hybrid: it needs `disable_padded_drafter_batch`, which async scheduling refuses.
+
 from __future__ import annotations
 
 import importlib

@@ -12,7 +12,7 @@ non-decreasing and the three terms are >= 0, solved for together (`_nonnegative`
 over their steps' deviation from their mean. Set right afterwards instead (the base's dips
 flattened, a negative term pinned), the fit kept the level a term had taken from the base: at
 steps' scatter of a few percent its base came out flat over the batch sizes a server ran most,
-pricing their draft tokens at next to nothing (BENCHMARKS, "The check's learner"). The
+pricing their draft tokens at next to nothing (docs/lab/NOTEBOOK.md, "The check's learner"). The
 regression keeps only its sufficient
 statistics, so observing and fitting cost the same however long the server has run. Offline,
 every step counts fully and none is forgotten (`half_life` and `outlier` infinite).

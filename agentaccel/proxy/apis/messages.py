@@ -12,11 +12,14 @@ Accepted and ignored, as a local model has nothing to do with them: `thinking`,
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 from agentaccel import jsonfast
 from agentaccel.errors import APIError, bad_request
 from agentaccel.proxy.accumulate import Accumulated, Accumulator
-from agentaccel.proxy.apis import Api, StreamWriter, call_parts, sse
+from agentaccel.proxy.apis import Api, Writer, sse
+from agentaccel.proxy.apis.parts import Item
+from agentaccel.proxy.context_errors import messages_wording
 from agentaccel.proxy.validation import check_field
 from agentaccel.text.dialects import DialectError, anthropic
 
@@ -46,7 +49,7 @@ def session_of(metadata) -> str | None:
 class MessagesApi(Api):
     name = "messages"
 
-    def to_chat(self, body: dict) -> dict:
+    def to_chat(self, body: dict, counts: Counter | None = None) -> dict:
         if not isinstance(body.get("model"), str) or not body["model"]:
             raise bad_request("'model' is required and must be a string", param="model", code="invalid_type")
         max_tokens = body.get("max_tokens")
@@ -66,10 +69,11 @@ class MessagesApi(Api):
             raise bad_request("'stop_sequences' must be a list of non-empty strings", param="stop_sequences",
                               code="invalid_type")
         try:
-            chat = {"model": body["model"], "messages": anthropic.chat_messages(body.get("system"), body["messages"]),
+            chat = {"model": body["model"], "messages": anthropic.chat_messages(body.get("system"), body["messages"],
+                                                                             counts=counts),
                     "max_tokens": body["max_tokens"], "stream": bool(body.get("stream"))}
             tools = anthropic.chat_tools(body.get("tools"))
-            choice = anthropic.chat_tool_choice(body.get("tool_choice"))
+            choice = anthropic.chat_tool_choice(body.get("tool_choice"), body.get("tools"))
         except DialectError as e:
             raise bad_request(str(e), param=e.param, code="invalid_value") from None
         if tools:
@@ -79,28 +83,22 @@ class MessagesApi(Api):
         for field in ("temperature", "top_p", "top_k", "vllm_xargs"):
             if body.get(field) is not None:
                 chat[field] = body[field]
-        if stops:
-            chat["stop"] = stops
         session = session_of(body.get("metadata"))
         if session:
             chat["metadata"] = {"session_id": session}
         return chat
 
-    def reply(self, answer: Accumulated, body: dict, call_id: str) -> dict:
-        content = [{"type": "text", "text": answer.text}] if answer.text else []
-        for i, call in enumerate(answer.tool_calls):
-            tool_id, name, arguments = call_parts(call, i)
-            content.append({"type": "tool_use", "id": tool_id, "name": name, "input": tool_input(arguments)})
-        stop_reason, stop_sequence = _stop(answer, body)
-        return {"id": _id(call_id), "type": "message", "role": "assistant", "model": body["model"], "content": content,
-                "stop_reason": stop_reason, "stop_sequence": stop_sequence, "usage": _usage(answer)}
+    counts_prompt = True  # message_start carries the prompt's tokens
 
-    def stream(self, body: dict, call_id: str, acc: Accumulator) -> StreamWriter:
+    def stops(self, body: dict) -> list[str]:
+        return list(body.get("stop_sequences") or [])
+
+    def writer(self, body: dict, call_id: str, acc: Accumulator) -> Writer:
         return _Events(body, call_id, acc)
 
     def error(self, error: APIError) -> dict:
         kind = _ERROR_TYPES.get(error.status, "api_error" if error.status >= 500 else "invalid_request_error")
-        return {"type": "error", "error": {"type": kind, "message": error.message}}
+        return {"type": "error", "error": {"type": kind, "message": messages_wording(error)}}
 
 
 def _id(call_id: str) -> str:
@@ -109,12 +107,17 @@ def _id(call_id: str) -> str:
 
 def tool_input(arguments: str) -> dict:
     """A call's arguments as an object (`tool_use.input`). Arguments a model wrote that are not a
-    JSON object are kept whole under "arguments", never dropped."""
+    JSON object are kept whole under "arguments", never dropped (NaN and Infinity too: JSON has
+    no such numbers, and no client could read them back)."""
     try:
-        value = json.loads(arguments) if arguments.strip() else {}
-    except json.JSONDecodeError:
+        value = json.loads(arguments, parse_constant=_no_constant) if arguments.strip() else {}
+    except (ValueError, RecursionError):
         return {"arguments": arguments}
     return value if isinstance(value, dict) else {"arguments": arguments}
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
 
 
 def _stop(answer: Accumulated, body: dict) -> tuple[str, str | None]:
@@ -123,8 +126,9 @@ def _stop(answer: Accumulated, body: dict) -> tuple[str, str | None]:
     return _STOP.get(answer.finish_reason or "stop", "end_turn"), None
 
 
-def _usage(answer: Accumulated) -> dict:
-    return {"input_tokens": answer.prompt_tokens - answer.cached_tokens, "output_tokens": answer.output_tokens,
+def _usage(answer: Accumulated, prompt_tokens: int | None = None) -> dict:
+    prompt = answer.prompt_tokens if answer.usage is not None else prompt_tokens or 0
+    return {"input_tokens": prompt - answer.cached_tokens, "output_tokens": answer.output_tokens,
             "cache_creation_input_tokens": 0, "cache_read_input_tokens": answer.cached_tokens}
 
 
@@ -132,58 +136,70 @@ def _event(kind: str, payload: dict) -> bytes:
     return sse(kind, jsonfast.dumps({"type": kind, **payload}))
 
 
-class _Events(StreamWriter):
-    """message_start, then a content block per run of text and per tool call (text_delta,
-    input_json_delta), message_delta with the stop reason and usage, message_stop."""
+def _block(item: Item) -> dict:
+    """An output item as its content block in the whole message."""
+    if item.kind == "text":
+        return {"type": "text", "text": item.text}
+    return {"type": "tool_use", "id": item.id, "name": item.name, "input": tool_input(item.text)}
+
+
+class _Events(Writer):
+    """message_start (with the prompt's tokens), then per output item its content block: a text
+    block's text_delta events as the text comes; a tool_use block's input in one input_json_delta
+    when the call is complete (only then is it known whether the model wrote a JSON object, and
+    the whole answer's `input` is that same object); message_delta with the stop reason and
+    usage; message_stop."""
 
     def __init__(self, body: dict, call_id: str, acc: Accumulator) -> None:
         super().__init__(body, call_id, acc)
         self.started = False
-        self.block = -1  # the index of the open content block (-1: none yet)
-        self.open = None  # "text", or the index of the call whose block is open
+        self.message: dict | None = None
 
     def _start(self) -> bytes:
         self.started = True
         message = {"id": _id(self.call_id), "type": "message", "role": "assistant", "model": self.body["model"],
                    "content": [], "stop_reason": None, "stop_sequence": None,
-                   "usage": {"input_tokens": 0, "output_tokens": 0}}
+                   "usage": {**_usage(Accumulated(), self.prompt_tokens), "output_tokens": 0}}
         return _event("message_start", {"message": message})
 
-    def _close(self) -> bytes:
-        if self.open is None:
-            return b""
-        self.open = None
-        return _event("content_block_stop", {"index": self.block})
-
-    def _open(self, what, block: dict) -> bytes:
-        out = self._close()
-        self.block += 1
-        self.open = what
-        return out + _event("content_block_start", {"index": self.block, "content_block": block})
-
-    def feed(self, added: list[tuple]) -> bytes:
-        out = b"" if self.started else self._start()
-        for piece in added:
-            if piece[0] == "text":
-                if self.open != "text":
-                    out += self._open("text", {"type": "text", "text": ""})
-                out += _event("content_block_delta", {"index": self.block,
-                                                      "delta": {"type": "text_delta", "text": piece[1]}})
-            elif piece[0] == "call":
-                tool_id, name, _ = call_parts(self.acc.call(piece[1]), piece[1])
-                out += self._open(piece[1], {"type": "tool_use", "id": tool_id, "name": name, "input": {}})
+    def _moves(self, moves: list) -> bytes:
+        out = b""
+        for move in moves:
+            item = move[1]
+            if move[0] == "open":
+                block = {"type": "text", "text": ""} if item.kind == "text" else {**_block(item), "input": {}}
+                out += _event("content_block_start", {"index": item.position, "content_block": block})
+            elif move[0] == "delta":
+                if item.kind == "text":
+                    out += _event("content_block_delta", {"index": item.position,
+                                                          "delta": {"type": "text_delta", "text": move[2]}})
             else:
-                out += _event("content_block_delta", {"index": self.block,
-                                                      "delta": {"type": "input_json_delta", "partial_json": piece[2]}})
+                if item.kind == "call":
+                    out += _event("content_block_delta", {"index": item.position, "delta": {
+                        "type": "input_json_delta", "partial_json": jsonfast.dumps(tool_input(item.text)).decode()}})
+                out += _event("content_block_stop", {"index": item.position})
         return out
 
+    def feed(self, added: list[tuple]) -> bytes:
+        return (b"" if self.started else self._start()) + self._moves(self.parts.take(added))
+
     def finish(self) -> bytes:
-        out = (b"" if self.started else self._start()) + self._close()
+        out = b"" if self.started else self._start()
+        added: list[tuple] = []
+        self.acc.end(added)
+        out += self._moves(self.parts.take(added) + self.parts.end())
         answer = self.acc.finish()
         stop_reason, stop_sequence = _stop(answer, self.body)
+        usage = _usage(answer, self.prompt_tokens)
+        self.message = {"id": _id(self.call_id), "type": "message", "role": "assistant", "model": self.body["model"],
+                        "content": [_block(item) for item in self.parts.items], "stop_reason": stop_reason,
+                        "stop_sequence": stop_sequence, "usage": usage}
         out += _event("message_delta", {"delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
-                                        "usage": _usage(answer)})
+                                        "usage": usage})
         return out + _event("message_stop", {})
+
+    def whole(self) -> dict:
+        return self.message
 
     def fail(self, error: APIError) -> bytes:
         return sse("error", jsonfast.dumps(MessagesApi().error(error)))

@@ -13,11 +13,13 @@ with its `sequence_number`; errors the OpenAI shape.
 from __future__ import annotations
 
 import time
+from collections import Counter
 
 from agentaccel import jsonfast
 from agentaccel.errors import APIError, bad_request
 from agentaccel.proxy.accumulate import Accumulated, Accumulator
-from agentaccel.proxy.apis import Api, StreamWriter, call_parts, sse
+from agentaccel.proxy.apis import Api, Writer, sse
+from agentaccel.proxy.apis.parts import Item
 from agentaccel.proxy.validation import check_field
 from agentaccel.text.dialects import DialectError, responses
 
@@ -25,7 +27,7 @@ from agentaccel.text.dialects import DialectError, responses
 class ResponsesApi(Api):
     name = "responses"
 
-    def to_chat(self, body: dict) -> dict:
+    def to_chat(self, body: dict, counts: Counter | None = None) -> dict:
         if not isinstance(body.get("model"), str) or not body["model"]:
             raise bad_request("'model' is required and must be a string", param="model", code="invalid_type")
         if body.get("input") is None:
@@ -44,7 +46,8 @@ class ResponsesApi(Api):
             raise bad_request("'max_output_tokens' must be >= 1", param="max_output_tokens", code="invalid_value")
         try:
             chat = {"model": body["model"], "stream": bool(body.get("stream")),
-                    "messages": responses.chat_messages(body.get("instructions"), body["input"])}
+                    "messages": responses.chat_messages(body.get("instructions"), body["input"],
+                                                        counts=counts)}
             tools = responses.chat_tools(body.get("tools"))
             choice = responses.chat_tool_choice(body.get("tool_choice"))
         except DialectError as e:
@@ -70,20 +73,15 @@ class ResponsesApi(Api):
             chat["metadata"] = {"session_id": body["prompt_cache_key"]}
         return chat
 
-    def reply(self, answer: Accumulated, body: dict, call_id: str) -> dict:
-        response = _response(body, call_id, _status(answer), _usage(answer))
-        response["output"] = _items(answer, call_id)
-        return response
-
-    def stream(self, body: dict, call_id: str, acc: Accumulator) -> StreamWriter:
+    def writer(self, body: dict, call_id: str, acc: Accumulator) -> Writer:
         return _Events(body, call_id, acc)
 
     def error(self, error: APIError) -> dict:
         return error.body()
 
 
-def _status(answer: Accumulated) -> str:
-    return "incomplete" if answer.finish_reason == "length" else "completed"
+# Why an answer is incomplete, by the chat finish reason that cut it (OpenAI's own reasons)
+_INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
 
 
 def _usage(answer: Accumulated) -> dict:
@@ -92,12 +90,12 @@ def _usage(answer: Accumulated) -> dict:
             "total_tokens": answer.prompt_tokens + answer.output_tokens}
 
 
-def _response(body: dict, call_id: str, status: str, usage: dict | None) -> dict:
+def _response(body: dict, call_id: str, created: int, status: str, usage: dict | None,
+              reason: str | None = None) -> dict:
     """The Response object around its output (filled by the caller)."""
     return {
-        "id": "resp_" + call_id.replace("-", ""), "object": "response", "created_at": int(time.time()),
-        "status": status, "error": None,
-        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+        "id": "resp_" + call_id.replace("-", ""), "object": "response", "created_at": created,
+        "status": status, "error": None, "incomplete_details": {"reason": reason} if reason else None,
         "instructions": body.get("instructions"), "max_output_tokens": body.get("max_output_tokens"),
         "model": body["model"], "output": [], "parallel_tool_calls": body.get("parallel_tool_calls", True),
         "previous_response_id": None, "reasoning": {"effort": None, "summary": None}, "store": False,
@@ -108,42 +106,34 @@ def _response(body: dict, call_id: str, status: str, usage: dict | None) -> dict
     }
 
 
-def _message_id(call_id: str) -> str:
-    return "msg_" + call_id.replace("-", "")
-
-
 def _text_part(text: str) -> dict:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-def _message(call_id: str, text: str, status: str) -> dict:
-    return {"type": "message", "id": _message_id(call_id), "status": status, "role": "assistant",
-            "content": [_text_part(text)] if status == "completed" else []}
+def _item(item: Item, call_id: str, status: str) -> dict:
+    """An output item as the Response carries it: a `message` of its text, or a `function_call`.
+    Each has its own id (its place in the output), the same in its events and in the whole answer."""
+    tag = f"{call_id.replace('-', '')}_{item.position}"
+    done = status != "in_progress"
+    if item.kind == "text":
+        return {"type": "message", "id": "msg_" + tag, "status": status, "role": "assistant",
+                "content": [_text_part(item.text)] if done else []}
+    return {"type": "function_call", "id": "fc_" + tag, "call_id": item.id, "name": item.name,
+            "arguments": item.text if done else "", "status": status}
 
 
-def _function_call(call: dict, index: int, status: str) -> dict:
-    """A chat tool call as a `function_call` item."""
-    tool_id, name, arguments = call_parts(call, index)
-    return {"type": "function_call", "id": "fc_" + tool_id, "call_id": tool_id, "name": name,
-            "arguments": arguments if status == "completed" else "", "status": status}
-
-
-def _items(answer: Accumulated, call_id: str) -> list[dict]:
-    items = [_message(call_id, answer.text, "completed")] if answer.text else []
-    return items + [_function_call(c, i, "completed") for i, c in enumerate(answer.tool_calls)]
-
-
-class _Events(StreamWriter):
+class _Events(Writer):
     """response.created, response.in_progress; per output item its added / delta / done events;
-    response.completed (or response.incomplete) with the whole response and its usage."""
+    response.completed, or response.incomplete (its last item incomplete too) when the answer was
+    cut short, with the whole response and its usage."""
 
     def __init__(self, body: dict, call_id: str, acc: Accumulator) -> None:
         super().__init__(body, call_id, acc)
-        self.text = ""  # the open message item's text so far
         self.sequence = 0
         self.started = False
-        self.items: list[dict] = []  # the output so far, each item as it will be when done
-        self.open: int | str | None = None  # "text", or the index of the call whose item is open
+        self.reason: str | None = None  # why the answer is incomplete, once it ended so
+        self.created = int(time.time())  # one time for the response, in its every event
+        self.response: dict | None = None
 
     def _event(self, kind: str, payload: dict) -> bytes:
         out = sse(kind, jsonfast.dumps({"type": kind, "sequence_number": self.sequence, **payload}))
@@ -152,68 +142,61 @@ class _Events(StreamWriter):
 
     def _start(self) -> bytes:
         self.started = True
-        response = _response(self.body, self.call_id, "in_progress", None)
+        response = _response(self.body, self.call_id, self.created, "in_progress", None)
         return self._event("response.created", {"response": response}) + \
             self._event("response.in_progress", {"response": response})
 
-    def _close(self) -> bytes:
-        if self.open is None:
-            return b""
-        index = len(self.items) - 1
-        item = self.items[index]
-        out = b""
-        if self.open == "text":
-            item.update(_message(self.call_id, self.text, "completed"))
-            part = item["content"][0]
-            out += self._event("response.output_text.done", {"item_id": item["id"], "output_index": index,
-                                                             "content_index": 0, "text": part["text"],
-                                                             "logprobs": []})
-            out += self._event("response.content_part.done", {"item_id": item["id"], "output_index": index,
-                                                              "content_index": 0, "part": part})
-        else:
-            item.update(_function_call(self.acc.call(self.open), self.open, "completed"))
-            out += self._event("response.function_call_arguments.done", {
-                "item_id": item["id"], "output_index": index, "name": item["name"], "arguments": item["arguments"]})
-        self.open = None
-        return out + self._event("response.output_item.done", {"output_index": index, "item": item})
+    def _status(self, item: Item) -> str:
+        return "incomplete" if self.reason and item is self.parts.items[-1] else "completed"
 
-    def feed(self, added: list[tuple]) -> bytes:
-        out = b"" if self.started else self._start()
-        for piece in added:
-            if piece[0] == "text":
-                if self.open != "text":
-                    out += self._close()
-                    self.text = ""
-                    item = _message(self.call_id, "", "in_progress")
-                    self.items.append(item)
-                    self.open = "text"
-                    index = len(self.items) - 1
-                    out += self._event("response.output_item.added", {"output_index": index, "item": item})
-                    out += self._event("response.content_part.added", {
-                        "item_id": item["id"], "output_index": index, "content_index": 0, "part": _text_part("")})
-                self.text += piece[1]
-                out += self._event("response.output_text.delta", {
-                    "item_id": self.items[-1]["id"], "output_index": len(self.items) - 1, "content_index": 0,
-                    "delta": piece[1], "logprobs": []})
-            elif piece[0] == "call":
-                out += self._close()
-                item = _function_call(self.acc.call(piece[1]), piece[1], "in_progress")
-                self.items.append(item)
-                self.open = piece[1]
-                out += self._event("response.output_item.added", {"output_index": len(self.items) - 1, "item": item})
+    def _moves(self, moves: list) -> bytes:
+        out = b""
+        for move in moves:
+            item = move[1]
+            where = {"item_id": _item(item, self.call_id, "in_progress")["id"], "output_index": item.position}
+            if move[0] == "open":
+                out += self._event("response.output_item.added", {"output_index": item.position,
+                                                                  "item": _item(item, self.call_id, "in_progress")})
+                if item.kind == "text":
+                    out += self._event("response.content_part.added", {**where, "content_index": 0,
+                                                                       "part": _text_part("")})
+            elif move[0] == "delta":
+                if item.kind == "text":
+                    out += self._event("response.output_text.delta", {**where, "content_index": 0, "delta": move[2],
+                                                                      "logprobs": []})
+                else:
+                    out += self._event("response.function_call_arguments.delta", {**where, "delta": move[2]})
             else:
-                out += self._event("response.function_call_arguments.delta", {
-                    "item_id": self.items[-1]["id"], "output_index": len(self.items) - 1, "delta": piece[2]})
+                done = _item(item, self.call_id, self._status(item))
+                if item.kind == "text":
+                    out += self._event("response.output_text.done", {**where, "content_index": 0, "text": item.text,
+                                                                     "logprobs": []})
+                    out += self._event("response.content_part.done", {**where, "content_index": 0,
+                                                                      "part": done["content"][0]})
+                else:
+                    out += self._event("response.function_call_arguments.done", {**where, "name": item.name,
+                                                                                 "arguments": item.text})
+                out += self._event("response.output_item.done", {"output_index": item.position, "item": done})
         return out
 
+    def feed(self, added: list[tuple]) -> bytes:
+        return (b"" if self.started else self._start()) + self._moves(self.parts.take(added))
+
     def finish(self) -> bytes:
-        out = (b"" if self.started else self._start()) + self._close()
+        out = b"" if self.started else self._start()
+        added: list[tuple] = []
+        self.acc.end(added)
+        moves = self.parts.take(added)
         answer = self.acc.finish()
-        status = _status(answer)
-        response = _response(self.body, self.call_id, status, _usage(answer))
-        response["output"] = self.items
-        return out + self._event("response.completed" if status == "completed" else "response.incomplete",
-                                 {"response": response})
+        self.reason = _INCOMPLETE.get(answer.finish_reason or "")
+        out += self._moves(moves + self.parts.end())
+        status = "incomplete" if self.reason else "completed"
+        self.response = _response(self.body, self.call_id, self.created, status, _usage(answer), self.reason)
+        self.response["output"] = [_item(item, self.call_id, self._status(item)) for item in self.parts.items]
+        return out + self._event("response." + status, {"response": self.response})
+
+    def whole(self) -> dict:
+        return self.response
 
     def fail(self, error: APIError) -> bytes:
         return self._event("error", {"code": error.code, "message": error.message, "param": error.param})

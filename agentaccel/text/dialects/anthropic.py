@@ -1,25 +1,29 @@
 """The Anthropic Messages API's conversation as chat messages: `system` (a string or text blocks)
 first, then each message; a user turn's `tool_result` blocks become `tool` messages (before the
 turn's own text, where chat wants them: right after the assistant's calls), an assistant turn's
-`tool_use` blocks its `tool_calls` (arguments as JSON text). Thinking blocks are the client's
-record of a model's hidden reasoning, not part of what a model is shown again: left out.
+`tool_use` blocks its `tool_calls` (arguments as JSON text). Blocks a chat model cannot be sent
+as they are (server tools' calls and results, documents, a model's hidden reasoning, citations)
+are rendered as text or left out by `text/blocks`, the same for a request and a log, and counted.
 """
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 
+from agentaccel.text import blocks
 from agentaccel.text.dialects import DialectError, text_of, tool_message
 
-# Blocks that carry nothing a chat model is shown: a model's earlier reasoning (its signature or
-# redaction is the provider's), the client's cache hints.
-_NOT_SHOWN = frozenset({"thinking", "redacted_thinking"})
 ROLES = ("user", "assistant", "system")
 
 
-def chat_messages(system, messages, where: str = "messages", strict: bool = True) -> list[dict]:
-    """`strict`: a block of a type not read here is an error (a request); else it is left out (a
-    log, which may hold blocks of newer server tools)."""
+def chat_messages(system, messages, where: str = "messages", strict: bool = True,
+                  counts: Counter | None = None) -> list[dict]:
+    """`strict`: a block of a type nothing here reads is an error in the last message (what a
+    request asks now); anywhere else (the history its client re-sends and cannot change), and
+    anywhere in a log, it is left out. `counts`, when given, counts the blocks not sent as they
+    came, by (type, "text" or "dropped")."""
+    counts = Counter() if counts is None else counts
     out: list[dict] = []
     if system is not None and system != "" and system != []:
         out.append({"role": "system", "content": text_of(system, "system")})
@@ -29,11 +33,12 @@ def chat_messages(system, messages, where: str = "messages", strict: bool = True
         here = f"{where}[{i}]"
         if not isinstance(message, dict) or message.get("role") not in ROLES:
             raise DialectError(f"'{here}' must be an object with a 'role' of {', '.join(ROLES)}", f"{here}.role")
-        out.extend(_turn(message["role"], message.get("content"), here, strict))
+        out.extend(_turn(message["role"], message.get("content"), here, strict and i == len(messages) - 1,
+                         counts))
     return out
 
 
-def _turn(role: str, content, where: str, strict: bool) -> list[dict]:
+def _turn(role: str, content, where: str, strict: bool, counts: Counter) -> list[dict]:
     if isinstance(content, str):
         return [{"role": role, "content": content}]
     if not isinstance(content, list):
@@ -48,15 +53,23 @@ def _turn(role: str, content, where: str, strict: bool) -> list[dict]:
             if not isinstance(block.get("text"), str):
                 raise DialectError(f"'{here}.text' must be a string", f"{here}.text")
             parts.append({"type": "text", "text": block["text"]})
+            if block.get("citations"):  # where the text came from: the text alone is shown
+                counts["citations", "dropped"] += 1
         elif kind == "image":
             parts.append({"type": "image_url", "image_url": {"url": _image_url(block.get("source"), here)}})
         elif kind == "tool_use" and role == "assistant":
             calls.append(_tool_call(block, here))
         elif kind == "tool_result" and role == "user":
-            results.append(tool_message(block.get("tool_use_id"), _result_text(block.get("content"), f"{here}.content"),
+            results.append(tool_message(block.get("tool_use_id"),
+                                        _result_text(block.get("content"), f"{here}.content", counts),
                                         f"{here}.tool_use_id"))
-        elif kind in _NOT_SHOWN or not strict:
-            continue
+        elif isinstance(kind, str) and blocks.known(kind):
+            shown = blocks.render(block)
+            counts[kind, "dropped" if shown is None else "text"] += 1
+            if shown is not None:
+                parts.append({"type": "text", "text": shown})
+        elif not strict:
+            counts["other", "dropped"] += 1  # a type newer than this server: named by no label of its own
         else:
             raise DialectError(f"'{here}' is a {kind!r} block, which a {role} turn cannot carry here (text, image"
                                f"{', tool_use' if role == 'assistant' else ', tool_result'} or thinking)", here)
@@ -89,9 +102,9 @@ def _tool_call(block: dict, where: str) -> dict:
                          json.dumps(arguments, ensure_ascii=False)}}
 
 
-def _result_text(content, where: str) -> str:
+def _result_text(content, where: str, counts: Counter) -> str:
     """A tool result's content: a string, or blocks whose text is kept (an image in a result has no
-    text for a chat `tool` message: it is named instead)."""
+    text for a chat `tool` message: it is named instead; a document or search result is rendered)."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -102,8 +115,14 @@ def _result_text(content, where: str) -> str:
     for k, block in enumerate(content):
         if not isinstance(block, dict):
             raise DialectError(f"'{where}[{k}]' must be a content block", f"{where}[{k}]")
-        if block.get("type") == "text":
+        kind = block.get("type")
+        if kind == "text":
             texts.append(str(block.get("text", "")))
+        elif isinstance(kind, str) and blocks.known(kind):
+            shown = blocks.render(block)
+            counts[kind, "dropped" if shown is None else "text"] += 1
+            if shown is not None:
+                texts.append(shown)
         else:
             texts.append(f"[{block.get('type')}]")
     return "\n".join(texts)
@@ -141,11 +160,17 @@ def chat_tools(tools, where: str = "tools") -> list[dict] | None:
     return out or None
 
 
-def chat_tool_choice(choice):
-    """`{"type": "auto" | "any" | "tool" | "none", "name": ...}` as chat's `tool_choice`."""
+def chat_tool_choice(choice, tools=None):
+    """`{"type": "auto" | "any" | "tool" | "none", "name": ...}` as chat's `tool_choice`. Naming a
+    server tool (one of `tools` the provider runs: it is not offered here) asks what cannot be
+    served: an error."""
     if choice is None:
         return None
     kind = choice.get("type") if isinstance(choice, dict) else None
+    server = {t.get("name"): t.get("type") for t in tools or () if isinstance(t, dict) and "input_schema" not in t}
+    if kind == "tool" and isinstance(choice.get("name"), str) and choice["name"] in server:
+        raise DialectError(f"'tool_choice' names {choice['name']!r}, a server tool ({server[choice['name']]}) its "
+                           "provider runs: this server has no such tool to run", "tool_choice")
     if kind == "tool" and isinstance(choice.get("name"), str):
         return {"type": "function", "function": {"name": choice["name"]}}
     mapped = {"auto": "auto", "any": "required", "none": "none"}.get(kind)

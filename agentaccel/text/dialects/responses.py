@@ -8,6 +8,7 @@ encrypted content, snapshots and compactions a client keeps for itself) are left
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 from agentaccel.text.dialects import DialectError, tool_message
 
@@ -19,9 +20,11 @@ _NOT_SHOWN = frozenset({"reasoning", "web_search_call", "file_search_call", "ima
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 
 
-def chat_messages(instructions, input, where: str = "input", strict: bool = True) -> list[dict]:
+def chat_messages(instructions, input, where: str = "input", strict: bool = True,
+                  counts: Counter | None = None) -> list[dict]:
     """`strict`: an item of a type not read here is an error (a request); else it is left out (a
-    log, which also keeps items of the client's own)."""
+    log, which also keeps items of the client's own). `counts`, when given, counts the items left
+    out, by (type, "dropped")."""
     out: list[dict] = []
     if instructions is not None and instructions != "":
         if not isinstance(instructions, str):
@@ -48,7 +51,8 @@ def chat_messages(instructions, input, where: str = "input", strict: bool = True
             out.append(tool_message(item.get("call_id"), _output_text(item.get("output"), f"{here}.output"),
                                     f"{here}.call_id"))
         elif kind in _NOT_SHOWN or not strict:
-            continue
+            if counts is not None:
+                counts[kind if kind in _NOT_SHOWN else "other", "dropped"] += 1
         else:
             raise DialectError(f"'{here}' is an item of type {kind!r}, which this server cannot read (message, "
                                "function_call, function_call_output, custom_tool_call(_output), reasoning)",

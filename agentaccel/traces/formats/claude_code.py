@@ -10,8 +10,11 @@ translation the proxy applies to a live request. The system prompt is in the tra
 in recent versions (`api-request-shape`, as 2.1.328 writes it); older ones start at the first user
 turn. Stages: `claude-code`
 (the main loop), `claude-code:sidechain` (a sidechain within the session's file),
-`claude-code:subagent` (a subagent's own file). Compaction summaries (`isCompactSummary`) are
-kept as the user turn the next calls saw; the call that wrote them is not in the transcript.
+`claude-code:subagent` (a subagent's own file). A compaction writes a `compact_boundary` entry
+and starts the conversation again from it: a call's prompt starts after the latest boundary on its
+path (`conversation.since_compaction`, the rule Codex's rollouts follow too), with the compaction
+summary (`isCompactSummary`) as the user turn the next calls saw; the call that wrote the summary
+is not in the transcript.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from pathlib import Path
 
 from agentaccel.text.dialects import DialectError, anthropic
 from agentaccel.text.messages import message_text
-from agentaccel.traces.formats.common import iter_jsonl
+from agentaccel.traces.formats.common import JsonLines
+from agentaccel.traces.formats.conversation import since_compaction
 from agentaccel.traces.records import Call, FormatError, Session, digest
 
 FRAMEWORK = "claude-code"
@@ -56,7 +60,8 @@ def parse_transcript(path: Path) -> list[Session]:
     system = None  # the latest system prompt the transcript recorded (recent versions)
     system_at: dict[str, object] = {}  # an entry's uuid -> the system prompt in force when it was written
     session_id = None
-    for lineno, row in iter_jsonl(path):
+    lines = JsonLines(path)
+    for lineno, row in lines:
         if not isinstance(row, dict):
             raise FormatError(f"line {lineno}: expected a JSON object")
         session_id = session_id or row.get("sessionId")
@@ -78,15 +83,20 @@ def parse_transcript(path: Path) -> list[Session]:
         entry = entries[uuid]
         if entry.get("type") == "assistant" and not _synthetic(entry):
             blocks.setdefault((entry.get("message") or {}).get("id") or uuid, []).append(entry)
+    continued = {e.get("parentUuid") for e in entries.values()}  # entries something was written after
+    held = 0
     for message_id, reply in blocks.items():
         first = reply[0]
         call = _call(entries, first, reply, system_at.get(first["uuid"]))
         if call is None:
             continue
+        if lines.torn is not None and reply[-1]["uuid"] not in continued:
+            held += 1  # the torn line may be more of this message: the call is read once it is complete
+            continue
         call.stage = "claude-code:subagent" if subagent else "claude-code:sidechain" if first.get("isSidechain") \
             else FRAMEWORK
         call.model = (first.get("message") or {}).get("model") or first.get("requestedModel")
-        call.metadata = {"session": key, "position": len(session.calls), "message_id": message_id,
+        call.metadata = {"session": key, "position": len(session.calls) + held, "message_id": message_id,
                          "client_session": session_id}
         session.calls.append(call)
     return [session] if session.calls else []
@@ -133,6 +143,11 @@ def _path(entries: dict[str, dict], uuid: str | None) -> list[dict]:
     return out[::-1]
 
 
+def _compaction(entry: dict, earlier) -> list | None:
+    """A compaction boundary: nothing before it is sent again (its summary is the entry after it)."""
+    return [] if entry.get("type") == "system" and entry.get("subtype") == "compact_boundary" else None
+
+
 def _merged(chain: list[dict]) -> list[dict]:
     """Consecutive entries of one role as one turn (the API alternates roles; Claude Code writes an
     assistant message's blocks, and a user turn's tool results, as entries of their own)."""
@@ -150,7 +165,7 @@ def _merged(chain: list[dict]) -> list[dict]:
 
 def _call(entries: dict[str, dict], first: dict, reply: list[dict], system) -> Call | None:
     """The call that wrote one assistant message: `first` its first entry, `reply` all of them."""
-    prompt = _merged(_path(entries, first.get("parentUuid")))
+    prompt = _merged(since_compaction(_path(entries, first.get("parentUuid")), _compaction))
     if not prompt:
         return None
     answer = {"role": "assistant", "content": [b for e in reply for b in _as_message(e)["content"]]}

@@ -19,18 +19,74 @@ def load_json(path: Path) -> Any:
         raise FormatError(f"invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from e
 
 
-def iter_jsonl(path: Path):
-    """(line number, object) for every non-blank line; a bad line is a FormatError naming it."""
-    with path.open("r", encoding="utf-8") as f:
-        try:
-            for lineno, line in enumerate(f, 1):
-                if line.strip():
-                    try:
-                        yield lineno, json.loads(line)
-                    except json.JSONDecodeError as e:
-                        raise FormatError(f"line {lineno}: invalid JSON ({e.msg})") from e
-        except UnicodeDecodeError as e:
-            raise FormatError(f"not UTF-8 text ({e.reason})") from e
+class JsonLines:
+    """(line number, object) for every non-blank line of a JSON-lines file; a bad line is a
+    FormatError naming it. The one exception is a last line that is unterminated and not valid JSON:
+    what a program appending to its log leaves while it writes. That line is not read (the next
+    import, once it is complete, reads it) and `torn` holds its number."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.torn: int | None = None
+
+    def __iter__(self):
+        with self.path.open("r", encoding="utf-8") as f:
+            try:
+                for lineno, line in enumerate(f, 1):
+                    if line.strip():
+                        try:
+                            yield lineno, json.loads(line)
+                        except json.JSONDecodeError as e:
+                            if not line.endswith("\n"):  # only the file's last line lacks its newline
+                                self.torn = lineno
+                                return
+                            raise FormatError(f"line {lineno}: invalid JSON ({e.msg})") from e
+            except UnicodeDecodeError as e:
+                if e.reason == "unexpected end of data":  # a character cut in two: the last line is torn
+                    self.torn = _line_count(self.path)
+                    return
+                raise FormatError(f"not UTF-8 text ({e.reason})") from e
+
+
+def iter_jsonl(path: Path) -> JsonLines:
+    return JsonLines(path)
+
+
+def torn_last_line(path: Path) -> int | None:
+    """The number of `path`'s last line when it is torn (unterminated and not valid JSON: still being
+    written), else None. Reads the file's tail, and counts its lines only when the line is torn."""
+    with path.open("rb") as f:
+        end = f.seek(0, 2)
+        if end == 0:
+            return None
+        f.seek(end - 1)
+        if f.read(1) == b"\n":
+            return None
+        start = end
+        while start > 0:  # back to the newline before the last line
+            step = min(start, 1 << 16)
+            f.seek(start - step)
+            chunk = f.read(step)
+            cut = chunk.rfind(b"\n")
+            if cut >= 0:
+                start = start - step + cut + 1
+                break
+            start -= step
+        f.seek(start)
+        tail = f.read()
+    if not tail.strip():
+        return None
+    try:
+        json.loads(tail)
+        return None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return _line_count(path)
+
+
+def _line_count(path: Path) -> int:
+    with path.open("rb") as f:
+        newlines = sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
+    return newlines + 1  # the last line has none
 
 
 ROLE_ALIASES = {"ai": "assistant", "human": "user", "model": "assistant"}  # Nebius, ShareGPT-style logs

@@ -3,11 +3,29 @@ is everything before it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from agentaccel.traces.formats.common import assistant_response, chat_message, load_json
 from agentaccel.traces.records import Call, FormatError, Session, digest
+
+
+def since_compaction(chain: Sequence[Any], replacement: Callable[[Any, Callable[[], list]], list | None]) -> list:
+    """The history a model call was sent, from `chain`: what its log wrote before it, oldest first.
+    An agent that compacts its context writes a compaction into its log and from then on sends the
+    model what it put in place of the history (a summary, the user turns it kept) followed by what
+    came after; so the history is the latest compaction's replacement and every entry after it (the
+    chain itself before the first compaction). One rule for every agent's log (Claude Code, Codex).
+
+    `replacement(entry, earlier)`: None for an entry that is not a compaction; else the entries that
+    replaced the history. `earlier()` is that replaced history (rebuilt by this same rule), for a
+    compaction the log records only as a summary, which the agent had combined with it."""
+    for i in range(len(chain) - 1, -1, -1):
+        replaced = replacement(chain[i], lambda i=i: since_compaction(chain[:i], replacement))
+        if replaced is not None:
+            return [*replaced, *chain[i + 1:]]
+    return list(chain)
 
 
 def calls_from_conversation(messages: list[dict], *, keep: Callable[[dict], bool] = lambda m: True,
