@@ -162,6 +162,12 @@ def codex_session(cli: Path, url: str, home: Path, repo: Path):
     return run_codex(cli, home, repo, url, TASK, "--dangerously-bypass-approvals-and-sandbox")
 
 
+# Each client: how its session runs, the API that answers it, its turns (from the scratch
+# repository), and where under its home it writes its own log.
+CLIENT_SESSIONS = {"claude-code": (claude_session, MessagesApi(), CLAUDE_TURNS, ".claude/projects"),
+                   "codex": (codex_session, ResponsesApi(), lambda _repo: CODEX_TURNS, ".codex/sessions")}
+
+
 @pytest.mark.parametrize("client", ["claude-code", "codex"])
 def test_a_replayed_tool_session_runs_its_tools_and_speculation_changes_no_output(clis, tmp_path, client):
     cli = clis[client]

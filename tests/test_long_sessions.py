@@ -40,6 +40,7 @@ from agentaccel.engine.cost import parse
 from agentaccel.proxy import ProxyConfig, create_app
 from agentaccel.proxy.apis.messages import MessagesApi
 from agentaccel.proxy.apis.responses import ResponsesApi
+from agentaccel.proxy.tagging import resolve, system_fingerprint
 from agentaccel.text.compaction import INSTRUCTIONS, SUMMARIZERS, compaction_of
 from agentaccel.text.messages import normalized, reply_content, turn_of
 from agentaccel.text.render import render_prompt
@@ -244,8 +245,9 @@ def its_rollout_imports_as_served(tmp_path: Path, sessions: Path, db: Path, serv
     of its calls has the prompt the proxy recorded live for the call with the same answer at the
     same turn, and the same stage. Prompts are the messages as stored, compared whole: roles,
     texts, tool calls and the calls they answer (`normalized` leaves aside only the form of a
-    content, a list of parts or a string), the system prompt as `sent_as` says. A summarizing call differs by one message: the rollout
-    holds its answer (the summary) but not the instruction Codex appended to ask for it. Imported
+    content, a list of parts or a string), the system prompt as `sent_as` says. A summarizing call
+    differs by one message: the rollout holds its answer (the summary), filed as the proxy files it
+    (`codex:compact`), but not the instruction Codex appended to ask for it. Imported
     into the store that recorded it live, the rollout adds nothing (traces/client_keys.py)."""
     [rollout] = sorted(sessions.rglob("*.jsonl"))
     assert any(json.loads(line).get("type") == "compacted" for line in rollout.read_text().splitlines())
@@ -331,6 +333,66 @@ def test_each_clients_compaction_request_is_recognised():
                {"role": "user", "content": "go on"}]  # asked before the conversation's last turn
     assert [compaction_of(m) for m in (codex, openhands, quoted, earlier, conversation, [])] == \
         ["codex", "openhands", None, None, None, None]
+
+
+def test_a_clients_compaction_request_is_served_in_the_stage_of_its_compactions(tmp_path):
+    """Claude Code's and Codex's compaction requests carry their main loop's stage tag (the header
+    their config sets) and system prompt: they are served, and recorded, as that stage with
+    `:compact` after it, whichever rule named the stage; a summarizer's own call (the OpenHands
+    condenser's) keeps the stage its tag names, and a tool's output that quotes an instruction is
+    no request for a summary."""
+    with TraceStore(recorded(tmp_path)) as store:
+        backend = ReplayBackend(store, load_tokenizer(), parse("gpu"), step_ms=0.0)
+    step = claude_read("x", 0)
+    turn1 = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": TASK},
+             {"role": "assistant", "content": "", "tool_calls": [step]},
+             {"role": "tool", "tool_call_id": step["id"], "content": chapter(0)}]
+    asked = [*turn1, {"role": "user", "content": INSTRUCTIONS["claude-code"][0] + "\nMore."}]
+    with ServerThread(create_app(ProxyConfig(record=False), backend)) as server:
+        for messages, stage in ((turn1, "claude-code"), (asked, "claude-code:compact")):
+            reply = httpx.post(server.url + "/v1/chat/completions", json={"model": MODEL, "messages": messages},
+                               headers={"X-Agentaccel-Stage": "claude-code"}, timeout=30)
+            assert reply.status_code == 200 and reply.headers["x-agentaccel-stage"] == stage, reply.text
+    codex = [*turn1, {"role": "user", "content": INSTRUCTIONS["codex"][0] + " Create a handoff summary."}]
+    condenser = [{"role": "system", "content": SUMMARIZERS["openhands"][0]}, {"role": "user", "content": "<EVENT>"}]
+    quoted = [*turn1[:3], {"role": "tool", "tool_call_id": step["id"], "content": INSTRUCTIONS["codex"][0]}]
+    stage = {"x-agentaccel-stage": "codex"}  # as the server hands them (its headers read in any case)
+    assert resolve(stage, {"messages": codex}, []).stage == "codex:compact"
+    assert resolve({"x-agentaccel-stage": "codex:compact"}, {"messages": codex}, []).stage == "codex:compact"
+    assert resolve({}, {"messages": codex}, []).stage == f"{system_fingerprint('You are an agent.')}:compact"
+    assert resolve({}, {"messages": condenser, "tags": ["agent:condenser"]}, []).stage == "openhands:condenser"
+    assert resolve(stage, {"messages": quoted}, []).stage == "codex"
+
+
+def test_a_codex_rollout_files_the_summary_it_asked_for_in_the_stage_of_its_compactions(tmp_path):
+    """Codex logs the answer of its compaction call (marked `compaction_output`), not the
+    instruction it asked with: imported, that call is in `codex:compact` with the history it
+    summarized as its prompt; an answer not so marked stays in `codex`, a `compacted` line after
+    it or not (Codex may compact between a turn's last answer and the user's next message)."""
+    def line(kind, payload, **extra):
+        return json.dumps({"timestamp": "2026-11-28T10:00:00.000Z", "type": kind, "payload": payload, **extra}) + "\n"
+
+    def said(role, text):
+        return {"type": "message", "role": role,
+                "content": [{"type": "output_text" if role == "assistant" else "input_text", "text": text}]}
+
+    step = {"type": "function_call", "name": "exec_command", "arguments": "{}", "call_id": "call_1"}
+    kept = [said("developer", "<permissions instructions>x</permissions instructions>"), said("user", TASK)]
+    rows = [line("session_meta", {"id": "s1", "base_instructions": {"text": "You are Codex."}}),
+            *(line("response_item", item) for item in kept), line("response_item", step),
+            line("response_item", {"type": "function_call_output", "call_id": "call_1", "output": "(the chapter)"}),
+            line("response_item", said("assistant", summary(1)), metadata={"compaction_output": True}),
+            line("compacted", {"message": summary(1), "replacement_history": [*kept, said("user", summary(1))]}),
+            line("response_item", said("assistant", FINAL)),
+            line("compacted", {"message": "later", "replacement_history": kept}),
+            line("response_item", said("user", "thanks")), line("response_item", said("assistant", "ok"))]
+    (tmp_path / "rollout.jsonl").write_text("".join(rows))
+    with TraceStore(tmp_path / "imported.db") as store:
+        import_traces([tmp_path / "rollout.jsonl"], store)
+        calls = list(store.iter_calls())
+    assert [(c.stage, reply_content(c.response, c.tool_calls)) for c in calls] == [
+        ("codex", ""), ("codex:compact", summary(1)), ("codex", FINAL), ("codex", "ok")]
+    assert [m["role"] for m in calls[1].messages] == ["system", "system", "user", "assistant", "tool"]
 
 
 def test_the_replay_window_refuses_what_the_model_could_not_read_and_is_listed(tmp_path):

@@ -17,25 +17,20 @@ from servers import serving
 from test_agent_clients import (
     BUGGY,
     CLAUDE_TURNS,
-    CODEX_TURNS,
+    CLIENT_SESSIONS,
     TASK,
     authored_session,
-    claude_session,
     clis,  # noqa: F401 - the fixture, installed once for the module
-    codex_session,
     imported,
     run_claude,
     scratch_repository,
 )
 
 from agentaccel.bench.first_request import FirstRequest
-from agentaccel.proxy.apis.messages import MessagesApi
-from agentaccel.proxy.apis.responses import ResponsesApi
 
 pytestmark = pytest.mark.slow  # the fast tier leaves it out (docs/DEVELOPING.md)
 
-CLIENTS = {"claude-code": (claude_session, MessagesApi(), CLAUDE_TURNS, ".claude/projects"),
-           "codex": (codex_session, ResponsesApi(), lambda _repo: CODEX_TURNS, ".codex/sessions")}
+CLIENTS = CLIENT_SESSIONS
 
 
 def agentaccel(*args: str) -> str:

@@ -11,27 +11,21 @@ import pytest
 from servers import serving
 from test_agent_clients import (
     BUGGY,
-    CLAUDE_TURNS,
-    CODEX_TURNS,
+    CLIENT_SESSIONS,
     FINAL,
     authored_session,
-    claude_session,
     clis,  # noqa: F401 - the fixture, installed once for the module
-    codex_session,
     imported,
     scratch_repository,
 )
 
 from agentaccel.bench.first_request import FirstRequest
-from agentaccel.proxy.apis.messages import MessagesApi
-from agentaccel.proxy.apis.responses import ResponsesApi
 from agentaccel.traces.importer import import_traces
 from agentaccel.traces.store import TraceStore
 
 pytestmark = pytest.mark.slow  # the fast tier leaves it out (docs/DEVELOPING.md)
 
-CLIENTS = {"claude-code": (claude_session, MessagesApi(), CLAUDE_TURNS, ".claude/projects"),
-           "codex": (codex_session, ResponsesApi(), lambda _repo: CODEX_TURNS, ".codex/sessions")}
+CLIENTS = CLIENT_SESSIONS
 
 
 def session_log(cli: Path, client: str, tmp_path: Path) -> tuple[Path, int]:
