@@ -28,13 +28,13 @@ ENV = re.compile(r"^[A-Z_][A-Z0-9_]*=\S*$")
 
 
 def page_commands(text: str) -> list[str]:
-    """The page's agentaccel commands: its bash blocks' commands (after any VAR=value and between
-    `&&`, `;` and `|`) and its inline code spans that start with `agentaccel `."""
+    """The page's agentaccel commands: its bash blocks' commands (after any VAR=value, between
+    `&&`, `;` and `|`, before a redirection) and its inline code spans that start with `agentaccel `."""
     found = []
     for block in fenced_blocks(text, "bash"):
         for line in shell_commands(block):
             for part in re.split(r"\s*(?:&&|;|\|)\s*", line):
-                words = part.split()
+                words = re.split(r"\s+\d?(?:>>|>|<)", part)[0].split()  # a redirection is the shell's
                 while words and ENV.match(words[0]):
                     words.pop(0)
                 if words and words[0] == "agentaccel":

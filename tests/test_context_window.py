@@ -42,6 +42,9 @@ VLLM_REFUSALS = {
     "vllm-older": ("This model's maximum context length is 4096 tokens. However, you requested 5100 tokens (5000 in "
                    "the messages, 100 in the completion). Please reduce the length of the messages or completion.",
                    None),
+    "vllm-output": ("This model's maximum context length is 4096 tokens. However, you requested 100 output tokens "
+                    "and your prompt contains at least 5001 input tokens, for a total of at least 5101 tokens. Please "
+                    "reduce the length of the input prompt or the number of requested output tokens.", None),
     "vllm-decoder": ("The decoder prompt (length 5000) is longer than the maximum model length of 4096. Make sure "
                      "that `max_model_len` is no smaller than the number of text tokens.", None),
 }
@@ -210,8 +213,8 @@ def test_chat_over_the_window_is_openais_own_error(embedded, upstream):
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_messages_over_the_window_is_anthropics_prompt_too_long(embedded, upstream, stream):
     url, refusal = upstream
-    refusal["now"] = "vllm-0.32"
-    for base, model, window in ((embedded, MODEL, 8192), (url, "up", 4096)):
+    for kind, base, model, window in (("-", embedded, MODEL, 8192), *((k, url, "up", 4096) for k in VLLM_REFUSALS)):
+        refusal["now"] = kind  # each of vLLM's wordings carries the sizes Claude Code reads
         client = anthropic.Anthropic(base_url=base, api_key="none", max_retries=0)
         with pytest.raises(anthropic.BadRequestError) as caught:
             reply = client.messages.create(model=model, max_tokens=4096, stream=stream,
@@ -221,7 +224,7 @@ def test_messages_over_the_window_is_anthropics_prompt_too_long(embedded, upstre
         body = caught.value.body
         assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
         sizes = CLAUDE_CODE_PROMPT_TOO_LONG.match(body["error"]["message"])
-        assert sizes, body
+        assert sizes, (kind, body)
         assert int(sizes.group(2)) == window and int(sizes.group(1)) > window
 
 

@@ -127,11 +127,13 @@ def test_a_call_served_and_imported_is_stored_once_in_either_order(db, tmp_path)
                     assert import_log(db, client, tmp_path / f"{client}-b", f"{client}-imported-first",
                                       said) == (2, 0)
                     assert serve_session(proxy.url, recorder, client, f"{client}-imported-first") == said
-                # Only an agent client's own session header keys a live call: a pipeline's session id
-                # (two stages answering the same text at the same turn) keeps every call.
+                # Only an agent client's own API and session header key a live call: a pipeline's
+                # session id (two stages answering the same text at the same turn) keeps every call,
+                # even sent in the header Codex uses.
                 for stage in ("step1", "step2"):
                     r = httpx.post(proxy.url + "/v1/chat/completions",
-                                   headers={"x-session-id": "question-7", "x-agentaccel-stage": stage},
+                                   headers={"x-session-id": "question-7", "session-id": "question-7",
+                                            "x-agentaccel-stage": stage},
                                    json={"model": MODEL, "messages": [{"role": "user", "content": "SQL?"}]},
                                    timeout=30)
                     assert r.status_code == 200, r.text

@@ -63,6 +63,8 @@ def check(window: int | None, prompt: int, completion: int, *, ceiling: bool) ->
 _UPSTREAM = [
     (re.compile(r"maximum context length is (\d+) tokens\. However, you requested (\d+) tokens \((\d+) in the "
                 r"messages, (\d+) in the completion\)"), 1, 3, 4),
+    (re.compile(r"maximum context length is (\d+) tokens\. However, you requested (\d+) output tokens and your "
+                r"prompt contains (?:at least )?(\d+) input tokens"), 1, 3, 2),
     (re.compile(r"maximum context length is (\d+) tokens\. However, your (?:prompt contains|request has|messages "
                 r"resulted in) (?:at least )?(\d+) (?:input )?tokens"), 1, 2, None),
     (re.compile(r"maximum context length is (\d+) tokens and your request has (\d+) input tokens \((\d+) >"), 1, 2, 3),

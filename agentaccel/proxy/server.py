@@ -400,7 +400,9 @@ class Proxy:
             finish_reason=summary.finish_reason, prompt_tokens=summary.prompt_tokens or None,
             completion_tokens=summary.output_tokens or None, latency=time.perf_counter() - t0,
             metadata={"endpoint": api.name if api else endpoint, "spec": ctx.spec.as_dict() if ctx.spec else None},
-            call_id=ctx.request_id, tenant=ctx.tenant, client_session=tagging.client_session(ctx.headers),
+            call_id=ctx.request_id, tenant=ctx.tenant,
+            # the agent clients' own APIs only: a chat client's session header names no log of its own
+            client_session=tagging.client_session(ctx.headers) if api is not None else None,
             # a baseline (answered without speculation, as the client asked and the backend decided)
             # is kept, and no server learns from it
             baseline=ctx.baseline))

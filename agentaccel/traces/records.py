@@ -79,11 +79,11 @@ def client_call_key(client_session: str, messages: list, response: str, tool_cal
     client's own log (import-traces). Both sides know the session id, the call's turn (the model's
     earlier answers in its prompt: `turn_of`) and what the model answered: its text (without the
     tool calls an importer appends to it, and without the whitespace around it, which a client may
-    drop) and its tool calls' ids and names (an id the upstream did not give is `call_<index>`, as
-    the proxy tells the client). Not the rest of the prompt, nor the tool calls' arguments: the
-    proxy records the request as received, while a client's log may hold its system prompt, its
-    reminders and a tool's input in another arrangement (Claude Code writes an Edit's input with its
-    defaults filled in)."""
+    drop) and its tool calls' ids and names (the proxy records the id it told the client where the
+    upstream gave none; `call_<index>` where a record holds none). Not the rest of the prompt, nor
+    the tool calls' arguments: the proxy records the request as received, while a client's log may
+    hold its system prompt, its reminders and a tool's input in another arrangement (Claude Code
+    writes an Edit's input with its defaults filled in)."""
     calls = [(c.get("id") or f"call_{i}", (c.get("function") or {}).get("name") or c.get("name") or "")
              for i, c in enumerate(tool_calls or ()) if isinstance(c, dict)]
     return digest("client-call", str(client_session), turn_of(messages), reply_content(response, tool_calls).strip(),

@@ -87,7 +87,9 @@ class Parts:
         if item.kind == "call":
             call = self.acc.call(item.call)
             function = call.get("function") or {}
-            item.id = call.get("id") or f"{self.call_prefix}_{item.call}"
+            if not call.get("id"):  # the id the client is told is the one recorded (a live call's key)
+                call["id"] = f"{self.call_prefix}_{item.call}"
+            item.id = call["id"]
             item.name = function.get("name") or ""
         item.state = "open"
         moves.append(("open", item))
