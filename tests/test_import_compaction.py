@@ -48,6 +48,7 @@ def _rollout(tmp_path, replacements):
     lines.append(_codex_line("compacted", {"message": "SUMMARY TWO", **(
         {"replacement_history": replacements[1]} if replacements[1] is not None else {})}))
     lines += [_codex_line("response_item", it) for it in (_msg("assistant", "All three fixed."),)]
+    lines.append(_codex_line("event_msg", {"type": "token_count"}))  # as Codex notes an answer's end
     path = tmp_path / "rollout-2026-11-28T10-00-00-r-2.jsonl"
     path.write_text("".join(lines))
     return path

@@ -74,5 +74,15 @@ def test_a_cli_log_cut_mid_line_imports_the_rest_once_complete(clis, tmp_path, c
         duplicates = sum(row.skipped for row in second.rows.values())
         assert second.torn == [] and duplicates == first.calls and first.calls + second.calls == n, k
         added.append(second.calls)
+        # cut between two lines: its writer between two entries of one answer (Claude Code writes an
+        # answer's text and its tool call as entries of their own; Codex notes an answer's end after
+        # its items): the whole log then adds exactly what was missing, no half answer stays behind
+        path.write_bytes(b"".join(lines[:k]))
+        db = tmp_path / f"line{k}.db"
+        first = import_log(db, path)
+        path.write_bytes(whole)
+        second = import_log(db, path)
+        duplicates = sum(row.skipped for row in second.rows.values())
+        assert duplicates == first.calls and first.calls + second.calls == n, ("between lines", k)
     print(f"{client}: {len(lines)} lines; cut in line 2, 3, ...: the whole log then added {added} calls")
     assert added[-1] >= 1  # cut in its last line, the log's final answer waits for the line to be complete

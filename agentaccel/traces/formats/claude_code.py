@@ -90,8 +90,10 @@ def parse_transcript(path: Path) -> list[Session]:
         call = _call(entries, first, reply, system_at.get(first["uuid"]))
         if call is None:
             continue
-        if lines.torn is not None and reply[-1]["uuid"] not in continued:
-            held += 1  # the torn line may be more of this message: the call is read once it is complete
+        if (lines.torn is not None or _unfinished(reply)) and reply[-1]["uuid"] not in continued:
+            # the torn line, or the next line still to be written, may be more of this message: the
+            # call is read once it is complete
+            held += 1
             continue
         call.stage = "claude-code:subagent" if subagent else "claude-code:sidechain" if first.get("isSidechain") \
             else FRAMEWORK
@@ -100,6 +102,20 @@ def parse_transcript(path: Path) -> list[Session]:
                          "client_session": session_id}
         session.calls.append(call)
     return [session] if session.calls else []
+
+
+def _unfinished(reply: list[dict]) -> bool:
+    """An answer whose entries so far do not hold all of it: Claude Code writes each content block
+    as an entry of its own, either as the answer streams (`stop_reason` null on all but the last)
+    or once it ended (the answer's `stop_reason` on each: `tool_use` before its tool call's entry
+    says one is still to come). Parallel tool calls cut between their entries are not told."""
+    message = reply[-1].get("message") or {}
+    if "stop_reason" not in message:
+        return False
+    if message["stop_reason"] is None:
+        return True
+    blocks = [b for e in reply for b in ((e.get("message") or {}).get("content") or []) if isinstance(b, dict)]
+    return message["stop_reason"] == "tool_use" and not any(b.get("type") == "tool_use" for b in blocks)
 
 
 def _synthetic(entry: dict) -> bool:

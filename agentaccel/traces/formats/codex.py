@@ -68,11 +68,14 @@ def parse_rollout(path: Path) -> list[Session]:
     meta: dict = {}
     items: list[tuple[int, dict | _Compacted]] = []
     summarized: set[int] = set()  # the lines of a compaction's answer (the summary Codex asked for)
+    last_note = 0  # Codex writes records of its own (token usage, events) after each answer's items
     lines = JsonLines(path)
     for lineno, row in lines:
         if not isinstance(row, dict):
             raise FormatError(f"line {lineno}: expected a JSON object")
         kind, payload = row.get("type"), row.get("payload")
+        if kind not in ("response_item", "compacted", "session_meta"):
+            last_note = lineno
         if kind == "session_meta" and isinstance(payload, dict):
             meta = payload
         elif kind == "response_item" and isinstance(payload, dict):
@@ -104,8 +107,11 @@ def parse_rollout(path: Path) -> list[Session]:
         end = i
         while end < len(items) and _is_model_item(items[end][1]):
             end += 1
-        if end == len(items) and lines.torn is not None:
-            break  # the torn line may be more of this answer: the call is read once the line is complete
+        if end == len(items) and (lines.torn is not None or 0 < last_note < items[end - 1][0]):
+            # the torn line may be more of this answer, or a rollout that notes its answers' ends
+            # (the token usage Codex records after each) has not noted this one's yet: its next item
+            # may still come; read once it is complete
+            break
         history = since_compaction([it for _, it in items[:i]], replacement)
         call = _call(instructions, history, [it for _, it in items[i:end]], items[i][0])
         if call is not None:
