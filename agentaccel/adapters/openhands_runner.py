@@ -18,6 +18,8 @@ import sys
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # offline, litellm's import would hang
 os.environ.setdefault("OPENHANDS_SUPPRESS_BANNER", "1")
+# the window is the proxy's to tell (/v1/model/info); OpenHands refuses one under 16,384 tokens unless told
+os.environ.setdefault("ALLOW_SHORT_CONTEXT_WINDOWS", "true")
 
 
 def main() -> None:

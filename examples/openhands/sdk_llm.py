@@ -20,6 +20,9 @@ import warnings
 # litellm (inside OpenHands) fetches a model price list at import unless told not to; offline it hangs
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 os.environ.setdefault("OPENHANDS_SUPPRESS_BANNER", "1")
+# OpenHands reads the model's window from the proxy and refuses one under 16,384 tokens (the bundled
+# model's is 8,192) unless told that a short window is meant
+os.environ.setdefault("ALLOW_SHORT_CONTEXT_WINDOWS", "true")
 # a local model has no price in litellm's list: OpenHands warns on every call that it cannot cost it
 warnings.filterwarnings("ignore", message="Cost calculation failed")
 
