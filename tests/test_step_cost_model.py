@@ -219,6 +219,31 @@ def test_a_server_that_got_slower_is_followed_at_every_size():
     assert judging.stalls == 0
 
 
+def test_from_a_relative_seed_a_gpu_under_load_learns_that_larger_steps_cost_little_more():
+    """64 streams on the measured H100 from the relative GPU seed, as the plugin runs on a GPU it does
+    not know: about 45 requests a step, drafting 0-2.5 tokens each, 3 % scatter. Past the largest
+    step timed the fit went back to the seed's slope, scaled to these steps: 4 draft tokens a
+    request were priced 2.0x a plain step (the truth: 1.2x), the budget never drafted them, and no
+    step came to correct it. The fit extends the steps' own line there."""
+    truth = parse("llama-3.1-8b@h100").model
+    rng = np.random.default_rng(0)
+    learner = StepCostLearner(seed("gpu"))
+    steps = []
+    for _ in range(320):
+        requests = float(rng.integers(40, 51))
+        tokens = requests + float(rng.integers(0, int(2.5 * requests)))
+        context = 70.0 * requests
+        seconds = float(truth.seconds(tokens, context, context * tokens / requests, requests))
+        steps.append(TimedStep(tokens, requests, context, context * tokens / requests,
+                               seconds * rng.lognormal(0, 0.03), requests=requests))
+    for start in range(0, len(steps), 32):  # as the simulated plugin hands them over
+        learner.observe(steps[start:start + 32])
+    fit = learner.fit().model
+    for per_request in (1, 2, 4):  # inside the steps timed, then past them
+        learned, true = fit.relative(48, 48 * per_request, 70.0), truth.relative(48, 48 * per_request, 70.0)
+        assert learned == pytest.approx(true, rel=0.1), per_request
+
+
 def test_every_named_profile_and_form_parses(tmp_path):
     assert parse("gpu").model.per_token == pytest.approx(0.02) and parse("gpu").relative
     assert parse("cpu").model.per_token == parse("cpu-smollm2").model.per_token == pytest.approx(0.06)

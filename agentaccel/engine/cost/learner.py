@@ -90,6 +90,9 @@ class StepCostLearner:
         if prior_steps <= 0 or half_life <= 0:
             raise ValueError("need prior_steps > 0 and half_life > 0")
         self.seed = seed
+        # a relative seed (`linear`: what `seed()` gives on a device it knows nothing of) prices in
+        # plain steps, and its slope is a guess: what a draft token costs of a plain step
+        self._relative_slope = seed.per_token if seed.base[1] == 1.0 else None
         self.max_tokens = max_tokens
         self.knots = knots(max_tokens)
         self.prior_steps, self.smoothness, self.outlier = prior_steps, smoothness, outlier
@@ -276,6 +279,17 @@ class StepCostLearner:
         seed = self.seed
         extra = np.asarray([seed.per_context, seed.per_attention, seed.per_request]) * units
         theta0 = scale * np.concatenate([seed.seconds(self.knots), extra])
+        if self._relative_slope is not None:
+            # Scaled to the steps, a relative seed keeps its guessed slope, and past the largest step
+            # timed the fit returns to it within a knot. Where the steps say a token costs less (a
+            # GPU under load) that is a cliff: the budget never drafted past it, so nothing came
+            # to correct it. There its knots are the steps' own line. Where they say a token costs
+            # more, the seed stays: priced too low past the steps, the budget drafts there and
+            # learns better (the steps' line, drawn through them at a slope their narrow range
+            # barely fixes, priced a plain step too high instead).
+            line = _line(xx[:k, :k], xy[:k], self.knots, scale * self._relative_slope)
+            if line is not None:
+                theta0[:k] = line
         p = len(theta0)
         reg = self.prior_steps * mean_weight / p * (np.eye(p) + self.smoothness * self._bend.T @ self._bend)
         reg[k:, k:] *= CONTEXT_PRIOR  # second-order terms, moved by ample evidence only
@@ -303,6 +317,23 @@ class StepCostLearner:
         with self._lock:
             self._model = model
         return Fit(model, steps, weight, proposer)
+
+
+def _line(xx: np.ndarray, xy: np.ndarray, at: np.ndarray, steepest: float) -> np.ndarray | None:
+    """The line a + b·T that best explains the steps, at the knots `at`, from the base's part of the
+    regression's statistics (a step's hats sum to 1 and interpolate T linearly, so they hold the
+    sums of 1, T, T², y and T·y), its slope b >= 0; None when it is not less steep than `steepest`,
+    or the steps say nothing of it (none weighs anything, all of one size)."""
+    one = np.ones(len(at))
+    s0, s1, s2 = one @ xx @ one, one @ xx @ at, at @ xx @ at
+    spread = s0 * s2 - s1 * s1
+    if not (s0 > 0 and spread > 1e-9 * s0 * s2):
+        return None
+    y0, y1 = one @ xy, at @ xy
+    slope = max((s0 * y1 - s1 * y0) / spread, 0.0)
+    if slope >= steepest:
+        return None
+    return np.maximum((y0 - slope * s1) / s0 + slope * at, 1e-9)
 
 
 def _nonnegative(h: np.ndarray, g: np.ndarray) -> np.ndarray:
