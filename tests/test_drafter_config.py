@@ -50,3 +50,20 @@ def test_a_drafter_that_skips_steps_keeps_prefix_cache_hits_whole():
     assert hybrid_config(EAGLE3)[0]["disable_eagle_block_drop"] is True
     assert "disable_eagle_block_drop" not in hybrid_config(EAGLE3, skips=False)[0]
     assert hybrid_config({**EAGLE3, "disable_eagle_block_drop": False})[0]["disable_eagle_block_drop"] is False
+
+
+def test_the_plugin_drafts_with_its_own_floor_and_vllms_suffix_with_vllms():
+    from agentaccel.backends.vllm.backend import launch_command
+    from agentaccel.backends.vllm.drafting import PLUGIN_MIN_TOKEN_PROB, VLLM_MIN_TOKEN_PROB, plugin_drafting
+    from agentaccel.bench.vllm.servers import METHODS
+
+    argv, _ = launch_command("m", 8000, served_name="m", extra_args=[])
+    started = json.loads(argv[argv.index("--speculative-config") + 1])  # what `serve --backend vllm` passes
+    assert plugin_drafting(started).config.min_prob == PLUGIN_MIN_TOKEN_PROB < VLLM_MIN_TOKEN_PROB
+    assert plugin_drafting(METHODS["agentaccel"]).config.min_prob == PLUGIN_MIN_TOKEN_PROB
+    # vLLM's own suffix decoding, the baseline, runs as vLLM users run it
+    assert "suffix_decoding_min_token_prob" not in METHODS["suffix"]
+    # a config that names its own floor is obeyed
+    assert plugin_drafting({**started, "suffix_decoding_min_token_prob": 0.3}).config.min_prob == 0.3
+    # the hybrid's trees keep the floor beside the head
+    assert hybrid_config(EAGLE3)[0]["suffix_decoding_min_token_prob"] == PLUGIN_MIN_TOKEN_PROB

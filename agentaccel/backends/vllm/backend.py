@@ -21,7 +21,7 @@ from agentaccel.backends.base import CallContext, follower_counters, seeded_coun
 from agentaccel.backends.openai_compat import OpenAIBackend
 from agentaccel.backends.routing import SESSION_HEADER, data_parallel_size
 from agentaccel.backends.vllm import stats_files
-from agentaccel.backends.vllm.drafting import DEFAULT_SPECULATIVE_CONFIG, hybrid_config, predict_layers
+from agentaccel.backends.vllm.drafting import PLUGIN_SPECULATIVE_CONFIG, hybrid_config, predict_layers
 from agentaccel.backends.vllm.settings import PluginSettings, plugin_enabled
 from agentaccel.backends.vllm.supervisor import Supervisor
 from agentaccel.errors import APIError, bad_request
@@ -46,7 +46,7 @@ SHUTDOWN_SECONDS = 10
 
 
 def launch_command(model: str, port: int, *, served_name: str, extra_args: list[str],
-                   speculative_config: dict | None = DEFAULT_SPECULATIVE_CONFIG,
+                   speculative_config: dict | None = PLUGIN_SPECULATIVE_CONFIG,
                    env: dict[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
     """The argv and environment of a `vllm serve` child on 127.0.0.1:`port`. A
     `--speculative-config` in `extra_args` wins over `speculative_config` (None: no speculation)."""
@@ -149,7 +149,7 @@ class VLLMBackend(OpenAIBackend):
         self.data_parallel_ranks = data_parallel_size(extra)  # sessions pinned to ranks (backends/routing.py)
         self.stats_path = Path(tempfile.mkdtemp(prefix="agentaccel-vllm-")) / "spec_stats.json"
         speculative = hybrid_config(settings.drafter, n_predict=predict_layers(settings.drafter, settings.model))[0] \
-            if settings.drafter is not None else DEFAULT_SPECULATIVE_CONFIG
+            if settings.drafter is not None else PLUGIN_SPECULATIVE_CONFIG
         argv, env = launch_command(settings.model, self.port, served_name=self.served_name, extra_args=extra,
                                    env=settings.plugin_settings(self.stats_path).environ(),
                                    speculative_config=speculative)

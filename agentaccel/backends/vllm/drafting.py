@@ -14,11 +14,20 @@ from agentaccel.engine import SpecConfig
 from agentaccel.engine.cost import parse
 from agentaccel.engine.policy import default_config
 
-# What `serve --backend vllm` and `bench vllm` start vLLM with, unless the user gives their own
+# What `bench vllm` starts vLLM's own suffix decoding with: the longest draft and the trees' depth
 DEFAULT_SPECULATIVE_CONFIG = {"method": "suffix", "num_speculative_tokens": 32, "suffix_decoding_max_tree_depth": 64}
 # vLLM's own defaults for what the config leaves out (vllm/config/speculative.py)
 VLLM_SPEC_FACTOR = 1.0  # suffix_decoding_max_spec_factor
 VLLM_MIN_TOKEN_PROB = 0.1  # suffix_decoding_min_token_prob
+# The plugin's floor under a drafted token's D. vLLM's 0.1 is made for ArcticInference's
+# frequencies; the plugin's D is calibrated and its step budget already weighs each token's chance
+# against what the step pays for it, so a lower floor only lets the budget keep the long, cheap
+# tails a GPU verifies almost free at low load (BENCHMARKS.md, "GPU: against vLLM's next suffix
+# decoding")
+PLUGIN_MIN_TOKEN_PROB = 0.02
+# What `serve --backend vllm` and `bench vllm`'s agentaccel methods start vLLM with, unless the
+# user gives their own: the same knobs as vLLM's suffix, the plugin's own floor
+PLUGIN_SPECULATIVE_CONFIG = {**DEFAULT_SPECULATIVE_CONFIG, "suffix_decoding_min_token_prob": PLUGIN_MIN_TOKEN_PROB}
 VLLM_TREE_DEPTH = 24  # suffix_decoding_max_tree_depth (and num_speculative_tokens when not given)
 # The model drafter's chain a step (its num_speculative_tokens) where a benchmark names none: vLLM's
 # EAGLE and draft-model examples draft 3 to 5; `bench vllm` runs it, the simulators draft it
@@ -26,7 +35,7 @@ DEFAULT_MODEL_TOKENS = 3
 HYBRID_METHODS = ("eagle", "eagle3", "mtp")  # vLLM's EagleProposer: it drafts after the sampled tokens reach the CPU
 
 
-def hybrid_config(drafter: Mapping, trees: Mapping = DEFAULT_SPECULATIVE_CONFIG,
+def hybrid_config(drafter: Mapping, trees: Mapping = PLUGIN_SPECULATIVE_CONFIG,
                   n_predict: int = 1, skips: bool = True) -> tuple[dict, int]:
     """vLLM's speculative config for the hybrid (hybrid.py) from a model drafter's (`{"method":
     "eagle3", "model": ..., "num_speculative_tokens": 3}`: what its user runs it with) and the
@@ -57,6 +66,8 @@ def hybrid_config(drafter: Mapping, trees: Mapping = DEFAULT_SPECULATIVE_CONFIG,
         verified += n_predict - verified % n_predict
     config = {**drafter, "disable_padded_drafter_batch": True, "num_speculative_tokens": verified}
     config.setdefault("suffix_decoding_max_tree_depth", trees.get("suffix_decoding_max_tree_depth", VLLM_TREE_DEPTH))
+    config.setdefault("suffix_decoding_min_token_prob",
+                      trees.get("suffix_decoding_min_token_prob", VLLM_MIN_TOKEN_PROB))
     if skips:
         # vLLM drops the last block of every prefix-cache hit when a head drafts, so that the head's
         # KV at the hit's last position (written with the next token of the request that computed
@@ -97,7 +108,7 @@ class PluginDrafting:
     max_tokens: int  # the longest draft vLLM verifies (num_speculative_tokens)
 
 
-def plugin_drafting(speculative: Mapping | object = DEFAULT_SPECULATIVE_CONFIG) -> PluginDrafting:
+def plugin_drafting(speculative: Mapping | object = PLUGIN_SPECULATIVE_CONFIG) -> PluginDrafting:
     """The plugin's drafting set-up for vLLM's speculative config (its SpeculativeConfig inside
     vLLM, or the JSON a server is started with: default, the managed backend's). vLLM verifies
     one chain, priced per token as on a GPU until the step budget learns the server; the longest

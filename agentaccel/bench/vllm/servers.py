@@ -24,7 +24,12 @@ from pathlib import Path
 import httpx
 
 from agentaccel.backends.vllm.backend import launch_command
-from agentaccel.backends.vllm.drafting import DEFAULT_SPECULATIVE_CONFIG, hybrid_config, predict_layers
+from agentaccel.backends.vllm.drafting import (
+    DEFAULT_SPECULATIVE_CONFIG,
+    PLUGIN_SPECULATIVE_CONFIG,
+    hybrid_config,
+    predict_layers,
+)
 from agentaccel.backends.vllm.settings import PluginSettings
 from agentaccel.bench.vllm.releases import SOURCED, source_env
 from agentaccel.processes import free_port, run_group, stop_groups
@@ -42,11 +47,11 @@ METHODS: dict[str, dict | None] = {
     "ngram": {"method": "ngram", "num_speculative_tokens": 5},
     "ngram-tuned": {"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_min": 2, "prompt_lookup_max": 5},
     "suffix": DEFAULT_SPECULATIVE_CONFIG,  # vLLM's built-in path over ArcticInference's cache
-    "agentaccel": DEFAULT_SPECULATIVE_CONFIG,  # the same knobs, our proposer
+    "agentaccel": PLUGIN_SPECULATIVE_CONFIG,  # the same knobs, our proposer (with its own floor)
     # our proposer as it drafted before the step budget: every request sizes its own draft alone
-    "agentaccel-request": DEFAULT_SPECULATIVE_CONFIG,
+    "agentaccel-request": PLUGIN_SPECULATIVE_CONFIG,
     # our proposer drafting nothing (every stage's longest draft 0): what speculation being on costs
-    "agentaccel-off": DEFAULT_SPECULATIVE_CONFIG,
+    "agentaccel-off": PLUGIN_SPECULATIVE_CONFIG,
     # vLLM's draft-model speculation with the model `--drafter` names (the config: drafter_config)
     "drafter": None,
     **dict.fromkeys(HYBRIDS),  # the config: hybrid_config
