@@ -183,3 +183,33 @@ def test_agentaccel_async_drafts_a_step_late_and_drops_a_draft_its_verdict_refut
     # the trees hold 2 after 1: a draft made now would be 2 3 ...): dropped
     assert verdict(after + again + [1], again + [1]) == []
     assert spec.delayed == 2 and spec.dropped == 2  # this one and the first token's
+
+
+def _delayed(spec, tokens: list[int], sampled: list[int]) -> list[int]:
+    """The draft a step-late drafter hands over after a step that gave request "r" `sampled`."""
+    rows = np.zeros((1, 128), dtype=np.int32)
+    rows[0, : len(tokens)] = tokens
+    batch = Batch(["r"], rows, np.asarray([len(tokens)], dtype=np.int32), [sampled], [False], 128)
+    return list(spec.step(batch)[0].token_ids)
+
+
+def test_the_table_of_futures_finds_a_draft_for_a_verdict_the_trees_foresaw():
+    # history: after 1..10 the trees mostly went on 11 12 ..., once 100 101 ...
+    ahead = list(range(1, 41))
+    branch = list(range(1, 11)) + list(range(100, 130))
+    drafts = {}
+    for name in ("agentaccel-async", "agentaccel-async-branches"):
+        (spec,) = methods.build([name], _linear(0.25))
+        for document in (ahead, ahead, ahead, branch):
+            spec.warm(np.asarray(document, dtype=np.uint32), "s")
+        spec.begin("r", np.asarray(ahead[:3]), "s")
+        _delayed(spec, ahead[:4], [4])
+        in_flight = _delayed(spec, ahead[:5], [5])
+        assert in_flight[:6] == [6, 7, 8, 9, 10, 11]  # the trees' likelier way
+        # the step keeps 6..10 and samples 100, not 11: the verdict refutes the draft in flight
+        drafts[name] = _delayed(spec, ahead[:10] + [100], [6, 7, 8, 9, 10, 100])
+        # ... and a token the trees never saw after 100: no table holds it
+        assert _delayed(spec, ahead[:10] + [100, 7], [7]) == []
+    assert drafts["agentaccel-async"] == []
+    futures = drafts["agentaccel-async-branches"]
+    assert futures and futures == branch[11 : 11 + len(futures)]  # 101 102 ...

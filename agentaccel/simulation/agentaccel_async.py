@@ -6,6 +6,13 @@ verdict arrives:
 
 * the draft in flight was accepted whole, and the token the step sampled after it is the one the
   trees predicted there: the draft for t + 1 is the trees' path after that token;
+* with a table of futures (`branches`, `agentaccel-async-branches`): a verdict that refutes the
+  draft in flight (fewer of it accepted, or another token sampled after it) still finds a draft
+  when the trees foresaw it: the futures are a tree grown best-first by D from the same trees
+  before the step in flight, `branches` nodes a request (the table the device would pick from by
+  the verdict: how many tokens kept, which one sampled); the entry is the trees' path after the
+  verdict, read when the verdict comes (made a step earlier, as the table would be, its request
+  tree would lack only the verdict's own tokens);
 * anything else: the draft for t + 1 is dropped (the request verifies no draft in step t + 1), and
   drafting picks up from the verdict for step t + 2.
 
@@ -17,6 +24,8 @@ that path starts with the draft in flight (else it is dropped too). The step is 
 async scheduling's overlap, as `none-async` is. No drafter's own time is added."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from agentaccel.engine import SpecConfig
 from agentaccel.engine.cost import StepCostModel
@@ -30,13 +39,20 @@ class AsyncDrafter(Speculator):
     overlapped = True
 
     def __init__(self, name: str, config: SpecConfig, *, depth: int, max_tokens: int,
-                 learn_from: StepCostModel) -> None:
+                 learn_from: StepCostModel, branches: int = 0) -> None:
         self.name = name
         self.sized = Drafter(name, config, depth=depth, max_tokens=max_tokens, learn_from=learn_from)
         self.whole = Drafter(f"{name}-paths", config, depth=depth, max_tokens=max_tokens, cost=_FLAT)
+        # `branches` > 0: the table of futures, a tree of that many nodes grown best-first by D
+        # from the same trees, so that a verdict that refutes the draft in flight still finds its
+        # next draft where the trees foresaw the token the model sampled instead
+        self.branches = branches
+        self._futures = replace(config, tree=True, cost=0.0, max_tokens=branches) if branches else None
         self._sent: dict[str, list[int]] = {}  # the draft in flight, by request
         self._path: dict[str, list[int]] = {}  # the whole path drafted before the step in flight
+        self._tree: dict[str, tuple[list[int], list[int]]] = {}  # the futures, by request
         self.delayed = self.dropped = 0  # rows given a delayed draft, rows whose delayed draft was dropped
+        self.rescued = 0  # delayed drafts found in the futures' table (the draft in flight refuted)
 
     def warm(self, output, stage, tenant=None):
         self.sized.warm(output, stage)
@@ -56,12 +72,19 @@ class AsyncDrafter(Speculator):
                 out.append(EMPTY)
                 continue
             sent, path = self._sent.pop(key, []), self._path.pop(key, None)
+            tree = self._tree.pop(key, None)
             draft = EMPTY
             m = len(sent)
-            if path is not None and len(new) == m + 1 and len(path) > m and sizes[i]:
+            if sizes[i]:
                 new = [int(t) for t in new]
-                if new[:m] == sent and path[:m + 1] == new:  # all accepted, and the token after as predicted
+                if path is not None and len(new) == m + 1 and len(path) > m \
+                        and new[:m] == sent and path[:m + 1] == new:  # all accepted, and the token after as predicted
                     draft = Chain(path[m + 1 : m + 1 + sizes[i]])
+                elif tree is not None and _holds(tree, new):
+                    # the table's entry for this verdict: the trees' path from it, as drafted now
+                    # (made a step earlier, its request tree would lack the verdict's own tokens)
+                    draft = Chain([int(t) for t in paths[i].token_ids[: sizes[i]]])
+                    self.rescued += bool(len(draft))
             if len(draft):
                 self.delayed += 1
             elif sizes[i]:
@@ -69,6 +92,9 @@ class AsyncDrafter(Speculator):
             if not batch.done[i]:
                 self._sent[key] = list(draft.token_ids)
                 self._path[key] = [int(t) for t in paths[i].token_ids]
+                if self._futures is not None:
+                    d = self.whole.engine.speculate(key, self.branches, config=self._futures)
+                    self._tree[key] = (list(d.token_ids), list(d.parents))
             out.append(draft)
         return out
 
@@ -78,6 +104,20 @@ class AsyncDrafter(Speculator):
     def end(self, key):
         self._sent.pop(key, None)
         self._path.pop(key, None)
+        self._tree.pop(key, None)
 
     def tree_tokens(self) -> int:
         return self.sized.tree_tokens()
+
+
+
+def _holds(tree: tuple[list[int], list[int]], verdict: list[int]) -> bool:
+    """Whether the tree holds `verdict` (the tokens the step kept and the one it sampled) as a
+    path from its root."""
+    tokens, parents = tree
+    node = -1
+    for token in verdict:
+        node = next((i for i, (t, p) in enumerate(zip(tokens, parents, strict=True)) if p == node and t == token), None)
+        if node is None:
+            return False
+    return True

