@@ -198,7 +198,7 @@ def test_the_table_of_futures_finds_a_draft_for_a_verdict_the_trees_foresaw():
     ahead = list(range(1, 41))
     branch = list(range(1, 11)) + list(range(100, 130))
     drafts = {}
-    for name in ("agentaccel-async", "agentaccel-async-branches"):
+    for name in ("agentaccel-async", "agentaccel-async-futures"):
         (spec,) = methods.build([name], _linear(0.25))
         for document in (ahead, ahead, ahead, branch):
             spec.warm(np.asarray(document, dtype=np.uint32), "s")
@@ -211,5 +211,5 @@ def test_the_table_of_futures_finds_a_draft_for_a_verdict_the_trees_foresaw():
         # ... and a token the trees never saw after 100: no table holds it
         assert _delayed(spec, ahead[:10] + [100, 7], [7]) == []
     assert drafts["agentaccel-async"] == []
-    futures = drafts["agentaccel-async-branches"]
+    futures = drafts["agentaccel-async-futures"]
     assert futures and futures == branch[11 : 11 + len(futures)]  # 101 102 ...

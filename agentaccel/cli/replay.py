@@ -233,7 +233,7 @@ def bench_server(
                                                      "agentaccel-request, agentaccel, oracle, agentaccel-seeded, "
                                                      "agentaccel-known, agentaccel-off, ngram-tuned, suffix-gpu, "
                                                      "suffix-gpu-sync (vLLM's suffix on its GPU model runner), "
-                                                     "agentaccel-async, agentaccel-async-branches, "
+                                                     "agentaccel-async, agentaccel-async-futures, "
                                                      "agentaccel-async-ceiling, oracle-1, "
                                                      "oracle-2 (the replay's tree oracles; default: the first "
                                                      "seven). Each as simulation/methods.py says; the vLLM "

@@ -6,10 +6,10 @@ verdict arrives:
 
 * the draft in flight was accepted whole, and the token the step sampled after it is the one the
   trees predicted there: the draft for t + 1 is the trees' path after that token;
-* with a table of futures (`branches`, `agentaccel-async-branches`): a verdict that refutes the
+* with a table of futures (`futures`, `agentaccel-async-futures`): a verdict that refutes the
   draft in flight (fewer of it accepted, or another token sampled after it) still finds a draft
   when the trees foresaw it: the futures are a tree grown best-first by D from the same trees
-  before the step in flight, `branches` nodes a request (the table the device would pick from by
+  before the step in flight, `futures` nodes a request (the table the device would pick from by
   the verdict: how many tokens kept, which one sampled); the entry is the trees' path after the
   verdict, read when the verdict comes (made a step earlier, as the table would be, its request
   tree would lack only the verdict's own tokens);
@@ -39,15 +39,15 @@ class AsyncDrafter(Speculator):
     overlapped = True
 
     def __init__(self, name: str, config: SpecConfig, *, depth: int, max_tokens: int,
-                 learn_from: StepCostModel, branches: int = 0) -> None:
+                 learn_from: StepCostModel, futures: int = 0) -> None:
         self.name = name
         self.sized = Drafter(name, config, depth=depth, max_tokens=max_tokens, learn_from=learn_from)
         self.whole = Drafter(f"{name}-paths", config, depth=depth, max_tokens=max_tokens, cost=_FLAT)
-        # `branches` > 0: the table of futures, a tree of that many nodes grown best-first by D
+        # `futures` > 0: the table of futures, a tree of that many nodes grown best-first by D
         # from the same trees, so that a verdict that refutes the draft in flight still finds its
         # next draft where the trees foresaw the token the model sampled instead
-        self.branches = branches
-        self._futures = replace(config, tree=True, cost=0.0, max_tokens=branches) if branches else None
+        self.futures = futures
+        self._grow = replace(config, tree=True, cost=0.0, max_tokens=futures) if futures else None
         self._sent: dict[str, list[int]] = {}  # the draft in flight, by request
         self._path: dict[str, list[int]] = {}  # the whole path drafted before the step in flight
         self._tree: dict[str, tuple[list[int], list[int]]] = {}  # the futures, by request
@@ -92,8 +92,8 @@ class AsyncDrafter(Speculator):
             if not batch.done[i]:
                 self._sent[key] = list(draft.token_ids)
                 self._path[key] = [int(t) for t in paths[i].token_ids]
-                if self._futures is not None:
-                    d = self.whole.engine.speculate(key, self.branches, config=self._futures)
+                if self._grow is not None:
+                    d = self.whole.engine.speculate(key, self.futures, config=self._grow)
                     self._tree[key] = (list(d.token_ids), list(d.parents))
             out.append(draft)
         return out
@@ -108,7 +108,6 @@ class AsyncDrafter(Speculator):
 
     def tree_tokens(self) -> int:
         return self.sized.tree_tokens()
-
 
 
 def _holds(tree: tuple[list[int], list[int]], verdict: list[int]) -> bool:

@@ -23,7 +23,7 @@ and `suffix` as vLLM's own suffix decoding does with the same knobs.
   `agentaccel-known`: priced with the simulated server's own step cost; `agentaccel-request`: each
   request sizing its own draft (the plugin before the budget); `agentaccel-async`: the plugin with
   async scheduling kept, each draft made a step late (simulation/agentaccel_async.py);
-  `agentaccel-async-branches`: the same with a table of futures, a draft ready for every verdict
+  `agentaccel-async-futures`: the same with a table of futures, a draft ready for every verdict
   the trees foresaw, not only the one that accepts the draft in flight;
   `agentaccel-async-ceiling`: the plugin's drafts as it makes them now, priced with async
   scheduling's overlap: the most a drafter on the device that drafts as the plugin does could give
@@ -86,7 +86,7 @@ DEFAULT = ("none", "none-async", "ngram", "suffix", "agentaccel-request", "agent
 PER_CALL = ("none", "ngram-tuned", "paper-linear", "paper-tree", "suffix", "agentaccel-embedded", "agentaccel")
 NGRAM = {"ngram": (5, 5, 5), "ngram-tuned": (8, 2, 5)}  # tokens, shortest and longest match
 KNOWN = (0, 1, 2, 4, 8)  # the oracle-known-K ceilings: how many leading draft tokens' fate they know
-FUTURES = 64  # nodes in `agentaccel-async-branches`' table of futures, a request
+FUTURES = 64  # nodes in `agentaccel-async-futures`' table of futures, a request
 
 
 class OneTree(Drafter):
@@ -141,8 +141,8 @@ def build(names: Sequence[str], server: Server | None = None, *, start: StepCost
         "agentaccel-request": lambda: Drafter("agentaccel-request", **chain),
         "agentaccel": lambda: Drafter("agentaccel", **chain, learn_from=start or seed("gpu")),
         "agentaccel-async": lambda: AsyncDrafter("agentaccel-async", **chain, learn_from=on_server()),
-        "agentaccel-async-branches": lambda: AsyncDrafter("agentaccel-async-branches", **chain,
-                                                          learn_from=on_server(), branches=FUTURES),
+        "agentaccel-async-futures": lambda: AsyncDrafter("agentaccel-async-futures", **chain,
+                                                          learn_from=on_server(), futures=FUTURES),
         "agentaccel-async-ceiling": lambda: _overlapped(Drafter("agentaccel-async-ceiling", **chain,
                                                                 learn_from=on_server())),
         "oracle": lambda: AllocationOracle(plugin.config),

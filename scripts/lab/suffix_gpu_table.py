@@ -4,7 +4,7 @@ flight, from `bench server --json` runs: one file per workload and GPU, named
 
     agentaccel bench server ... --server llama-3.1-8b@h100 --concurrency 1,4,16,64,256 \\
         --methods suffix,suffix-gpu,suffix-gpu-sync,agentaccel,agentaccel-seeded,agentaccel-async,\\
-agentaccel-async-branches,agentaccel-async-ceiling --json runs/rsl_h100.json
+agentaccel-async-futures,agentaccel-async-ceiling --json runs/rsl_h100.json
     python scripts/lab/suffix_gpu_table.py runs/ --plot docs/figures/suffix_gpu_under_load.png
 
 Every ratio is tokens a second of the whole server, both methods of one run (`bench server` is
@@ -28,9 +28,8 @@ RATIOS = [
     ("suffix-gpu ÷ its sync twin", "suffix-gpu", "suffix-gpu-sync"),
     ("plugin ÷ suffix-gpu-sync", PLUGIN, "suffix-gpu-sync"),
     ("a step late ÷ plugin", "agentaccel-async", PLUGIN),
-    ("a step late, futures ÷ plugin", "agentaccel-async-branches", PLUGIN),
+    ("a step late, futures ÷ plugin", "agentaccel-async-futures", PLUGIN),
     ("ceiling ÷ suffix-gpu", "agentaccel-async-ceiling", "suffix-gpu"),
-    ("unknown GPU ÷ plugin", "agentaccel", PLUGIN),
 ]
 
 
@@ -39,6 +38,8 @@ def load(folder: Path) -> dict[tuple[str, str], dict[int, dict[str, float]]]:
     runs = {}
     for path in sorted(folder.glob("*_*.json")):
         workload, gpu = path.stem.split("_", 1)
+        if workload not in WORKLOADS:
+            continue
         levels: dict[int, dict[str, float]] = {}
         for row in json.loads(path.read_text())["rows"]:
             levels.setdefault(row["streams"], {})[row["method"]] = row["tokens_per_s"]
@@ -77,7 +78,7 @@ def plot(runs, path: Path) -> None:
             color = f"C{i}"
             for top, style, label in ((PLUGIN, "-o", "agentaccel"),
                                       ("agentaccel-async-ceiling", ":", "on the device (ceiling)"),
-                                      ("agentaccel-async-branches", "--x", "a step late, futures")):
+                                      ("agentaccel-async-futures", "--x", "a step late, futures")):
                 ys = [ratio(levels[x], top, "suffix-gpu") for x in xs]
                 ax.plot(xs, ys, style, color=color,
                         label=f"{WORKLOADS[workload]}: {label}" if gpu == gpus[0] else None)

@@ -22,7 +22,7 @@ them, so a vLLM upgrade breaks loudly in CI, not at serve time."""
 # (`GPUModelRunner._prepare_input_ids` scatters `input_batch.prev_sampled_token_ids` and the
 # device tensor `_draft_token_ids` into the next step's input ids on the device). Keeping it, the
 # plugin would change (simulated as `agentaccel-async`, and with a table of futures picked on the
-# device by the verdict as `agentaccel-async-branches`: simulation/agentaccel_async.py):
+# device by the verdict as `agentaccel-async-futures`: simulation/agentaccel_async.py):
 # * the check: `method` "suffix" would have to pass it (vLLM has no hook for a plugin to add a
 #   method; the check compares against those literals inside `__post_init__`);
 # * the proposer: drafting for step t + 1 while step t runs, from the tokens the host holds (one
