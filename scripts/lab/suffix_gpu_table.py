@@ -63,6 +63,28 @@ def table(runs) -> str:
     return "\n".join(lines)
 
 
+# the user page's table: agentaccel against vLLM's GPU suffix decoding and what each road would give
+SUMMARY = [
+    ("agentaccel ÷ `suffix-gpu`", PLUGIN, "suffix-gpu"),
+    ("agentaccel ÷ `suffix`", PLUGIN, "suffix"),
+    ("agentaccel ÷ `suffix-gpu-sync`", PLUGIN, "suffix-gpu-sync"),
+    ("a step late, with futures, ÷ `suffix-gpu`", "agentaccel-async-futures", "suffix-gpu"),
+    ("on the device (ceiling) ÷ `suffix-gpu`", "agentaccel-async-ceiling", "suffix-gpu"),
+]
+
+
+def summary(runs) -> str:
+    """One row per workload and GPU, each cell its ratios at every level, lowest level first."""
+    lines = ["| workload, GPU (in flight) | " + " | ".join(name for name, _, _ in SUMMARY) + " |",
+             "| --- |" + " ---: |" * len(SUMMARY)]
+    for (workload, gpu), levels in sorted(runs.items(), key=lambda kv: (list(WORKLOADS).index(kv[0][0]), kv[0][1])):
+        xs = sorted(levels)
+        cells = [" / ".join(f"{ratio(levels[x], top, bottom):.2f}" for x in xs) for _, top, bottom in SUMMARY]
+        label = f"{WORKLOADS[workload]}, {gpu.upper()} ({' / '.join(map(str, xs))})"
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def plot(runs, path: Path) -> None:
     import matplotlib
 
@@ -102,6 +124,7 @@ def main() -> None:
     if not runs:
         raise SystemExit(f"{args.folder}: no <workload>_<gpu>.json files")
     print(table(runs))
+    print("\n" + summary(runs))
     if args.plot:
         plot(runs, args.plot)
         print(f"\nplot: {args.plot}")
