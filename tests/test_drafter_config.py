@@ -52,18 +52,29 @@ def test_a_drafter_that_skips_steps_keeps_prefix_cache_hits_whole():
     assert hybrid_config({**EAGLE3, "disable_eagle_block_drop": False})[0]["disable_eagle_block_drop"] is False
 
 
-def test_the_plugin_drafts_with_its_own_floor_and_vllms_suffix_with_vllms():
-    from agentaccel.backends.vllm.backend import launch_command
+def test_the_plugin_drafts_with_its_own_floor_and_vllms_suffix_with_vllms(tmp_path):
+    from types import SimpleNamespace
+
+    from agentaccel.backends.vllm.backend import VLLMBackend, VLLMSettings
     from agentaccel.backends.vllm.drafting import PLUGIN_MIN_TOKEN_PROB, VLLM_MIN_TOKEN_PROB, plugin_drafting
     from agentaccel.bench.vllm.servers import METHODS
+    from agentaccel.simulation import methods
 
-    argv, _ = launch_command("m", 8000, served_name="m", extra_args=[])
-    started = json.loads(argv[argv.index("--speculative-config") + 1])  # what `serve --backend vllm` passes
+    # what `serve --backend vllm` starts vLLM with (nothing is started here)
+    argv = VLLMBackend(VLLMSettings(model=str(tmp_path), db=str(tmp_path / "t.db"))).supervisor.argv
+    started = json.loads(argv[argv.index("--speculative-config") + 1])
     assert plugin_drafting(started).config.min_prob == PLUGIN_MIN_TOKEN_PROB < VLLM_MIN_TOKEN_PROB
-    assert plugin_drafting(METHODS["agentaccel"]).config.min_prob == PLUGIN_MIN_TOKEN_PROB
+    for method in ("agentaccel", "agentaccel-request", "agentaccel-off"):  # bench vllm's servers
+        assert plugin_drafting(METHODS[method]).config.min_prob == PLUGIN_MIN_TOKEN_PROB, method
+    (simulated,) = methods.build(["agentaccel"])  # the simulators draft as the plugin does
+    assert simulated.engine.config.min_prob == PLUGIN_MIN_TOKEN_PROB
     # vLLM's own suffix decoding, the baseline, runs as vLLM users run it
     assert "suffix_decoding_min_token_prob" not in METHODS["suffix"]
-    # a config that names its own floor is obeyed
+    # a config that names its own floor is obeyed; a `vllm serve` started by hand hands the plugin
+    # vLLM's SpeculativeConfig, which always carries vLLM's default
     assert plugin_drafting({**started, "suffix_decoding_min_token_prob": 0.3}).config.min_prob == 0.3
+    by_hand = SimpleNamespace(method="suffix", num_speculative_tokens=32, suffix_decoding_max_tree_depth=64,
+                              suffix_decoding_max_spec_factor=1.0, suffix_decoding_min_token_prob=VLLM_MIN_TOKEN_PROB)
+    assert plugin_drafting(by_hand).config.min_prob == VLLM_MIN_TOKEN_PROB
     # the hybrid's trees keep the floor beside the head
     assert hybrid_config(EAGLE3)[0]["suffix_decoding_min_token_prob"] == PLUGIN_MIN_TOKEN_PROB

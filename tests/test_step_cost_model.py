@@ -244,6 +244,30 @@ def test_from_a_relative_seed_a_gpu_under_load_learns_that_larger_steps_cost_lit
         assert learned == pytest.approx(true, rel=0.1), per_request
 
 
+def test_from_a_relative_seed_steps_steeper_than_the_seed_keep_its_slope_past_them():
+    """The other side: a device where a draft token costs far more than the seed says (0.3 of a
+    plain step against 0.02). Past the steps timed the fit keeps the seed's slope, pricing larger
+    steps too low, so the budget drafts there and the steps correct it; the steps' own line,
+    steep and drawn from a narrow range, would lock the budget out instead."""
+    truth = parse("c=0.3").model
+    rng = np.random.default_rng(0)
+    learner = StepCostLearner(seed("gpu"))
+    steps = []
+    for _ in range(320):
+        requests = float(rng.integers(40, 51))
+        tokens = requests + float(rng.integers(0, int(0.5 * requests)))
+        context = 70.0 * requests
+        seconds = 0.01 * float(truth.seconds(tokens, context, context * tokens / requests, requests))
+        steps.append(TimedStep(tokens, requests, context, context * tokens / requests,
+                               seconds * rng.lognormal(0, 0.03), requests=requests))
+    for start in range(0, len(steps), 32):
+        learner.observe(steps[start:start + 32])
+    fit = learner.fit().model
+    inside, past = (fit.relative(48, 48 * d, 70.0) / truth.relative(48, 48 * d, 70.0) for d in (0.25, 4))
+    assert inside == pytest.approx(1.0, rel=0.05)
+    assert past < 0.8  # the seed's slope, not the steps' line
+
+
 def test_every_named_profile_and_form_parses(tmp_path):
     assert parse("gpu").model.per_token == pytest.approx(0.02) and parse("gpu").relative
     assert parse("cpu").model.per_token == parse("cpu-smollm2").model.per_token == pytest.approx(0.06)

@@ -211,5 +211,6 @@ def test_the_table_of_futures_finds_a_draft_for_a_verdict_the_trees_foresaw():
         # ... and a token the trees never saw after 100: no table holds it
         assert _delayed(spec, ahead[:10] + [100, 7], [7]) == []
     assert drafts["agentaccel-async"] == []
+    assert spec.rescued == 1  # the futures' (the loop's last): that one verdict, found in the table
     futures = drafts["agentaccel-async-futures"]
     assert futures and futures == branch[11 : 11 + len(futures)]  # 101 102 ...

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 pytest.importorskip("vllm")
+pytestmark = pytest.mark.slow  # vLLM's config module alone takes ~20 s to import
 
 from agentaccel.backends.vllm.backend import launch_command  # noqa: E402
 

@@ -1,9 +1,9 @@
 """agentaccel against vLLM's GPU suffix decoding (`suffix-gpu`), by workload, GPU and requests in
 flight, from `bench server --json` runs: one file per workload and GPU, named
-`<workload>_<gpu>.json`, each run with the methods below.
+`<workload>_<gpu>.json` (workload rsl, swe, chat or cc), each run with these methods:
 
     agentaccel bench server ... --server llama-3.1-8b@h100 --concurrency 1,4,16,64,256 \\
-        --methods suffix,suffix-gpu,suffix-gpu-sync,agentaccel,agentaccel-seeded,agentaccel-async,\\
+        --methods suffix,suffix-gpu,suffix-gpu-sync,agentaccel-seeded,agentaccel-async,\\
 agentaccel-async-futures,agentaccel-async-ceiling --json runs/rsl_h100.json
     python scripts/lab/suffix_gpu_table.py runs/ --plot docs/figures/suffix_gpu_under_load.png
 
@@ -51,6 +51,10 @@ def ratio(level: dict[str, float], top: str, bottom: str) -> float | None:
     return level[top] / level[bottom] if top in level and bottom in level and level[bottom] else None
 
 
+def _cell(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
 def table(runs) -> str:
     lines = []
     for (workload, gpu), levels in sorted(runs.items(), key=lambda kv: (list(WORKLOADS).index(kv[0][0]), kv[0][1])):
@@ -79,7 +83,7 @@ def summary(runs) -> str:
              "| --- |" + " ---: |" * len(SUMMARY)]
     for (workload, gpu), levels in sorted(runs.items(), key=lambda kv: (list(WORKLOADS).index(kv[0][0]), kv[0][1])):
         xs = sorted(levels)
-        cells = [" / ".join(f"{ratio(levels[x], top, bottom):.2f}" for x in xs) for _, top, bottom in SUMMARY]
+        cells = [" / ".join(_cell(ratio(levels[x], top, bottom)) for x in xs) for _, top, bottom in SUMMARY]
         label = f"{WORKLOADS[workload]}, {gpu.upper()} ({' / '.join(map(str, xs))})"
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -94,7 +98,9 @@ def plot(runs, path: Path) -> None:
     gpus = sorted({gpu for _, gpu in runs})
     fig, axes = plt.subplots(1, len(gpus), figsize=(6 * len(gpus), 4.2), sharey=True, squeeze=False)
     for ax, gpu in zip(axes[0], gpus, strict=True):
-        for i, workload in enumerate(w for w in WORKLOADS if (w, gpu) in runs):
+        for i, workload in enumerate(WORKLOADS):  # a workload keeps its colour on every GPU
+            if (workload, gpu) not in runs:
+                continue
             levels = runs[(workload, gpu)]
             xs = sorted(levels)
             color = f"C{i}"
@@ -102,21 +108,24 @@ def plot(runs, path: Path) -> None:
                                       ("agentaccel-async-ceiling", ":", "on the device (ceiling)"),
                                       ("agentaccel-async-futures", "--x", "a step late, futures")):
                 ys = [ratio(levels[x], top, "suffix-gpu") for x in xs]
-                ax.plot(xs, ys, style, color=color,
-                        label=f"{WORKLOADS[workload]}: {label}" if gpu == gpus[0] else None)
+                ax.plot(xs, ys, style, color=color, label=f"{WORKLOADS[workload]}: {label}")
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("requests in flight")
         ax.set_title(f"llama-3.1-8b on {gpu.upper()} (simulated)")
     axes[0][0].set_ylabel("tokens/s ÷ vLLM's suffix-gpu")
-    fig.legend(loc="lower center", ncol=3, fontsize=7, frameon=False)
+    legend = {}  # one entry per line style and workload, whichever GPU drew it
+    for ax in axes[0]:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            legend.setdefault(label, handle)
+    fig.legend(legend.values(), legend.keys(), loc="lower center", ncol=3, fontsize=7, frameon=False)
     fig.tight_layout(rect=(0, 0.16, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("folder", type=Path, help="the bench server JSON files, <workload>_<gpu>.json")
     parser.add_argument("--plot", type=Path, help="write the figure here")
     args = parser.parse_args()
