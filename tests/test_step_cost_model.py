@@ -219,26 +219,33 @@ def test_a_server_that_got_slower_is_followed_at_every_size():
     assert judging.stalls == 0
 
 
-def test_from_a_relative_seed_a_gpu_under_load_learns_that_larger_steps_cost_little_more():
-    """64 streams on the measured H100 from the relative GPU seed, as the plugin runs on a GPU it does
-    not know: about 45 requests a step, drafting 0-2.5 tokens each, 3 % scatter. Past the largest
-    step timed the fit went back to the seed's slope, scaled to these steps: 4 draft tokens a
-    request were priced 2.0x a plain step (the truth: 1.2x), the budget never drafted them, and no
-    step came to correct it. The fit extends the steps' own line there."""
-    truth = parse("llama-3.1-8b@h100").model
+def learned_from_the_gpu_seed(truth, drafted: float, scale: float = 1.0):
+    """What the learner makes of 320 steps of 40-50 requests drafting 0 to `drafted` tokens each
+    (3 % scatter), timed on `truth` (times `scale`), from the relative GPU seed, as the plugin
+    starts on a GPU it does not know, handed over 32 at a time as the simulated plugin does."""
     rng = np.random.default_rng(0)
     learner = StepCostLearner(seed("gpu"))
     steps = []
     for _ in range(320):
         requests = float(rng.integers(40, 51))
-        tokens = requests + float(rng.integers(0, int(2.5 * requests)))
+        tokens = requests + float(rng.integers(0, int(drafted * requests)))
         context = 70.0 * requests
-        seconds = float(truth.seconds(tokens, context, context * tokens / requests, requests))
+        seconds = scale * float(truth.seconds(tokens, context, context * tokens / requests, requests))
         steps.append(TimedStep(tokens, requests, context, context * tokens / requests,
                                seconds * rng.lognormal(0, 0.03), requests=requests))
-    for start in range(0, len(steps), 32):  # as the simulated plugin hands them over
+    for start in range(0, len(steps), 32):
         learner.observe(steps[start:start + 32])
-    fit = learner.fit().model
+    return learner.fit().model
+
+
+def test_from_a_relative_seed_a_gpu_under_load_learns_that_larger_steps_cost_little_more():
+    """64 streams on the measured H100 from the relative GPU seed: about 45 requests a step,
+    drafting 0-2.5 tokens each. Past the largest step timed the fit went back to the seed's slope,
+    scaled to these steps: 4 draft tokens a request were priced 2.0x a plain step (the truth:
+    1.2x), the budget never drafted them, and no step came to correct it. The fit extends the
+    steps' own line there."""
+    truth = parse("llama-3.1-8b@h100").model
+    fit = learned_from_the_gpu_seed(truth, drafted=2.5)
     for per_request in (1, 2, 4):  # inside the steps timed, then past them
         learned, true = fit.relative(48, 48 * per_request, 70.0), truth.relative(48, 48 * per_request, 70.0)
         assert learned == pytest.approx(true, rel=0.1), per_request
@@ -250,19 +257,7 @@ def test_from_a_relative_seed_steps_steeper_than_the_seed_keep_its_slope_past_th
     steps too low, so the budget drafts there and the steps correct it; the steps' own line,
     steep and drawn from a narrow range, would lock the budget out instead."""
     truth = parse("c=0.3").model
-    rng = np.random.default_rng(0)
-    learner = StepCostLearner(seed("gpu"))
-    steps = []
-    for _ in range(320):
-        requests = float(rng.integers(40, 51))
-        tokens = requests + float(rng.integers(0, int(0.5 * requests)))
-        context = 70.0 * requests
-        seconds = 0.01 * float(truth.seconds(tokens, context, context * tokens / requests, requests))
-        steps.append(TimedStep(tokens, requests, context, context * tokens / requests,
-                               seconds * rng.lognormal(0, 0.03), requests=requests))
-    for start in range(0, len(steps), 32):
-        learner.observe(steps[start:start + 32])
-    fit = learner.fit().model
+    fit = learned_from_the_gpu_seed(truth, drafted=0.5, scale=0.01)
     inside, past = (fit.relative(48, 48 * d, 70.0) / truth.relative(48, 48 * d, 70.0) for d in (0.25, 4))
     assert inside == pytest.approx(1.0, rel=0.05)
     assert past < 0.8  # the seed's slope, not the steps' line

@@ -46,7 +46,6 @@ class AsyncDrafter(Speculator):
         # `futures` > 0: the table of futures, a tree of that many nodes grown best-first by D
         # from the same trees, so that a verdict that refutes the draft in flight still finds its
         # next draft where the trees foresaw the token the model sampled instead
-        self.futures = futures
         self._grow = replace(config, tree=True, cost=0.0, max_tokens=futures) if futures else None
         self._sent: dict[str, list[int]] = {}  # the draft in flight, by request
         self._path: dict[str, list[int]] = {}  # the whole path drafted before the step in flight
@@ -93,7 +92,7 @@ class AsyncDrafter(Speculator):
                 self._sent[key] = list(draft.token_ids)
                 self._path[key] = [int(t) for t in paths[i].token_ids]
                 if self._grow is not None:
-                    d = self.whole.engine.speculate(key, self.futures, config=self._grow)
+                    d = self.whole.engine.speculate(key, self._grow.max_tokens, config=self._grow)
                     self._tree[key] = (list(d.token_ids), list(d.parents))
             out.append(draft)
         return out

@@ -51,19 +51,24 @@ def ratio(level: dict[str, float], top: str, bottom: str) -> float | None:
     return level[top] / level[bottom] if top in level and bottom in level and level[bottom] else None
 
 
-def _cell(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}"
+def _cell(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _ordered(runs):
+    """(workload, gpu), levels: workloads in WORKLOADS' order, then by GPU."""
+    return sorted(runs.items(), key=lambda kv: (list(WORKLOADS).index(kv[0][0]), kv[0][1]))
 
 
 def table(runs) -> str:
     lines = []
-    for (workload, gpu), levels in sorted(runs.items(), key=lambda kv: (list(WORKLOADS).index(kv[0][0]), kv[0][1])):
+    for (workload, gpu), levels in _ordered(runs):
         lines.append(f"\n{WORKLOADS.get(workload, workload)}, {gpu.upper()}")
         lines.append("| in flight | " + " | ".join(name for name, _, _ in RATIOS) + " |")
         lines.append("| ---: |" + " ---: |" * len(RATIOS))
         for streams in sorted(levels):
             cells = [ratio(levels[streams], top, bottom) for _, top, bottom in RATIOS]
-            lines.append(f"| {streams} | " + " | ".join("-" if c is None else f"{c:.3f}" for c in cells) + " |")
+            lines.append(f"| {streams} | " + " | ".join(_cell(c, 3) for c in cells) + " |")
     return "\n".join(lines)
 
 
@@ -81,9 +86,9 @@ def summary(runs) -> str:
     """One row per workload and GPU, each cell its ratios at every level, lowest level first."""
     lines = ["| workload, GPU (in flight) | " + " | ".join(name for name, _, _ in SUMMARY) + " |",
              "| --- |" + " ---: |" * len(SUMMARY)]
-    for (workload, gpu), levels in sorted(runs.items(), key=lambda kv: (list(WORKLOADS).index(kv[0][0]), kv[0][1])):
+    for (workload, gpu), levels in _ordered(runs):
         xs = sorted(levels)
-        cells = [" / ".join(_cell(ratio(levels[x], top, bottom)) for x in xs) for _, top, bottom in SUMMARY]
+        cells = [" / ".join(_cell(ratio(levels[x], top, bottom), 2) for x in xs) for _, top, bottom in SUMMARY]
         label = f"{WORKLOADS[workload]}, {gpu.upper()} ({' / '.join(map(str, xs))})"
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
