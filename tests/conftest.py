@@ -30,14 +30,24 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 import pytest  # noqa: E402
 from leftovers import check, mark_session  # noqa: E402
+from vllm_memory import VllmMemory  # noqa: E402
 
 _SESSION = {"mark": mark_session(), "temp": []}  # before any test starts a process
+_VLLM_MEMORY = VllmMemory()  # this worker's hold on the workers' vLLM memory lock
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _run_temp_folder(tmp_path_factory):
     """The run's temporary folder, for the session-end check."""
     _SESSION["temp"].append(tmp_path_factory.getbasetemp())
+
+
+@pytest.hookimpl(tryfirst=True)  # before the test's fixtures: a module's servers start in its first test's setup
+def pytest_runtest_setup(item):
+    """The hold on the workers' vLLM memory lock this test's module asks for (`vllm_servers`:
+    tests/vllm_memory.py): taken, kept or given up here, by then the last module's servers stopped."""
+    mark = item.get_closest_marker("vllm_servers")
+    _VLLM_MEMORY.want(mark.args[0] if mark else None, item.config._tmp_path_factory.getbasetemp())
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
@@ -61,9 +71,11 @@ def _group(item) -> str:
     return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
 
 
-# the groups that take longest, longest first (a run's --durations=0 output, summed by module)
-LONGEST_FIRST = ("vllm-many", "test_wheel_install", "test_openhands", "test_local_backend", "test_vllm_backend",
-                 "test_stage_discovery", "test_first_hour", "test_no_record", "test_fleet_reliability",
+# the groups that take longest, longest first (a run's --durations=0 output, summed by module),
+# except that the modules starting one vLLM server wait until the other worker's `vllm-many` is
+# about done (tests/vllm_memory.py): meanwhile that worker runs the long groups that start none
+LONGEST_FIRST = ("vllm-many", "test_openhands", "test_local_backend", "test_stage_discovery", "test_first_hour",
+                 "test_wheel_install", "test_vllm_backend", "test_no_record", "test_fleet_reliability",
                  "test_proxy_local", "test_replay_every_format", "test_agent_clients", "test_bench_agent",
                  "test_shared_store", "test_cli", "test_vllm_tenants", "test_tenants", "test_bad_input_suite",
                  "test_prefix_cache", "test_model_drafter")
@@ -73,6 +85,7 @@ def pytest_sessionfinish(session, exitstatus):
     """Fails the run, naming them, when processes it started are still alive (and kills them),
     or when pytest itself still listens on a port (tests/leftovers.py). Under pytest-xdist each
     worker checks what it started; the controller, which runs no test, checks nothing."""
+    _VLLM_MEMORY.release()
     if getattr(session.config, "workerinput", None) is None and session.config.getoption("numprocesses", None):
         return
     problems = check(_SESSION["mark"], _SESSION["temp"])

@@ -12,8 +12,11 @@ import sys
 import pytest
 
 pytest.importorskip("vllm")
-# several vLLM servers at once: never beside another such module (tests/conftest.py, memory)
-pytestmark = pytest.mark.xdist_group("vllm-many")
+# several vLLM servers at once: never beside another vLLM (tests/conftest.py, tests/vllm_memory.py)
+pytestmark = [pytest.mark.xdist_group("vllm-many"), pytest.mark.vllm_servers("many")]
+# The compare run's five servers each keep this much KV cache (the suite's 1 GiB, times five, left
+# the other worker too little; 2 calls in flight of at most 4,096 tokens need 8,192 tokens of it)
+COMPARE_KV_BYTES = 512 * 2**20
 
 
 @pytest.fixture(scope="module")
@@ -54,9 +57,12 @@ def test_bench_vllm_compares_methods_on_bundled_workloads(tmp_path, cache):
     r = bench(tmp_path, cache, "--methods", "none,suffix,agentaccel,drafter,agentaccel-drafter", "--drafter",
               str(head), "--drafter-tokens", "2", "--workloads", "sql,agent", "--concurrency", "1,2", "--calls",
               "1,2", "--reps", "1", "--warm", "1", "--history", "1", "--max-tokens", "24", "--open-tokens", "24",
-              "--json", str(out), "--plot", str(tmp_path / "bench.png"), "--logs", str(logs), timeout=1800)
+              "--json", str(out), "--plot", str(tmp_path / "bench.png"), "--logs", str(logs),
+              "--", "--kv-cache-memory-bytes", str(COMPARE_KV_BYTES), timeout=1800)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     result = json.loads(out.read_text())
+    # the size given after `--` is the one vLLM kept, over the suite's VLLM_CPU_KVCACHE_SPACE
+    assert kv_cache_tokens(logs / "vllm-none.log") == pytest.approx(COMPARE_KV_BYTES / kv_bytes_per_token(), rel=0.02)
     notes = [n for n in result["notes"] if "bundled" not in n and "vLLM logs kept" not in n]
     # nothing else to note; the bundled recordings are a few long sessions: should the last level
     # reuse some jobs, it says so
@@ -114,6 +120,22 @@ def test_bench_vllm_compares_methods_on_bundled_workloads(tmp_path, cache):
                           capture_output=True, text=True, timeout=600)
     assert gone.returncode == 2 and "the run's model drafter is not where it was" in gone.stderr, gone.stderr[-2000:]
     assert "Traceback" not in gone.stderr
+
+
+def kv_cache_tokens(log) -> int:
+    """The tokens of KV cache a vLLM log says the server holds (its last start)."""
+    sizes = re.findall(r"KV cache size: ([\d,]+) tokens", log.read_text())
+    assert sizes, f"no KV cache size in {log}"
+    return int(sizes[-1].replace(",", ""))
+
+
+def kv_bytes_per_token() -> int:
+    """A token's keys and values in the bundled model at bench vllm's float32."""
+    from agentaccel.backends.local.model import default_model_folder
+
+    config = json.loads((default_model_folder() / "config.json").read_text())
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    return 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * head_dim * 4
 
 
 def _untrained_head(tmp_path):

@@ -30,7 +30,7 @@ VLLM_ARGS = ["--", "--dtype", "float32", "--enforce-eager", "--max-model-len", "
              "--speculative-config", '{"method": "suffix", "num_speculative_tokens": 16, '
                                      '"suffix_decoding_max_tree_depth": 64}']
 
-pytestmark = pytest.mark.slow  # the fast tier leaves it out (docs/DEVELOPING.md)
+pytestmark = [pytest.mark.slow, pytest.mark.vllm_servers("one")]  # slow: not in the fast tier (docs/DEVELOPING.md)
 
 
 @pytest.fixture(scope="module")

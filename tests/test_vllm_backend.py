@@ -28,7 +28,7 @@ KEPT_STEP_COST = StepCostModel(tuple(0.0123 + 0.0001 * t for t in range(8193)))
 PROMPTS = ["Write a SQL query counting users per country.", "List three colors.",
            "Write a Python function that reverses a string.", "Explain recursion in one sentence."]
 
-pytestmark = pytest.mark.slow  # the fast tier leaves it out (docs/DEVELOPING.md)
+pytestmark = [pytest.mark.slow, pytest.mark.vllm_servers("one")]  # slow: not in the fast tier (docs/DEVELOPING.md)
 
 
 @pytest.fixture(scope="module")

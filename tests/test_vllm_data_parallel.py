@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("vllm")
 # several vLLM servers at once: never beside another such module (tests/conftest.py, memory)
-pytestmark = [pytest.mark.xdist_group("vllm-many"), pytest.mark.slow]
+pytestmark = [pytest.mark.xdist_group("vllm-many"), pytest.mark.vllm_servers("many"), pytest.mark.slow]
 
 from eagle3_head import eagle3_head  # noqa: E402
 from servers import free_port, wait_healthy  # noqa: E402

@@ -22,7 +22,7 @@ from agentaccel.traces.tenants import tenant_of  # noqa: E402
 A, B, C = "key-of-tenant-a", "key-of-tenant-b", "key-of-tenant-c"
 PROMPT = "Write a Python function that reverses a string."
 
-pytestmark = pytest.mark.slow  # the fast tier leaves it out (docs/DEVELOPING.md)
+pytestmark = [pytest.mark.slow, pytest.mark.vllm_servers("one")]  # slow: not in the fast tier (docs/DEVELOPING.md)
 
 
 @pytest.fixture(scope="module")

